@@ -1,0 +1,26 @@
+# raydec: two commands on a fresh machine -> `make demo`, `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# A local CPU build of torch; users with GPUs install their own torch first (see README).
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup test demo bench clean
+
+$(BIN)/.installed: pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(BIN)/.installed
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+demo: setup
+	$(BIN)/python -m raydec.cli demo
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

@@ -1,0 +1,75 @@
+"""Typed configuration shared by the engine, jobs, the CLI and Serve.
+
+Every user-facing knob is a pydantic field with a default, a range and a one-line
+description. Unknown keys are errors (``extra="forbid"``), so a typo in a YAML file fails
+loudly instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class StrictModel(BaseModel):
+    """Base for all raydec configs: unknown keys are errors, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class SamplingConfig(StrictModel):
+    """How target logits become the distribution plain AR sampling draws from.
+
+    Order (as in Hugging Face): CFG mix -> vocabulary constraints -> temperature -> top-k -> top-p.
+    """
+
+    temperature: float = Field(1.0, ge=0.0, le=10.0, description="Softmax temperature; 0 means greedy (argmax).")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1.0 disables.")
+    cfg_scale: float = Field(
+        1.0, ge=0.0, le=100.0, description="Classifier-free guidance scale s in u + s*(c - u); 1.0 disables CFG."
+    )
+    cfg_space: Literal["logits", "logprobs"] = Field(
+        "logits", description="Space in which the CFG mix is taken (raw logits or log-softmax)."
+    )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def uses_cfg(self) -> bool:
+        return self.cfg_scale != 1.0
+
+
+class DraftSpec(StrictModel):
+    """Shape of the draft window / tree a proposer builds each step."""
+
+    window: int = Field(16, ge=1, le=1024, description="Total draft nodes per step, root excluded (SJD's L-1).")
+    branching: int = Field(1, ge=1, le=64, description="Candidates per tree level (K); 1 means a single chain.")
+    tree_depth: int = Field(0, ge=0, le=64, description="Levels of the branching part of the tree (D-1); 0 = chain only.")
+
+
+class DecodeConfig(StrictModel):
+    """Which decoding method to run and its knobs."""
+
+    method: Literal["ar", "sjd", "sjd_ac", "sjd_pac", "vispec", "eagle", "oracle", "random"] = Field(
+        "ar", description="Decoding method (proposer); every method uses the same lossless verifier."
+    )
+    max_new_tokens: int = Field(256, ge=1, le=65536, description="Upper bound on generated tokens per row.")
+    draft: DraftSpec = Field(default_factory=DraftSpec, description="Draft window / tree shape.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Target sampling distribution.")
+    compaction: Literal["auto", "always", "never"] = Field(
+        "auto", description="When the ragged KV cache drops rejected slots physically."
+    )
+
+    @model_validator(mode="after")
+    def _tree_fits_window(self) -> "DecodeConfig":
+        k, depth = self.draft.branching, self.draft.tree_depth
+        tree_nodes = sum(k**level for level in range(1, depth + 1))
+        if tree_nodes > self.draft.window:
+            raise ValueError(
+                f"draft: a {k}-ary tree of depth {depth} has {tree_nodes} nodes, more than window={self.draft.window}"
+            )
+        return self

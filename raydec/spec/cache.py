@@ -1,0 +1,137 @@
+"""RaggedCache: a batched KV cache in which every row has its own committed length.
+
+One Hugging Face ``DynamicCache`` holds ``[M, H, S, D]`` keys/values for all model rows; all
+rows share the physical length ``S``. On top of it we keep, per row,
+
+    valid:         [M, S] bool  slot s holds a committed token of this row
+    next_position: [M]    long  position id of the row's next token
+
+Each step the window (a draft tree) is appended for every row; after verification a row keeps
+only its root and accepted nodes, the other slots become *holes*. Attention masks hide holes,
+so correctness never depends on compaction; compaction (gathering each row's valid slots to the
+left and cropping the tail) only bounds memory and attention cost.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from transformers import DynamicCache
+
+
+class RaggedCache:
+    """Valid-slot bookkeeping over an HF ``DynamicCache`` (see module docstring)."""
+
+    def __init__(self, num_rows: int, compaction: Literal["auto", "always", "never"] = "auto") -> None:
+        self.kv = DynamicCache()
+        self.valid = torch.zeros(num_rows, 0, dtype=torch.bool)  # [M, S]
+        self.next_position = torch.zeros(num_rows, dtype=torch.long)  # [M]
+        self.compaction = compaction
+
+    # -- shape ---------------------------------------------------------------------------------
+
+    @property
+    def num_rows(self) -> int:
+        return self.valid.shape[0]
+
+    @property
+    def length(self) -> int:
+        """Physical slots S (valid or not)."""
+        return self.valid.shape[1]
+
+    def committed_lengths(self) -> torch.Tensor:
+        """[M] number of valid slots per row."""
+        return self.valid.sum(dim=1)
+
+    # -- masks and positions for a new window --------------------------------------------------
+
+    def attention_mask(self, window_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Additive 4-D mask for a window forward.
+
+        window_mask: [M, N, N] bool (query i may see window node j)
+        returns:     [M, 1, N, S + N] with 0 where attention is allowed and dtype-min elsewhere
+        """
+        rows, width, _ = window_mask.shape
+        prefix = self.valid.unsqueeze(1).expand(rows, width, self.length)  # [M, N, S]
+        allowed = torch.cat([prefix, window_mask], dim=2)
+        mask = torch.zeros(allowed.shape, dtype=dtype)
+        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        return mask.unsqueeze(1)
+
+    def window_positions(self, depth: torch.Tensor) -> torch.Tensor:
+        """Position ids of the window nodes: next position + depth. depth: [M, N] -> [M, N]"""
+        return self.next_position.unsqueeze(1) + depth
+
+    # -- updates -------------------------------------------------------------------------------
+
+    def start(self, valid: torch.Tensor, next_position: torch.Tensor) -> None:
+        """After the prefill forward: which prompt slots are real ([M, S]) and next positions ([M])."""
+        self.valid = valid.clone()
+        self.next_position = next_position.clone().long()
+        self._check_physical_length()
+
+    def commit(self, keep: torch.Tensor) -> None:
+        """The last N slots were just appended by a window forward; keep the marked ones.
+
+        keep: [M, N] bool (root and accepted nodes). Kept nodes lie on one root-to-node path,
+        so the row's next position advances by their count.
+        """
+        self.valid = torch.cat([self.valid, keep], dim=1)
+        self.next_position = self.next_position + keep.sum(dim=1)
+        self._check_physical_length()
+        self._trim_tail()
+        if self._should_compact():
+            self.compact()
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the given model rows (finished rows leave the batch). rows: [M'] long."""
+        self.kv.batch_select_indices(rows)
+        self.valid = self.valid[rows]
+        self.next_position = self.next_position[rows]
+
+    def compact(self) -> None:
+        """Gather every row's valid slots to the left (stable order) and crop the tail."""
+        counts = self.committed_lengths()
+        width = int(counts.max()) if self.num_rows else 0
+        if width == self.length and bool(self.valid.all()):
+            return
+        order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :width]  # [M, width]
+        for layer in self.kv.layers:
+            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                continue
+            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys = layer.keys.gather(2, index.to(layer.keys.device))
+            layer.values = layer.values.gather(2, index.to(layer.values.device))
+        self.valid = self.valid.gather(1, order)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _physical_length(self) -> int:
+        return self.kv.get_seq_length() if len(self.kv.layers) else self.length
+
+    def _check_physical_length(self) -> None:
+        physical = self._physical_length()
+        if len(self.kv.layers) and physical != self.length:
+            raise RuntimeError(f"KV cache has {physical} slots but the valid mask tracks {self.length}")
+
+    def _trim_tail(self) -> None:
+        """Crop trailing slots that no row uses (cheap: no copy)."""
+        used = self.valid.any(dim=0)
+        if bool(used.all()):
+            return
+        last_used = int(used.nonzero().max()) + 1 if bool(used.any()) else 0
+        drop = self.length - last_used
+        if drop > 0:
+            if len(self.kv.layers):
+                self.kv.crop(-drop)
+            self.valid = self.valid[:, :last_used]
+
+    def _should_compact(self) -> bool:
+        if self.compaction == "never" or self.length == 0:
+            return False
+        if self.compaction == "always":
+            return True
+        removable = self.length - int(self.committed_lengths().max())
+        # auto: copy the cache only once the columns it frees are a real share of attention
+        return removable > max(32, self.length // 4)

@@ -1,0 +1,232 @@
+"""The decoding loop shared by every method.
+
+    prefill -> x_1 ~ P_0
+    repeat: tree = propose()                       # rooted at each row's last token
+            P = process(target.forward(tree))      # one forward, tree mask, ragged cache
+            result = verify(tree, P)               # lossless, per row
+            commit(result); proposer.observe(...)  # keep accepted KV, drop the rest
+
+Rows are logical requests. Under CFG each row owns two model rows (conditional first, then
+unconditional) that share one window and one acceptance decision. Rows accept different
+numbers of tokens; finished rows leave the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from raydec.config import DecodeConfig
+from raydec.models.base import DecodingTarget, ForwardOutput, PromptInputs, stack_prompts
+from raydec.spec.cache import RaggedCache
+from raydec.spec.proposers.base import DecodeState, Proposer
+from raydec.spec.sampling import VocabConstraint, process_logits, row_generators, sample_rows
+from raydec.spec.tree import DraftTree
+from raydec.spec.verify import VerifyResult, verify_tree
+
+logger = logging.getLogger(__name__)
+
+Verifier = Callable[[DraftTree, torch.Tensor, Sequence[torch.Generator]], VerifyResult]
+
+
+@dataclass
+class RowRequest:
+    """One generation request: an adapter-specific prompt, a seed, an optional length cap."""
+
+    prompt: Any
+    seed: int
+    max_new_tokens: int | None = None
+
+
+@dataclass
+class RowStats:
+    """Per-row decoding statistics. ``target_forwards`` includes the prefill."""
+
+    target_forwards: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)  # tokens committed per decode forward
+    wall_time_s: float = 0.0
+    finish_reason: str = ""
+
+    @property
+    def tokens_per_forward(self) -> float:
+        tokens = 1 + sum(self.accepted_lengths)
+        return tokens / max(1, self.target_forwards)
+
+
+@dataclass
+class RowOutput:
+    tokens: list[int]
+    stats: RowStats
+
+
+def _left_pad(prompts: Sequence[PromptInputs], target: DecodingTarget) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-pad per-row prefixes into one prefill window.
+
+    returns inputs_embeds [M, L, H], position_ids [M, L] (or [P, M, L]), valid [M, L] bool,
+    next_position [M]
+    """
+    width = max(p.length for p in prompts)
+    embeds, positions, valid, next_position = [], [], [], []
+    for prompt in prompts:
+        pad = width - prompt.length
+        if prompt.inputs_embeds is not None:
+            row = prompt.inputs_embeds.to(target.device, target.dtype)
+        else:
+            row = target.embed_prompt_tokens(prompt.input_ids.view(1, -1))[0]
+        embeds.append(torch.cat([row.new_zeros(pad, row.shape[-1]), row], dim=0))
+        pos = prompt.position_ids if prompt.position_ids is not None else torch.arange(prompt.length)
+        pad_pos = torch.zeros(*pos.shape[:-1], pad, dtype=torch.long)
+        positions.append(torch.cat([pad_pos, pos.long()], dim=-1))
+        valid.append(torch.cat([torch.zeros(pad, dtype=torch.bool), torch.ones(prompt.length, dtype=torch.bool)]))
+        next_position.append(prompt.next_position if prompt.next_position is not None else prompt.length)
+    position_ids = torch.stack(positions, dim=-2)  # [M, L] or [P, M, L]
+    return torch.stack(embeds), position_ids, torch.stack(valid), torch.tensor(next_position)
+
+
+def _prefill_mask(valid: torch.Tensor) -> torch.Tensor:
+    """[M, L] valid -> [M, L, L] bool: causal over real tokens; padding sees only itself."""
+    width = valid.shape[1]
+    causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
+    allowed = causal.unsqueeze(0) & valid.unsqueeze(1)
+    return allowed | torch.eye(width, dtype=torch.bool).unsqueeze(0)
+
+
+class Engine:
+    """Decode a batch of rows with one target, one proposer and the shared verifier."""
+
+    def __init__(
+        self,
+        target: DecodingTarget,
+        proposer: Proposer,
+        config: DecodeConfig,
+        constraint: VocabConstraint | None = None,
+        eos_token_ids: Sequence[int] = (),
+        verifier: Verifier = verify_tree,
+    ) -> None:
+        self.target = target
+        self.proposer = proposer
+        self.config = config
+        self.constraint = constraint
+        self.eos_token_ids = set(int(t) for t in eos_token_ids)
+        self.verifier = verifier
+
+    @property
+    def streams(self) -> int:
+        return 2 if self.config.sampling.uses_cfg else 1
+
+    def _model_rows(self, rows: torch.Tensor, batch: int) -> torch.Tensor:
+        """Logical rows -> their model rows (cond block, then uncond block)."""
+        return torch.cat([rows + s * batch for s in range(self.streams)])
+
+    def generate(self, requests: Sequence[RowRequest]) -> list[RowOutput]:
+        """Decode every request to EOS or its length cap."""
+        start_time = time.perf_counter()
+        batch = len(requests)
+        if batch == 0:
+            return []
+        sampling = self.config.sampling
+        prompts = [self.target.prompt_inputs(r.prompt) for r in requests]
+        if self.streams == 2:
+            prompts += [self.target.prompt_inputs(r.prompt, unconditional=True) for r in requests]
+        prompts = stack_prompts(prompts)
+        generators = row_generators([r.seed for r in requests])
+        limits = [r.max_new_tokens or self.config.max_new_tokens for r in requests]
+        stats = [RowStats() for _ in requests]
+        generated: list[list[int]] = [[] for _ in requests]
+
+        # prefill: every model row's prefix, left-padded; P_0 gives the first token
+        cache = RaggedCache(len(prompts), compaction=self.config.compaction)
+        embeds, positions, valid, next_position = _left_pad(prompts, self.target)
+        mask = cache.attention_mask(_prefill_mask(valid), self.target.dtype)
+        output = self.target.forward(embeds, None, positions, mask, cache.kv, want_hidden=self.proposer.wants_hidden)
+        cache.start(valid, next_position)
+        first_probs = process_logits(
+            output.logits[:, -1:], sampling, batch, self.constraint, torch.zeros(batch, 1, dtype=torch.long)
+        )[:, 0]
+        first = sample_rows(first_probs, generators)
+        for row in range(batch):
+            generated[row].append(int(first[row]))
+            stats[row].target_forwards = 1
+
+        active = list(range(batch))
+        state = self._state(active, generated, generators, first_probs.dtype)
+        self.proposer.start(state, first_probs, output)
+        active = self._retire(active, generated, limits, stats, cache, start_time)
+
+        while active:
+            state = self._state(active, generated, generators, first_probs.dtype)
+            tree = self.proposer.propose(state)
+            target_probs, output = self._score(tree, cache, generated, active)
+            result = self.verifier(tree, target_probs, state.generators)
+            self._commit(tree, result, cache, active, generated, limits, stats)
+            self.proposer.observe(state, tree, target_probs, result, output)
+            active = self._retire(active, generated, limits, stats, cache, start_time)
+
+        return [RowOutput(tokens=generated[row], stats=stats[row]) for row in range(batch)]
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def _state(self, active: list[int], generated: list[list[int]], generators: list[torch.Generator], dtype: torch.dtype) -> DecodeState:
+        return DecodeState(
+            row_ids=list(active),
+            generated=[generated[r] for r in active],
+            generators=[generators[r] for r in active],
+            vocab_size=self.target.vocab_size,
+            constraint=self.constraint,
+            prob_dtype=dtype,
+        )
+
+    def _score(self, tree: DraftTree, cache: RaggedCache, generated: list[list[int]], active: list[int]) -> tuple[torch.Tensor, ForwardOutput]:
+        """One target forward over every row's tree -> processed P [B, N, V]."""
+        batch = tree.batch_size
+        depth = tree.depth()  # [B, N]
+        window = tree.ancestor_mask()  # [B, N, N]
+        repeat = self.streams
+        tokens_m = tree.tokens.repeat(repeat, 1)
+        mask = cache.attention_mask(window.repeat(repeat, 1, 1), self.target.dtype)
+        positions = cache.window_positions(depth.repeat(repeat, 1))
+        output = self.target.forward(None, tokens_m, positions, mask, cache.kv, want_hidden=self.proposer.wants_hidden)
+        # node at depth d predicts generated token number len(generated) + d (0-based)
+        done = torch.tensor([len(generated[r]) for r in active]).unsqueeze(1)
+        probs = process_logits(output.logits, self.config.sampling, batch, self.constraint, done + depth)
+        return probs, output
+
+    def _commit(self, tree: DraftTree, result: VerifyResult, cache: RaggedCache, active: list[int], generated: list[list[int]], limits: list[int], stats: list[RowStats]) -> None:
+        batch, width = tree.tokens.shape
+        keep = torch.zeros(batch, width, dtype=torch.bool)
+        for i, row in enumerate(active):
+            n = int(result.num_accepted[i])
+            keep[i, result.path[i, : n + 1]] = True
+            new_tokens = result.committed_tokens(tree, i)
+            room = limits[row] - len(generated[row])
+            new_tokens = new_tokens[:room]
+            for j, token in enumerate(new_tokens):
+                if token in self.eos_token_ids:
+                    new_tokens = new_tokens[: j + 1]
+                    break
+            generated[row].extend(new_tokens)
+            stats[row].target_forwards += 1
+            stats[row].accepted_lengths.append(len(new_tokens))
+        cache.commit(keep.repeat(self.streams, 1))
+
+    def _retire(self, active: list[int], generated: list[list[int]], limits: list[int], stats: list[RowStats], cache: RaggedCache, start_time: float) -> list[int]:
+        """Drop finished rows from the batch and the cache."""
+        still = []
+        for row in active:
+            tokens = generated[row]
+            if tokens and tokens[-1] in self.eos_token_ids:
+                stats[row].finish_reason = "eos"
+            elif len(tokens) >= limits[row]:
+                stats[row].finish_reason = "length"
+            else:
+                still.append(row)
+                continue
+            stats[row].wall_time_s = time.perf_counter() - start_time
+        if len(still) != len(active):
+            index = torch.tensor([active.index(r) for r in still], dtype=torch.long)
+            cache.select_rows(self._model_rows(index, len(active)))
+        return still

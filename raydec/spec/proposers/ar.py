@@ -1,0 +1,13 @@
+"""Plain autoregressive decoding: the proposer that proposes nothing."""
+
+from __future__ import annotations
+
+from raydec.spec.proposers.base import DecodeState, Proposer
+from raydec.spec.tree import DraftTree
+
+
+class ARProposer(Proposer):
+    """Window = the root only; every step commits exactly one token sampled from P."""
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        return DraftTree.roots_only(state.roots(), state.vocab_size, state.prob_dtype)

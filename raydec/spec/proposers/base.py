@@ -1,0 +1,76 @@
+"""The proposer interface: build draft trees, learn from what the verifier accepted.
+
+Like Hugging Face's ``CandidateGenerator`` (``get_candidates`` / ``update_candidate_strategy``):
+``propose`` returns a ``DraftTree`` for the active rows; ``observe`` receives the target's
+processed distributions over that tree and the verification result. A proposer keeps its
+per-row state keyed by the row's id (rows leave the batch when they finish) and draws random
+numbers only from the row's own generator, a row-determined number of times.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from raydec.spec.sampling import VocabConstraint
+from raydec.spec.tree import DraftTree
+
+if TYPE_CHECKING:
+    from raydec.models.base import ForwardOutput
+    from raydec.spec.verify import VerifyResult
+
+
+@dataclass
+class DecodeState:
+    """What a proposer may look at for the active rows (in batch order).
+
+    row_ids:    original indices of the active rows
+    generated:  per active row, the committed output tokens so far (last one = the root)
+    generators: per active row, its random stream
+    """
+
+    row_ids: list[int]
+    generated: list[list[int]]
+    generators: list[torch.Generator]
+    vocab_size: int
+    constraint: VocabConstraint | None
+    prob_dtype: torch.dtype
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.row_ids)
+
+    def roots(self) -> torch.Tensor:
+        """[B] last committed token of every active row."""
+        return torch.tensor([tokens[-1] for tokens in self.generated], dtype=torch.long)
+
+
+class Proposer(ABC):
+    """Base class of every drafting strategy (AR is the one that proposes nothing)."""
+
+    #: the engine passes last hidden states in ``observe`` when True (draft-model proposers)
+    wants_hidden: bool = False
+
+    def start(self, state: DecodeState, first_probs: torch.Tensor, prefill: "ForwardOutput") -> None:
+        """Called once per ``generate`` after prefill; reset per-row state here.
+
+        first_probs: [B, V] the target's P for the first token; prefill: the prefill forward
+        (logits / hidden states of the left-padded prompts, model rows).
+        """
+
+    @abstractmethod
+    def propose(self, state: DecodeState) -> DraftTree:
+        """A draft tree per active row, rooted at the row's last committed token."""
+
+    def observe(
+        self,
+        state: DecodeState,
+        tree: DraftTree,
+        target_probs: torch.Tensor,
+        result: "VerifyResult",
+        output: "ForwardOutput",
+    ) -> None:
+        """After verification. target_probs: [B, N, V]; ``state.generated`` already holds the commit."""

@@ -1,0 +1,155 @@
+"""Target logits -> the processed distribution ``P`` that plain AR sampling draws from.
+
+Every acceptance test in raydec runs on this fully processed ``P``: CFG mix of paired rows,
+vocabulary constraints and forced tokens, temperature, top-k, top-p. Temperature 0 gives a
+one-hot argmax, so greedy decoding is the same verifier in its deterministic limit.
+
+Randomness: each row owns a ``torch.Generator`` seeded from the row's seed; the number of
+draws a row makes depends only on that row, so its output never depends on the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from raydec.config import SamplingConfig
+
+# gen_index [B, N] (0-based index of the generated token being predicted) -> forced id or -1, [B, N]
+ForcedTokenFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class VocabConstraint:
+    """Model-layout constraints on the output vocabulary.
+
+    allowed: [V] bool, tokens that may ever be sampled (e.g. image ids only), or None for all.
+    forced:  maps the generated-token index to a forced token id (-1 = not forced), e.g. Emu3's
+             end-of-line after every row of the image grid.
+    """
+
+    allowed: torch.Tensor | None = None
+    forced: ForcedTokenFn | None = None
+
+
+def mix_cfg(logits: torch.Tensor, num_rows: int, scale: float, space: str = "logits") -> torch.Tensor:
+    """Classifier-free guidance over paired rows: ``u + s * (c - u)``.
+
+    logits: [2B, N, V], conditional rows first then the B unconditional rows.  -> [B, N, V]
+    """
+    if logits.shape[0] != 2 * num_rows:
+        raise ValueError(f"CFG expects {2 * num_rows} model rows (cond + uncond), got {logits.shape[0]}")
+    if space == "logprobs":
+        logits = torch.log_softmax(logits, dim=-1)
+    cond, uncond = logits[:num_rows], logits[num_rows:]
+    return uncond + scale * (cond - uncond)
+
+
+def _apply_top_k(scores: torch.Tensor, top_k: int) -> torch.Tensor:
+    # scores: [..., V]; keeps ties at the k-th value (as Hugging Face does)
+    if top_k <= 0 or top_k >= scores.shape[-1]:
+        return scores
+    kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]
+    return scores.masked_fill(scores < kth, float("-inf"))
+
+
+def _apply_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    # scores: [..., V]; smallest set whose mass reaches top_p, always >= 1 token
+    if top_p >= 1.0:
+        return scores
+    sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    remove_sorted = cumulative <= (1.0 - top_p)
+    remove_sorted[..., -1] = False
+    remove = remove_sorted.scatter(-1, order, remove_sorted)
+    return scores.masked_fill(remove, float("-inf"))
+
+
+def process_logits(
+    logits: torch.Tensor,
+    config: SamplingConfig,
+    num_rows: int,
+    constraint: VocabConstraint | None = None,
+    gen_index: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Raw model logits -> processed probabilities ``P``.
+
+    logits:    [M, N, V] with M = B (no CFG) or 2B (CFG: cond rows, then uncond rows)
+    gen_index: [B, N] index of the generated token each position predicts (for forced tokens)
+    returns:   [B, N, V] probabilities, float32 (float64 if the logits are float64)
+    """
+    work_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    scores = logits.to(work_dtype)
+    if config.uses_cfg:
+        scores = mix_cfg(scores, num_rows, config.cfg_scale, config.cfg_space)
+    elif scores.shape[0] != num_rows:
+        raise ValueError(f"expected {num_rows} model rows without CFG, got {scores.shape[0]}")
+
+    if constraint is not None and constraint.allowed is not None:
+        scores = scores.masked_fill(~constraint.allowed.to(scores.device), float("-inf"))
+    forced = None
+    if constraint is not None and constraint.forced is not None and gen_index is not None:
+        forced = constraint.forced(gen_index)  # [B, N]
+
+    if config.greedy:
+        probs = torch.zeros_like(scores)
+        probs.scatter_(-1, scores.argmax(dim=-1, keepdim=True), 1.0)
+    else:
+        scores = scores / config.temperature
+        scores = _apply_top_k(scores, config.top_k)
+        scores = _apply_top_p(scores, config.top_p)
+        probs = torch.softmax(scores, dim=-1)
+
+    if forced is not None:
+        is_forced = forced >= 0
+        if bool(is_forced.any()):
+            one_hot = torch.zeros_like(probs)
+            one_hot.scatter_(-1, forced.clamp(min=0).unsqueeze(-1), 1.0)
+            probs = torch.where(is_forced.unsqueeze(-1), one_hot, probs)
+    return probs
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-row random streams
+
+
+def row_generators(seeds: Sequence[int], device: str | torch.device = "cpu") -> list[torch.Generator]:
+    """One independent generator per row, seeded from the row's own seed."""
+    generators = []
+    for seed in seeds:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+        generators.append(generator)
+    return generators
+
+
+def draw_uniforms(
+    generators: Sequence[torch.Generator], counts: Sequence[int], dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """Row r draws ``counts[r]`` uniforms from its own stream -> [B, max(counts)] (padding = 0.5)."""
+    width = max(counts) if len(counts) else 0
+    out = torch.full((len(counts), width), 0.5, dtype=dtype)
+    for row, (generator, count) in enumerate(zip(generators, counts)):
+        if count:
+            out[row, :count] = torch.rand(count, generator=generator, dtype=dtype)
+    return out
+
+
+def sample_with_uniform(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: the first token whose cumulative mass reaches ``(1 - u) * total``.
+
+    probs: [..., V] (need not be normalised); uniform: [...] in [0, 1)  -> [...] token ids.
+    Tokens of zero mass are never returned, since the threshold is strictly positive.
+    """
+    cumulative = probs.cumsum(dim=-1)
+    threshold = (1.0 - uniform.to(cumulative.dtype)) * cumulative[..., -1]
+    index = (cumulative < threshold.unsqueeze(-1)).sum(dim=-1)
+    return index.clamp(max=probs.shape[-1] - 1)
+
+
+def sample_rows(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """One sample per row from its own generator. probs: [B, V] -> [B]."""
+    uniforms = draw_uniforms(generators, [1] * len(generators), dtype=torch.float64)[:, 0]
+    return sample_with_uniform(probs, uniforms)

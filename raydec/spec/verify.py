@@ -1,0 +1,238 @@
+"""The lossless verifier: one function for every method.
+
+Level-by-level recursive rejection sampling over a draft tree (Chen et al. 2023 speculative
+sampling; recursive / multi-draft form as in SpecInfer and Jeon et al. 2024):
+
+    node = root; p = P[root]
+    loop:
+        for each child c of node, in sibling order:
+            q = proposal of c (its group's q minus earlier siblings' tokens if drawn
+                without replacement, renormalised)
+            accept c with probability min(1, p(x_c) / q(x_c)) -> node = c; p = P[c]; next level
+            else p = norm(max(0, p - q))
+        no child accepted -> commit x ~ p (the residual); stop
+        node has no children -> commit the bonus x ~ P[node]; stop
+
+By induction the committed token at every level is distributed exactly as the target's P at
+that context, whatever the proposals were, as long as each proposal is reported honestly.
+The first accepted sibling wins: choosing among accepted siblings (e.g. the longest path)
+biases the output. At temperature 0, P is one-hot and this reduces to "accept the longest
+prefix that matches the argmax".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from raydec.spec.sampling import draw_uniforms, sample_with_uniform
+from raydec.spec.tree import DETERMINISTIC, DraftTree
+
+_RESIDUAL_EPS = 1e-12
+
+
+@dataclass
+class VerifyResult:
+    """Per-row outcome of one verification.
+
+    path:          [B, N] long  accepted node indices, root first, padded with -1
+    num_accepted:  [B]    long  accepted draft nodes (root excluded)
+    next_token:    [B]    long  the token drawn at the stop node (residual or bonus)
+    stop_node:     [B]    long  deepest accepted node (where next_token was drawn)
+    rejected:      [B]    bool  True if next_token came from a residual (some child was rejected)
+    """
+
+    path: torch.Tensor
+    num_accepted: torch.Tensor
+    next_token: torch.Tensor
+    stop_node: torch.Tensor
+    rejected: torch.Tensor
+
+    def committed_tokens(self, tree: DraftTree, row: int) -> list[int]:
+        """Accepted draft tokens then the final token, for one row."""
+        n = int(self.num_accepted[row])
+        nodes = self.path[row, 1 : n + 1].tolist()
+        return [int(tree.tokens[row, node]) for node in nodes] + [int(self.next_token[row])]
+
+
+# ---------------------------------------------------------------------------------------------
+# The three pieces of math, shared by the batched verifier and the exact-law enumeration.
+
+
+def effective_proposal(q: torch.Tensor, removed: torch.Tensor | None) -> torch.Tensor:
+    """q with the tokens in ``removed`` zeroed and renormalised (sampling without replacement).
+
+    q: [B, V]; removed: [B, V] bool or None  -> [B, V]
+    """
+    if removed is None:
+        return q
+    q = q.masked_fill(removed, 0.0)
+    return q / q.sum(dim=-1, keepdim=True).clamp_min(_RESIDUAL_EPS)
+
+
+def acceptance_probability(p: torch.Tensor, q: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """min(1, p(x) / q(x)).  p, q: [B, V]; token: [B]  -> [B]"""
+    p_x = p.gather(-1, token.unsqueeze(-1)).squeeze(-1)
+    q_x = q.gather(-1, token.unsqueeze(-1)).squeeze(-1)
+    return torch.where(q_x > 0, (p_x / q_x.clamp_min(_RESIDUAL_EPS)).clamp(max=1.0), (p_x > 0).to(p.dtype))
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)): the target after a rejection.  p, q: [B, V] -> [B, V]
+
+    If p <= q everywhere (p == q), a rejection has probability 0; p is returned unchanged.
+    """
+    r = (p - q).clamp_min(0.0)
+    mass = r.sum(dim=-1, keepdim=True)
+    return torch.where(mass > _RESIDUAL_EPS, r / mass.clamp_min(_RESIDUAL_EPS), p)
+
+
+def _dense_proposal(tree: DraftTree, node: torch.Tensor) -> torch.Tensor:
+    """Proposal q of one node per row ([B] node ids) -> [B, V] (one-hot if deterministic)."""
+    batch = tree.batch_size
+    rows = torch.arange(batch)
+    vocab = tree.proposal_probs.shape[-1]
+    index = tree.proposal_index[rows, node]
+    token = tree.tokens[rows, node]
+    one_hot = torch.zeros(batch, vocab, dtype=tree.proposal_probs.dtype)
+    one_hot[rows, token] = 1.0
+    if tree.proposal_probs.shape[1] == 0:
+        return one_hot
+    dense = tree.proposal_probs[rows, index.clamp(min=0)]
+    return torch.where((index == DETERMINISTIC).unsqueeze(-1), one_hot, dense)
+
+
+# ---------------------------------------------------------------------------------------------
+# The batched verifier
+
+
+def verify_tree(
+    tree: DraftTree,
+    target_probs: torch.Tensor,
+    generators: Sequence[torch.Generator],
+    uniforms: torch.Tensor | None = None,
+) -> VerifyResult:
+    """Recursive rejection sampling over every row's tree, rows independent.
+
+    tree:         DraftTree with B rows, N nodes
+    target_probs: [B, N, V] processed target distribution *after* each node
+    generators:   one per row; row r draws exactly (its node count) uniforms
+    uniforms:     optional [B, N] pre-drawn uniforms (column i tests node i, column 0 samples
+                  the final token); drawn from ``generators`` when None
+    """
+    batch, width = tree.tokens.shape
+    rows = torch.arange(batch)
+    dtype = target_probs.dtype
+    if uniforms is None:
+        uniforms = draw_uniforms(generators, tree.node_counts(), dtype=torch.float64)
+    uniforms = uniforms.to(dtype)
+
+    current = torch.zeros(batch, dtype=torch.long)           # node we stand on
+    p = target_probs[:, 0].clone()                           # [B, V] target at `current`
+    active = torch.ones(batch, dtype=torch.bool)             # still descending
+    rejected = torch.zeros(batch, dtype=torch.bool)
+    path = torch.full((batch, width), -1, dtype=torch.long)
+    path[:, 0] = 0
+    num_accepted = torch.zeros(batch, dtype=torch.long)
+    next_token = torch.zeros(batch, dtype=torch.long)
+    stop_node = torch.zeros(batch, dtype=torch.long)
+    is_node = tree.valid.clone()
+    is_node[:, 0] = False                                     # the root is nobody's child
+
+    while bool(active.any()):
+        child_mask = (tree.parents == current.unsqueeze(1)) & is_node & active.unsqueeze(1)  # [B, N]
+        rank = child_mask.long().cumsum(dim=1) - 1
+        num_children = child_mask.sum(dim=1)
+        moved = torch.zeros(batch, dtype=torch.bool)
+        removed = torch.zeros(batch, p.shape[-1], dtype=torch.bool)  # earlier siblings' tokens
+        removed_group = torch.full((batch, p.shape[-1]), -2, dtype=torch.long)
+
+        for k in range(int(num_children.max()) if batch else 0):
+            has_kth = (num_children > k) & ~moved
+            if not bool(has_kth.any()):
+                break
+            node = ((rank == k) & child_mask).long().argmax(dim=1)           # [B]
+            token = tree.tokens[rows, node]
+            group = tree.proposal_index[rows, node]
+            q = _dense_proposal(tree, node)
+            wr = tree.without_replacement[rows, node]
+            same_group = removed & (removed_group == group.unsqueeze(1))
+            q = torch.where(wr.unsqueeze(1), effective_proposal(q, same_group & wr.unsqueeze(1)), q)
+
+            accept_prob = acceptance_probability(p, q, token)
+            accept = has_kth & (uniforms[rows, node] < accept_prob)
+            reject = has_kth & ~accept
+
+            # accepted: descend
+            current = torch.where(accept, node, current)
+            num_accepted = num_accepted + accept.long()
+            path[rows[accept], num_accepted[accept]] = node[accept]
+            p = torch.where(accept.unsqueeze(1), target_probs[rows, node], p)
+            moved |= accept
+            # rejected: the target becomes the residual, the token leaves its group's q
+            p = torch.where(reject.unsqueeze(1), residual(p, q), p)
+            removed[rows[reject], token[reject]] = True
+            removed_group[rows[reject], token[reject]] = group[reject]
+
+        stopping = active & ~moved
+        rejected |= stopping & (num_children > 0)
+        active = active & moved
+        if not bool(stopping.any()):
+            continue
+        final = sample_with_uniform(p, uniforms[:, 0])
+        next_token = torch.where(stopping, final, next_token)
+        stop_node = torch.where(stopping, current, stop_node)
+
+    return VerifyResult(path, num_accepted, next_token, stop_node, rejected)
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact law of the verifier's output (for tests and documentation)
+
+
+def output_law(
+    tree: DraftTree, row: int, target_probs: torch.Tensor
+) -> dict[tuple[int, ...], float]:
+    """Exact probability of every committed token sequence for one row's tree.
+
+    Walks the same recursion as ``verify_tree`` with probabilities instead of random draws,
+    using the same ``effective_proposal`` / ``acceptance_probability`` / ``residual`` math.
+    For a lossless verifier the result equals the product of the target's P along each
+    committed sequence. target_probs: [B, N, V]
+    """
+    children = tree.children_lists(row)
+    law: dict[tuple[int, ...], float] = {}
+
+    def visit(node: int, prefix: tuple[int, ...], weight: float) -> None:
+        p = target_probs[row, node].unsqueeze(0)
+        siblings = children[node]
+        removed = torch.zeros_like(p, dtype=torch.bool)
+        removed_group: dict[int, int] = {}
+        for child in siblings:
+            token = torch.tensor([int(tree.tokens[row, child])])
+            group = int(tree.proposal_index[row, child])
+            q = tree.proposal_of(row, child).to(p.dtype).unsqueeze(0)
+            if bool(tree.without_replacement[row, child]):
+                mask = torch.zeros_like(removed)
+                for tok, grp in removed_group.items():
+                    if grp == group:
+                        mask[0, tok] = True
+                q = effective_proposal(q, mask)
+            accept = float(acceptance_probability(p, q, token))
+            if accept > 0:
+                visit(child, prefix + (int(token),), weight * accept)
+            weight *= 1.0 - accept
+            if weight == 0.0:
+                return
+            p = residual(p, q)
+            removed[0, int(token)] = True
+            removed_group[int(token)] = group
+        for token, prob in enumerate(p[0].tolist()):
+            if prob > 0:
+                key = prefix + (token,)
+                law[key] = law.get(key, 0.0) + weight * prob / float(p[0].sum())
+
+    visit(0, (), 1.0)
+    return law
