@@ -1,0 +1,321 @@
+"""Input datasets: list files (file, folder, glob, s3:// prefix), check schemas, read rows.
+
+The usual driver-side sequence is
+
+    files = check_dataset(cfg, "t2i")          # fails fast on a missing column
+    rows = load_rows(cfg, "t2i", files)        # validated rows; bad rows carry `error`
+
+and `iter_validated_batches` streams the same rows in batches for large inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.fs as pafs
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from raydec.io.config import DatasetSchemaError, InputConfig, InputFormat, IOConfigError, Task
+from raydec.io.filesystem import describe_endpoint, is_s3_uri, resolve_filesystem, to_uri
+from raydec.io.validation import (
+    derive_row_id,
+    derive_seed,
+    validate_caption_rows,
+    validate_t2i_rows,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "InputFile", "infer_format", "list_input_files", "read_table", "read_rows", "input_columns",
+    "check_schema", "check_dataset", "iter_validated_batches", "load_rows",
+    "validate_t2i_rows", "validate_caption_rows", "derive_row_id", "derive_seed",
+]
+
+EXTENSION_FORMATS: Dict[str, InputFormat] = {
+    ".parquet": "parquet", ".pq": "parquet",
+    ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
+    ".csv": "csv",
+}
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input file: its URI, its path relative to the input root (`key`) and format."""
+
+    uri: str
+    key: str
+    format: InputFormat
+
+
+def infer_format(path: str, explicit: Optional[InputFormat] = None) -> Optional[InputFormat]:
+    """The explicit format, else the one implied by the extension, else None."""
+    if explicit is not None:
+        return explicit
+    return EXTENSION_FORMATS.get(posixpath.splitext(path.lower())[1])
+
+
+def _glob_regex(pattern: str) -> re.Pattern:
+    """Translate a path glob to a regex: `*` and `?` stay within a segment, `**/` spans segments."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:[^/]*/)*")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[":
+            end = pattern.find("]", i + 1)
+            if end < 0:
+                out.append(re.escape("["))
+                i += 1
+            else:
+                body = pattern[i + 1:end].replace("\\", "\\\\")
+                out.append("[^" + body[1:] + "]" if body.startswith("!") else "[" + body + "]")
+                i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def _file_format(path: str, explicit: Optional[InputFormat], single: bool) -> Optional[InputFormat]:
+    """Format of one listed file, or None to skip it.
+
+    A single named file takes the explicit format whatever its extension. In a folder or
+    glob, an explicit format keeps files with that format's extensions or no extension at
+    all (e.g. Spark's part-00000); otherwise each file's extension decides.
+    """
+    implied = infer_format(path)
+    if explicit is None:
+        return implied
+    if single or implied == explicit:
+        return explicit
+    has_extension = "." in posixpath.basename(path)
+    return None if has_extension else explicit
+
+
+def _hidden(relative: str) -> bool:
+    """Files or folders starting with '.' or '_' (temp files, _SUCCESS markers) are skipped."""
+    return any(part.startswith((".", "_")) for part in relative.split("/"))
+
+
+def _list(fs: pafs.FileSystem, base: str, where: str) -> List[pafs.FileInfo]:
+    """All files (not directories) under `base`, recursively; [] when `base` does not exist."""
+    selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+    try:
+        return [info for info in fs.get_file_info(selector) if info.type == pafs.FileType.File]
+    except OSError as exc:
+        raise IOConfigError(f"input.path: cannot list {where}: {exc}") from None
+
+
+def list_input_files(cfg: InputConfig) -> List[InputFile]:
+    """All input files for `cfg.path`, sorted, with formats inferred; raises if none match."""
+    fs, path = resolve_filesystem(cfg.path, cfg.s3)
+    where = f"{cfg.path} (endpoint {describe_endpoint(cfg.s3)})" if is_s3_uri(cfg.path) else cfg.path
+    candidates: List[Tuple[str, str]] = []  # (fs path, key relative to root)
+    explicit_single = False  # the path names one file
+    glob_match = _GLOB_CHARS.search(path)
+    if glob_match:
+        root = path[: glob_match.start()].rsplit("/", 1)[0]
+        regex = _glob_regex(path[len(root) + 1:])
+        for info in _list(fs, root, where):
+            relative = info.path[len(root) + 1:]
+            if regex.match(relative) and not _hidden(relative):
+                candidates.append((info.path, relative))
+    else:
+        try:
+            info = fs.get_file_info(path)
+        except OSError as exc:
+            raise IOConfigError(f"input.path: cannot reach {where}: {exc}") from None
+        if info.type == pafs.FileType.File:
+            candidates.append((path, posixpath.basename(path)))
+            explicit_single = True
+        elif info.type == pafs.FileType.Directory:
+            for entry in _list(fs, path, where):
+                relative = entry.path[len(path.rstrip("/")) + 1:]
+                if not _hidden(relative):
+                    candidates.append((entry.path, relative))
+        else:
+            raise DatasetSchemaError(f"input.path: {where} does not exist")
+    files = []
+    for fs_path, key in sorted(candidates):
+        fmt = _file_format(fs_path, cfg.format, explicit_single)
+        if fmt is None:
+            if explicit_single:
+                raise DatasetSchemaError(
+                    f"input.format: cannot infer the format of {cfg.path} from its extension; "
+                    f"set format to one of parquet, jsonl, csv"
+                )
+            logger.debug("skipping %s: not a %s file", fs_path, cfg.format or "known")
+            continue
+        files.append(InputFile(uri=to_uri(fs, fs_path), key=key, format=fmt))
+    if not files:
+        raise DatasetSchemaError(f"input.path: {where} matches no .parquet, .jsonl or .csv files")
+    logger.info("input %s: %d file(s)", cfg.path, len(files))
+    return files
+
+
+def _csv_convert_options(cfg: InputConfig) -> pacsv.ConvertOptions:
+    """Read id and text columns as strings, so '007' stays '007' and '' stays ''."""
+    text_columns = [cfg.id_column, cfg.prompt_column, cfg.negative_prompt_column, cfg.image_uri_column]
+    return pacsv.ConvertOptions(column_types={name: pa.string() for name in text_columns})
+
+
+def read_table(file: InputFile, cfg: InputConfig) -> pa.Table:
+    """Read one input file as an Arrow table."""
+    fs, path = resolve_filesystem(file.uri, cfg.s3)
+    try:
+        if file.format == "parquet":
+            return pq.read_table(path, filesystem=fs)
+        with fs.open_input_stream(path) as stream:
+            if file.format == "csv":
+                return pacsv.read_csv(stream, convert_options=_csv_convert_options(cfg))
+            return pajson.read_json(stream)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise IOConfigError(f"input: cannot read {file.uri} as {file.format}: {exc}") from None
+
+
+def _read_jsonl_rows(file: InputFile, cfg: InputConfig) -> List[Dict[str, Any]]:
+    """Parse JSON lines one by one, so one malformed line becomes one bad row."""
+    fs, path = resolve_filesystem(file.uri, cfg.s3)
+    try:
+        with fs.open_input_stream(path) as stream:
+            text = stream.read().decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise IOConfigError(f"input: cannot read {file.uri}: {exc}") from None
+    rows: List[Dict[str, Any]] = []
+    for line_number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            row = {"__parse_error__": f"row: line {line_number} of {file.key} is not valid JSON ({exc.msg})"}
+        if not isinstance(row, dict):
+            row = {"__parse_error__": f"row: line {line_number} of {file.key} is a {type(row).__name__}, not an object"}
+        rows.append(row)
+    return rows
+
+
+def read_rows(file: InputFile, cfg: InputConfig) -> List[Dict[str, Any]]:
+    """Read one input file as a list of dicts (unvalidated)."""
+    if file.format == "jsonl":
+        return _read_jsonl_rows(file, cfg)
+    return read_table(file, cfg).to_pylist()
+
+
+def input_columns(file: InputFile, cfg: InputConfig) -> List[str]:
+    """Column names of one file (Parquet: from the footer, without reading data)."""
+    if file.format == "parquet":
+        fs, path = resolve_filesystem(file.uri, cfg.s3)
+        try:
+            return list(pq.read_schema(path, filesystem=fs).names)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise IOConfigError(f"input: cannot read the schema of {file.uri}: {exc}") from None
+    if file.format == "csv":
+        return list(read_table(file, cfg).column_names)
+    names: Dict[str, None] = {}
+    for row in _read_jsonl_rows(file, cfg):
+        names.update(dict.fromkeys(k for k in row if k != "__parse_error__"))
+    return list(names)
+
+
+def check_schema(columns: Sequence[str], task: Task, cfg: InputConfig, where: str) -> None:
+    """Raise DatasetSchemaError if the columns cannot feed `task`."""
+    if task == "t2i":
+        if cfg.prompt_column not in columns:
+            raise DatasetSchemaError(
+                f"input: {where} has no {cfg.prompt_column!r} column, required for text-to-image "
+                f"(found columns: {list(columns)}; set input.prompt_column to rename)"
+            )
+    elif task == "caption":
+        if cfg.image_column not in columns and cfg.image_uri_column not in columns:
+            raise DatasetSchemaError(
+                f"input: {where} has neither an {cfg.image_column!r} nor an {cfg.image_uri_column!r} "
+                f"column, one of which captioning requires (found columns: {list(columns)})"
+            )
+    else:
+        raise IOConfigError(f"task: {task!r} is not one of 't2i', 'caption'")
+
+
+def check_dataset(cfg: InputConfig, task: Task) -> List[InputFile]:
+    """List the input files and check every file's columns for `task`; fails fast."""
+    files = list_input_files(cfg)
+    for file in files:
+        check_schema(input_columns(file, cfg), task, cfg, file.uri)
+    return files
+
+
+def _validate(
+    rows: List[Dict[str, Any]], task: Task, cfg: InputConfig, file: InputFile, first: int
+) -> List[Dict[str, Any]]:
+    validator = validate_t2i_rows if task == "t2i" else validate_caption_rows
+    return validator(rows, cfg, file_key=file.key, first_row_index=first)
+
+
+def iter_validated_batches(
+    cfg: InputConfig, task: Task, files: Optional[List[InputFile]] = None, batch_rows: int = 1024
+) -> Iterator[List[Dict[str, Any]]]:
+    """Yield validated rows in batches of at most `batch_rows`, file by file.
+
+    Parquet files are streamed by record batch; CSV and JSON lines are read whole.
+    Raises IOConfigError when two rows share an id.
+    """
+    files = files if files is not None else check_dataset(cfg, task)
+    seen: Dict[str, str] = {}
+    for file in files:
+        for first, rows in _iter_file_rows(file, cfg, batch_rows):
+            batch = _validate(rows, task, cfg, file, first)
+            for offset, row in enumerate(batch):
+                location = f"{file.key} row {first + offset}"
+                if row["id"] in seen:
+                    raise IOConfigError(
+                        f"input: id {row['id']!r} appears twice ({seen[row['id']]} and {location}); ids must be unique"
+                    )
+                seen[row["id"]] = location
+            yield batch
+
+
+def _iter_file_rows(file: InputFile, cfg: InputConfig, batch_rows: int) -> Iterator[Tuple[int, List[Dict[str, Any]]]]:
+    """(first row index, rows) chunks of one file."""
+    if file.format == "parquet":
+        fs, path = resolve_filesystem(file.uri, cfg.s3)
+        try:
+            with fs.open_input_file(path) as handle:
+                first = 0
+                for record_batch in pq.ParquetFile(handle).iter_batches(batch_size=batch_rows):
+                    yield first, record_batch.to_pylist()
+                    first += record_batch.num_rows
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise IOConfigError(f"input: cannot read {file.uri} as parquet: {exc}") from None
+        return
+    rows = read_rows(file, cfg)
+    for first in range(0, len(rows), batch_rows):
+        yield first, rows[first:first + batch_rows]
+
+
+def load_rows(cfg: InputConfig, task: Task, files: Optional[List[InputFile]] = None) -> List[Dict[str, Any]]:
+    """All validated rows of the input, in file order then row order."""
+    rows: List[Dict[str, Any]] = []
+    for batch in iter_validated_batches(cfg, task, files):
+        rows.extend(batch)
+    bad = sum(1 for row in rows if row["error"])
+    logger.info("input %s: %d row(s), %d with errors", cfg.path, len(rows), bad)
+    return rows

@@ -1,0 +1,283 @@
+"""Job outputs: PNG images, Parquet result shards, restart bookkeeping and the run manifest.
+
+Layout under OUTPUT (a local folder or s3://bucket/prefix):
+
+    images/{image_key(id)}.png
+    results/part-{worker}-{seq:05d}.parquet    one row per finished input row
+    manifest.json
+
+Shards appear atomically (see `storage`), so on restart `completed_ids` sees only whole
+shards, and `read_results` returns exactly one row per id even if a crash-retry wrote a
+row twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import platform
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
+from typing import Any, Dict, List, Mapping, Optional, Set, Union
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import BaseModel
+
+from raydec.io.config import OutputConfig
+from raydec.io.filesystem import join_uri, resolve_filesystem
+from raydec.io.images import ImageLike, encode_png
+from raydec.io.storage import check_output_writable, list_files, put_bytes, uri_of
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "RESULT_SCHEMA", "ResultWriter", "check_output_writable", "completed_ids", "error_result",
+    "image_key", "normalise_result", "package_versions", "read_manifest", "read_results",
+    "shard_uris", "write_manifest",
+]
+
+IMAGES_DIR = "images"
+RESULTS_DIR = "results"
+MANIFEST_NAME = "manifest.json"
+SHARD_NAME = re.compile(r"^part-(?P<worker>.+)-(?P<seq>\d{5,})\.parquet$")
+
+RESULT_SCHEMA = pa.schema([
+    pa.field("id", pa.string(), nullable=False),
+    pa.field("source", pa.string(), nullable=False),  # the prompt, or the image URI
+    pa.field("prompt", pa.string()),
+    pa.field("seed", pa.int64(), nullable=False),
+    pa.field("output_uri", pa.string()),  # the written image (text-to-image)
+    pa.field("caption", pa.string()),  # the generated text (captioning)
+    pa.field("method", pa.string(), nullable=False),
+    pa.field("target_forwards", pa.int64(), nullable=False),
+    pa.field("tokens", pa.int64(), nullable=False),
+    pa.field("mean_accepted", pa.float64(), nullable=False),
+    pa.field("latency_s", pa.float64(), nullable=False),
+    pa.field("error", pa.string()),
+])
+"""One row per input row: what was asked, what came out, and how decoding went."""
+
+_REQUIRED = ("id", "source", "seed", "method")
+_DEFAULTS: Dict[str, Any] = dict(
+    prompt=None, output_uri=None, caption=None, target_forwards=0, tokens=0,
+    mean_accepted=0.0, latency_s=0.0, error=None,
+)
+_SECRET_KEYS = {"secret_access_key", "session_token", "access_key_id", "aws_secret_access_key",
+                "aws_session_token", "aws_access_key_id", "password", "token"}
+_VERSIONED_PACKAGES = ("raydec", "torch", "transformers", "ray", "pyarrow", "boto3", "pydantic", "numpy", "pillow")
+
+
+def image_key(row_id: str) -> str:
+    """A file-name-safe stem for a row id; ids that need escaping get a short hash suffix."""
+    if re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,119}", row_id):
+        return row_id
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", row_id)[:100].lstrip(".") or "id"
+    return f"{cleaned}-{hashlib.blake2b(row_id.encode('utf-8'), digest_size=4).hexdigest()}"
+
+
+def normalise_result(row: Mapping[str, Any]) -> Dict[str, Any]:
+    """Check a result row's keys and fill defaults; raises ValueError naming the key."""
+    unknown = sorted(set(row) - set(RESULT_SCHEMA.names))
+    if unknown:
+        raise ValueError(f"result row {row.get('id')!r}: unknown key(s) {unknown}; expected {RESULT_SCHEMA.names}")
+    missing = [key for key in _REQUIRED if row.get(key) is None]
+    if missing:
+        raise ValueError(f"result row {row.get('id')!r}: missing required key(s) {missing}")
+    return {name: row.get(name, _DEFAULTS.get(name)) for name in RESULT_SCHEMA.names}
+
+
+def error_result(row: Mapping[str, Any], method: str, error: Optional[str] = None) -> Dict[str, Any]:
+    """The result row for a validated input row that failed (its own `error`, or `error`)."""
+    return normalise_result(dict(
+        id=row["id"], source=row.get("source") or "", prompt=row.get("prompt"), seed=row["seed"],
+        method=method, error=error or row.get("error") or "unknown error",
+    ))
+
+
+class ResultWriter:
+    """Writes one worker's images and result shards under an output location.
+
+    Rows are buffered and flushed as `part-{worker}-{seq}.parquet` every
+    `output.shard_size` rows and on `close()`. Each worker of a job needs its own
+    `worker_id`; a restarted worker continues after its highest existing shard number.
+    Use as a context manager so buffered rows are flushed even when the job fails.
+    """
+
+    def __init__(self, output: OutputConfig, worker_id: Union[str, int] = "0") -> None:
+        self.output = output
+        self.worker_id = re.sub(r"[^A-Za-z0-9_.]+", "_", str(worker_id))
+        self._buffer: List[Dict[str, Any]] = []
+        self._next_seq = self._first_free_seq()
+        self.rows_written = 0
+        self.shards_written: List[str] = []
+
+    def _first_free_seq(self) -> int:
+        seqs = [int(m["seq"]) for m in map(SHARD_NAME.match, list_files(self.output, RESULTS_DIR))
+                if m and m["worker"] == self.worker_id]
+        return max(seqs, default=-1) + 1
+
+    def image_uri(self, row_id: str) -> str:
+        """Where the image of `row_id` goes."""
+        return uri_of(self.output, f"{IMAGES_DIR}/{image_key(row_id)}.{self.output.image_format}")
+
+    def write_image(self, row_id: str, image: Union[ImageLike, bytes]) -> str:
+        """Encode (unless already bytes) and write the image of `row_id`; returns its URI."""
+        data = bytes(image) if isinstance(image, (bytes, bytearray)) else encode_png(image)
+        put_bytes(self.output, f"{IMAGES_DIR}/{image_key(row_id)}.{self.output.image_format}", data, "image/png")
+        return self.image_uri(row_id)
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        """Buffer one result row (see RESULT_SCHEMA); flushes a shard when the buffer is full."""
+        self._buffer.append(normalise_result(row))
+        if len(self._buffer) >= self.output.shard_size:
+            self.flush()
+
+    def flush(self) -> Optional[str]:
+        """Write buffered rows as one shard; returns its URI, or None if nothing was buffered."""
+        if not self._buffer:
+            return None
+        try:
+            table = pa.Table.from_pylist(self._buffer, schema=RESULT_SCHEMA)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+            raise ValueError(f"result rows do not match RESULT_SCHEMA: {exc}") from None
+        sink = io.BytesIO()
+        pq.write_table(table, sink, compression="zstd")
+        name = f"part-{self.worker_id}-{self._next_seq:05d}.parquet"
+        uri = put_bytes(self.output, f"{RESULTS_DIR}/{name}", sink.getvalue())
+        logger.info("wrote %d result row(s) to %s", table.num_rows, uri)
+        self._next_seq += 1
+        self.rows_written += table.num_rows
+        self.shards_written.append(uri)
+        self._buffer = []
+        return uri
+
+    def close(self) -> None:
+        """Flush what is buffered."""
+        self.flush()
+
+    def __enter__(self) -> "ResultWriter":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+def shard_uris(output: OutputConfig) -> List[str]:
+    """URIs of the finished result shards, in name order (temp and stray files ignored)."""
+    names = [n for n in list_files(output, RESULTS_DIR) if SHARD_NAME.match(n)]
+    return [uri_of(output, f"{RESULTS_DIR}/{name}") for name in names]
+
+
+def _read_shards(output: OutputConfig, columns: Optional[List[str]] = None) -> pa.Table:
+    """Concatenate finished shards, tagging rows with shard and row order; unreadable shards are skipped."""
+    uris = shard_uris(output)
+    columns = columns or RESULT_SCHEMA.names
+    schema = pa.schema([RESULT_SCHEMA.field(c) for c in columns])
+
+    def read_one(uri: str) -> Optional[pa.Table]:
+        fs, path = resolve_filesystem(uri, output.s3)
+        try:
+            return pq.read_table(path, filesystem=fs, columns=columns).select(columns).cast(schema)
+        except (OSError, pa.ArrowInvalid, KeyError) as exc:
+            logger.warning("skipping unreadable result shard %s: %s", uri, exc)
+            return None
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(uris)))) as pool:
+        tables = list(pool.map(read_one, uris))
+    parts = []
+    for shard_index, table in enumerate(tables):
+        if table is None:
+            continue
+        table = table.append_column("_shard", pa.array([shard_index] * table.num_rows, pa.int64()))
+        parts.append(table.append_column("_row", pa.array(range(table.num_rows), pa.int64())))
+    if not parts:
+        empty = schema.append(pa.field("_shard", pa.int64())).append(pa.field("_row", pa.int64()))
+        return empty.empty_table()
+    return pa.concat_tables(parts)
+
+
+def completed_ids(output: OutputConfig, include_errors: bool = True) -> Set[str]:
+    """Ids that already have a result row, so a restarted job can skip them.
+
+    With `include_errors=False`, rows that only have a failed result are retried; the
+    retry's success then wins in `read_results`.
+    """
+    table = _read_shards(output, ["id", "error"])
+    if not include_errors:
+        table = table.filter(pc.is_null(table["error"]))
+    return set(table["id"].to_pylist())
+
+
+def read_results(output: OutputConfig) -> pa.Table:
+    """All results, exactly one row per id, sorted by id.
+
+    When an id appears more than once (a shard rewritten by a crash-retry, or a retried
+    error), the kept row is the first without an error, else the first, in shard order.
+    """
+    table = _read_shards(output)
+    if table.num_rows == 0:
+        return table.drop_columns(["_shard", "_row"])
+    table = table.append_column("_failed", pc.is_valid(table["error"]))
+    table = table.sort_by([(name, "ascending") for name in ("id", "_failed", "_shard", "_row")])
+    ids = table["id"].combine_chunks()
+    first_of_id = pc.not_equal(ids.slice(1), ids.slice(0, len(ids) - 1))
+    keep = pa.concat_arrays([pa.array([True]), first_of_id.fill_null(True)])
+    deduped = table.filter(keep).drop_columns(["_shard", "_row", "_failed"])
+    if deduped.num_rows < table.num_rows:
+        logger.info("read_results: dropped %d duplicate row(s)", table.num_rows - deduped.num_rows)
+    return deduped
+
+
+def _redact(value: Any) -> Any:
+    """Replace credential values with '***' anywhere in a nested config."""
+    if isinstance(value, Mapping):
+        return {k: ("***" if k in _SECRET_KEYS and v is not None else _redact(v)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redact(v) for v in value]
+    return value
+
+
+def package_versions() -> Dict[str, Optional[str]]:
+    """Versions of Python and the packages that shape results (None when not installed)."""
+    versions: Dict[str, Optional[str]] = {"python": platform.python_version()}
+    for name in _VERSIONED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def write_manifest(
+    output: OutputConfig,
+    config: Union[BaseModel, Mapping[str, Any]],
+    counts: Mapping[str, int],
+    timings: Mapping[str, float],
+    extra: Optional[Mapping[str, Any]] = None,
+) -> str:
+    """Write OUTPUT/manifest.json (config with credentials redacted, versions, counts, timings)."""
+    config_data = config.model_dump(mode="json") if isinstance(config, BaseModel) else dict(config)
+    manifest = {
+        "config": _redact(config_data),
+        "versions": package_versions(),
+        "platform": platform.platform(),
+        "counts": dict(counts),
+        "timings": dict(timings),
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **(dict(extra) if extra else {}),
+    }
+    data = json.dumps(manifest, indent=2, sort_keys=True, default=str).encode("utf-8")
+    return put_bytes(output, MANIFEST_NAME, data, "application/json")
+
+
+def read_manifest(output: OutputConfig) -> Dict[str, Any]:
+    """The parsed OUTPUT/manifest.json."""
+    fs, path = resolve_filesystem(join_uri(output.path, MANIFEST_NAME), output.s3)
+    with fs.open_input_stream(path) as stream:
+        return json.loads(stream.read())
