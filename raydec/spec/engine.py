@@ -69,22 +69,28 @@ def _left_pad(prompts: Sequence[PromptInputs], target: DecodingTarget) -> tuple[
     returns inputs_embeds [M, L, H], position_ids [M, L] (or [P, M, L]), valid [M, L] bool,
     next_position [M]
     """
-    width = max(p.length for p in prompts)
-    embeds, positions, valid, next_position = [], [], [], []
-    for prompt in prompts:
-        pad = width - prompt.length
-        if prompt.inputs_embeds is not None:
-            row = prompt.inputs_embeds.to(target.device, target.dtype)
-        else:
-            row = target.embed_prompt_tokens(prompt.input_ids.view(1, -1))[0]
-        embeds.append(torch.cat([row.new_zeros(pad, row.shape[-1]), row], dim=0))
-        pos = prompt.position_ids if prompt.position_ids is not None else torch.arange(prompt.length)
-        pad_pos = torch.zeros(*pos.shape[:-1], pad, dtype=torch.long)
-        positions.append(torch.cat([pad_pos, pos.long()], dim=-1))
-        valid.append(torch.cat([torch.zeros(pad, dtype=torch.bool), torch.ones(prompt.length, dtype=torch.bool)]))
-        next_position.append(prompt.next_position if prompt.next_position is not None else prompt.length)
-    position_ids = torch.stack(positions, dim=-2)  # [M, L] or [P, M, L]
-    return torch.stack(embeds), position_ids, torch.stack(valid), torch.tensor(next_position)
+    rows, width = len(prompts), max(p.length for p in prompts)
+    lengths = torch.tensor([p.length for p in prompts])
+    valid = torch.arange(width).unsqueeze(0) >= (width - lengths).unsqueeze(1)  # [M, L]
+    if prompts[0].input_ids is not None:
+        ids = torch.zeros(rows, width, dtype=torch.long)
+        ids[valid] = torch.cat([p.input_ids.long() for p in prompts])
+        embeds = target.embed_prompt_tokens(ids)
+    else:
+        first = prompts[0].inputs_embeds
+        embeds = torch.zeros(rows, width, first.shape[-1], dtype=target.dtype, device=target.device)
+        embeds[valid.to(embeds.device)] = torch.cat([p.inputs_embeds.to(embeds) for p in prompts])
+    if all(p.position_ids is None for p in prompts):
+        position_ids = (torch.arange(width).unsqueeze(0) - (width - lengths).unsqueeze(1)).clamp(min=0)
+    else:
+        positions = []
+        for p in prompts:
+            pos = p.position_ids if p.position_ids is not None else torch.arange(p.length)
+            pad = torch.zeros(*pos.shape[:-1], width - p.length, dtype=torch.long)
+            positions.append(torch.cat([pad, pos.long()], dim=-1))
+        position_ids = torch.stack(positions, dim=-2)  # [M, L] or [P, M, L]
+    next_position = torch.tensor([p.next_position if p.next_position is not None else p.length for p in prompts])
+    return embeds, position_ids, valid, next_position
 
 
 def _prefill_mask(valid: torch.Tensor) -> torch.Tensor:
@@ -197,13 +203,16 @@ class Engine:
 
     def _commit(self, tree: DraftTree, result: VerifyResult, cache: RaggedCache, active: list[int], generated: list[list[int]], limits: list[int], stats: list[RowStats]) -> None:
         batch, width = tree.tokens.shape
-        keep = torch.zeros(batch, width, dtype=torch.bool)
+        on_path = result.path >= 0  # [B, N]
+        hits = torch.zeros(batch, width, dtype=torch.long).scatter_add_(1, result.path.clamp(min=0), on_path.long())
+        keep = hits > 0  # root and accepted nodes
+        path_tokens = tree.tokens.gather(1, result.path.clamp(min=0)).tolist()  # root first
+        num_accepted = result.num_accepted.tolist()
+        next_tokens = result.next_token.tolist()
         for i, row in enumerate(active):
-            n = int(result.num_accepted[i])
-            keep[i, result.path[i, : n + 1]] = True
-            new_tokens = result.committed_tokens(tree, i)
-            room = limits[row] - len(generated[row])
-            new_tokens = new_tokens[:room]
+            n = num_accepted[i]
+            new_tokens = path_tokens[i][1 : n + 1] + [next_tokens[i]]
+            new_tokens = new_tokens[: limits[row] - len(generated[row])]
             for j, token in enumerate(new_tokens):
                 if token in self.eos_token_ids:
                     new_tokens = new_tokens[: j + 1]
@@ -227,6 +236,7 @@ class Engine:
                 continue
             stats[row].wall_time_s = time.perf_counter() - start_time
         if len(still) != len(active):
-            index = torch.tensor([active.index(r) for r in still], dtype=torch.long)
+            position = {row: i for i, row in enumerate(active)}
+            index = torch.tensor([position[r] for r in still], dtype=torch.long)
             cache.select_rows(self._model_rows(index, len(active)))
         return still

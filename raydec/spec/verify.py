@@ -23,7 +23,7 @@ prefix that matches the argmax".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -96,12 +96,17 @@ def _dense_proposal(tree: DraftTree, node: torch.Tensor) -> torch.Tensor:
     vocab = tree.proposal_probs.shape[-1]
     index = tree.proposal_index[rows, node]
     token = tree.tokens[rows, node]
-    one_hot = torch.zeros(batch, vocab, dtype=tree.proposal_probs.dtype)
-    one_hot[rows, token] = 1.0
-    if tree.proposal_probs.shape[1] == 0:
+    deterministic = index == DETERMINISTIC
+    if tree.proposal_probs.shape[1] == 0 or bool(deterministic.all()):
+        one_hot = torch.zeros(batch, vocab, dtype=tree.proposal_probs.dtype)
+        one_hot[rows, token] = 1.0
         return one_hot
     dense = tree.proposal_probs[rows, index.clamp(min=0)]
-    return torch.where((index == DETERMINISTIC).unsqueeze(-1), one_hot, dense)
+    if bool(deterministic.any()):
+        dense = dense.clone()
+        dense[deterministic] = 0.0
+        dense[rows[deterministic], token[deterministic]] = 1.0
+    return dense
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,46 +198,49 @@ def verify_tree(
 
 
 def output_law(
-    tree: DraftTree, row: int, target_probs: torch.Tensor
+    tree: DraftTree, row: int, target: Callable[[tuple[int, ...]], torch.Tensor]
 ) -> dict[tuple[int, ...], float]:
-    """Exact probability of every committed token sequence for one row's tree.
+    """Exact law of the committed token sequence for one row's tree *shape*.
 
-    Walks the same recursion as ``verify_tree`` with probabilities instead of random draws,
-    using the same ``effective_proposal`` / ``acceptance_probability`` / ``residual`` math.
-    For a lossless verifier the result equals the product of the target's P along each
-    committed sequence. target_probs: [B, N, V]
+    Marginalises over the drafts: a node with a dense proposal takes every token its ``q``
+    allows (without replacement within its group when so marked) with that probability; a
+    deterministic node keeps its token. ``target(prefix)`` gives the target's P ([V]) after a
+    committed prefix. Uses the same ``effective_proposal`` / ``acceptance_probability`` /
+    ``residual`` math as ``verify_tree``. For a lossless verifier, extending each committed
+    sequence by the target process gives exactly the target's law.
     """
     children = tree.children_lists(row)
     law: dict[tuple[int, ...], float] = {}
 
-    def visit(node: int, prefix: tuple[int, ...], weight: float) -> None:
-        p = target_probs[row, node].unsqueeze(0)
-        siblings = children[node]
-        removed = torch.zeros_like(p, dtype=torch.bool)
-        removed_group: dict[int, int] = {}
-        for child in siblings:
-            token = torch.tensor([int(tree.tokens[row, child])])
-            group = int(tree.proposal_index[row, child])
-            q = tree.proposal_of(row, child).to(p.dtype).unsqueeze(0)
-            if bool(tree.without_replacement[row, child]):
-                mask = torch.zeros_like(removed)
-                for tok, grp in removed_group.items():
-                    if grp == group:
-                        mask[0, tok] = True
-                q = effective_proposal(q, mask)
-            accept = float(acceptance_probability(p, q, token))
-            if accept > 0:
-                visit(child, prefix + (int(token),), weight * accept)
-            weight *= 1.0 - accept
-            if weight == 0.0:
-                return
-            p = residual(p, q)
-            removed[0, int(token)] = True
-            removed_group[int(token)] = group
-        for token, prob in enumerate(p[0].tolist()):
-            if prob > 0:
-                key = prefix + (token,)
-                law[key] = law.get(key, 0.0) + weight * prob / float(p[0].sum())
+    def descend(node: int, prefix: tuple[int, ...], weight: float) -> None:
+        test_siblings(children[node], 0, target(prefix).unsqueeze(0), prefix, weight, {})
 
-    visit(0, (), 1.0)
+    def test_siblings(siblings: list[int], k: int, p: torch.Tensor, prefix: tuple[int, ...], weight: float, removed: dict[int, int]) -> None:
+        if k == len(siblings):  # nothing accepted: the committed token comes from p (residual or bonus)
+            mass = float(p[0].sum())
+            for token, prob in enumerate(p[0].tolist()):
+                if prob > 0:
+                    key = prefix + (token,)
+                    law[key] = law.get(key, 0.0) + weight * prob / mass
+            return
+        child = siblings[k]
+        group = int(tree.proposal_index[row, child])
+        q = tree.proposal_of(row, child).to(p.dtype).unsqueeze(0)
+        if bool(tree.without_replacement[row, child]):
+            mask = torch.zeros_like(q, dtype=torch.bool)
+            for token, owner in removed.items():
+                mask[0, token] = owner == group
+            q = effective_proposal(q, mask)
+        if group == DETERMINISTIC:
+            draws = [(int(tree.tokens[row, child]), 1.0)]
+        else:
+            draws = [(token, prob) for token, prob in enumerate(q[0].tolist()) if prob > 0]
+        for token, draw_prob in draws:
+            accept = float(acceptance_probability(p, q, torch.tensor([token])))
+            if accept > 0:
+                descend(child, prefix + (token,), weight * draw_prob * accept)
+            if accept < 1:
+                test_siblings(siblings, k + 1, residual(p, q), prefix, weight * draw_prob * (1 - accept), {**removed, token: group})
+
+    descend(0, (), 1.0)
     return law

@@ -15,6 +15,7 @@ import torch
 
 from raydec.config import DraftSpec
 from raydec.spec.proposers.base import DecodeState, Proposer
+from raydec.spec.sampling import sample_with_uniform
 from raydec.spec.tree import DETERMINISTIC, DraftTree, TreeBuilder
 
 
@@ -23,23 +24,42 @@ def tree_node_count(branching: int, depth: int) -> int:
     return sum(branching**level for level in range(1, depth + 1))
 
 
-def sample_without_replacement(q: torch.Tensor, count: int, generator: torch.Generator) -> list[int]:
-    """``count`` distinct tokens, each drawn from q renormalised over the tokens not yet taken."""
-    weights = q.clone().to(torch.float64)
-    picks: list[int] = []
-    for _ in range(min(count, int((weights > 0).sum()))):
-        token = int(torch.multinomial(weights, 1, generator=generator))
-        picks.append(token)
-        weights[token] = 0.0
-    return picks
+def tree_shape(branching: int, depth: int, window: int) -> tuple[list[int], list[int], list[int]]:
+    """Parents, proposal group and sibling rank of every node (node 0 = root, group -1).
+
+    A full ``branching``-ary tree of ``depth`` levels (each parent's children share one group),
+    then a chain under the first-candidate spine until ``window`` draft nodes.
+    """
+    parents, groups, ranks = [-1], [-1], [0]
+    frontier, spine, num_groups = [0], 0, 0
+    for _ in range(depth):
+        next_frontier = []
+        for node in frontier:
+            for rank in range(branching):
+                parents.append(node)
+                groups.append(num_groups)
+                ranks.append(rank)
+                next_frontier.append(len(parents) - 1)
+            num_groups += 1
+        spine = next_frontier[frontier.index(spine) * branching]
+        frontier = next_frontier
+    while len(parents) - 1 < window:
+        parents.append(spine)
+        groups.append(num_groups)
+        ranks.append(0)
+        num_groups += 1
+        spine = len(parents) - 1
+    return parents, groups, ranks
 
 
 class RandomTreeProposer(Proposer):
     """Random drafts with honest proposals (see module docstring).
 
-    mode: "dense"   -> tokens ~ a random q, reported as that q
+    mode: "dense"   -> tokens ~ a random q per sibling group (without replacement within the
+                       group), reported as that q
           "onehot"  -> tokens uniform over allowed ids, reported as deterministic
     sharpness: scale of the random logits behind q (higher = more concentrated q)
+    Each row draws ``groups * V`` normals and ``nodes - 1`` uniforms from its own generator.
     """
 
     def __init__(self, draft: DraftSpec, mode: Literal["dense", "onehot"] = "dense", sharpness: float = 2.0) -> None:
@@ -48,44 +68,60 @@ class RandomTreeProposer(Proposer):
                 f"draft: a {draft.branching}-ary tree of depth {draft.tree_depth} needs "
                 f"{tree_node_count(draft.branching, draft.tree_depth)} nodes > window={draft.window}"
             )
-        self.draft = draft
         self.mode = mode
         self.sharpness = sharpness
-
-    def _random_q(self, state: DecodeState, generator: torch.Generator) -> torch.Tensor:
-        logits = torch.randn(state.vocab_size, generator=generator, dtype=torch.float64) * self.sharpness
-        if state.constraint is not None and state.constraint.allowed is not None:
-            logits = logits.masked_fill(~state.constraint.allowed, float("-inf"))
-        return torch.softmax(logits, dim=-1)
-
-    def _children(self, builder: TreeBuilder, parent: int, count: int, state: DecodeState, generator: torch.Generator) -> list[int]:
-        q = self._random_q(state, generator)
-        if self.mode == "onehot":
-            allowed = (q > 0).nonzero().flatten()
-            picks = allowed[torch.randint(len(allowed), (count,), generator=generator)].tolist()
-            return [builder.add(parent, token) for token in picks]
-        group = builder.add_proposal(q.to(state.prob_dtype))
-        tokens = sample_without_replacement(q, count, generator)
-        return [builder.add(parent, token, group, without_replacement=count > 1) for token in tokens]
+        parents, groups, ranks = tree_shape(draft.branching, draft.tree_depth, draft.window)
+        self.parents = torch.tensor(parents)
+        self.groups = torch.tensor(groups)
+        self.ranks = torch.tensor(ranks)
+        self.num_groups = int(self.groups.max()) + 1 if len(groups) > 1 else 0
+        self.branching = draft.branching
 
     def propose(self, state: DecodeState) -> DraftTree:
-        builders = []
-        for row in range(state.batch_size):
-            generator = state.generators[row]
-            builder = TreeBuilder(state.generated[row][-1])
-            frontier, spine = [0], 0
-            for _ in range(self.draft.tree_depth):
-                next_frontier = []
-                for node in frontier:
-                    children = self._children(builder, node, self.draft.branching, state, generator)
-                    if node == spine and children:
-                        next_spine = children[0]
-                    next_frontier += children
-                frontier, spine = next_frontier, next_spine
-            while builder.num_nodes - 1 < self.draft.window:
-                spine = self._children(builder, spine, 1, state, generator)[0]
-            builders.append(builder)
-        return DraftTree.stack(builders, state.vocab_size, state.prob_dtype)
+        batch, vocab, width = state.batch_size, state.vocab_size, len(self.parents)
+        dtype = torch.float64
+        normals = torch.stack([torch.randn(self.num_groups, vocab, generator=g, dtype=dtype) for g in state.generators])
+        uniforms = torch.stack([torch.rand(width - 1, generator=g, dtype=dtype) for g in state.generators])
+        logits = normals * self.sharpness  # [B, G, V]
+        if state.constraint is not None and state.constraint.allowed is not None:
+            logits = logits.masked_fill(~state.constraint.allowed, float("-inf"))
+        q = torch.softmax(logits, dim=-1)
+        tokens = torch.zeros(batch, width, dtype=torch.long)
+        tokens[:, 0] = state.roots()
+        rows = torch.arange(batch).unsqueeze(1)
+        if self.mode == "onehot":
+            allowed = (q[0, 0] > 0).nonzero().flatten() if self.num_groups else torch.arange(vocab)
+            index = (uniforms * len(allowed)).long().clamp(max=len(allowed) - 1)
+            tokens[:, 1:] = allowed[index]
+            proposal_index = torch.full((batch, width), DETERMINISTIC, dtype=torch.long)
+            without_replacement = torch.zeros(batch, width, dtype=torch.bool)
+            proposal_probs = torch.zeros(batch, 0, vocab, dtype=state.prob_dtype)
+        else:
+            picked = torch.zeros(batch, self.num_groups, vocab, dtype=torch.bool)
+            for rank in range(self.branching):
+                nodes = ((self.ranks == rank) & (self.groups >= 0)).nonzero().flatten()
+                groups = self.groups[nodes]
+                weights = q[:, groups].masked_fill(picked[:, groups], 0.0)  # [B, n, V]
+                chosen = sample_with_uniform(weights, uniforms[:, nodes - 1])  # [B, n]
+                tokens[:, nodes] = chosen
+                picked[rows, groups.unsqueeze(0), chosen] = True
+            proposal_index = self.groups.clamp(min=-1).expand(batch, width).clone()
+            without_replacement = (self.branching > 1) & (self.groups >= 0).expand(batch, width)
+            without_replacement = without_replacement & (self.ranks < self.branching).expand(batch, width)
+            chain = torch.zeros(width, dtype=torch.bool)
+            for node in range(1, width):
+                siblings = int((self.parents == self.parents[node]).sum())
+                chain[node] = siblings == 1
+            without_replacement = without_replacement & ~chain
+            proposal_probs = q.to(state.prob_dtype)
+        return DraftTree(
+            tokens=tokens,
+            parents=self.parents.expand(batch, width).clone(),
+            valid=torch.ones(batch, width, dtype=torch.bool),
+            proposal_index=proposal_index,
+            without_replacement=without_replacement.clone(),
+            proposal_probs=proposal_probs,
+        )
 
 
 class OracleProposer(Proposer):
@@ -110,4 +146,4 @@ class OracleProposer(Proposer):
         return DraftTree.stack(builders, state.vocab_size, state.prob_dtype)
 
 
-__all__ = ["RandomTreeProposer", "OracleProposer", "tree_node_count", "sample_without_replacement", "DETERMINISTIC"]
+__all__ = ["RandomTreeProposer", "OracleProposer", "tree_node_count", "tree_shape"]

@@ -1,0 +1,179 @@
+"""Engine behaviour on real tiny LlamaForCausalLM checkpoints (saved and loaded by path)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+from raydec.models.base import ForwardOutput
+from raydec.models.causal_lm import CfgPrompt
+from raydec.spec.engine import Engine, RowRequest
+from raydec.spec.proposers.ar import ARProposer
+from raydec.spec.proposers.random_tree import OracleProposer, RandomTreeProposer
+from raydec.spec.verify import verify_tree
+from tests.toys import tiny_llama
+
+PROMPTS = [[1, 5, 7, 9, 2], [3, 4], [8, 8, 8, 8, 8, 8, 2, 11], [10]]
+GREEDY = SamplingConfig(temperature=0.0)
+DRAFTS = {
+    "chain-dense": (DraftSpec(window=5), "dense"),
+    "chain-onehot": (DraftSpec(window=4), "onehot"),
+    "tree": (DraftSpec(window=8, branching=2, tree_depth=2), "dense"),
+}
+
+
+@pytest.fixture(scope="module")
+def llama32(tmp_path_factory):
+    return tiny_llama(tmp_path_factory.mktemp("l32"), vocab=64, seed=0, dtype=torch.float32, layers=2, hidden=32)
+
+
+@pytest.fixture(scope="module")
+def llama64(tmp_path_factory):
+    return tiny_llama(tmp_path_factory.mktemp("l64"), vocab=16, seed=2, dtype=torch.float64, layers=2, hidden=32)
+
+
+def hf_greedy(target, prompts, max_new_tokens, batch):
+    """Hugging Face generate(do_sample=False), left-padded batches."""
+    outputs = []
+    model = target.model
+    for start in range(0, len(prompts), batch):
+        group = prompts[start : start + batch]
+        width = max(len(p) for p in group)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in group])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=0, eos_token_id=None)
+        outputs += out[:, width:].tolist()
+    return outputs
+
+
+@pytest.mark.parametrize("draft", sorted(DRAFTS))
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_equals_hf_generate(llama32, draft, batch):
+    spec, mode = DRAFTS[draft]
+    config = DecodeConfig(max_new_tokens=20, sampling=GREEDY, draft=spec)
+    engine = Engine(llama32, RandomTreeProposer(spec, mode), config)
+    ours = []
+    for start in range(0, len(PROMPTS), batch):
+        ours += [o.tokens for o in engine.generate([RowRequest(p, seed=7) for p in PROMPTS[start : start + batch]])]
+    assert ours == hf_greedy(llama32, PROMPTS, 20, batch)
+
+
+def test_ar_equals_hf_and_oracle_compresses(llama32):
+    config = DecodeConfig(max_new_tokens=24, sampling=GREEDY)
+    ar = Engine(llama32, ARProposer(), config).generate([RowRequest(p, seed=0) for p in PROMPTS])
+    assert [o.tokens for o in ar] == hf_greedy(llama32, PROMPTS, 24, 4)
+    assert all(o.stats.target_forwards == 24 for o in ar)
+    oracle = OracleProposer(window=7, references={i: o.tokens for i, o in enumerate(ar)})
+    fast = Engine(llama32, oracle, config).generate([RowRequest(p, seed=0) for p in PROMPTS])
+    assert [o.tokens for o in fast] == [o.tokens for o in ar]
+    # 1 prefill token, then 8 tokens per forward: 1 + 8 + 8 + 7 = 24 in 4 forwards
+    assert all(o.stats.target_forwards == 4 for o in fast)
+
+
+def test_eos_stops_rows_independently(llama32):
+    config = DecodeConfig(max_new_tokens=30, sampling=GREEDY, draft=DraftSpec(window=4))
+    free = Engine(llama32, ARProposer(), config).generate([RowRequest(p, seed=0) for p in PROMPTS])
+    eos = free[0].tokens[5]
+    engine = Engine(llama32, RandomTreeProposer(config.draft), config, eos_token_ids=[eos])
+    outs = engine.generate([RowRequest(p, seed=0) for p in PROMPTS])
+    for full, out in zip(free, outs):
+        cut = full.tokens.index(eos) + 1 if eos in full.tokens else len(full.tokens)
+        assert out.tokens == full.tokens[:cut]
+        assert out.stats.finish_reason == ("eos" if eos in full.tokens else "length")
+
+
+class RecordingTarget:
+    """Delegates to a real target and remembers the raw logits of the last forward."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.last_logits = None
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward(self, *args, **kwargs) -> ForwardOutput:
+        out = self.inner.forward(*args, **kwargs)
+        self.last_logits = out.logits
+        return out
+
+
+@pytest.mark.parametrize("compaction", ["never", "always", "auto"])
+def test_ragged_cache_matches_fresh_prefill(llama32, compaction):
+    """After any sequence of ragged commits, every tree node's logits equal a fresh prefill of
+    the row's prompt + committed tokens + the node's draft path (max abs diff <= 1e-4)."""
+    recorder = RecordingTarget(llama32)
+    spec = DraftSpec(window=6, branching=2, tree_depth=1)
+    config = DecodeConfig(max_new_tokens=40, sampling=SamplingConfig(temperature=1.0), draft=spec, compaction=compaction)
+    worst = [0.0]
+    checks = [0]
+    engine_ref: dict = {}
+
+    def checking_verifier(tree, target_probs, generators):
+        state_rows = engine_ref["state"]()
+        logits = recorder.last_logits
+        for i, (prompt, generated) in enumerate(state_rows):
+            for node in range(tree.num_nodes):
+                if not bool(tree.valid[i, node]):
+                    continue
+                path, cur = [], node
+                while cur > 0:
+                    path.append(int(tree.tokens[i, cur]))
+                    cur = int(tree.parents[i, cur])
+                ids = torch.tensor([prompt + generated + path[::-1]])
+                with torch.no_grad():
+                    fresh = llama32.model(input_ids=ids).logits[0, -1]
+                worst[0] = max(worst[0], float((fresh - logits[i, node]).abs().max()))
+                checks[0] += 1
+        return verify_tree(tree, target_probs, generators)
+
+    proposer = RandomTreeProposer(spec, "dense", sharpness=0.5)
+    engine = Engine(recorder, proposer, config, verifier=checking_verifier)
+    requests = [RowRequest(p, seed=3 + i, max_new_tokens=10 * (i + 1)) for i, p in enumerate(PROMPTS)]
+    original_propose = proposer.propose
+
+    def propose(state):
+        engine_ref["state"] = lambda: [(PROMPTS[r], list(g)) for r, g in zip(state.row_ids, state.generated)]
+        return original_propose(state)
+
+    proposer.propose = propose
+    outs = engine.generate(requests)
+    assert [len(o.tokens) for o in outs] == [10, 20, 30, 40]
+    assert checks[0] > 100
+    assert worst[0] <= 1e-4, worst[0]
+
+
+def test_row_alone_equals_row_in_batch(llama64):
+    """Same seed -> identical tokens alone and inside a batch of 4 (float64 model)."""
+    spec = DraftSpec(window=5, branching=2, tree_depth=1)
+    config = DecodeConfig(max_new_tokens=16, sampling=SamplingConfig(temperature=1.0, top_p=0.9), draft=spec)
+    prompts = [[p % 16 for p in prompt] for prompt in PROMPTS]
+    requests = [RowRequest(p, seed=100 + i) for i, p in enumerate(prompts)]
+    together = Engine(llama64, RandomTreeProposer(spec), config).generate(requests)
+    for i, request in enumerate(requests):
+        alone = Engine(llama64, RandomTreeProposer(spec), config).generate([request])[0]
+        assert alone.tokens == together[i].tokens
+    assert len({tuple(o.tokens) for o in together}) > 1
+
+
+def test_cfg_rows_share_one_decision(llama64):
+    """CFG: paired cond/uncond model rows, one window and one acceptance per prompt."""
+    spec = DraftSpec(window=4)
+    sampling = SamplingConfig(temperature=1.0, cfg_scale=2.5, top_k=5)
+    config = DecodeConfig(max_new_tokens=12, sampling=sampling, draft=spec)
+    prompts = [CfgPrompt(cond=[1, 2, 3], uncond=[0]), CfgPrompt(cond=[4, 5], uncond=[0])]
+    outs = Engine(llama64, RandomTreeProposer(spec), config).generate([RowRequest(p, seed=i) for i, p in enumerate(prompts)])
+    alone = Engine(llama64, RandomTreeProposer(spec), config).generate([RowRequest(prompts[1], seed=1)])
+    assert outs[1].tokens == alone[0].tokens
+    assert all(len(o.tokens) == 12 for o in outs)
+
+
+def test_config_rejects_unknown_keys_and_bad_values():
+    with pytest.raises(ValueError, match="extra"):
+        DecodeConfig.model_validate({"method": "ar", "max_new_tokenz": 3})
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingConfig(temperature=-1)
+    with pytest.raises(ValueError, match="window"):
+        DecodeConfig(draft=DraftSpec(window=4, branching=3, tree_depth=2))

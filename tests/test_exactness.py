@@ -1,0 +1,143 @@
+"""The exactness harness: the engine's output law equals plain AR sampling.
+
+Toy targets with computable laws (a random Markov chain; a tiny random LlamaForCausalLM in
+float64, vocabulary 8), >= 20,000 samples per configuration, chi-square on every marginal and
+pairwise joint at a fixed family-wise false-alarm rate (tests/lawtest.py). The same harness
+rejects three deliberately broken verifiers (tests/broken.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+from raydec.models.causal_lm import CfgPrompt
+from raydec.spec.engine import Engine, RowRequest
+from raydec.spec.proposers.ar import ARProposer
+from raydec.spec.proposers.random_tree import RandomTreeProposer
+from raydec.spec.sampling import VocabConstraint
+from tests.broken import batch_minimum_verifier, longest_path_verifier, stale_proposal_verifier
+from tests.lawtest import compare_to_law
+from tests.toys import lm_law, markov_law, random_markov, tiny_llama
+
+SAMPLES = 20_000
+LENGTH = 4
+
+
+def sample_engine(target, proposer, config, prompts, seeds, batch_size, verifier=None, constraint=None) -> torch.Tensor:
+    """Run the engine over (prompt, seed) rows in batches; returns [n, max_new_tokens] tokens."""
+    kwargs = {"constraint": constraint}
+    if verifier is not None:
+        kwargs["verifier"] = verifier
+    engine = Engine(target, proposer, config, **kwargs)
+    rows = []
+    for start in range(0, len(seeds), batch_size):
+        requests = [RowRequest(prompts[i % len(prompts)], seed=seeds[i]) for i in range(start, min(start + batch_size, len(seeds)))]
+        rows += [out.tokens for out in engine.generate(requests)]
+    return torch.tensor(rows, dtype=torch.long)
+
+
+@pytest.fixture(scope="module")
+def markov():
+    return random_markov(vocab=6, seed=3)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return tiny_llama(tmp_path_factory.mktemp("toy"), vocab=8, seed=1)
+
+
+def _config(sampling: SamplingConfig, **draft) -> DecodeConfig:
+    return DecodeConfig(max_new_tokens=LENGTH, sampling=sampling, draft=DraftSpec(**draft), compaction="always")
+
+
+SAMPLING = SamplingConfig(temperature=1.0)
+
+
+@pytest.mark.parametrize("mode", ["dense", "onehot"])
+def test_markov_chain_proposals(markov, mode):
+    config = _config(SAMPLING, window=3)
+    samples = sample_engine(markov, RandomTreeProposer(config.draft, mode), config, [[2]], list(range(SAMPLES)), 5000)
+    report = compare_to_law(samples, markov_law(markov, [2], LENGTH, SAMPLING))
+    assert report.passed, str(report)
+
+
+def test_markov_batch_one(markov):
+    """20,000 separate batch-1 generate calls."""
+    config = _config(SAMPLING, window=3)
+    samples = sample_engine(markov, RandomTreeProposer(config.draft, "dense"), config, [[1]], list(range(SAMPLES)), 1)
+    report = compare_to_law(samples, markov_law(markov, [1], LENGTH, SAMPLING))
+    assert report.passed, str(report)
+
+
+def test_markov_batch_four_ragged(markov):
+    """Batch 4, prompts of lengths 1..4 (same last token, so one law), rows with different caps."""
+    config = _config(SAMPLING, window=3)
+    engine = Engine(markov, RandomTreeProposer(config.draft, "dense"), config)
+    prompts = [[4], [0, 4], [5, 5, 4], [1, 2, 3, 4]]
+    caps = [LENGTH, LENGTH - 1, LENGTH, LENGTH - 2]
+    rows = []
+    for call in range(SAMPLES // 4):
+        outs = engine.generate([RowRequest(prompts[i], seed=4 * call + i, max_new_tokens=caps[i]) for i in range(4)])
+        assert [len(o.tokens) for o in outs] == caps
+        rows += [o.tokens[: LENGTH - 2] for o in outs]
+    law = markov_law(markov, [4], LENGTH - 2, SAMPLING)
+    report = compare_to_law(torch.tensor(rows), law)
+    assert report.passed, str(report)
+
+
+def test_llama_multicandidate_tree_without_replacement(llama):
+    config = _config(SAMPLING, window=7, branching=2, tree_depth=2)
+    proposer = RandomTreeProposer(config.draft, "dense", sharpness=3.0)
+    samples = sample_engine(llama, proposer, config, [[3, 1, 4]], list(range(SAMPLES)), 5000)
+    report = compare_to_law(samples, lm_law(llama, [3, 1, 4], LENGTH, SAMPLING))
+    assert report.passed, str(report)
+
+
+def test_llama_cfg_topk_and_vocab_constraint(llama):
+    sampling = SamplingConfig(temperature=1.0, top_k=4, cfg_scale=3.0)
+    allowed = torch.tensor([True] * 7 + [False])
+    constraint = VocabConstraint(allowed=allowed)
+    config = _config(sampling, window=4, branching=2, tree_depth=1)
+    prompt = CfgPrompt(cond=[5, 2, 6], uncond=[0])
+    proposer = RandomTreeProposer(config.draft, "dense", sharpness=3.0)
+    samples = sample_engine(llama, proposer, config, [prompt], list(range(SAMPLES)), 5000, constraint=constraint)
+    report = compare_to_law(samples, lm_law(llama, prompt, LENGTH, sampling, constraint))
+    assert report.passed, str(report)
+    assert not bool((samples == 7).any()), "a disallowed token was sampled"
+
+
+def test_ar_proposer_matches_law(llama):
+    config = _config(SAMPLING)
+    samples = sample_engine(llama, ARProposer(), config, [[7, 7]], list(range(SAMPLES)), 10000)
+    report = compare_to_law(samples, lm_law(llama, [7, 7], LENGTH, SAMPLING))
+    assert report.passed, str(report)
+
+
+# ------------------------------------------------------------------------------------------
+# Broken variants must fail the same harness
+
+
+def test_longest_path_selection_fails(llama):
+    config = _config(SAMPLING, window=6, branching=2, tree_depth=2)
+    proposer = RandomTreeProposer(config.draft, "onehot")
+    samples = sample_engine(llama, proposer, config, [[3, 1, 4]], list(range(SAMPLES)), 5000, verifier=longest_path_verifier)
+    report = compare_to_law(samples, lm_law(llama, [3, 1, 4], LENGTH, SAMPLING))
+    assert not report.passed, str(report)
+
+
+def test_outdated_proposal_fails(llama):
+    config = _config(SAMPLING, window=3, branching=3, tree_depth=1)
+    proposer = RandomTreeProposer(config.draft, "dense", sharpness=3.0)
+    samples = sample_engine(llama, proposer, config, [[3, 1, 4]], list(range(SAMPLES)), 5000, verifier=stale_proposal_verifier)
+    report = compare_to_law(samples, lm_law(llama, [3, 1, 4], LENGTH, SAMPLING))
+    assert not report.passed, str(report)
+
+
+def test_batch_minimum_commit_fails(llama):
+    config = _config(SAMPLING, window=3)
+    proposer = RandomTreeProposer(config.draft, "dense", sharpness=3.0)
+    samples = sample_engine(llama, proposer, config, [[3, 1, 4]], list(range(SAMPLES)), 4, verifier=batch_minimum_verifier)
+    report = compare_to_law(samples, lm_law(llama, [3, 1, 4], LENGTH, SAMPLING))
+    assert not report.passed, str(report)

@@ -1,0 +1,182 @@
+"""Verifier unit tests on small hand-made and random tensors, including exact enumeration."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from raydec.spec.tree import DETERMINISTIC, DraftTree, TreeBuilder
+from raydec.spec.verify import acceptance_probability, output_law, residual, verify_tree
+from raydec.spec.sampling import row_generators
+
+
+def _random_p(generator: torch.Generator, vocab: int, sharp: float = 2.0) -> torch.Tensor:
+    return torch.softmax(torch.randn(vocab, generator=generator, dtype=torch.float64) * sharp, dim=-1)
+
+
+def _random_tree(generator: torch.Generator, vocab: int, kind: str) -> TreeBuilder:
+    """A random tree: chains, without-replacement sibling groups, one-hot siblings, mixtures."""
+    builder = TreeBuilder(root_token=0)
+    frontier = [0]
+    for _level in range(3):
+        next_frontier = []
+        for node in frontier:
+            width = int(torch.randint(1, 3, (1,), generator=generator)) if kind != "chain" else 1
+            if kind == "onehot" or (kind == "mixed" and node % 2 == 1):
+                tokens = torch.randperm(vocab, generator=generator)[:width].tolist()
+                next_frontier += [builder.add(node, t) for t in tokens]
+            else:
+                q = _random_p(generator, vocab, sharp=3.0)
+                group = builder.add_proposal(q)
+                weights = q.clone()
+                for _ in range(width):
+                    token = int(torch.multinomial(weights, 1, generator=generator))
+                    weights[token] = 0
+                    next_frontier.append(builder.add(node, token, group, without_replacement=width > 1))
+        frontier = next_frontier[:2]
+    return builder
+
+
+class RandomProcess:
+    """A target process: a fixed random P after every prefix (memoised)."""
+
+    def __init__(self, vocab: int, seed: int) -> None:
+        self.vocab = vocab
+        self.generator = torch.Generator().manual_seed(seed)
+        self.table: dict = {}
+
+    def __call__(self, prefix: tuple) -> torch.Tensor:
+        if prefix not in self.table:
+            self.table[prefix] = _random_p(self.generator, self.vocab)
+        return self.table[prefix]
+
+    def law(self, depth: int) -> dict:
+        out = {}
+        for seq in itertools.product(range(self.vocab), repeat=depth):
+            prob = 1.0
+            for t in range(depth):
+                prob *= float(self(seq[:t])[seq[t]])
+            out[seq] = prob
+        return out
+
+    def extend(self, committed: dict, depth: int) -> dict:
+        """Continue every committed sequence with the target process up to ``depth`` tokens."""
+        out: dict = {}
+
+        def grow(prefix, weight):
+            if len(prefix) >= depth:
+                out[prefix[:depth]] = out.get(prefix[:depth], 0.0) + weight
+                return
+            for token, prob in enumerate(self(prefix).tolist()):
+                if prob > 0:
+                    grow(prefix + (token,), weight * prob)
+
+        for seq, weight in committed.items():
+            grow(seq, weight)
+        return out
+
+
+@pytest.mark.parametrize("kind", ["chain", "wr", "onehot", "mixed"])
+def test_enumerated_law_equals_target(kind):
+    """Exact enumeration of the verifier's output law equals the target law to 1e-9."""
+    vocab = 4
+    generator = torch.Generator().manual_seed(7)
+    for trial in range(6):
+        builder = _random_tree(generator, vocab, kind)
+        tree = DraftTree.stack([builder], vocab, torch.float64)
+        depth = int(tree.depth().max()) + 1
+        process = RandomProcess(vocab, seed=100 + trial)
+        committed = output_law(tree, 0, process)
+        assert abs(sum(committed.values()) - 1.0) < 1e-12
+        extended = process.extend(committed, depth)
+        target = process.law(depth)
+        worst = max(abs(extended.get(s, 0.0) - target[s]) for s in target)
+        assert worst < 1e-9, f"{kind} trial {trial}: max deviation {worst}"
+
+
+def test_enumeration_can_fail():
+    """The enumeration has teeth: a verifier that resamples from p (not the residual) after a
+    rejection gives a first-token law visibly different from p."""
+    vocab = 4
+    process = RandomProcess(vocab, seed=1)
+    p = process(()).unsqueeze(0)
+    q = torch.tensor([[0.7, 0.1, 0.1, 0.1]], dtype=torch.float64)
+    biased = torch.zeros(vocab, dtype=torch.float64)
+    honest = torch.zeros(vocab, dtype=torch.float64)
+    for token in range(vocab):
+        accept = float(acceptance_probability(p, q, torch.tensor([token])))
+        biased[token] += q[0, token] * accept
+        honest[token] += q[0, token] * accept
+        biased += q[0, token] * (1 - accept) * p[0]
+        honest += q[0, token] * (1 - accept) * residual(p, q)[0]
+    assert torch.allclose(honest, p[0], atol=1e-12)
+    assert (biased - p[0]).abs().max() > 1e-2
+
+
+def test_residual_hand_made():
+    p = torch.tensor([[0.5, 0.3, 0.2]], dtype=torch.float64)
+    q = torch.tensor([[0.2, 0.6, 0.2]], dtype=torch.float64)
+    assert torch.allclose(residual(p, q), torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64))
+    assert torch.allclose(residual(p, p), p)  # rejection impossible: p returned unchanged
+
+
+def test_greedy_accepts_longest_matching_prefix():
+    """Temperature 0: one-hot P; a chain is accepted up to the first mismatch, then the argmax."""
+    vocab = 6
+    builder = TreeBuilder(1)
+    builder.add_chain(0, [2, 3, 4, 5])
+    tree = DraftTree.stack([builder], vocab)
+    argmax = torch.tensor([2, 3, 0, 5, 1])  # node 2 predicts 0, but the draft says 4
+    probs = torch.nn.functional.one_hot(argmax, vocab).float().unsqueeze(0)
+    result = verify_tree(tree, probs, row_generators([0]))
+    assert result.num_accepted.tolist() == [2]
+    assert result.committed_tokens(tree, 0) == [2, 3, 0]
+    assert bool(result.rejected[0])
+
+
+def test_first_accepted_sibling_wins_and_bonus():
+    vocab = 4
+    builder = TreeBuilder(0)
+    a = builder.add(0, 1)       # sibling 1 (rejected: P says 2)
+    b = builder.add(0, 2)       # sibling 2 (accepted)
+    builder.add(a, 3)
+    c = builder.add(b, 3)       # accepted, leaf -> bonus from P[c]
+    tree = DraftTree.stack([builder], vocab)
+    argmax = torch.tensor([2, 0, 3, 0, 1])
+    probs = torch.nn.functional.one_hot(argmax, vocab).float().unsqueeze(0)
+    result = verify_tree(tree, probs, row_generators([0]))
+    assert result.path[0, :3].tolist() == [0, b, c]
+    assert result.committed_tokens(tree, 0) == [2, 3, 1]
+    assert not bool(result.rejected[0])
+
+
+def test_rows_are_independent():
+    """A row's verification does not depend on the other rows of the batch."""
+    vocab = 5
+    generator = torch.Generator().manual_seed(3)
+    builders = [_random_tree(generator, vocab, "mixed") for _ in range(4)]
+    width = max(b.num_nodes for b in builders)
+    probs = torch.softmax(torch.randn(4, width, vocab, generator=generator, dtype=torch.float64), -1)
+    together = verify_tree(DraftTree.stack(builders, vocab, torch.float64), probs, row_generators([10, 11, 12, 13]))
+    for row in range(4):
+        alone_tree = DraftTree.stack([builders[row]], vocab, torch.float64)
+        n = builders[row].num_nodes
+        alone = verify_tree(alone_tree, probs[row : row + 1, :n], row_generators([10 + row]))
+        assert alone.committed_tokens(alone_tree, 0) == together.committed_tokens(DraftTree.stack(builders, vocab, torch.float64), row)
+
+
+def test_tree_masks_and_depth():
+    builder = TreeBuilder(0)
+    a = builder.add(0, 1)
+    b = builder.add(0, 2)
+    c = builder.add(a, 3)
+    builder.add(c, 4)
+    tree = DraftTree.stack([builder, TreeBuilder(9)], 5)
+    assert tree.depth()[0].tolist() == [0, 1, 1, 2, 3]
+    mask = tree.ancestor_mask()[0]
+    assert mask[4].tolist() == [True, True, False, True, True]
+    assert mask[b].tolist() == [True, False, True, False, False]
+    assert tree.ancestor_mask()[1].tolist() == torch.eye(5, dtype=torch.bool).tolist()  # padding: self only
+    assert tree.proposal_index[0, 1] == DETERMINISTIC

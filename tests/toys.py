@@ -1,0 +1,110 @@
+"""Toy targets whose output law is computable exactly, for the exactness harness.
+
+- ``MarkovTarget``: a random first-order Markov chain over a small vocabulary, exposed through
+  the real adapter protocol (it ignores the KV cache: logits depend on the last token only).
+- ``tiny_llama``: a real ``LlamaForCausalLM`` with random weights, vocabulary <= 8, saved with
+  ``save_pretrained`` and loaded back by path; its law over short sequences is enumerated.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from raydec.config import SamplingConfig
+from raydec.models.base import ForwardOutput, PromptInputs
+from raydec.models.causal_lm import CausalLMTarget, CfgPrompt
+from raydec.spec.sampling import VocabConstraint, process_logits
+
+
+class MarkovTarget:
+    """P(x_t | x_<t) = softmax(logits[x_{t-1}]). Prompts are token lists; no CFG."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits.to(torch.float64)  # [V, V]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.logits.shape[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float64
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def prompt_inputs(self, prompt: Any, unconditional: bool = False) -> PromptInputs:
+        if unconditional:
+            raise ValueError("MarkovTarget has no unconditional prompt")
+        return PromptInputs(input_ids=torch.as_tensor(list(prompt), dtype=torch.long))
+
+    def embed_prompt_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.one_hot(input_ids, self.vocab_size).to(torch.float64)
+
+    def forward(self, inputs_embeds, output_tokens, position_ids, attention_mask, cache, want_hidden=False) -> ForwardOutput:
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_prompt_tokens(output_tokens)
+        return ForwardOutput(logits=inputs_embeds @ self.logits)
+
+
+def random_markov(vocab: int, seed: int, sharpness: float = 1.5) -> MarkovTarget:
+    generator = torch.Generator().manual_seed(seed)
+    return MarkovTarget(torch.randn(vocab, vocab, generator=generator, dtype=torch.float64) * sharpness)
+
+
+def markov_law(target: MarkovTarget, prompt: Sequence[int], length: int, sampling: SamplingConfig) -> torch.Tensor:
+    """Exact joint law of the first ``length`` generated tokens: [V] * length."""
+    table = process_logits(target.logits.unsqueeze(1), sampling, target.vocab_size)[:, 0]  # [V, V]
+    law = table[prompt[-1]].clone()
+    for _ in range(length - 1):
+        law = law.unsqueeze(-1) * table  # broadcast over the last token
+    return law
+
+
+def tiny_llama(tmp_path: Path, vocab: int = 8, seed: int = 0, dtype: torch.dtype = torch.float64, layers: int = 2, hidden: int = 16) -> CausalLMTarget:
+    """A random-weight LlamaForCausalLM saved and reloaded by path (the real loading code)."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # sharper logits so the law is far from uniform
+        model.lm_head.weight.mul_(8.0)
+    path = tmp_path / f"tiny-llama-v{vocab}-s{seed}"
+    model.save_pretrained(path)
+    return CausalLMTarget.from_pretrained(path, dtype=dtype)
+
+
+@torch.no_grad()
+def lm_law(
+    target: CausalLMTarget,
+    prompt: Sequence[int] | CfgPrompt,
+    length: int,
+    sampling: SamplingConfig,
+    constraint: VocabConstraint | None = None,
+) -> torch.Tensor:
+    """Exact law of the first ``length`` tokens by enumerating every prefix. -> [V] * length"""
+    vocab = target.vocab_size
+    cond = list(prompt.cond) if isinstance(prompt, CfgPrompt) else list(prompt)
+    uncond = list(prompt.uncond) if isinstance(prompt, CfgPrompt) else None
+    law = torch.ones((), dtype=torch.float64)
+    for t in range(length):
+        prefixes = list(itertools.product(range(vocab), repeat=t))
+        def last_logits(head: list[int]) -> torch.Tensor:
+            ids = torch.tensor([head + list(p) for p in prefixes], dtype=torch.long)
+            return target.model(input_ids=ids).logits[:, -1].to(torch.float64)  # [V^t, V]
+        logits = last_logits(cond)
+        rows = len(prefixes)
+        if uncond is not None:
+            logits = torch.cat([logits, last_logits(uncond)])
+        gen_index = torch.full((rows, 1), t, dtype=torch.long)
+        probs = process_logits(logits.unsqueeze(1), sampling, rows, constraint, gen_index)[:, 0]  # [V^t, V]
+        law = law.unsqueeze(-1) * probs.view(*([vocab] * t), vocab)
+    return law
