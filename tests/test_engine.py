@@ -14,6 +14,8 @@ from raydec.spec.proposers.random_tree import OracleProposer, RandomTreeProposer
 from raydec.spec.verify import verify_tree
 from tests.toys import tiny_llama
 
+torch.set_num_threads(1)  # tiny tensors: threads only add synchronisation cost
+
 PROMPTS = [[1, 5, 7, 9, 2], [3, 4], [8, 8, 8, 8, 8, 8, 2, 11], [10]]
 GREEDY = SamplingConfig(temperature=0.0)
 DRAFTS = {

@@ -21,6 +21,8 @@ from tests.broken import batch_minimum_verifier, longest_path_verifier, stale_pr
 from tests.lawtest import compare_to_law
 from tests.toys import lm_law, markov_law, random_markov, tiny_llama
 
+torch.set_num_threads(1)  # tiny tensors: threads only add synchronisation cost
+
 SAMPLES = 20_000
 LENGTH = 4
 

@@ -11,6 +11,8 @@ from raydec.spec.tree import DETERMINISTIC, DraftTree, TreeBuilder
 from raydec.spec.verify import acceptance_probability, output_law, residual, verify_tree
 from raydec.spec.sampling import row_generators
 
+torch.set_num_threads(1)  # tiny tensors: threads only add synchronisation cost
+
 
 def _random_p(generator: torch.Generator, vocab: int, sharp: float = 2.0) -> torch.Tensor:
     return torch.softmax(torch.randn(vocab, generator=generator, dtype=torch.float64) * sharp, dim=-1)
@@ -180,3 +182,37 @@ def test_tree_masks_and_depth():
     assert mask[b].tolist() == [True, False, True, False, False]
     assert tree.ancestor_mask()[1].tolist() == torch.eye(5, dtype=torch.bool).tolist()  # padding: self only
     assert tree.proposal_index[0, 1] == DETERMINISTIC
+
+
+def test_chain_fast_path_equals_general_recursion():
+    """The one-pass chain verifier and the level-by-level recursion agree on identical uniforms."""
+    import raydec.spec.verify as verify
+
+    vocab, batch = 6, 64
+    generator = torch.Generator().manual_seed(11)
+    for mode in ("dense", "onehot", "mixed"):
+        builders = []
+        for row in range(batch):
+            builder = TreeBuilder(0)
+            node = 0
+            for _ in range(int(torch.randint(0, 6, (1,), generator=generator))):
+                if mode == "onehot" or (mode == "mixed" and node % 2):
+                    node = builder.add(node, int(torch.randint(vocab, (1,), generator=generator)))
+                else:
+                    q = _random_p(generator, vocab, 1.0)
+                    node = builder.add(node, int(torch.multinomial(q, 1, generator=generator)), builder.add_proposal(q))
+            builders.append(builder)
+        tree = DraftTree.stack(builders, vocab, torch.float64)
+        probs = torch.softmax(torch.randn(batch, tree.num_nodes, vocab, generator=generator, dtype=torch.float64), -1)
+        uniforms = torch.rand(batch, tree.num_nodes, generator=generator, dtype=torch.float64)
+        assert verify.is_chain(tree)
+        fast = verify._verify_chain(tree, probs, uniforms)
+        original = verify.is_chain
+        verify.is_chain = lambda t: False
+        try:
+            slow = verify.verify_tree(tree, probs, [], uniforms=uniforms)
+        finally:
+            verify.is_chain = original
+        for field in ("num_accepted", "next_token", "stop_node", "rejected"):
+            assert torch.equal(getattr(fast, field), getattr(slow, field)), (mode, field)
+        assert torch.equal(fast.path, slow.path)

@@ -132,8 +132,15 @@ class DraftTree:
             proposal_probs=torch.zeros(batch, 0, vocab_size, dtype=dtype),
         )
 
+    def is_chain(self) -> bool:
+        """Every real node i >= 1 hangs under node i - 1 (padding only at the end)."""
+        expected = torch.arange(-1, self.num_nodes - 1).expand_as(self.parents)
+        return bool(((self.parents == expected) | ~self.valid).all())
+
     def depth(self) -> torch.Tensor:
         """[B, N] long: root 0, child = parent + 1; padding 0."""
+        if self.is_chain():
+            return torch.arange(self.num_nodes).expand_as(self.parents) * self.valid
         depth = torch.zeros_like(self.parents)
         for node in range(1, self.num_nodes):
             parent = self.parents[:, node]
@@ -145,7 +152,12 @@ class DraftTree:
     def ancestor_mask(self) -> torch.Tensor:
         """[B, N, N] bool: node i may attend node j iff j is i or an ancestor of i (padding: self only)."""
         batch, width = self.tokens.shape
-        mask = torch.eye(width, dtype=torch.bool).expand(batch, width, width).clone()
+        eye = torch.eye(width, dtype=torch.bool)
+        if self.is_chain():  # causal over real nodes, padding sees itself
+            causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
+            both = self.valid.unsqueeze(1) & self.valid.unsqueeze(2)
+            return (causal & both) | eye
+        mask = eye.expand(batch, width, width).clone()
         rows = torch.arange(batch)
         for node in range(1, width):
             parent = self.parents[:, node]

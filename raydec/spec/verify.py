@@ -133,6 +133,8 @@ def verify_tree(
     if uniforms is None:
         uniforms = draw_uniforms(generators, tree.node_counts(), dtype=torch.float64)
     uniforms = uniforms.to(dtype)
+    if is_chain(tree):
+        return _verify_chain(tree, target_probs, uniforms)
 
     current = torch.zeros(batch, dtype=torch.long)           # node we stand on
     p = target_probs[:, 0].clone()                           # [B, V] target at `current`
@@ -191,6 +193,44 @@ def verify_tree(
         stop_node = torch.where(stopping, current, stop_node)
 
     return VerifyResult(path, num_accepted, next_token, stop_node, rejected)
+
+
+def is_chain(tree: DraftTree) -> bool:
+    """Every valid node i >= 1 hangs under node i - 1."""
+    return tree.is_chain()
+
+
+def _verify_chain(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Tensor) -> VerifyResult:
+    """The chain case of ``verify_tree`` in one pass (same uniforms, same outcome).
+
+    Node i is tested against P[i - 1] (a chain has no siblings, so no residual carries over);
+    the first rejection stops the chain and the final token comes from its residual.
+    """
+    batch, width = tree.tokens.shape
+    rows = torch.arange(batch)
+    tokens = tree.tokens[:, 1:]                                          # [B, N-1]
+    p_x = target_probs[:, :-1].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    index = tree.proposal_index[:, 1:]
+    if tree.proposal_probs.shape[1] > 0:
+        dense = tree.proposal_probs.gather(1, index.clamp(min=0).unsqueeze(-1).expand(-1, -1, tree.proposal_probs.shape[-1]))
+        q_x = dense.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).to(p_x.dtype)
+        q_x = torch.where(index == DETERMINISTIC, torch.ones_like(q_x), q_x)
+    else:
+        q_x = torch.ones_like(p_x)
+    accept_prob = torch.where(q_x > 0, (p_x / q_x.clamp_min(_RESIDUAL_EPS)).clamp(max=1.0), (p_x > 0).to(p_x.dtype))
+    accept = (uniforms[:, 1:] < accept_prob) & tree.valid[:, 1:]
+    num_accepted = accept.long().cumprod(dim=1).sum(dim=1)               # [B]
+    num_drafts = tree.valid[:, 1:].sum(dim=1)
+    rejected = num_accepted < num_drafts
+    p = target_probs[rows, num_accepted]                                 # P at the stop node
+    if bool(rejected.any()):
+        failed = (num_accepted + 1).clamp(max=width - 1)
+        q = _dense_proposal(tree, failed).to(p.dtype)
+        p = torch.where(rejected.unsqueeze(1), residual(p, q), p)
+    next_token = sample_with_uniform(p, uniforms[:, 0])
+    steps = torch.arange(width).expand(batch, width)
+    path = torch.where(steps <= num_accepted.unsqueeze(1), steps, torch.full_like(steps, -1))
+    return VerifyResult(path, num_accepted, next_token, num_accepted.clone(), rejected)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -76,6 +76,9 @@ class RandomTreeProposer(Proposer):
         self.ranks = torch.tensor(ranks)
         self.num_groups = int(self.groups.max()) + 1 if len(groups) > 1 else 0
         self.branching = draft.branching
+        # siblings sharing a group were drawn without replacement (chain nodes are alone)
+        siblings = (self.parents.unsqueeze(0) == self.parents.unsqueeze(1)).sum(dim=1)
+        self.without_replacement = (self.groups >= 0) & (siblings > 1)
 
     def propose(self, state: DecodeState) -> DraftTree:
         batch, vocab, width = state.batch_size, state.vocab_size, len(self.parents)
@@ -105,14 +108,8 @@ class RandomTreeProposer(Proposer):
                 chosen = sample_with_uniform(weights, uniforms[:, nodes - 1])  # [B, n]
                 tokens[:, nodes] = chosen
                 picked[rows, groups.unsqueeze(0), chosen] = True
-            proposal_index = self.groups.clamp(min=-1).expand(batch, width).clone()
-            without_replacement = (self.branching > 1) & (self.groups >= 0).expand(batch, width)
-            without_replacement = without_replacement & (self.ranks < self.branching).expand(batch, width)
-            chain = torch.zeros(width, dtype=torch.bool)
-            for node in range(1, width):
-                siblings = int((self.parents == self.parents[node]).sum())
-                chain[node] = siblings == 1
-            without_replacement = without_replacement & ~chain
+            proposal_index = self.groups.expand(batch, width).clone()
+            without_replacement = self.without_replacement.expand(batch, width)
             proposal_probs = q.to(state.prob_dtype)
         return DraftTree(
             tokens=tokens,

@@ -1,0 +1,178 @@
+"""`raydec bench ...`: side-by-side measurements, printed as a table and written as JSON.
+
+Speed figures are ratios against a baseline measured in the same run, methods interleaved
+prompt by prompt, so machine noise hits every method alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class MethodTimes:
+    """Per-method accumulators over the prompts of one benchmark run."""
+
+    seconds: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    forwards: list[int] = field(default_factory=list)
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.seconds)
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return sum(self.tokens) / max(1, sum(self.forwards))
+
+
+def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    """A plain fixed-width table on stdout."""
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
+    print(f"\n{title}\n{line}\n{'-' * len(line)}")
+    for row in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+
+
+def _timed(fn: Callable[[], object]) -> tuple[float, object]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+# ---------------------------------------------------------------------------------------------
+# bench engine
+
+
+def build_bench_llama(size: str, dtype: torch.dtype, seed: int = 0):
+    """A random-weight LlamaForCausalLM: "default" ~60M parameters (vocab 16384), "small" for CI."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    shapes = {
+        "default": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=8),
+        "small": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4),
+    }[size]
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=16384, max_position_embeddings=4096, tie_word_embeddings=False, **shapes)
+    model = LlamaForCausalLM(config).to(dtype).eval()
+    return model
+
+
+def bench_engine(args: argparse.Namespace) -> dict:
+    """Our AR vs Hugging Face generate(); an oracle proposer (window 16, T=0) vs our AR."""
+    from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+    from raydec.models.causal_lm import CausalLMTarget
+    from raydec.spec.engine import Engine, RowRequest
+    from raydec.spec.proposers.ar import ARProposer
+    from raydec.spec.proposers.random_tree import OracleProposer
+
+    torch.set_num_threads(args.threads) if args.threads else None
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    model = build_bench_llama(args.size, dtype)
+    target = CausalLMTarget(model)
+    params = sum(p.numel() for p in model.parameters())
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 16384, (int(torch.randint(16, 33, (1,), generator=generator)),), generator=generator).tolist() for _ in range(args.prompts)]
+    greedy = DecodeConfig(max_new_tokens=args.new_tokens, sampling=SamplingConfig(temperature=0.0), draft=DraftSpec(window=args.window))
+    ar_engine = Engine(target, ARProposer(), greedy)
+
+    def run_hf(prompt):
+        ids = torch.tensor([prompt])
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
+                                 min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0)
+        return out[0, len(prompt):].tolist()
+
+    # warm-up (allocator, kernels)
+    ar_engine.generate([RowRequest(prompts[0], seed=0, max_new_tokens=4)])
+    run_hf(prompts[0][:4])
+
+    times = {name: MethodTimes() for name in ("hf", "ar", "oracle")}
+    mismatches = 0
+    for i, prompt in enumerate(prompts):
+        t_hf, hf_tokens = _timed(lambda: run_hf(prompt))
+        t_ar, ar_out = _timed(lambda: ar_engine.generate([RowRequest(prompt, seed=i)])[0])
+        oracle = Engine(target, OracleProposer(args.window, {0: ar_out.tokens}), greedy)
+        t_or, or_out = _timed(lambda: oracle.generate([RowRequest(prompt, seed=i)])[0])
+        mismatches += int(hf_tokens != ar_out.tokens) + int(or_out.tokens != ar_out.tokens)
+        for name, seconds, out, forwards in (
+            ("hf", t_hf, hf_tokens, len(hf_tokens)),
+            ("ar", t_ar, ar_out.tokens, ar_out.stats.target_forwards),
+            ("oracle", t_or, or_out.tokens, or_out.stats.target_forwards),
+        ):
+            times[name].seconds.append(seconds)
+            times[name].tokens.append(len(out))
+            times[name].forwards.append(forwards)
+        logger.info("prompt %d/%d: hf %.2fs ar %.2fs oracle %.2fs", i + 1, len(prompts), t_hf, t_ar, t_or)
+
+    ar_total = times["ar"].total_seconds
+    result = {
+        "model": {"parameters": params, "dtype": args.dtype, "vocab_size": 16384, "size": args.size},
+        "prompts": args.prompts,
+        "new_tokens": args.new_tokens,
+        "window": args.window,
+        "ar_vs_hf_time_ratio": ar_total / times["hf"].total_seconds,
+        "oracle_tokens_per_forward": times["oracle"].tokens_per_forward,
+        "oracle_speedup": ar_total / times["oracle"].total_seconds,
+        "token_mismatches": mismatches,
+        "methods": {
+            name: {
+                "total_seconds": t.total_seconds,
+                "median_seconds": statistics.median(t.seconds),
+                "tokens_per_forward": t.tokens_per_forward,
+                "tokens_per_second": sum(t.tokens) / t.total_seconds,
+            }
+            for name, t in times.items()
+        },
+    }
+    rows = [
+        [name, f"{t.total_seconds:.2f}", f"{sum(t.tokens) / t.total_seconds:.1f}", f"{t.tokens_per_forward:.2f}",
+         f"{ar_total / t.total_seconds:.2f}x"]
+        for name, t in times.items()
+    ]
+    print_table(
+        f"bench engine: {params / 1e6:.1f}M-param Llama ({args.dtype}), {args.prompts} prompts x {args.new_tokens} tokens, batch 1",
+        ["method", "seconds", "tokens/s", "tokens/forward", "speed vs our AR"],
+        rows,
+    )
+    print(f"ar_vs_hf_time_ratio={result['ar_vs_hf_time_ratio']:.3f}  oracle_tokens_per_forward="
+          f"{result['oracle_tokens_per_forward']:.2f}  oracle_speedup={result['oracle_speedup']:.2f}  "
+          f"token mismatches={mismatches}")
+    return result
+
+
+def add_engine_parser(subparsers) -> None:
+    parser = subparsers.add_parser("engine", help="engine AR vs HF generate; oracle proposer vs AR")
+    parser.add_argument("--prompts", type=int, default=6, help="number of prompts (batch 1 each)")
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt")
+    parser.add_argument("--window", type=int, default=16, help="oracle draft window")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--size", choices=["default", "small"], default="default", help="default ~60M params; small for smoke tests")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    parser.add_argument("--json", type=Path, default=None, help="write results here")
+    parser.set_defaults(bench=bench_engine)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="raydec bench", description=__doc__)
+    subparsers = parser.add_subparsers(dest="which", required=True)
+    add_engine_parser(subparsers)
+    args = parser.parse_args(argv)
+    result = args.bench(args)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")
+    return 0
