@@ -1,0 +1,18 @@
+"""raydec.runtime: Ray Data batch pipelines over worker actors (one model per actor).
+
+    from raydec.runtime import JobConfig, connect_ray, preflight, run_job
+    job = JobConfig.from_yaml("jobs/configs/t2i_reference.yaml")
+    files = preflight(job)        # fails fast, before any model loads
+    connect_ray()
+    report = run_job(job, files)
+"""
+
+from raydec.runtime.cluster import connect_ray, init_local_ray
+from raydec.runtime.config import FaultInjection, JobConfig, PoolConfig
+from raydec.runtime.pipeline import JobIncompleteError, JobReport, preflight, run_job
+from raydec.runtime.processors import PROCESSORS, Processor, T2IProcessor, make_processor
+
+__all__ = [
+    "FaultInjection", "JobConfig", "JobIncompleteError", "JobReport", "PROCESSORS", "PoolConfig", "Processor",
+    "T2IProcessor", "connect_ray", "init_local_ray", "make_processor", "preflight", "run_job",
+]

@@ -1,0 +1,40 @@
+"""Connecting to Ray: an existing cluster (job submit, RAY_ADDRESS) or a local one on loopback."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Dict, Optional
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+"""With this, a local Ray 2.60 cluster binds every listener to 127.0.0.1."""
+
+
+def init_local_ray(num_cpus: Optional[int] = None, env_vars: Optional[Dict[str, str]] = None, **kwargs: Any) -> None:
+    """Start a private local Ray cluster on 127.0.0.1 (no dashboard), unless Ray is already up."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.update(LOOPBACK_ENV)
+    runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
+    ray.init(
+        address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+        runtime_env=runtime_env, log_to_driver=True, **kwargs,
+    )
+    logger.info("started a local Ray cluster on 127.0.0.1 with %s CPU(s)", ray.cluster_resources().get("CPU"))
+
+
+def connect_ray() -> None:
+    """Join the cluster this process belongs to (RAY_ADDRESS / job submit), else start a local one."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"])
+        logger.info("connected to Ray at %s", os.environ["RAY_ADDRESS"])
+        return
+    init_local_ray()

@@ -1,0 +1,105 @@
+"""Typed configuration of a batch job: the worker pool and the whole job.
+
+`JobConfig.from_yaml(path)` validates a YAML file against these models; unknown keys are
+errors that name the key, so a typo fails before any model loads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional, Union
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from raydec.config import DecodeConfig, StrictModel
+from raydec.io.config import InputConfig, IOConfigError, OutputConfig
+
+DType = Literal["float32", "float64", "bfloat16", "float16"]
+"""Model weight / compute dtypes a job may ask for."""
+
+
+class PoolConfig(StrictModel):
+    """The Ray Data actor pool that runs the model: one model copy per actor."""
+
+    workers: int = Field(1, ge=1, le=4096, description="Actors in the pool, each loading the model once.")
+    gpus_per_worker: float = Field(
+        0.0, ge=0.0, le=64.0, description="GPUs per actor (fractional shares a GPU); 0 runs on CPU."
+    )
+    cpus_per_worker: float = Field(
+        0.5, gt=0.0, le=256.0,
+        description="CPUs reserved per actor; keep fractional on small machines or Ray Data pools deadlock.",
+    )
+    batch_size: int = Field(8, ge=1, le=4096, description="Rows per actor call (one durable result shard each).")
+    max_restarts: int = Field(3, ge=-1, le=1000, description="Times Ray restarts a dead actor; -1 means forever.")
+    max_task_retries: int = Field(
+        3, ge=-1, le=1000, description="Times a batch lost with its actor is retried; -1 means forever."
+    )
+    torch_threads: int = Field(1, ge=1, le=256, description="torch.set_num_threads in each actor (CPU decoding).")
+
+
+class FaultInjection(StrictModel):
+    """Test hook: the first actor to pass `kill_after_rows` rows exits hard, once per marker file."""
+
+    kill_after_rows: int = Field(..., ge=0, description="Kill when an actor's row count would pass this number.")
+    marker_path: str = Field(
+        ..., min_length=1, description="Local file created atomically before the kill; when present, no kill."
+    )
+
+
+class JobConfig(StrictModel):
+    """One batch job: what to run, on which rows, where results go and on how many workers."""
+
+    task: Literal["t2i", "caption"] = Field("t2i", description="t2i: prompts to images; caption: images to text.")
+    model: str = Field(..., min_length=1, description="'reference', or a local folder saved with save_pretrained.")
+    dtype: DType = Field("float32", description="Weights and compute dtype.")
+    input: InputConfig = Field(..., description="Input rows (local / glob / s3://).")
+    output: OutputConfig = Field(..., description="Output location for images, result shards and the manifest.")
+    decode: DecodeConfig = Field(default_factory=DecodeConfig, description="Decoding method and sampling.")
+    pool: PoolConfig = Field(default_factory=PoolConfig, description="Ray actor pool.")
+    seed: Optional[int] = Field(
+        None, ge=0, lt=2**63, description="Job seed for rows without a seed; overrides input.seed when set."
+    )
+    retry_errors: bool = Field(False, description="On a re-run, redo rows whose earlier result is an error.")
+    fault_injection: Optional[FaultInjection] = Field(None, description="Tests only: kill a worker once.")
+
+    @model_validator(mode="after")
+    def _one_job_seed(self) -> "JobConfig":
+        if self.seed is not None and self.input.seed != self.seed:
+            if "seed" in self.input.model_fields_set:
+                raise ValueError(f"seed: job seed {self.seed} disagrees with input.seed {self.input.seed}; set one")
+            self.input = self.input.model_copy(update={"seed": self.seed})
+        return self
+
+    @property
+    def job_seed(self) -> int:
+        """The seed rows without their own seed derive theirs from."""
+        return self.input.seed
+
+    @classmethod
+    def from_yaml(cls, path: Union[str, Path]) -> "JobConfig":
+        """Load and validate a YAML job file; raises IOConfigError naming the file and bad keys."""
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise IOConfigError(f"config: cannot read {path}: {exc.strerror or exc}") from None
+        except yaml.YAMLError as exc:
+            raise IOConfigError(f"config: {path} is not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise IOConfigError(f"config: {path} must hold a mapping of keys, not {type(data).__name__}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise IOConfigError(f"config: {path} is invalid:\n{_describe(exc)}") from None
+
+
+def _describe(exc: ValidationError) -> str:
+    """One line per problem: dotted field path, message and (short) offending value."""
+    lines = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "(root)"
+        value = repr(error.get("input"))
+        value = value if len(value) <= 60 else value[:57] + "..."
+        lines.append(f"  {where}: {error['msg']} (got {value})")
+    return "\n".join(lines)

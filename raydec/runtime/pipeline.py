@@ -1,0 +1,196 @@
+"""The batch job driver: preflight, resume, a Ray Data actor-pool pipeline, verification, manifest.
+
+    files = preflight(job)                     # schema + output checks, before any model loads
+    report = run_job(job, files)               # skips ids already written, writes the rest
+
+Rows are validated on the driver. Bad rows become error result rows right there, without a
+model. Good rows not yet in the output go through `map_batches` with an actor pool of
+`GenerationWorker`s that write their own shards. At the end `read_results` must hold
+exactly one row per input id; the manifest records counts, timings and speed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+from raydec.io import (
+    InputFile,
+    ResultWriter,
+    check_dataset,
+    check_output_writable,
+    completed_ids,
+    error_result,
+    load_rows,
+    read_results,
+    write_manifest,
+)
+from raydec.runtime.config import JobConfig
+from raydec.runtime.processors import PROCESSORS
+from raydec.runtime.worker import GenerationWorker
+
+logger = logging.getLogger(__name__)
+
+ROW_COLUMNS = ("id", "source", "prompt", "negative_prompt", "seed", "error")
+
+
+class JobIncompleteError(RuntimeError):
+    """The job ended with input ids that have no result row."""
+
+
+@dataclass
+class JobReport:
+    """What a job did: counts, seconds and where things are."""
+
+    output: str
+    input_rows: int = 0
+    skipped_completed: int = 0
+    validation_errors: int = 0
+    processed: int = 0
+    processing_errors: int = 0
+    results: int = 0
+    result_errors: int = 0
+    workers_seen: int = 0
+    timings: Dict[str, float] = field(default_factory=dict)
+    missing_ids: List[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing_ids
+
+    def counts(self) -> Dict[str, int]:
+        data = asdict(self)
+        return {k: v for k, v in data.items() if isinstance(v, int)}
+
+
+def preflight(job: JobConfig) -> List[InputFile]:
+    """Fail fast before any model loads: task supported, input columns present, output writable."""
+    if job.task not in PROCESSORS:
+        raise ValueError(f"task: {job.task!r} is not available in this build (available: {sorted(PROCESSORS)})")
+    files = check_dataset(job.input, job.task)
+    check_output_writable(job.output)
+    logger.info("preflight ok: %d input file(s), output %s writable", len(files), job.output.path)
+    return files
+
+
+def _write_validation_errors(job: JobConfig, rows: List[Dict[str, Any]]) -> None:
+    """Error result rows for rows that failed validation, written by the driver (no model)."""
+    if not rows:
+        return
+    with ResultWriter(job.output, worker_id=f"driver_{uuid.uuid4().hex[:8]}") as writer:
+        for row in rows:
+            writer.add(error_result(row, job.decode.method))
+    logger.info("wrote %d validation error row(s)", len(rows))
+
+
+def _dataset(job: JobConfig, rows: List[Dict[str, Any]]) -> Any:
+    """The Ray Dataset of rows to generate: one block per batch so the pool shares work evenly."""
+    import ray.data
+
+    items = [{key: row.get(key) for key in ROW_COLUMNS} for row in rows]
+    blocks = max(1, math.ceil(len(items) / job.pool.batch_size))
+    return ray.data.from_items(items, override_num_blocks=blocks)
+
+
+def _remote_args(job: JobConfig) -> Dict[str, Any]:
+    """Resources and fault tolerance of the pool's actors."""
+    pool = job.pool
+    args: Dict[str, Any] = dict(
+        num_cpus=pool.cpus_per_worker, max_restarts=pool.max_restarts, max_task_retries=pool.max_task_retries,
+    )
+    if pool.gpus_per_worker > 0:
+        args["num_gpus"] = pool.gpus_per_worker
+    return args
+
+
+def _run_pool(job: JobConfig, rows: List[Dict[str, Any]], report: JobReport) -> None:
+    """Run the actor pool over `rows`, consuming its per-row summaries for progress and counts."""
+    if not rows:
+        return
+    dataset = _dataset(job, rows).map_batches(
+        GenerationWorker,
+        fn_constructor_kwargs={"job": job},
+        batch_size=job.pool.batch_size,
+        batch_format="pyarrow",
+        concurrency=min(job.pool.workers, max(1, math.ceil(len(rows) / job.pool.batch_size))),
+        **_remote_args(job),
+    )
+    workers = set()
+    for batch in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
+        report.processed += batch.num_rows
+        report.processing_errors += batch.num_rows - batch["error"].null_count
+        workers.update(batch["worker"].to_pylist())
+        logger.info("progress: %d / %d row(s) done", report.processed, len(rows))
+    report.workers_seen = len(workers)
+
+
+def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobReport:
+    """Run `job` on the current Ray cluster (connect first) and return its report.
+
+    Raises JobIncompleteError if some input id has no result at the end (after writing the
+    manifest, so the gap is on record).
+    """
+    import ray
+
+    started = time.perf_counter()
+    report = JobReport(output=job.output.path)
+    files = files if files is not None else preflight(job)
+    rows = load_rows(job.input, job.task, files)
+    report.input_rows = len(rows)
+    done = completed_ids(job.output, include_errors=not job.retry_errors)
+    todo = [row for row in rows if row["id"] not in done]
+    report.skipped_completed = len(rows) - len(todo)
+    bad = [row for row in todo if row["error"]]
+    good = [row for row in todo if not row["error"]]
+    report.validation_errors = len(bad)
+    logger.info(
+        "job: %d row(s), %d already done, %d invalid, %d to generate on %d worker(s)",
+        len(rows), report.skipped_completed, len(bad), len(good), job.pool.workers,
+    )
+    report.timings["prepare_s"] = time.perf_counter() - started
+    _write_validation_errors(job, bad)
+    if good and not ray.is_initialized():
+        raise RuntimeError("run_job needs Ray: call raydec.runtime.connect_ray() first")
+    generate_started = time.perf_counter()
+    _run_pool(job, good, report)
+    report.timings["generate_s"] = time.perf_counter() - generate_started
+    _verify(job, rows, report)
+    report.timings["total_s"] = time.perf_counter() - started
+    _manifest(job, report)
+    if not report.complete:
+        raise JobIncompleteError(
+            f"job incomplete: {len(report.missing_ids)} input id(s) have no result, e.g. {report.missing_ids[:5]}; "
+            f"re-run to resume"
+        )
+    return report
+
+
+def _verify(job: JobConfig, rows: List[Dict[str, Any]], report: JobReport) -> None:
+    """Count results for this input: exactly one per id, or the missing ids."""
+    results = read_results(job.output)
+    input_ids = {row["id"] for row in rows}
+    result_ids = results["id"].to_pylist()
+    errors = results["error"].to_pylist()
+    report.results = sum(1 for i in result_ids if i in input_ids)
+    report.result_errors = sum(1 for i, e in zip(result_ids, errors) if i in input_ids and e is not None)
+    report.missing_ids = sorted(input_ids - set(result_ids))
+
+
+def _manifest(job: JobConfig, report: JobReport) -> str:
+    """Write the manifest with counts, timings and speed over this input's results."""
+    generate_s = report.timings.get("generate_s", 0.0)
+    extra = {
+        "method": job.decode.method,
+        "task": job.task,
+        "model": job.model,
+        "workers": job.pool.workers,
+        "rows_per_s": report.processed / generate_s if generate_s > 0 and report.processed else None,
+        "missing_ids": report.missing_ids[:100],
+    }
+    uri = write_manifest(job.output, job, report.counts(), report.timings, extra)
+    logger.info("manifest written to %s", uri)
+    return uri

@@ -1,0 +1,137 @@
+"""Processors: what one worker actor does to a batch of validated rows.
+
+A processor loads its model once per actor in `setup()` and turns a batch of good rows
+(validated dicts, no `error`) into result rows (`raydec.io.RESULT_SCHEMA` keys). A result
+row may carry an `image` (a PIL image) that the worker writes and replaces by its URI.
+Processors hold no decoding logic: they call `raydec.api`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import os
+from typing import Any, Callable, Dict, List, Protocol, runtime_checkable
+
+from raydec.runtime.config import JobConfig
+
+logger = logging.getLogger(__name__)
+
+API_MODULE = "raydec.api"
+
+
+@runtime_checkable
+class Processor(Protocol):
+    """Loads models once (`setup`) and maps a batch of good rows to result rows."""
+
+    method: str
+
+    def setup(self) -> None:
+        """Load models; called once per actor before the first batch."""
+
+    def __call__(self, batch: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """Result rows for `batch`, one per row, in any order."""
+
+
+def _api() -> Any:
+    """The public API module (imported on first use, inside the actor)."""
+    return importlib.import_module(os.environ.get("RAYDEC_API_MODULE", API_MODULE))  # TEMP dev seam
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name)
+
+
+def _device(job: JobConfig) -> str:
+    """'cuda' when the actor was given a GPU and torch sees one, else 'cpu'."""
+    import torch
+
+    if job.pool.gpus_per_worker > 0 and torch.cuda.is_available():
+        return "cuda"
+    if job.pool.gpus_per_worker > 0:
+        logger.warning("pool.gpus_per_worker=%s but torch sees no GPU: running on CPU", job.pool.gpus_per_worker)
+    return "cpu"
+
+
+def _call_with_supported(function: Callable[..., Any], /, **kwargs: Any) -> Any:
+    """Call `function` with the keyword arguments its signature accepts (optional extras dropped)."""
+    parameters = inspect.signature(function).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return function(**kwargs)
+    return function(**{k: v for k, v in kwargs.items() if k in parameters})
+
+
+class T2IProcessor:
+    """Text-to-image rows -> images and decoding statistics, via `raydec.api.generate_images`."""
+
+    def __init__(self, job: JobConfig) -> None:
+        self.job = job
+        self.method = job.decode.method
+        self.pipeline: Any = None
+
+    def setup(self) -> None:
+        import torch
+
+        torch.set_num_threads(self.job.pool.torch_threads)
+        api = _api()
+        self.pipeline = _call_with_supported(
+            api.load_pipeline, model=self.job.model, kind="t2i",
+            dtype=_torch_dtype(self.job.dtype), device=_device(self.job),
+        )
+        logger.info("t2i processor: loaded %s (%s, method %s)", self.job.model, self.job.dtype, self.method)
+
+    def _generate(self, rows: List[Dict[str, Any]]) -> List[Any]:
+        negatives = [row.get("negative_prompt") for row in rows]
+        return _api().generate_images(
+            [row["prompt"] for row in rows],
+            model=self.pipeline,
+            decode=self.job.decode,
+            seeds=[int(row["seed"]) for row in rows],
+            negative_prompts=negatives if any(n is not None for n in negatives) else None,
+            batch_size=self.job.pool.batch_size,
+        )
+
+    def _result(self, row: Dict[str, Any], image_result: Any) -> Dict[str, Any]:
+        return dict(
+            id=row["id"], source=row.get("source") or row["prompt"], prompt=row["prompt"], seed=int(row["seed"]),
+            method=self.method, image=image_result.image,
+            target_forwards=int(image_result.target_forwards), tokens=int(image_result.num_tokens),
+            mean_accepted=float(image_result.mean_accepted), latency_s=float(image_result.latency_s),
+        )
+
+    def __call__(self, batch: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        try:
+            return [self._result(row, out) for row, out in zip(batch, self._generate(batch), strict=True)]
+        except Exception as exc:  # one bad row must not fail its batch: retry rows one by one
+            if len(batch) == 1:
+                raise
+            logger.warning("t2i batch of %d failed (%s); retrying row by row", len(batch), exc)
+        results = []
+        for row in batch:
+            try:
+                results.append(self._result(row, self._generate([row])[0]))
+            except Exception as exc:
+                logger.warning("t2i row %r failed: %s", row["id"], exc)
+                results.append(failed_result(row, self.method, f"generation: {type(exc).__name__}: {exc}"))
+        return results
+
+
+def failed_result(row: Dict[str, Any], method: str, error: str) -> Dict[str, Any]:
+    """A result row for `row` that failed with `error` (no model output)."""
+    from raydec.io import error_result
+
+    return error_result(row, method, error)
+
+
+PROCESSORS: Dict[str, Callable[[JobConfig], Processor]] = {"t2i": T2IProcessor}
+"""Processor per task. A caption processor (ViSpec, `raydec.api.caption_images`) registers here."""
+
+
+def make_processor(job: JobConfig) -> Processor:
+    """The processor for `job.task`; raises ValueError naming the task when none is registered."""
+    if job.task not in PROCESSORS:
+        raise ValueError(f"task: {job.task!r} has no processor in this build (available: {sorted(PROCESSORS)})")
+    return PROCESSORS[job.task](job)

@@ -1,0 +1,109 @@
+"""The actor class Ray Data's actor pool runs: one model per actor, durable results per batch.
+
+Each call takes a batch of validated rows, runs the job's processor on the good ones,
+writes images and one result shard with a `ResultWriter` named after this actor, and
+returns a small summary (id, error, worker) for the driver's progress accounting. Because
+the shard is written before the call returns, a batch is either durable or redone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from typing import Any, Dict, List
+
+import pyarrow as pa
+
+from raydec.io import ResultWriter, error_result
+from raydec.runtime.config import FaultInjection, JobConfig
+from raydec.runtime.processors import failed_result, make_processor
+
+logger = logging.getLogger(__name__)
+
+SUMMARY_SCHEMA = pa.schema([
+    pa.field("id", pa.string()),
+    pa.field("error", pa.string()),
+    pa.field("worker", pa.string()),
+    pa.field("target_forwards", pa.int64()),
+    pa.field("tokens", pa.int64()),
+    pa.field("latency_s", pa.float64()),
+])
+"""What each actor call returns to the driver: one row per processed input row."""
+
+
+def worker_id() -> str:
+    """A unique writer id for this process: the Ray actor id (when in an actor) plus a random suffix."""
+    suffix = uuid.uuid4().hex[:8]
+    try:
+        import ray
+
+        actor_id = ray.get_runtime_context().get_actor_id()
+    except Exception:  # outside Ray (unit use): the suffix alone is unique enough
+        actor_id = None
+    return f"{actor_id[:16]}_{suffix}" if actor_id else f"local_{suffix}"
+
+
+def maybe_kill(fault: FaultInjection | None, rows_before: int, rows_now: int) -> None:
+    """Test hook: exit the process hard, once (guarded by the marker file), past `kill_after_rows`."""
+    if fault is None or rows_now <= fault.kill_after_rows:
+        return
+    try:
+        handle = os.open(fault.marker_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.write(handle, f"killed pid {os.getpid()} after {rows_before} rows\n".encode())
+    os.close(handle)
+    logger.warning("fault injection: killing worker pid %d mid-batch (after %d rows)", os.getpid(), rows_before)
+    os._exit(1)
+
+
+class GenerationWorker:
+    """Callable class for `Dataset.map_batches`: loads the model in `__init__`, once per actor."""
+
+    def __init__(self, job: JobConfig) -> None:
+        self.job = job
+        self.processor = make_processor(job)
+        self.processor.setup()
+        self.worker_id = worker_id()
+        self.writer = ResultWriter(job.output, worker_id=self.worker_id)
+        self.rows_seen = 0
+        logger.info("worker %s ready (pid %d)", self.worker_id, os.getpid())
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        rows = batch.to_pylist()
+        good = [row for row in rows if not row.get("error")]
+        results: List[Dict[str, Any]] = [error_result(row, self.processor.method) for row in rows if row.get("error")]
+        if good:
+            results += self._process(good)
+        rows_before, self.rows_seen = self.rows_seen, self.rows_seen + len(rows)
+        maybe_kill(self.job.fault_injection, rows_before, self.rows_seen)
+        summary = [self._write(result) for result in results]
+        self.writer.flush()
+        return pa.Table.from_pylist(summary, schema=SUMMARY_SCHEMA)
+
+    def _process(self, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """Processor results for good rows; a processor crash becomes error rows, not a lost batch."""
+        try:
+            results = self.processor(rows)
+        except Exception as exc:
+            logger.exception("worker %s: batch of %d row(s) failed", self.worker_id, len(rows))
+            return [failed_result(row, self.processor.method, f"{type(exc).__name__}: {exc}") for row in rows]
+        missing = {row["id"] for row in rows} - {result["id"] for result in results}
+        by_id = {row["id"]: row for row in rows}
+        return results + [failed_result(by_id[i], self.processor.method, "processor returned no result") for i in missing]
+
+    def _write(self, result: Dict[str, Any]) -> Dict[str, Any]:
+        """Write the result's image (if any), buffer its row; returns the summary row."""
+        result = dict(result)
+        image = result.pop("image", None)
+        if image is not None and not result.get("error"):
+            # An output failure fails the batch (and the job) rather than marking the row:
+            # a re-run then redoes it, while an error row would count as done.
+            result["output_uri"] = self.writer.write_image(result["id"], image)
+        self.writer.add(result)
+        return dict(
+            id=result["id"], error=result.get("error"), worker=self.worker_id,
+            target_forwards=int(result.get("target_forwards") or 0), tokens=int(result.get("tokens") or 0),
+            latency_s=float(result.get("latency_s") or 0.0),
+        )
