@@ -15,6 +15,7 @@ import logging
 import math
 import time
 import uuid
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -111,14 +112,18 @@ def _run_pool(job: JobConfig, rows: List[Dict[str, Any]], report: JobReport) -> 
     """Run the actor pool over `rows`, consuming its per-row summaries for progress and counts."""
     if not rows:
         return
-    dataset = _dataset(job, rows).map_batches(
-        GenerationWorker,
-        fn_constructor_kwargs={"job": job},
-        batch_size=job.pool.batch_size,
-        batch_format="pyarrow",
-        concurrency=min(job.pool.workers, max(1, math.ceil(len(rows) / job.pool.batch_size))),
-        **_remote_args(job),
-    )
+    with warnings.catch_warnings():
+        # Ray 2.60 has no named parameters for max_restarts / max_task_retries yet; the
+        # **ray_remote_args route is the documented one for actor fault tolerance.
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        dataset = _dataset(job, rows).map_batches(
+            GenerationWorker,
+            fn_constructor_kwargs={"job": job},
+            batch_size=job.pool.batch_size,
+            batch_format="pyarrow",
+            concurrency=min(job.pool.workers, max(1, math.ceil(len(rows) / job.pool.batch_size))),
+            **_remote_args(job),
+        )
     workers = set()
     for batch in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
         report.processed += batch.num_rows
