@@ -1,0 +1,135 @@
+"""Exactness harness for the SJD family (sjd, sjd_ac, sjd_pac) and their broken variants.
+
+Same law test as tests/test_exactness.py: >= 20,000 samples, chi-square on every marginal and
+pairwise joint at one family-wise false-alarm rate. Sequences are long enough (8 tokens on the
+Markov chain) for carried-over drafts, coupling and proactive trees to matter.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+from raydec.models.causal_lm import CfgPrompt
+from raydec.spec.engine import Engine, RowRequest
+from raydec.spec.proposers.jacobi import JacobiProposer
+from raydec.spec.sampling import VocabConstraint, sample_with_uniform
+from tests.lawtest import compare_to_law
+from tests.test_exactness import sample_engine
+from tests.toys import lm_law, markov_law, random_markov, tiny_llama
+
+torch.set_num_threads(1)
+
+SAMPLES = 20_000
+SAMPLING = SamplingConfig(temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def markov():
+    return random_markov(vocab=6, seed=5, sharpness=1.0)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return tiny_llama(tmp_path_factory.mktemp("toy"), vocab=8, seed=1)
+
+
+def _config(length: int, sampling: SamplingConfig = SAMPLING, **draft) -> DecodeConfig:
+    return DecodeConfig(max_new_tokens=length, sampling=sampling, draft=DraftSpec(**draft))
+
+
+@pytest.mark.parametrize(
+    "variant,init,draft",
+    [
+        ("sjd", "uniform", dict(window=4)),
+        ("sjd", "left", dict(window=4)),
+        ("sjd_ac", "uniform", dict(window=4)),
+        ("sjd_ac", "above", dict(window=4)),
+        ("sjd_pac", "uniform", dict(window=6, branching=2, tree_depth=2)),
+        ("sjd_pac", "left", dict(window=5, branching=3, tree_depth=1)),
+    ],
+)
+def test_sjd_family_on_markov_chain(markov, variant, init, draft):
+    length = 8
+    config = _config(length, **draft)
+    proposer = JacobiProposer(config.draft, variant, init, grid_width=3)
+    samples = sample_engine(markov, proposer, config, [[2]], list(range(SAMPLES)), 5000)
+    report = compare_to_law(samples, markov_law(markov, [2], length, SAMPLING))
+    assert report.passed, str(report)
+
+
+def test_sjd_pac_cfg_topk_spatial_prior_on_llama(llama):
+    sampling = SamplingConfig(temperature=1.0, top_k=4, cfg_scale=2.0)
+    constraint = VocabConstraint(allowed=torch.tensor([True] * 7 + [False]))
+    length = 5
+    config = _config(length, sampling, window=6, branching=2, tree_depth=2)
+    prompt = CfgPrompt(cond=[5, 2, 6], uncond=[0])
+    proposer = JacobiProposer(config.draft, "sjd_pac", "above", grid_width=2)
+    samples = sample_engine(llama, proposer, config, [prompt], list(range(SAMPLES)), 5000, constraint=constraint)
+    report = compare_to_law(samples, lm_law(llama, prompt, length, sampling, constraint))
+    assert report.passed, str(report)
+
+
+def test_sjd_pac_batch_one(markov):
+    length = 6
+    config = _config(length, window=5, branching=2, tree_depth=1)
+    proposer = JacobiProposer(config.draft, "sjd_pac", "uniform")
+    samples = sample_engine(markov, proposer, config, [[3]], list(range(SAMPLES)), 1)
+    report = compare_to_law(samples, markov_law(markov, [3], length, SAMPLING))
+    assert report.passed, str(report)
+
+
+def test_sjd_pac_batch_four_ragged(markov):
+    """Batch 4 with prompts of different lengths and rows that stop at different lengths."""
+    length = 7
+    config = _config(length, window=5, branching=2, tree_depth=1)
+    engine = Engine(markov, JacobiProposer(config.draft, "sjd_pac", "left"), config)
+    prompts = [[4], [0, 4], [5, 5, 4], [1, 2, 3, 4]]
+    caps = [length, length - 2, length, length - 1]
+    rows = []
+    for call in range(SAMPLES // 4):
+        outs = engine.generate([RowRequest(prompts[i], seed=4 * call + i, max_new_tokens=caps[i]) for i in range(4)])
+        rows += [o.tokens[: length - 2] for o in outs]
+    report = compare_to_law(torch.tensor(rows), markov_law(markov, [4], length - 2, SAMPLING))
+    assert report.passed, str(report)
+
+
+# ------------------------------------------------------------------------------------------
+# Broken variants of AC and PD must fail
+
+
+class OldProposalAC(JacobiProposer):
+    """Pitfall 4: after coupling, records the OLD proposal instead of Q := P."""
+
+    def _carry_over(self, state, row, row_id, probs, result):
+        carried = super()._carry_over(state, row, row_id, probs, result)
+        layout = self.layouts[row_id]
+        first = int(result.num_accepted[row]) + 2
+        carried.proposals = [layout.spine_proposals[first + i].clone() for i in range(len(carried.tokens))]
+        return carried
+
+
+class DuplicateCandidatesPD(JacobiProposer):
+    """Pitfall 2: extra tree candidates drawn WITH replacement from q (duplicates possible)
+    while the tree still claims sampling without replacement."""
+
+    def _extra_candidates(self, state, row, q, first):
+        uniforms = torch.rand(self.draft.branching - 1, generator=state.generators[row], dtype=torch.float64)
+        return [int(sample_with_uniform(q.to(torch.float64), u)) for u in uniforms]
+
+
+def test_ac_recording_old_proposal_fails(markov):
+    length = 8
+    config = _config(length, window=4)
+    samples = sample_engine(markov, OldProposalAC(config.draft, "sjd_ac", "uniform"), config, [[2]], list(range(SAMPLES)), 5000)
+    report = compare_to_law(samples, markov_law(markov, [2], length, SAMPLING))
+    assert not report.passed, str(report)
+
+
+def test_pd_duplicate_candidates_fail(markov):
+    length = 8
+    config = _config(length, window=6, branching=3, tree_depth=1)
+    samples = sample_engine(markov, DuplicateCandidatesPD(config.draft, "sjd_pac", "left"), config, [[2]], list(range(SAMPLES)), 5000)
+    report = compare_to_law(samples, markov_law(markov, [2], length, SAMPLING))
+    assert not report.passed, str(report)
