@@ -20,7 +20,7 @@ def ray_cluster() -> Iterator[None]:
     if ray.is_initialized():
         ray.shutdown()
     env_vars = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
-    for name in ("RAYDEC_API_MODULE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
         if os.environ.get(name):
             env_vars[name] = os.environ[name]
     init_local_ray(num_cpus=2, env_vars=env_vars, object_store_memory=200 * 2**20)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-import os
 from typing import Any, Callable, Dict, List, Protocol, runtime_checkable
 
 from raydec.runtime.config import JobConfig
@@ -36,7 +35,7 @@ class Processor(Protocol):
 
 def _api() -> Any:
     """The public API module (imported on first use, inside the actor)."""
-    return importlib.import_module(os.environ.get("RAYDEC_API_MODULE", API_MODULE))  # TEMP dev seam
+    return importlib.import_module(API_MODULE)
 
 
 def _torch_dtype(name: str) -> Any:
