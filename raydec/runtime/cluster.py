@@ -8,8 +8,9 @@ from typing import Any, Dict, Optional
 
 logger = logging.getLogger(__name__)
 
-LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-"""With this, a local Ray 2.60 cluster binds every listener to 127.0.0.1."""
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+"""A private local Ray 2.60 cluster: every listener on 127.0.0.1, so no token auth is needed.
+Values already set in the environment win."""
 
 
 def init_local_ray(num_cpus: Optional[int] = None, env_vars: Optional[Dict[str, str]] = None, **kwargs: Any) -> None:
@@ -18,7 +19,8 @@ def init_local_ray(num_cpus: Optional[int] = None, env_vars: Optional[Dict[str, 
 
     if ray.is_initialized():
         return
-    os.environ.update(LOOPBACK_ENV)
+    for name, value in LOOPBACK_ENV.items():
+        os.environ.setdefault(name, value)
     runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
     ray.init(
         address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",

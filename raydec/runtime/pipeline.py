@@ -110,6 +110,8 @@ def _remote_args(job: JobConfig) -> Dict[str, Any]:
 
 def _run_pool(job: JobConfig, rows: List[Dict[str, Any]], report: JobReport) -> None:
     """Run the actor pool over `rows`, consuming its per-row summaries for progress and counts."""
+    import ray.data
+
     if not rows:
         return
     with warnings.catch_warnings():
@@ -121,7 +123,7 @@ def _run_pool(job: JobConfig, rows: List[Dict[str, Any]], report: JobReport) -> 
             fn_constructor_kwargs={"job": job},
             batch_size=job.pool.batch_size,
             batch_format="pyarrow",
-            concurrency=min(job.pool.workers, max(1, math.ceil(len(rows) / job.pool.batch_size))),
+            compute=ray.data.ActorPoolStrategy(size=min(job.pool.workers, math.ceil(len(rows) / job.pool.batch_size))),
             **_remote_args(job),
         )
     workers = set()
