@@ -1,0 +1,230 @@
+"""The small public Python API used by notebooks, jobs and Serve.
+
+    from raydec.api import generate_images
+    results = generate_images(["a red circle on the left"], model="reference")
+    results[0].image.save("out.png")
+
+``load_pipeline`` loads a model once (cached per model, kind, dtype and device), so repeated
+calls do not reload weights; ``generate_images`` accepts ``model`` as "reference", a local
+checkpoint folder, or an already loaded target.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from PIL import Image
+
+from raydec.config import DecodeConfig
+from raydec.models.image_gen import ImagePrompt
+from raydec.spec.engine import Engine, RowRequest
+from raydec.spec.proposers.base import Proposer
+
+logger = logging.getLogger(__name__)
+
+JACOBI_METHODS = ("sjd", "sjd_ac", "sjd_pac")
+_PIPELINES: dict[tuple[str, str, str, str], Any] = {}
+
+
+@dataclass
+class ImageResult:
+    """One generated image and its decoding statistics.
+
+    target_forwards: target forwards for this row (prefill included); num_tokens: generated
+    tokens (layout tokens included); mean_accepted: tokens per target forward; latency_s: time
+    from the start of the row's batch until the row finished decoding (VQ decoding excluded).
+    """
+
+    image: Image.Image
+    tokens: list[int]
+    seed: int
+    target_forwards: int
+    num_tokens: int
+    mean_accepted: float
+    latency_s: float
+
+
+# -- loading ---------------------------------------------------------------------------------
+
+
+def load_pipeline(
+    model: str | Path | Any = "reference", kind: str = "t2i", dtype: torch.dtype = torch.float32, device: str | None = None
+) -> Any:
+    """Load (once) and return the target for ``model``.
+
+    model: "reference", a local ``from_pretrained`` folder, or an already loaded target
+    (returned unchanged). kind: "t2i" (text-to-image). device: e.g. "cuda" (None: CPU).
+    """
+    if not isinstance(model, (str, Path)):
+        return model
+    if kind != "t2i":
+        raise NotImplementedError(f"load_pipeline: kind={kind!r} not available yet (available: 't2i')")
+    from raydec.models.registry import load_t2i_target, resolve_t2i_path
+
+    key = (kind, str(resolve_t2i_path(model).resolve()), str(dtype), str(device or "cpu"))
+    if key not in _PIPELINES:
+        target = load_t2i_target(model, dtype=dtype)
+        if device is not None:
+            target.model.to(device)
+        _PIPELINES[key] = target
+    return _PIPELINES[key]
+
+
+# -- proposers -------------------------------------------------------------------------------
+
+
+def _layout_grid(target: Any) -> tuple[int, int] | None:
+    """(rows, tokens per row in generation order) of the target's layout, for spatial drafts.
+
+    Janus: the image grid; Emu3: (h, w + 1), since every row ends with an end-of-line token.
+    """
+    grid = getattr(target, "layout_grid", None) or getattr(target, "grid_shape", None)
+    return (int(grid[0]), int(grid[1])) if grid is not None else None
+
+
+def _make_proposer(decode: DecodeConfig, target: Any) -> Proposer:
+    """The proposer for ``decode.method`` (a fresh one per call).
+
+    ar -> ARProposer; random -> RandomTreeProposer (dense q; a test stand-in for drafted
+    methods); sjd / sjd_ac / sjd_pac -> ``spec.proposers.jacobi.JacobiProposer`` when that module
+    is present, with fresh drafts from ``decode.draft.init`` when the config has that field
+    (else "uniform") and the layout's row stride for the "above" prior.
+    """
+    method = decode.method
+    if method == "ar":
+        from raydec.spec.proposers.ar import ARProposer
+
+        return ARProposer()
+    if method == "random":
+        from raydec.spec.proposers.random_tree import RandomTreeProposer
+
+        return RandomTreeProposer(decode.draft, "dense")
+    if method in JACOBI_METHODS:
+        try:
+            from raydec.spec.proposers.jacobi import JacobiProposer
+        except ImportError as error:
+            raise NotImplementedError(f"decode.method={method!r} not available yet") from error
+        grid = _layout_grid(target)
+        init = getattr(decode.draft, "init", "uniform")
+        return JacobiProposer(decode.draft, variant=method, init=init, grid_width=grid[1] if grid else None)
+    raise NotImplementedError(
+        f"decode.method={method!r} is not a text-to-image method (use ar, sjd, sjd_ac, sjd_pac or random)"
+    )
+
+
+# -- validation ------------------------------------------------------------------------------
+
+
+def _check_inputs(
+    prompts: Sequence[str], seeds: Sequence[int] | None, negative_prompts: Sequence[str | None] | None, batch_size: int
+) -> None:
+    if isinstance(prompts, str):
+        raise TypeError("prompts must be a list of strings, not one string")
+    for index, prompt in enumerate(prompts):
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompts[{index}] must be a string, got {type(prompt).__name__}: {prompt!r}")
+        if not prompt.strip():
+            raise ValueError(f"prompts[{index}] is empty or blank: {prompt!r}")
+    if seeds is not None and len(seeds) != len(prompts):
+        raise ValueError(f"seeds has {len(seeds)} entries but prompts has {len(prompts)}")
+    if negative_prompts is not None:
+        if len(negative_prompts) != len(prompts):
+            raise ValueError(f"negative_prompts has {len(negative_prompts)} entries but prompts has {len(prompts)}")
+        for index, negative in enumerate(negative_prompts):
+            if negative is not None and not isinstance(negative, str):
+                raise TypeError(f"negative_prompts[{index}] must be a string or None, got {negative!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+
+
+def _image_decode_config(decode: DecodeConfig | None, target: Any) -> DecodeConfig:
+    """Fill what the user left unset: sampling from the checkpoint, length from the layout."""
+    layout_tokens = int(target.num_image_tokens)
+    if decode is None:
+        return DecodeConfig(max_new_tokens=layout_tokens, sampling=target.default_sampling())
+    explicit = decode.model_fields_set
+    if "max_new_tokens" in explicit and decode.max_new_tokens != layout_tokens:
+        raise ValueError(
+            f"decode.max_new_tokens={decode.max_new_tokens}: an image of this model is exactly "
+            f"{layout_tokens} tokens; leave max_new_tokens unset"
+        )
+    update: dict[str, Any] = {"max_new_tokens": layout_tokens}
+    if "sampling" not in explicit:
+        update["sampling"] = target.default_sampling()
+    return decode.model_copy(update=update)
+
+
+# -- generation ------------------------------------------------------------------------------
+
+
+def generate_images(
+    prompts: Sequence[str],
+    model: str | Path | Any = "reference",
+    decode: DecodeConfig | None = None,
+    seeds: Sequence[int] | None = None,
+    negative_prompts: Sequence[str | None] | None = None,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> list[ImageResult]:
+    """Generate one image per prompt.
+
+    model: "reference", a local checkpoint folder, or a target from ``load_pipeline``.
+    decode: method and sampling; unset ``sampling`` takes the checkpoint's generation_config,
+    and the length is always the model's image layout. seeds: one per prompt (default: the
+    prompt's index); a row's image depends only on its prompt, seed and config, never on the
+    batch. negative_prompts: per prompt (None entries allowed), the CFG unconditional text.
+    """
+    _check_inputs(prompts, seeds, negative_prompts, batch_size)
+    if len(prompts) == 0:
+        return []
+    target = load_pipeline(model, kind="t2i")
+    config = _image_decode_config(decode, target)
+    if negative_prompts is not None and not config.sampling.uses_cfg:
+        logger.warning("negative_prompts given but cfg_scale=1 (no CFG): they are ignored")
+    seeds = list(seeds) if seeds is not None else list(range(len(prompts)))
+    negatives = list(negative_prompts) if negative_prompts is not None else [None] * len(prompts)
+    requests = [
+        RowRequest(ImagePrompt(text, negative), seed=int(seed), max_new_tokens=config.max_new_tokens)
+        for text, seed, negative in zip(prompts, seeds, negatives)
+    ]
+    results: list[ImageResult] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(requests), desc=f"generate_images ({config.method})", unit="image")
+    try:
+        for start in range(0, len(requests), batch_size):
+            batch = requests[start : start + batch_size]
+            engine = Engine(
+                target, _make_proposer(config, target), config,
+                constraint=target.vocab_constraint(), eos_token_ids=target.eos_token_ids,
+            )
+            outputs = engine.generate(batch)
+            images = target.decode_tokens(torch.tensor([output.tokens for output in outputs], dtype=torch.long))
+            for request, output, image in zip(batch, outputs, images):
+                results.append(
+                    ImageResult(
+                        image=image,
+                        tokens=list(output.tokens),
+                        seed=request.seed,
+                        target_forwards=output.stats.target_forwards,
+                        num_tokens=len(output.tokens),
+                        mean_accepted=output.stats.tokens_per_forward,
+                        latency_s=output.stats.wall_time_s,
+                    )
+                )
+            logger.info(
+                "generate_images: %d/%d images (%s, %.2f tokens per forward)", len(results), len(requests),
+                config.method, sum(r.mean_accepted for r in results[start:]) / len(batch),
+            )
+            if bar is not None:
+                bar.update(len(batch))
+    finally:
+        if bar is not None:
+            bar.close()
+    return results

@@ -1,0 +1,223 @@
+"""Adapter for Hugging Face ``Emu3ForConditionalGeneration`` text-to-image generation (Emu3-Gen).
+
+Emu3's image tokens live in the main vocabulary (``<|visual token NNNNNN|>``). An image of
+``h x w`` tokens is generated after the prefix the processor builds with
+``return_for_image_generation=True``::
+
+    <bos> prompt <|image start|> h * w <|image token|>
+
+as the layout
+
+    (w visual tokens, <eol>) x h,  <eof>, <|image end|>, <eos>        # h * (w + 1) + 3 tokens
+
+which Hugging Face's example enforces with ``prefix_allowed_tokens_fn``. Here the layout is a
+``VocabConstraint``: ``allowed`` = the visual tokens, and ``forced`` puts end-of-line after
+every row and eof / end-of-image / eos at the end, by generated-token index.
+
+CFG: Hugging Face's example runs ``UnbatchedClassifierFreeGuidanceLogitsProcessor`` (a second,
+unbatched forward of the negative prompt; the mix ``u + s (c - u)`` on log-softmax scores).
+We run the unconditional row batched beside the conditional one, mixed in "logprobs" space,
+which is the same distribution. The unconditional prefix is the negative prompt (or the empty
+prompt) with the same image header, as the original Emu3 code builds it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from PIL import Image
+
+from raydec.config import SamplingConfig
+from raydec.models.base import ForwardOutput, PromptInputs
+from raydec.models.image_gen import pixels_to_pil, prompt_texts, sampling_from_generation_config
+from raydec.spec.sampling import VocabConstraint
+
+logger = logging.getLogger(__name__)
+
+EOL_TOKEN = "<|extra_200|>"
+
+
+class Emu3Layout:
+    """Forced tokens of an ``h x w`` Emu3 image by generated-token index (0-based).
+
+    index i < h*(w+1):  end-of-line when (i + 1) % (w + 1) == 0, else a visual token
+    h*(w+1) + 0, 1, 2:  eof, end-of-image, eos;  beyond: pad
+    """
+
+    def __init__(self, height: int, width: int, eol: int, eof: int, eoi: int, eos: int, pad: int) -> None:
+        self.height, self.width = height, width
+        self.eol, self.pad = eol, pad
+        self.tail = torch.tensor([eof, eoi, eos], dtype=torch.long)
+
+    @property
+    def body_length(self) -> int:
+        return self.height * (self.width + 1)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.body_length + len(self.tail)
+
+    def __call__(self, gen_index: torch.Tensor) -> torch.Tensor:
+        # gen_index [B, N] -> forced id or -1 [B, N]
+        index = gen_index.long()
+        forced = torch.full_like(index, -1)
+        in_body = index < self.body_length
+        forced[in_body & ((index + 1) % (self.width + 1) == 0)] = self.eol
+        offset = index - self.body_length
+        in_tail = (offset >= 0) & (offset < len(self.tail))
+        forced[in_tail] = self.tail.to(index.device)[offset[in_tail]]
+        forced[offset >= len(self.tail)] = self.pad
+        return forced
+
+
+class Emu3T2ITarget:
+    """``Emu3ForConditionalGeneration`` as a ``DecodingTarget`` over its full vocabulary.
+
+    ratio / image_area: the processor's generation size knobs (``"1:1"``, pixels); None keeps
+    the processor's defaults. The token grid is ``processor.calculate_generate_size``.
+    """
+
+    def __init__(self, model: torch.nn.Module, processor: Any, ratio: str | None = None, image_area: int | None = None) -> None:
+        self.model = model.eval()
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.ratio = ratio or processor.ratio
+        self.image_area = int(image_area or processor.image_area)
+        height, width = processor.calculate_generate_size(self.ratio, self.image_area, processor.downsample_ratio)
+        if height < 1 or width < 1:
+            raise ValueError(f"Emu3: ratio={self.ratio!r}, image_area={self.image_area} gives an empty {height}x{width} grid")
+        self._grid = (int(height), int(width))
+        mapping = model.vocabulary_mapping
+        tokenizer = self.tokenizer
+        eol = mapping.eol_token_id if mapping.eol_token_id is not None else tokenizer.convert_tokens_to_ids(EOL_TOKEN)
+        generation = model.generation_config
+        eos = generation.eos_token_id if generation.eos_token_id is not None else tokenizer.eos_token_id
+        eos = eos[0] if isinstance(eos, (list, tuple)) else eos
+        pad = generation.pad_token_id if generation.pad_token_id is not None else tokenizer.pad_token_id
+        self.layout = Emu3Layout(
+            height, width, eol=int(eol), eof=int(tokenizer.eof_token_id), eoi=int(tokenizer.eoi_token_id),
+            eos=int(eos), pad=int(pad),
+        )
+        self.visual_token_ids = torch.tensor(mapping.image_tokens, dtype=torch.long)
+        scale = int(model.model.vqmodel.spatial_scale_factor)
+        self._image_size = (height * scale, width * scale)
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, dtype: torch.dtype = torch.float32, ratio: str | None = None,
+        image_area: int | None = None, **kwargs: Any,
+    ) -> "Emu3T2ITarget":
+        """Load model and processor from a local folder (never downloads)."""
+        from transformers import Emu3ForConditionalGeneration, Emu3Processor
+
+        model = Emu3ForConditionalGeneration.from_pretrained(str(path), dtype=dtype, local_files_only=True, **kwargs)
+        processor = Emu3Processor.from_pretrained(str(path), local_files_only=True)
+        logger.info("loaded Emu3 text-to-image model from %s (%s)", path, dtype)
+        return cls(model, processor, ratio=ratio, image_area=image_area)
+
+    # -- DecodingTarget ----------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def prompt_ids(self, text: str) -> torch.Tensor:
+        """``processor(text, return_for_image_generation=True)`` ids: BOS, prompt, image header. # [L]"""
+        encoded = self.processor(
+            text=[text], return_for_image_generation=True, ratio=self.ratio, image_area=self.image_area,
+            return_tensors="pt",
+        )
+        return encoded["input_ids"][0].long()
+
+    def prompt_inputs(self, prompt: Any, unconditional: bool = False) -> PromptInputs:
+        text, negative = prompt_texts(prompt)
+        if unconditional:
+            text = negative if negative is not None else ""
+        return PromptInputs(input_ids=self.prompt_ids(text))
+
+    def embed_prompt_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # [M, L] -> [M, L, H]
+        return self.model.get_input_embeddings()(input_ids.to(self.device))
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor | None,
+        output_tokens: torch.Tensor | None,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: Any,
+        want_hidden: bool = False,
+    ) -> ForwardOutput:
+        # inputs_embeds [M, N, H] | output_tokens [M, N]; mask [M, 1, N, S+N] -> logits [M, N, V]
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_prompt_tokens(output_tokens)
+        out = self.model.model.text_model(
+            inputs_embeds=inputs_embeds,
+            position_ids=position_ids.to(self.device),
+            attention_mask=attention_mask.to(self.device),
+            cache=cache,
+            use_cache=True,
+        )
+        hidden = out.last_hidden_state  # [M, N, H]
+        return ForwardOutput(logits=self.model.lm_head(hidden), hidden=hidden if want_hidden else None)
+
+    # -- ImageGenerator ----------------------------------------------------------------------
+
+    @property
+    def grid_shape(self) -> tuple[int, int]:
+        return self._grid
+
+    @property
+    def layout_grid(self) -> tuple[int, int]:
+        """(rows, tokens per row) in generation order: each row is w visual tokens + end-of-line."""
+        return (self._grid[0], self._grid[1] + 1)
+
+    @property
+    def num_image_tokens(self) -> int:
+        return self.layout.num_tokens
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        return self._image_size
+
+    @property
+    def eos_token_ids(self) -> Sequence[int]:
+        return ()
+
+    def vocab_constraint(self) -> VocabConstraint:
+        """Visual tokens only, with the layout's end-of-line / end tokens forced by index."""
+        allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
+        allowed[self.visual_token_ids] = True
+        return VocabConstraint(allowed=allowed, forced=self.layout)
+
+    def default_sampling(self) -> SamplingConfig:
+        """The checkpoint's generation_config; CFG in log-softmax space (HF's unbatched CFG)."""
+        return sampling_from_generation_config(self.model.generation_config, "logprobs")
+
+    def image_token_grid(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Strip end-of-line and end tokens: [B, num_image_tokens] -> visual ids [B, h, w]."""
+        height, width = self._grid
+        body = torch.as_tensor(tokens, dtype=torch.long)[:, : self.layout.body_length]
+        return body.view(-1, height, width + 1)[..., :width]
+
+    @torch.inference_mode()
+    def decode_tokens(self, tokens: torch.Tensor) -> list[Image.Image]:
+        """Generated layout -> PIL images via ``decode_image_tokens``. tokens: [B, h*(w+1)+3]"""
+        tokens = torch.as_tensor(tokens, dtype=torch.long)
+        if tokens.ndim != 2 or tokens.shape[1] != self.num_image_tokens:
+            raise ValueError(f"decode_tokens: expected [B, {self.num_image_tokens}] tokens, got {tuple(tokens.shape)}")
+        height, width = self._grid
+        pixels = self.model.decode_image_tokens(image_tokens=tokens.to(self.device), height=height, width=width)
+        return pixels_to_pil(pixels, self.processor.image_processor, channels_last=False)  # pixels [B, C, H, W]

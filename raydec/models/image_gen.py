@@ -1,0 +1,134 @@
+"""Shared pieces of the text-to-image adapters (Janus, Emu3, the reference model).
+
+- ``ImagePrompt``: a prompt with an optional negative prompt (the CFG unconditional row).
+- ``ImageGenerator``: what ``api.generate_images`` needs from a text-to-image adapter on top of
+  the engine's ``DecodingTarget``: the token layout, its vocabulary constraint, default
+  sampling and the VQ decoder.
+- ``sampling_from_generation_config``: a checkpoint's ``generation_config`` -> our
+  ``SamplingConfig``, resolving unset fields exactly as Hugging Face ``generate`` does.
+- ``pixels_to_pil``: VQ decoder output -> PIL images, undoing the processor's normalisation.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+import torch
+from PIL import Image
+
+from raydec.config import SamplingConfig
+from raydec.models.base import DecodingTarget
+from raydec.spec.sampling import VocabConstraint
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ImagePrompt:
+    """A text-to-image prompt. ``negative`` (if set) replaces the default unconditional row."""
+
+    text: str
+    negative: str | None = None
+
+
+def prompt_texts(prompt: Any) -> tuple[str, str | None]:
+    """``str`` or ``ImagePrompt`` -> (text, negative or None)."""
+    if isinstance(prompt, ImagePrompt):
+        return prompt.text, prompt.negative
+    if isinstance(prompt, str):
+        return prompt, None
+    raise TypeError(f"prompt must be str or ImagePrompt, got {type(prompt).__name__}")
+
+
+@runtime_checkable
+class ImageGenerator(DecodingTarget, Protocol):
+    """A ``DecodingTarget`` that generates one image per row as a fixed-length token layout."""
+
+    @property
+    def grid_shape(self) -> tuple[int, int]:
+        """(rows, columns) of the image-token grid."""
+
+    @property
+    def layout_grid(self) -> tuple[int, int]:
+        """(rows, tokens per row) in generation order (Emu3: w + 1, with end-of-line)."""
+
+    @property
+    def num_image_tokens(self) -> int:
+        """Generated tokens per image, layout tokens (end-of-line, end-of-image...) included."""
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """(height, width) in pixels of a decoded image."""
+
+    @property
+    def eos_token_ids(self) -> Sequence[int]:
+        """Output ids that end a row early (empty: the layout's length ends it)."""
+
+    def vocab_constraint(self) -> VocabConstraint:
+        """Allowed output ids and tokens forced by the layout."""
+
+    def default_sampling(self) -> SamplingConfig:
+        """The checkpoint's own sampling defaults (as its ``generate`` would use them)."""
+
+    def decode_tokens(self, tokens: torch.Tensor) -> list[Image.Image]:
+        """Generated tokens -> images. tokens: [B, num_image_tokens]."""
+
+
+def _hf_generation_defaults() -> dict[str, Any]:
+    """The values Hugging Face ``generate`` falls back to for unset generation-config fields."""
+    from transformers import GenerationConfig
+
+    try:
+        return dict(GenerationConfig._get_default_generation_params())
+    except AttributeError:  # older transformers: the class defaults themselves
+        return {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
+
+
+def sampling_from_generation_config(
+    generation_config: Any,
+    cfg_space: Literal["logits", "logprobs"],
+    default_guidance: float | None = None,
+) -> SamplingConfig:
+    """A checkpoint's ``generation_config`` -> ``SamplingConfig`` (same law as its HF ``generate``).
+
+    Unset fields take Hugging Face's global defaults (``do_sample=False``, ``top_k=50``...).
+    ``do_sample=False`` becomes temperature 0 (greedy). ``guidance_scale`` becomes
+    ``cfg_scale`` (``default_guidance`` when unset, as Janus's ``generate`` uses 5).
+    """
+    defaults = _hf_generation_defaults()
+
+    def value(name: str) -> Any:
+        current = getattr(generation_config, name, None) if generation_config is not None else None
+        return defaults.get(name) if current is None else current
+
+    guidance = getattr(generation_config, "guidance_scale", None) if generation_config is not None else None
+    if guidance is None:
+        guidance = default_guidance if default_guidance is not None else 1.0
+    do_sample = bool(value("do_sample"))
+    return SamplingConfig(
+        temperature=float(value("temperature") or 1.0) if do_sample else 0.0,
+        top_k=int(value("top_k") or 0),
+        top_p=float(value("top_p") or 1.0),
+        cfg_scale=float(guidance) if guidance > 1.0 else 1.0,
+        cfg_space=cfg_space,
+    )
+
+
+def pixels_to_pil(pixels: torch.Tensor, image_processor: Any, channels_last: bool) -> list[Image.Image]:
+    """Decoder output -> uint8 PIL images, undoing the processor's normalise and rescale.
+
+    pixels: [B, H, W, C] (channels_last) or [B, C, H, W], in the processor's normalised space.
+    """
+    if not channels_last:
+        pixels = pixels.permute(0, 2, 3, 1)
+    array = pixels.detach().float().cpu().numpy()  # [B, H, W, C]
+    mean = np.asarray(getattr(image_processor, "image_mean", None) or [0.5] * 3, dtype=np.float32)
+    std = np.asarray(getattr(image_processor, "image_std", None) or [0.5] * 3, dtype=np.float32)
+    if getattr(image_processor, "do_normalize", True):
+        array = array * std + mean
+    rescale = float(getattr(image_processor, "rescale_factor", None) or 1 / 255)
+    array = np.clip(np.round(array / rescale), 0, 255).astype(np.uint8)
+    return [Image.fromarray(image) for image in array]

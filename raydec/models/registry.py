@@ -1,0 +1,81 @@
+"""Pick the text-to-image adapter for a checkpoint folder by its ``config.model_type``.
+
+``load_t2i_target("reference")`` loads the shipped reference model
+(``raydec/reference/weights/t2i``); any other string or path is a local ``from_pretrained``
+folder (Janus / Janus-Pro -> ``JanusT2ITarget``, Emu3 -> ``Emu3T2ITarget``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+REFERENCE_NAME = "reference"
+REFERENCE_T2I_DIR = Path(__file__).resolve().parent.parent / "reference" / "weights" / "t2i"
+
+
+def _load_janus(path: Path, dtype: torch.dtype, **kwargs: Any) -> Any:
+    from raydec.models.janus import JanusT2ITarget
+
+    return JanusT2ITarget.from_pretrained(path, dtype=dtype, **kwargs)
+
+
+def _load_emu3(path: Path, dtype: torch.dtype, **kwargs: Any) -> Any:
+    from raydec.models.emu3 import Emu3T2ITarget
+
+    return Emu3T2ITarget.from_pretrained(path, dtype=dtype, **kwargs)
+
+
+#: config.model_type -> loader(path, dtype, **adapter kwargs)
+T2I_LOADERS: dict[str, Callable[..., Any]] = {"janus": _load_janus, "emu3": _load_emu3}
+
+
+def resolve_t2i_path(model: str | Path) -> Path:
+    """``"reference"`` -> the shipped weights folder; anything else -> that path."""
+    if isinstance(model, str) and model == REFERENCE_NAME:
+        return REFERENCE_T2I_DIR
+    return Path(model).expanduser()
+
+
+def checkpoint_model_type(path: Path) -> str:
+    """``model_type`` from ``path/config.json`` (FileNotFoundError / ValueError naming the path)."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"no text-to-image checkpoint at {path}: {config_file.name} not found")
+    try:
+        model_type = json.loads(config_file.read_text()).get("model_type")
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"checkpoint {path}: cannot read {config_file.name}: {error}") from error
+    if not model_type:
+        raise ValueError(f"checkpoint {path}: config.json has no model_type")
+    return str(model_type)
+
+
+def load_t2i_target(model: str | Path, dtype: torch.dtype = torch.float32, **kwargs: Any) -> Any:
+    """Load the text-to-image adapter for ``model`` ("reference" or a local folder).
+
+    kwargs go to the adapter (e.g. ``use_chat_template`` for Janus, ``image_area`` for Emu3).
+    Raises FileNotFoundError when the folder has no config.json and ValueError naming the path
+    and model_type when no adapter handles it.
+    """
+    path = resolve_t2i_path(model)
+    try:
+        model_type = checkpoint_model_type(path)
+    except FileNotFoundError as error:
+        if path == REFERENCE_T2I_DIR:
+            raise FileNotFoundError(f"the reference text-to-image model is not available yet: {error}") from error
+        raise
+    loader = T2I_LOADERS.get(model_type)
+    if loader is None:
+        raise ValueError(
+            f"checkpoint {path}: model_type={model_type!r} is not a supported text-to-image model "
+            f"(supported: {sorted(T2I_LOADERS)})"
+        )
+    logger.info("loading %s text-to-image target from %s", model_type, path)
+    return loader(path, dtype, **kwargs)

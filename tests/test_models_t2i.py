@@ -1,0 +1,248 @@
+"""Text-to-image adapters (Janus, Emu3), the registry and ``api.generate_images``.
+
+Tiny random-weight checkpoints of the real Hugging Face classes are saved with
+``save_pretrained`` and loaded back by path through the registry.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+from PIL import Image
+
+from raydec import api
+from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+from raydec.models.emu3 import Emu3T2ITarget
+from raydec.models.image_gen import ImagePrompt
+from raydec.models.janus import JanusT2ITarget
+from raydec.models.registry import REFERENCE_T2I_DIR, load_t2i_target
+from raydec.spec.engine import Engine, RowRequest
+from raydec.spec.proposers.ar import ARProposer
+from tests.t2i_toys import tiny_emu3, tiny_janus
+
+torch.set_num_threads(1)
+
+PROMPTS = ["a red circle", "big blue square on the left", "a small green triangle on the right"]
+EMU3_AREA = 32 * 32  # 4 x 4 tokens at the processor's downsample 8
+
+
+@pytest.fixture(scope="module")
+def janus_path(tmp_path_factory):
+    return tiny_janus(tmp_path_factory.mktemp("janus") / "ckpt", seed=0)
+
+
+@pytest.fixture(scope="module")
+def emu3_path(tmp_path_factory):
+    return tiny_emu3(tmp_path_factory.mktemp("emu3") / "ckpt", seed=0)
+
+
+@pytest.fixture(scope="module")
+def janus(janus_path):
+    return load_t2i_target(janus_path)
+
+
+@pytest.fixture(scope="module")
+def emu3(emu3_path):
+    return load_t2i_target(emu3_path, image_area=EMU3_AREA)
+
+
+def decode(target, proposer, sampling: SamplingConfig, prompts, seeds, draft: DraftSpec = DraftSpec()):
+    config = DecodeConfig(max_new_tokens=target.num_image_tokens, sampling=sampling, draft=draft)
+    engine = Engine(target, proposer, config, constraint=target.vocab_constraint(), eos_token_ids=target.eos_token_ids)
+    return engine.generate([RowRequest(p, seed=s) for p, s in zip(prompts, seeds)])
+
+
+def test_registry_picks_adapter_and_reads_layout(janus, emu3):
+    assert isinstance(janus, JanusT2ITarget) and isinstance(emu3, Emu3T2ITarget)
+    assert janus.grid_shape == (4, 4) and janus.num_image_tokens == 16 and janus.vocab_size == 64
+    assert janus.image_size == (8, 8)
+    assert emu3.grid_shape == (4, 4) and emu3.num_image_tokens == 4 * 5 + 3 and emu3.image_size == (32, 32)
+    # HF generate's effective defaults: sampling, unset top_k -> 50, guidance_scale -> cfg_scale
+    assert janus.default_sampling() == SamplingConfig(temperature=1.0, top_k=50, cfg_scale=3.0, cfg_space="logits")
+    assert emu3.default_sampling() == SamplingConfig(temperature=1.0, top_k=16, cfg_scale=3.0, cfg_space="logprobs")
+
+
+def test_registry_errors_name_path_and_type(tmp_path):
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "missing")):
+        load_t2i_target(tmp_path / "missing")
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ValueError, match=r"llama.*model_type='llama'"):
+        load_t2i_target(tmp_path / "llama")
+
+
+def test_reference_model_loads_when_shipped():
+    """"reference" -> raydec/reference/weights/t2i (a Janus); a clear error until it is trained."""
+    if not (REFERENCE_T2I_DIR / "config.json").is_file():
+        with pytest.raises(FileNotFoundError, match="reference text-to-image model is not available yet"):
+            load_t2i_target("reference")
+        return
+    target = load_t2i_target("reference")
+    assert isinstance(target, JanusT2ITarget)
+    assert target.num_image_tokens == target.grid_shape[0] * target.grid_shape[1]
+
+
+def test_janus_prompts_match_hf_generate_layout(janus):
+    cond = janus.prompt_inputs("a red circle").input_ids
+    uncond = janus.prompt_inputs("a red circle", unconditional=True).input_ids
+    tokens = janus.tokenizer.convert_ids_to_tokens(cond)
+    assert tokens == ["<bos>", "a", "red", "circle", "<begin_of_image>"]
+    assert janus.tokenizer.convert_ids_to_tokens(uncond) == ["<bos>", "<pad>", "<pad>", "<pad>", "<begin_of_image>"]
+    negative = janus.prompt_inputs(ImagePrompt("a red circle", negative="blue"), unconditional=True).input_ids
+    assert janus.tokenizer.convert_ids_to_tokens(negative) == ["<bos>", "blue", "<begin_of_image>"]
+
+
+def test_janus_greedy_cfg_equals_hf_generate(janus):
+    """(a) Our AR (batch of 3 prompts of different lengths) == HF generate(generation_mode="image")."""
+    ours = decode(janus, ARProposer(), SamplingConfig(temperature=0.0, cfg_scale=3.0), PROMPTS, [0, 1, 2])
+    for prompt, out in zip(PROMPTS, ours):
+        inputs = janus.processor(text=[prompt], generation_mode="image", return_tensors="pt")
+        reference = janus.model.generate(**inputs, generation_mode="image", do_sample=False, guidance_scale=3.0)
+        assert out.tokens == reference[0].tolist()
+        assert out.stats.target_forwards == janus.num_image_tokens
+    assert len({tuple(o.tokens) for o in ours}) == len(PROMPTS)
+    assert max(len(set(o.tokens)) for o in ours) > 3  # context-dependent, not one repeated token
+
+
+def _emu3_allowed_fn(emu3):
+    """Hugging Face's Emu3 image-generation example constraint (``prefix_allowed_tokens_fn``)."""
+    (height, width), tok = emu3.grid_shape, emu3.tokenizer
+    visual = emu3.visual_token_ids.tolist()
+
+    def allowed(batch_id, input_ids):
+        offset = input_ids.shape[0] - int(torch.nonzero(input_ids == tok.image_wrapper_token_id)[0, 0])
+        if offset % (width + 1) == 0:
+            return [emu3.layout.eol]
+        for k, token in enumerate([tok.eof_token_id, tok.eoi_token_id, tok.eos_token_id]):
+            if offset == (width + 1) * height + 1 + k:
+                return [token]
+        return visual
+
+    return allowed
+
+
+def test_emu3_greedy_cfg_equals_hf_generate(emu3):
+    """Our batched CFG (log-prob mix) + forced layout == HF generate with its unbatched CFG
+    processor (negative prompt = our unconditional prefix) and the example's prefix constraint."""
+    ours = decode(emu3, ARProposer(), SamplingConfig(temperature=0.0, cfg_scale=3.0, cfg_space="logprobs"), PROMPTS, [0, 1, 2])
+    for prompt, out in zip(PROMPTS, ours):
+        cond = emu3.prompt_ids(prompt)[None]
+        uncond = emu3.prompt_inputs(prompt, unconditional=True).input_ids[None]
+        reference = emu3.model.generate(
+            input_ids=cond, attention_mask=torch.ones_like(cond), max_new_tokens=emu3.num_image_tokens,
+            do_sample=False, prefix_allowed_tokens_fn=_emu3_allowed_fn(emu3), guidance_scale=3.0,
+            negative_prompt_ids=uncond, negative_prompt_attention_mask=torch.ones_like(uncond),
+        )
+        assert out.tokens == reference[0, cond.shape[1] :].tolist()
+
+
+METHODS = ["ar", "random", "sjd", "sjd_ac", "sjd_pac"]
+PAC_DRAFT = DraftSpec(window=8, branching=2, tree_depth=1)
+
+
+def method_proposer(method: str, target):
+    """The proposer ``api.generate_images`` uses for ``method`` ("random" = RandomTreeProposer)."""
+    return api._make_proposer(DecodeConfig(method=method, draft=PAC_DRAFT), target)
+
+
+@pytest.mark.parametrize("name", ["janus", "emu3"])
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_decodes_to_images(request, name, method):
+    """(b) CFG on, batch 2: exactly the layout's tokens, decodable into images of the right size."""
+    target = request.getfixturevalue(name)
+    outs = decode(target, method_proposer(method, target), target.default_sampling(), PROMPTS[:2], [5, 6], PAC_DRAFT)
+    assert [len(o.tokens) for o in outs] == [target.num_image_tokens] * 2
+    assert all(o.stats.finish_reason == "length" for o in outs)
+    images = target.decode_tokens(torch.tensor([o.tokens for o in outs]))
+    assert all(isinstance(im, Image.Image) and im.size == target.image_size[::-1] and im.mode == "RGB" for im in images)
+
+
+@pytest.mark.parametrize("name", ["janus", "emu3"])
+@pytest.mark.parametrize("method", METHODS[1:])
+def test_drafted_methods_greedy_equal_ar(request, name, method):
+    """Lossless at temperature 0 with CFG: every drafted method reproduces AR's tokens."""
+    target = request.getfixturevalue(name)
+    greedy = SamplingConfig(temperature=0.0, cfg_scale=3.0, cfg_space=target.default_sampling().cfg_space)
+    ar = decode(target, ARProposer(), greedy, PROMPTS, [0, 1, 2])
+    drafted = decode(target, method_proposer(method, target), greedy, PROMPTS, [0, 1, 2], PAC_DRAFT)
+    assert [o.tokens for o in drafted] == [o.tokens for o in ar]
+    assert sum(o.stats.target_forwards for o in drafted) <= sum(o.stats.target_forwards for o in ar)
+
+
+def test_emu3_layout_tokens_exactly_at_row_ends(emu3):
+    """(c) end-of-line after every row, eof / end-of-image / eos at the end, visual tokens elsewhere."""
+    height, width = emu3.grid_shape
+    tok = emu3.tokenizer
+    visual = set(emu3.visual_token_ids.tolist())
+    outs = decode(emu3, method_proposer("sjd_pac", emu3), emu3.default_sampling(), PROMPTS, [1, 2, 3], PAC_DRAFT)
+    for out in outs:
+        rows = torch.tensor(out.tokens[: height * (width + 1)]).view(height, width + 1)
+        assert rows[:, width].tolist() == [emu3.layout.eol] * height
+        assert all(t in visual for t in rows[:, :width].flatten().tolist())
+        assert out.tokens[height * (width + 1) :] == [tok.eof_token_id, tok.eoi_token_id, tok.eos_token_id]
+    grid = emu3.image_token_grid(torch.tensor([o.tokens for o in outs]))
+    assert grid.shape == (3, height, width)
+
+
+@pytest.mark.parametrize("name", ["janus", "emu3"])
+@pytest.mark.parametrize("method", ["random", "sjd_pac"])
+def test_row_in_batch_equals_row_alone(request, name, method):
+    """(d) float64: a row's tokens do not depend on its batch (CFG, sampling, drafted windows)."""
+    path = request.getfixturevalue(f"{name}_path")
+    kwargs = {"image_area": EMU3_AREA} if name == "emu3" else {}
+    target = load_t2i_target(path, dtype=torch.float64, **kwargs)
+    sampling = target.default_sampling()
+    prompts = [PROMPTS[1], ImagePrompt(PROMPTS[2], negative="red")]
+    together = decode(target, method_proposer(method, target), sampling, prompts, [11, 12], PAC_DRAFT)
+    for i, prompt in enumerate(prompts):
+        alone = decode(target, method_proposer(method, target), sampling, [prompt], [11 + i], PAC_DRAFT)[0]
+        assert alone.tokens == together[i].tokens
+    assert together[0].tokens != together[1].tokens
+
+
+# -- api -------------------------------------------------------------------------------------
+
+
+def test_generate_images_end_to_end(janus_path):
+    pipeline = api.load_pipeline(janus_path)
+    assert api.load_pipeline(str(janus_path)) is pipeline  # loaded once
+    results = api.generate_images(PROMPTS, model=janus_path, seeds=[3, 4, 5], batch_size=2, progress=True)
+    assert [r.seed for r in results] == [3, 4, 5]
+    for result in results:
+        assert result.image.size == (8, 8) and len(result.tokens) == result.num_tokens == 16
+        assert result.target_forwards == 16 and result.mean_accepted == pytest.approx(1.0)
+        assert result.latency_s > 0
+    # a row's image depends on its prompt and seed only, not on the batch
+    again = api.generate_images([PROMPTS[2]], model=pipeline, seeds=[5], negative_prompts=[None])
+    assert again[0].tokens == results[2].tokens
+    decode_pac = DecodeConfig(method="sjd_pac", draft=PAC_DRAFT, sampling=SamplingConfig(temperature=0.0, cfg_scale=3.0))
+    drafted = api.generate_images(PROMPTS, model=pipeline, decode=decode_pac, seeds=[3, 4, 5])
+    greedy = api.generate_images(PROMPTS, model=pipeline, decode=DecodeConfig(sampling=decode_pac.sampling), seeds=[3, 4, 5])
+    assert [r.tokens for r in drafted] == [r.tokens for r in greedy]
+    assert all(r.num_tokens == 16 and r.mean_accepted == pytest.approx(16 / r.target_forwards) for r in drafted)
+
+
+def test_generate_images_validation(janus, monkeypatch):
+    assert api.generate_images([], model="reference") == []
+    with pytest.raises(ValueError, match=r"prompts\[1\].*'  '"):
+        api.generate_images(["a red circle", "  "], model=janus)
+    with pytest.raises(ValueError, match=r"prompts\[0\]"):
+        api.generate_images([""], model=janus)
+    with pytest.raises(ValueError, match="seeds has 1 entries but prompts has 2"):
+        api.generate_images(["a", "b"], model=janus, seeds=[1])
+    with pytest.raises(ValueError, match="negative_prompts has 1"):
+        api.generate_images(["a", "b"], model=janus, negative_prompts=["x"])
+    with pytest.raises(ValueError, match="batch_size"):
+        api.generate_images(["a"], model=janus, batch_size=0)
+    with pytest.raises(TypeError, match="list of strings"):
+        api.generate_images("a red circle", model=janus)
+    with pytest.raises(ValueError, match="max_new_tokens=10"):
+        api.generate_images(["a"], model=janus, decode=DecodeConfig(max_new_tokens=10))
+    with pytest.raises(NotImplementedError, match="vispec"):
+        api.generate_images(["a"], model=janus, decode=DecodeConfig(method="vispec"))
+    monkeypatch.setitem(sys.modules, "raydec.spec.proposers.jacobi", None)  # as before jacobi.py existed
+    with pytest.raises(NotImplementedError, match="decode.method='sjd_pac' not available yet"):
+        api.generate_images(["a"], model=janus, decode=DecodeConfig(method="sjd_pac"))
