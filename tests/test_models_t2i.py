@@ -16,10 +16,11 @@ from PIL import Image
 from raydec import api
 from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
 from raydec.models.emu3 import Emu3T2ITarget
-from raydec.models.image_gen import ImagePrompt
+from raydec.models.image_gen import ImagePrompt, sampling_from_generation_config
 from raydec.models.janus import JanusT2ITarget
 from raydec.models.registry import REFERENCE_T2I_DIR, load_t2i_target
 from raydec.spec.engine import Engine, RowRequest
+from raydec.spec.sampling import process_logits
 from raydec.spec.proposers.ar import ARProposer
 from tests.t2i_toys import tiny_emu3, tiny_janus
 
@@ -246,3 +247,72 @@ def test_generate_images_validation(janus, monkeypatch):
     monkeypatch.setitem(sys.modules, "raydec.spec.proposers.jacobi", None)  # as before jacobi.py existed
     with pytest.raises(NotImplementedError, match="decode.method='sjd_pac' not available yet"):
         api.generate_images(["a"], model=janus, decode=DecodeConfig(method="sjd_pac"))
+
+
+# -- the sampling law itself -------------------------------------------------------------------
+
+
+def _teacher_forced_probs(target, prompt: str, tokens: list[int], sampling: SamplingConfig) -> torch.Tensor:
+    """Our processed P at every generated position along ``tokens`` (one causal forward). -> [N, V]"""
+    rows = [target.prompt_inputs(prompt), target.prompt_inputs(prompt, unconditional=True)]
+    width = max(r.length for r in rows)
+    embeds, valid = [], []
+    image = target.embed_output_tokens(torch.tensor([tokens[:-1]]))  # [1, N-1, H]
+    for r in rows:  # left-pad each row to the same width
+        pad = width - r.length
+        prefix = target.embed_prompt_tokens(r.input_ids[None])
+        embeds.append(torch.cat([prefix.new_zeros(1, pad, prefix.shape[-1]), prefix, image], dim=1))
+        valid.append(torch.tensor([False] * pad + [True] * (r.length + len(tokens) - 1)))
+    embeds, valid = torch.cat(embeds), torch.stack(valid)  # [2, T, H], [2, T]
+    length = valid.shape[1]
+    allowed = torch.tril(torch.ones(length, length, dtype=torch.bool)) & valid[:, None, :]
+    allowed |= torch.eye(length, dtype=torch.bool)
+    mask = torch.zeros(allowed.shape, dtype=target.dtype).masked_fill(~allowed, torch.finfo(target.dtype).min)[:, None]
+    positions = (valid.long().cumsum(1) - 1).clamp(min=0)
+    from transformers import DynamicCache
+
+    logits = target.forward(embeds, None, positions, mask, DynamicCache()).logits[:, width - 1 :]  # [2, N, V]
+    gen_index = torch.arange(len(tokens))[None]
+    return process_logits(logits, sampling, 1, target.vocab_constraint(), gen_index)[0]
+
+
+@pytest.mark.parametrize("name", ["janus", "emu3"])
+def test_sampling_law_equals_hf_generate(request, name, monkeypatch):
+    """Every distribution HF ``generate`` samples from (CFG, constraints, temperature, top-k,
+    top-p from a generation config) equals our processed P along HF's own sampled tokens."""
+    from transformers import GenerationConfig
+
+    target = request.getfixturevalue(name)
+    settings = dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, guidance_scale=3.0)
+    generation = GenerationConfig(**{**target.model.generation_config.to_dict(), **settings})
+    space = "logits" if name == "janus" else "logprobs"
+    sampling = sampling_from_generation_config(generation, space)
+    assert sampling == SamplingConfig(temperature=0.7, top_k=20, top_p=0.9, cfg_scale=3.0, cfg_space=space)
+    recorded: list[torch.Tensor] = []
+    original = torch.multinomial
+
+    def recording_multinomial(probs, *args, **kwargs):
+        recorded.append(probs.detach().clone())
+        return original(probs, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "multinomial", recording_multinomial)
+    torch.manual_seed(0)
+    prompt = PROMPTS[1]
+    if name == "janus":
+        inputs = target.processor(text=[prompt], generation_mode="image", return_tensors="pt")
+        tokens = target.model.generate(**inputs, generation_mode="image", generation_config=generation)[0].tolist()
+    else:
+        cond = target.prompt_ids(prompt)[None]
+        uncond = target.prompt_inputs(prompt, unconditional=True).input_ids[None]
+        out = target.model.generate(
+            input_ids=cond, attention_mask=torch.ones_like(cond), generation_config=generation,
+            max_new_tokens=target.num_image_tokens, prefix_allowed_tokens_fn=_emu3_allowed_fn(target),
+            negative_prompt_ids=uncond, negative_prompt_attention_mask=torch.ones_like(uncond),
+        )
+        tokens = out[0, cond.shape[1] :].tolist()
+    monkeypatch.setattr(torch, "multinomial", original)
+    hf_probs = torch.cat(recorded)  # [N, V]
+    ours = _teacher_forced_probs(target, prompt, tokens, sampling)
+    assert hf_probs.shape == ours.shape == (target.num_image_tokens, target.vocab_size)
+    assert (hf_probs > 0).sum() < hf_probs.numel() / 2  # top-k / top-p / the layout really cut
+    torch.testing.assert_close(ours.float(), hf_probs.float(), atol=2e-5, rtol=0)

@@ -150,6 +150,10 @@ class Emu3T2ITarget:
         # [M, L] -> [M, L, H]
         return self.model.get_input_embeddings()(input_ids.to(self.device))
 
+    def embed_output_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        # [M, N] vocabulary ids (visual and layout tokens share the text embeddings) -> [M, N, H]
+        return self.embed_prompt_tokens(tokens)
+
     @torch.inference_mode()
     def forward(
         self,
@@ -162,7 +166,7 @@ class Emu3T2ITarget:
     ) -> ForwardOutput:
         # inputs_embeds [M, N, H] | output_tokens [M, N]; mask [M, 1, N, S+N] -> logits [M, N, V]
         if inputs_embeds is None:
-            inputs_embeds = self.embed_prompt_tokens(output_tokens)
+            inputs_embeds = self.embed_output_tokens(output_tokens)
         out = self.model.model.text_model(
             inputs_embeds=inputs_embeds,
             position_ids=position_ids.to(self.device),

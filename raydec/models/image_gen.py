@@ -67,6 +67,9 @@ class ImageGenerator(DecodingTarget, Protocol):
     def eos_token_ids(self) -> Sequence[int]:
         """Output ids that end a row early (empty: the layout's length ends it)."""
 
+    def embed_output_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Embeddings of output-space ids (image tokens). [M, N] -> [M, N, H]"""
+
     def vocab_constraint(self) -> VocabConstraint:
         """Allowed output ids and tokens forced by the layout."""
 
