@@ -1,0 +1,124 @@
+"""Write ``MODEL_CARD.md`` for a trained reference VLM from its ``train_log.json`` and an evaluation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _architecture(config: dict[str, Any]) -> list[str]:
+    """Bullet lines describing the saved config."""
+    vision, text = config["vision_config"], config["text_config"]
+    return [
+        f"- `LlavaForConditionalGeneration` (transformers {config.get('transformers_version', '?')}), float32.",
+        f"- Vision tower: `CLIPVisionModel`, {vision['num_hidden_layers']} layers, hidden {vision['hidden_size']}, "
+        f"MLP {vision['intermediate_size']}, {vision['num_attention_heads']} heads, "
+        f"{vision['image_size']}x{vision['image_size']} input, patch {vision['patch_size']} "
+        f"-> {config['image_seq_length']} image tokens (CLS dropped, `vision_feature_select_strategy="
+        f"\"{config['vision_feature_select_strategy']}\"`, layer {config['vision_feature_layer']}).",
+        f"- Projector: Linear -> {config['projector_hidden_act'].upper()} -> Linear ({vision['hidden_size']} -> "
+        f"{text['hidden_size']}).",
+        f"- Language model: `LlamaForCausalLM`-style, {text['num_hidden_layers']} layers, hidden {text['hidden_size']}, "
+        f"MLP {text['intermediate_size']}, {text['num_attention_heads']} heads (head dim "
+        f"{text['hidden_size'] // text['num_attention_heads']}), vocab {text['vocab_size']}, untied lm_head, "
+        f"RoPE, max {text['max_position_embeddings']} positions.",
+        f"- `<image>` token id {config['image_token_index']}.",
+    ]
+
+
+def write_model_card(out_dir: Path, evaluation: dict[str, Any] | None = None) -> Path:
+    """Render the card into ``out_dir/MODEL_CARD.md``; ``evaluation`` comes from ``evaluate_vlm``."""
+    log = json.loads((out_dir / "train_log.json").read_text())
+    config = json.loads((out_dir / "config.json").read_text())
+    settings, losses = log["settings"], np.asarray(log["losses"])
+    tail = losses[-100:] if len(losses) else np.asarray([float("nan")])
+    size_mb = sum(p.stat().st_size for p in out_dir.iterdir() if p.is_file() and p.name != "MODEL_CARD.md") / 2**20
+    lines = [
+        "# raydec reference VLM: a small LLaVA for the shapes world",
+        "",
+        "A real `LlavaForConditionalGeneration` checkpoint (CLIP vision tower + Llama language model), trained",
+        "from scratch on CPU to describe images of raydec's seeded shapes world (`raydec/reference/shapes.py`)",
+        "and to answer short questions about them. It is the target model for ViSpec / EAGLE-2 speculative",
+        "decoding tests and benchmarks. Load it with the stock classes:",
+        "",
+        "```python",
+        "from transformers import LlavaForConditionalGeneration, LlavaProcessor",
+        "model = LlavaForConditionalGeneration.from_pretrained(\"raydec/reference/weights/vlm\")",
+        "processor = LlavaProcessor.from_pretrained(\"raydec/reference/weights/vlm\")",
+        "inputs = processor(text=[\"USER: <image> describe the image . ASSISTANT:\"], images=[image], return_tensors=\"pt\")",
+        "out = model.generate(**inputs, max_new_tokens=96, do_sample=False)",
+        "```",
+        "",
+        "## Architecture",
+        "",
+        *_architecture(config),
+        f"- Parameters: {log['parameters'] / 1e6:.2f}M; shipped folder {size_mb:.1f} MB.",
+        "- Tokenizer: word-level (`tokenizers` WordLevel), lower-casing, whitespace split with `,` `.` `?` as",
+        "  separate tokens (same as `shapes.words`), `<bos>` prepended; special tokens `<pad> <bos> <eos> <unk>",
+        "  <image> USER: ASSISTANT:`.",
+        "- Processor: `LlavaProcessor` + `CLIPImageProcessorPil` at 64x64 (no crop; rescale to [0, 1], normalise",
+        "  with mean 0.5 / std 0.5); each `<image>` expands to 64 image tokens.",
+        "- Chat format: `USER: <image> describe the image . ASSISTANT:` -> description + `<eos>`; questions",
+        "  such as `USER: <image> what colour is the circle? ASSISTANT:` -> `red` + `<eos>`.",
+        "",
+        "## Training",
+        "",
+        "```",
+        "python -m raydec.reference.train vlm --vlm-steps {steps} --vlm-batch-size {bs} --vlm-lr {lr} --vlm-seed {seed} \\\n"
+        "    --vlm-eval-every {every} --vlm-eval-n {n} --vlm-max-minutes {cap:g}".format(
+            steps=settings["steps"], bs=settings["batch_size"], lr=settings["lr"], seed=settings["seed"],
+            every=settings["eval_every"], n=settings["eval_n"], cap=float(settings["max_minutes"]),
+        ),
+        "```",
+        "",
+        f"- Data: fresh samples every step (seeds `step*B .. step*B+B-1`, all < 1,000,000); "
+        f"{float(settings['question_share']):.0%} of samples are one question from `shapes.question_answers`, the rest",
+        "  full descriptions. Teacher forcing; cross-entropy on answer tokens (and the final `<eos>`) only.",
+        f"- AdamW (betas 0.9 / 0.95, weight decay {settings['weight_decay']} on matrices), peak lr {settings['lr']}, "
+        f"{settings['warmup']} warm-up steps, cosine decay to {settings['min_lr_ratio']} x peak, grad clip "
+        f"{settings['grad_clip']}, batch {settings['batch_size']}, float32 (bf16 autocast was 2x slower on this CPU), "
+        f"`torch.set_num_threads({settings['threads']})`, seed {settings['seed']}.",
+        f"- Steps done: {log['steps_done']} of {settings['steps']}"
+        + (" (stopped early by the wall-time cap)" if log.get("stopped_early") else "")
+        + f"; {log['tokens_seen'] / 1e6:.2f}M tokens (image + text, unpadded); wall time "
+        f"{log['wall_seconds'] / 60:.1f} min on one core of a shared 2-core CPU.",
+        f"- Final loss (mean of the last {len(tail)} steps): {float(np.mean(tail)):.4f}; first step "
+        f"{float(losses[0]) if len(losses) else float('nan'):.3f}. Curve: `loss_curve.png`; per-step losses and "
+        "quick evaluations: `train_log.json`.",
+    ]
+    if log.get("evals"):
+        lines += ["", "Quick evaluations during training (greedy, first held-out images):", "",
+                  "| step | caption accuracy |", "|---:|---:|"]
+        lines += [f"| {e['step']} | {e['accuracy']:.3f} |" for e in log["evals"]]
+    lines += ["", "## Evaluation", ""]
+    if evaluation:
+        lines += [
+            f"Greedy captions (HF `generate(do_sample=False)`, batched) of {evaluation['n']} held-out images "
+            f"(seeds {evaluation['first_seed']}..{evaluation['first_seed'] + evaluation['n'] - 1}), scored by "
+            "`raydec.reference.judge.score_caption(caption, image)`:",
+            "",
+            f"- **Attribute accuracy: {evaluation['accuracy']:.4f}** (perfect captions: "
+            f"{evaluation['perfect']}/{evaluation['n']}).",
+            f"- Against the generator's ground-truth scenes instead of the judge's reading of the image: "
+            f"{evaluation['truth_accuracy']:.4f}.",
+            f"- Evaluation time: {evaluation['seconds']:.0f} s. Command: "
+            f"`python -m raydec.reference.evaluate_vlm --n {evaluation['n']}`.",
+        ]
+        for example in evaluation.get("examples", []):
+            lines += [f"- seed {example['seed']} (score {example['score']:.2f}): \"{example['caption']}\""]
+    else:
+        lines += ["Not evaluated yet: run `python -m raydec.reference.evaluate_vlm --n 200 --write-card`."]
+    lines += [
+        "",
+        "## Limits",
+        "",
+        "- Only knows the shapes world (5 shapes, 6 colours, 2 sizes, 9 positions, 3 fills, 3 backgrounds and",
+        "  3 background colours, 1-3 objects) and this one chat format; one image per prompt.",
+        "- Sampling at temperature 1 gives varied phrasings (the training descriptions are varied on purpose).",
+    ]
+    path = out_dir / "MODEL_CARD.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
