@@ -204,7 +204,11 @@ class Emu3T2ITarget:
         """Visual tokens only, with the layout's end-of-line / end tokens forced by index."""
         allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
         allowed[self.visual_token_ids] = True
-        return VocabConstraint(allowed=allowed, forced=self.layout)
+        return VocabConstraint(allowed=allowed, forced=self._forced_on_device)
+
+    def _forced_on_device(self, gen_index: torch.Tensor) -> torch.Tensor:
+        # gen_index [B, N] -> forced ids [B, N] on the model's device, where the logits live
+        return self.layout(gen_index).to(self.device)
 
     def default_sampling(self) -> SamplingConfig:
         """The checkpoint's generation_config; CFG in log-softmax space (HF's unbatched CFG)."""
