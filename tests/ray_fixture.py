@@ -28,3 +28,123 @@ def ray_cluster() -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+# ----------------------------------------------------------------------------- ray start --head
+
+
+def _free_ports(count: int) -> list:
+    """`count` distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
+    import socket
+
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _processes_under(marker: str) -> list:
+    """PIDs whose command line mentions `marker` (our private temp dir), plus their descendants."""
+    parents = {}
+    matched = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as handle:
+                parents[int(entry)] = int(handle.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        if marker in cmdline:
+            matched.add(int(entry))
+    found = set(matched)
+    changed = True
+    while changed:
+        children = {pid for pid, parent in parents.items() if parent in found} - found
+        changed = bool(children)
+        found |= children
+    return sorted(found - {os.getpid()})
+
+
+def stop_own_cluster(temp_dir: str, grace_s: float = 10.0) -> None:
+    """Stop the cluster whose processes use `temp_dir`, by PID: TERM, then KILL after `grace_s`.
+
+    Not `ray stop`: that stops every Ray cluster on the machine, other people's included.
+    The cluster's `ray_current_cluster` file lives in `temp_dir`, so nothing is left behind.
+    """
+    import signal
+    import time
+
+    pids = _processes_under(temp_dir)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in pids):
+        time.sleep(0.2)
+    for pid in _processes_under(temp_dir) + pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture(scope="module")
+def ray_head() -> Iterator[dict]:
+    """`ray start --head` with the dashboard, all on 127.0.0.1 with free ports and a private temp dir.
+
+    Yields {"address": dashboard URL, "env": environment for `ray job submit`}.
+    """
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    import time
+    import urllib.request
+
+    bin_dir = os.path.dirname(sys.executable)
+    ray_cli = os.path.join(bin_dir, "ray")
+    if not os.path.exists(ray_cli):
+        pytest.skip(f"no ray CLI next to {sys.executable}")
+    temp_dir = tempfile.mkdtemp(prefix="rdj", dir="/tmp")  # short: Unix socket paths live under it
+    gcs, dashboard, agent_http, agent_grpc, metrics, runtime_env, client = _free_ports(7)
+    env = dict(os.environ)
+    env.update(
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+        PATH=bin_dir + os.pathsep + env.get("PATH", ""),
+    )
+    env.pop("RAY_ADDRESS", None)
+    command = [
+        ray_cli, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}", "--num-cpus=2",
+        "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+        f"--dashboard-agent-listen-port={agent_http}", f"--dashboard-agent-grpc-port={agent_grpc}",
+        f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={runtime_env}",
+        f"--ray-client-server-port={client}", f"--temp-dir={temp_dir}", "--disable-usage-stats",
+    ]
+    address = f"http://127.0.0.1:{dashboard}"
+    try:
+        subprocess.run(command, env=env, check=True, capture_output=True, timeout=120)
+        deadline = time.monotonic() + 90
+        while True:  # the job agent registers a little after `ray start` returns
+            try:
+                with urllib.request.urlopen(f"{address}/api/jobs/", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"Ray dashboard at {address} did not come up")
+                time.sleep(1)
+        env["RAY_ADDRESS"] = address
+        yield {"address": address, "env": env, "temp_dir": temp_dir}
+    finally:
+        stop_own_cluster(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)

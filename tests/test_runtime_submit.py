@@ -1,0 +1,65 @@
+"""`ray job submit` of jobs/t2i_batch.py against a `ray start --head` cluster on 127.0.0.1.
+
+Slow (a head node with its dashboard, then a job driver and an actor): marked `slow`.
+The cluster gets free ports and a private temp dir, and is stopped by PID, so other Ray
+clusters on the machine are left alone.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from raydec.io import OutputConfig, read_manifest, read_results
+from tests.ray_fixture import REPO_ROOT, ray_head  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+
+def submit(head: dict, config: Path, timeout_s: float = 240.0) -> subprocess.CompletedProcess:
+    """`ray job submit --working-dir <repo> -- python jobs/t2i_batch.py --config CONFIG`, retried while
+    the head's job agent is still registering."""
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    command = [ray_cli, "job", "submit", "--address", head["address"], "--working-dir", str(REPO_ROOT),
+               "--", "python", "jobs/t2i_batch.py", "--config", str(config)]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = subprocess.run(command, env=head["env"], cwd=REPO_ROOT, capture_output=True, text=True,
+                                timeout=max(10.0, deadline - time.monotonic()))
+        if "No available agent" not in result.stdout + result.stderr or time.monotonic() > deadline - 30:
+            return result
+        time.sleep(3)
+
+
+def test_ray_job_submit_runs_the_t2i_batch_job(ray_head, tmp_path):
+    from tests.tiny_models import build_tiny_janus
+
+    model = build_tiny_janus(tmp_path / "tiny")
+    prompts = tmp_path / "prompts.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "prompt": ["a red circle .", "a blue square .", ""]}), prompts)
+    output = tmp_path / "out"
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        f"model: {model}\nseed: 1\ninput:\n  path: {prompts}\noutput:\n  path: {output}\n"
+        "decode:\n  method: ar\npool:\n  workers: 1\n  batch_size: 4\n"
+    )
+    result = submit(ray_head, config)
+    logs = result.stdout + result.stderr
+    assert result.returncode == 0 and "succeeded" in logs.lower(), logs[-4000:]
+    results = {row["id"]: row for row in read_results(OutputConfig(path=str(output))).to_pylist()}
+    assert sorted(results) == ["a", "b", "c"]
+    assert results["c"]["error"] == "prompt: empty"
+    assert all(Path(results[i]["output_uri"]).exists() for i in ("a", "b"))
+    assert read_manifest(OutputConfig(path=str(output)))["counts"]["results"] == 3
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(config.read_text().replace("workers: 1", "wrokers: 1"))
+    result = submit(ray_head, bad)
+    logs = result.stdout + result.stderr
+    assert result.returncode != 0 and "pool.wrokers" in logs, logs[-4000:]
