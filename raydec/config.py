@@ -49,6 +49,9 @@ class DraftSpec(StrictModel):
     window: int = Field(16, ge=1, le=1024, description="Total draft nodes per step, root excluded (SJD's L-1).")
     branching: int = Field(1, ge=1, le=64, description="Candidates per tree level (K); 1 means a single chain.")
     tree_depth: int = Field(0, ge=0, le=64, description="Levels of the branching part of the tree (D-1); 0 = chain only.")
+    init: Literal["uniform", "left", "above"] = Field(
+        "uniform", description="Fresh Jacobi drafts: uniform over allowed ids, or copy the token to the left / above."
+    )
 
 
 class DecodeConfig(StrictModel):

@@ -17,47 +17,60 @@ import torch
 
 from raydec.spec.sampling import draw_uniforms, sample_with_uniform
 from raydec.spec.tree import DraftTree
-from raydec.spec.verify import VerifyResult, acceptance_probability, residual, verify_tree
+from raydec.spec.verify import VerifyResult, residual, verify_tree
 
 
 def longest_path_verifier(tree: DraftTree, target_probs: torch.Tensor, generators: Sequence[torch.Generator]) -> VerifyResult:
     batch, width = tree.tokens.shape
+    rows = torch.arange(batch)
     uniforms = draw_uniforms(generators, tree.node_counts())
+    # every node tested on its own against its parent's P (no residual between siblings)
+    parents = tree.parents.clamp(min=0)
+    p_parent = target_probs.gather(1, parents.unsqueeze(-1).expand(-1, -1, target_probs.shape[-1]))  # [B, N, V]
+    p_x = p_parent.gather(-1, tree.tokens.unsqueeze(-1)).squeeze(-1)
+    q_x = torch.stack([_proposal_at_token(tree, node) for node in range(width)], dim=1).to(p_x.dtype)
+    passed = (uniforms.to(p_x.dtype) < (p_x / q_x.clamp_min(1e-12)).clamp(max=1.0)) & tree.valid
+    passed_list, parents_list = passed.tolist(), tree.parents.tolist()
     path = torch.full((batch, width), -1, dtype=torch.long)
     num_accepted = torch.zeros(batch, dtype=torch.long)
-    next_token = torch.zeros(batch, dtype=torch.long)
-    stop_node = torch.zeros(batch, dtype=torch.long)
-    rejected = torch.zeros(batch, dtype=torch.bool)
+    end_node = torch.zeros(batch, dtype=torch.long)
+    first_child = torch.zeros(batch, dtype=torch.long)
     for row in range(batch):
-        children = tree.children_lists(row)
-        accepted = {0: True}
-        for node in range(1, len(children)):
-            parent = int(tree.parents[row, node])
-            p = target_probs[row, parent].unsqueeze(0)
-            q = tree.proposal_of(row, node).to(p.dtype).unsqueeze(0)
-            prob = float(acceptance_probability(p, q, tree.tokens[row, node].view(1)))
-            accepted[node] = accepted[parent] and float(uniforms[row, node]) < prob
-        best = [0]
+        depth_of, best = {0: 0}, 0
+        for node in range(1, width):
+            parent = parents_list[row][node]
+            if passed_list[row][node] and parent in depth_of:
+                depth_of[node] = depth_of[parent] + 1
+                if depth_of[node] > depth_of[best]:
+                    best = node
+        trail = [best]
+        while trail[-1] != 0:
+            trail.append(parents_list[row][trail[-1]])
+        trail.reverse()
+        path[row, : len(trail)] = torch.tensor(trail)
+        num_accepted[row] = len(trail) - 1
+        end_node[row] = best
+        kids = [n for n in range(1, width) if parents_list[row][n] == best and tree.valid[row, n]]
+        first_child[row] = kids[0] if kids else -1
+    p = target_probs[rows, end_node]
+    rejected = first_child >= 0
+    if bool(rejected.any()):
+        from raydec.spec.verify import _dense_proposal
 
-        def walk(node: int, trail: list[int]) -> None:
-            nonlocal best
-            if len(trail) > len(best):
-                best = trail
-            for child in children[node]:
-                if accepted[child]:
-                    walk(child, trail + [child])
+        q = _dense_proposal(tree, first_child.clamp(min=0)).to(p.dtype)
+        p = torch.where(rejected.unsqueeze(1), residual(p, q), p)
+    next_token = sample_with_uniform(p, uniforms[:, 0])
+    return VerifyResult(path, num_accepted, next_token, end_node, rejected)
 
-        walk(0, [0])
-        end = best[-1]
-        p = target_probs[row, end]
-        if children[end]:
-            p = residual(p.unsqueeze(0), tree.proposal_of(row, children[end][0]).to(p.dtype).unsqueeze(0))[0]
-            rejected[row] = True
-        path[row, : len(best)] = torch.tensor(best)
-        num_accepted[row] = len(best) - 1
-        next_token[row] = sample_with_uniform(p, uniforms[row, 0])
-        stop_node[row] = end
-    return VerifyResult(path, num_accepted, next_token, stop_node, rejected)
+
+def _proposal_at_token(tree: DraftTree, node: int) -> torch.Tensor:
+    """q(x) of every row's node ``node`` at its own token -> [B]."""
+    index = tree.proposal_index[:, node]
+    token = tree.tokens[:, node]
+    if tree.proposal_probs.shape[1] == 0:
+        return torch.ones(tree.batch_size)
+    dense = tree.proposal_probs[torch.arange(tree.batch_size), index.clamp(min=0), token]
+    return torch.where(index < 0, torch.ones_like(dense), dense)
 
 
 def stale_proposal_verifier(tree: DraftTree, target_probs: torch.Tensor, generators: Sequence[torch.Generator]) -> VerifyResult:

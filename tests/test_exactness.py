@@ -19,7 +19,7 @@ from raydec.spec.proposers.random_tree import RandomTreeProposer
 from raydec.spec.sampling import VocabConstraint
 from tests.broken import batch_minimum_verifier, longest_path_verifier, stale_proposal_verifier
 from tests.lawtest import compare_to_law
-from tests.toys import lm_law, markov_law, random_markov, tiny_llama
+from tests.toys import FixedCandidatesProposer, forked_markov, lm_law, markov_law, random_markov, tiny_llama
 
 torch.set_num_threads(1)  # tiny tensors: threads only add synchronisation cost
 
@@ -121,12 +121,16 @@ def test_ar_proposer_matches_law(llama):
 # Broken variants must fail the same harness
 
 
-def test_longest_path_selection_fails(llama):
-    config = _config(SAMPLING, window=6, branching=2, tree_depth=2)
-    proposer = RandomTreeProposer(config.draft, "onehot")
-    samples = sample_engine(llama, proposer, config, [[3, 1, 4]], list(range(SAMPLES)), 5000, verifier=longest_path_verifier)
-    report = compare_to_law(samples, lm_law(llama, [3, 1, 4], LENGTH, SAMPLING))
-    assert not report.passed, str(report)
+@pytest.mark.parametrize("verifier,lossless", [(None, True), (longest_path_verifier, False)])
+def test_fixed_candidate_trees(verifier, lossless):
+    """Deterministic sibling drafts [1, 0] in a depth-3 tree on a forked chain: the real
+    verifier is exact; preferring the longest accepted path is not."""
+    target = forked_markov()
+    config = _config(SAMPLING, window=14, branching=2, tree_depth=3)
+    proposer = FixedCandidatesProposer([1, 0], depth=3)
+    samples = sample_engine(target, proposer, config, [[0]], list(range(SAMPLES)), 5000, verifier=verifier)
+    report = compare_to_law(samples, markov_law(target, [0], LENGTH, SAMPLING))
+    assert report.passed is lossless, str(report)
 
 
 def test_outdated_proposal_fails(llama):
@@ -140,6 +144,6 @@ def test_outdated_proposal_fails(llama):
 def test_batch_minimum_commit_fails(llama):
     config = _config(SAMPLING, window=3)
     proposer = RandomTreeProposer(config.draft, "dense", sharpness=3.0)
-    samples = sample_engine(llama, proposer, config, [[3, 1, 4]], list(range(SAMPLES)), 4, verifier=batch_minimum_verifier)
+    samples = sample_engine(llama, proposer, config, [[3, 1, 4]], list(range(SAMPLES)), 16, verifier=batch_minimum_verifier)
     report = compare_to_law(samples, lm_law(llama, [3, 1, 4], LENGTH, SAMPLING))
     assert not report.passed, str(report)

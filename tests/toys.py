@@ -18,7 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from raydec.config import SamplingConfig
 from raydec.models.base import ForwardOutput, PromptInputs
 from raydec.models.causal_lm import CausalLMTarget, CfgPrompt
-from raydec.spec.sampling import VocabConstraint, process_logits
+from raydec.spec.sampling import VocabConstraint, process_logits, sample_with_uniform
 
 
 class MarkovTarget:
@@ -108,3 +108,42 @@ def lm_law(
         probs = process_logits(logits.unsqueeze(1), sampling, rows, constraint, gen_index)[:, 0]  # [V^t, V]
         law = law.unsqueeze(-1) * probs.view(*([vocab] * t), vocab)
     return law
+
+
+def forked_markov() -> MarkovTarget:
+    """A hand-made chain where token 0 leads to a long run of likely tokens {0, 1} and token 1
+    leads away to {2, 3}: trees that draft [1, 0] under every node have accepted siblings whose
+    subtrees differ in depth, so a verifier that prefers the longest path is visibly biased."""
+    table = torch.tensor(
+        [[0.45, 0.45, 0.05, 0.05], [0.05, 0.05, 0.45, 0.45], [0.4, 0.3, 0.2, 0.1], [0.3, 0.4, 0.1, 0.2]],
+        dtype=torch.float64,
+    )
+    return MarkovTarget(table.log())
+
+
+class FixedCandidatesProposer:
+    """Deterministic (one-hot) drafts: the same ordered candidates under every node of a full
+    tree of ``depth`` levels."""
+
+    wants_hidden = False
+
+    def __init__(self, candidates: list[int], depth: int) -> None:
+        self.candidates, self.depth = candidates, depth
+
+    def start(self, state, first_probs, prefill) -> None:
+        pass
+
+    def observe(self, *args) -> None:
+        pass
+
+    def propose(self, state):
+        from raydec.spec.tree import DraftTree, TreeBuilder
+
+        builders = []
+        for row in range(state.batch_size):
+            builder = TreeBuilder(state.generated[row][-1])
+            frontier = [0]
+            for _ in range(self.depth):
+                frontier = [builder.add(node, c) for node in frontier for c in self.candidates]
+            builders.append(builder)
+        return DraftTree.stack(builders, state.vocab_size, state.prob_dtype)

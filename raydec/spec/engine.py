@@ -152,7 +152,7 @@ class Engine:
         cache.start(valid, next_position)
         first_probs = process_logits(
             output.logits[:, -1:], sampling, batch, self.constraint, torch.zeros(batch, 1, dtype=torch.long)
-        )[:, 0]
+        )[:, 0].cpu()  # proposer and verifier state lives on the CPU
         first = sample_rows(first_probs, generators)
         for row in range(batch):
             generated[row].append(int(first[row]))
@@ -199,7 +199,7 @@ class Engine:
         # node at depth d predicts generated token number len(generated) + d (0-based)
         done = torch.tensor([len(generated[r]) for r in active]).unsqueeze(1)
         probs = process_logits(output.logits, self.config.sampling, batch, self.constraint, done + depth)
-        return probs, output
+        return probs.cpu(), output
 
     def _commit(self, tree: DraftTree, result: VerifyResult, cache: RaggedCache, active: list[int], generated: list[list[int]], limits: list[int], stats: list[RowStats]) -> None:
         batch, width = tree.tokens.shape

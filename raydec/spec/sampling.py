@@ -91,7 +91,7 @@ def process_logits(
         scores = scores.masked_fill(~constraint.allowed.to(scores.device), float("-inf"))
     forced = None
     if constraint is not None and constraint.forced is not None and gen_index is not None:
-        forced = constraint.forced(gen_index)  # [B, N]
+        forced = constraint.forced(gen_index).to(scores.device)  # [B, N]
 
     if config.greedy:
         probs = torch.zeros_like(scores)
