@@ -59,6 +59,7 @@ def _parse(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--method", default=None, help="decode method (default: sjd_pac if available, else ar)")
     parser.add_argument("--workers", type=int, default=2, help="actors in the pool")
     parser.add_argument("--batch-size", type=int, default=8, help="rows per actor call")
+    parser.add_argument("--rows", type=int, default=DEMO_ROWS, help="rows when creating --prompts")
     parser.add_argument("--fresh", action="store_true", help="delete earlier demo results in --out first")
     return parser.parse_args(argv)
 
@@ -96,7 +97,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = _parse(list(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.prompts.exists():
-        write_example_prompts(args.prompts)
+        write_example_prompts(args.prompts, args.rows)
     if not reference_ready(args.model):
         from raydec.models.registry import resolve_t2i_path
 
@@ -121,13 +122,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         pool={"workers": args.workers, "batch_size": args.batch_size, "cpus_per_worker": 0.5},
     ))
     files = preflight(job)
+    import ray
+
+    own_cluster = not ray.is_initialized()
     init_local_ray()
     try:
         report = run_job(job, files)
     finally:
-        import ray
-
-        ray.shutdown()
+        if own_cluster:
+            ray.shutdown()
     sheet = _write_sheet(job, contact_sheet)
     print(_summary(job, report, sheet, time.perf_counter() - started))
     return 0

@@ -74,7 +74,7 @@ def _processes_under(marker: str) -> list:
     return sorted(found - {os.getpid()})
 
 
-def stop_own_cluster(temp_dir: str, grace_s: float = 10.0) -> None:
+def stop_own_cluster(temp_dir: str, grace_s: float = 3.0) -> None:
     """Stop the cluster whose processes use `temp_dir`, by PID: TERM, then KILL after `grace_s`.
 
     Not `ray stop`: that stops every Ray cluster on the machine, other people's included.

@@ -188,8 +188,35 @@ def test_killed_worker_is_replaced_and_its_rows_redone(baseline, tiny_janus, pro
     report = run_job(job)
     assert marker.exists(), "the fault hook should have fired once"
     assert report.complete and report.results == 6
+    writers = {shard.name.rsplit("-", 1)[0] for shard in (tmp_path / "out" / "results").glob("part-*.parquet")}
+    writers = {w for w in writers if not w.startswith("part-driver")}
+    assert len(writers) == 2, f"a replacement worker should have written the redone rows: {writers}"
+    assert report.workers_seen == 2
     results = results_by_id(job.output)
     assert sorted(results) == sorted(IDS)
     for row_id in GOOD_IDS:
         assert results[row_id]["error"] is None
         assert Path(results[row_id]["output_uri"]).read_bytes() == base_images[row_id]
+
+
+def test_demo_without_model_explains_how_to_train(tmp_path, capsys):
+    from raydec.demo import main
+
+    prompts = tmp_path / "prompts.parquet"
+    code = main(["--model", str(tmp_path / "missing"), "--prompts", str(prompts), "--out", str(tmp_path / "out")])
+    assert code == 2
+    assert "python -m raydec.reference.train t2i" in capsys.readouterr().err
+    assert pq.read_table(prompts).num_rows == 16, "the example prompts are written even without a model"
+
+
+def test_demo_runs_end_to_end_on_a_tiny_model(ray_cluster, tiny_janus, tmp_path, capsys):
+    from raydec.demo import main
+
+    out = tmp_path / "out"
+    code = main(["--model", tiny_janus, "--prompts", str(tmp_path / "p.parquet"), "--out", str(out),
+                 "--rows", "4", "--workers", "1", "--batch-size", "4"])
+    assert code == 0
+    summary = capsys.readouterr().out
+    assert "4 result(s)" in summary and "sjd_pac" in summary
+    assert (out / "contact_sheet.png").stat().st_size > 0 and (out / "manifest.json").exists()
+    assert len(read_results(OutputConfig(path=str(out)))) == 4
