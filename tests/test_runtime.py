@@ -131,6 +131,21 @@ def test_s3_job_reads_prompts_and_writes_results_to_s3(baseline, tiny_janus, pro
     assert "out/manifest.json" in keys and any(k.startswith("out/results/part-") for k in keys)
 
 
+def test_shipped_job_configs_validate_and_gpu_requests_fall_back_to_cpu(caplog):
+    from raydec.runtime.pipeline import _remote_args
+
+    configs = sorted((Path(__file__).resolve().parent.parent / "jobs" / "configs").glob("*.yaml"))
+    assert configs, "jobs/configs/*.yaml should exist"
+    jobs = {path.name: JobConfig.from_yaml(path) for path in configs}
+    reference = jobs["t2i_reference.yaml"]
+    assert reference.model == "reference" and reference.task == "t2i"
+    gpu_job = jobs["t2i_s3.yaml"]
+    assert gpu_job.pool.gpus_per_worker == 0.25
+    assert _remote_args(gpu_job, cluster_gpus=1.0)["num_gpus"] == 0.25
+    assert "num_gpus" not in _remote_args(gpu_job, cluster_gpus=0.0)
+    assert "running on CPU" in caplog.text
+
+
 def test_bad_configs_fail_fast_before_any_model_loads(tmp_path, prompts_file):
     missing_model = str(tmp_path / "no-such-model")  # loading it would fail differently
     no_prompt = tmp_path / "no_prompt.parquet"
@@ -176,6 +191,9 @@ def test_rerun_after_lost_shards_redoes_only_missing_rows(baseline, tmp_path):
             assert Path(results[row_id]["output_uri"]).read_bytes() == base_images[row_id]
     again = run_job(rerun)  # nothing left: no actors, same results
     assert again.processed == 0 and again.skipped_completed == 6 and again.complete
+    retried = run_job(rerun.model_copy(update={"retry_errors": True}))  # bad rows are redone, still no model
+    assert retried.processed == 0 and retried.validation_errors == 2 and retried.skipped_completed == 4
+    assert len(read_results(rerun.output)) == 6
 
 
 def test_killed_worker_is_replaced_and_its_rows_redone(baseline, tiny_janus, prompts_file, tmp_path):

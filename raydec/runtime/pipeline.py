@@ -97,19 +97,26 @@ def _dataset(job: JobConfig, rows: List[Dict[str, Any]]) -> Any:
     return ray.data.from_items(items, override_num_blocks=blocks)
 
 
-def _remote_args(job: JobConfig) -> Dict[str, Any]:
-    """Resources and fault tolerance of the pool's actors."""
+def _remote_args(job: JobConfig, cluster_gpus: float) -> Dict[str, Any]:
+    """Resources and fault tolerance of the pool's actors.
+
+    GPUs requested on a cluster without any fall back to CPU actors (with a warning) rather
+    than waiting forever for a GPU that will not come.
+    """
     pool = job.pool
     args: Dict[str, Any] = dict(
         num_cpus=pool.cpus_per_worker, max_restarts=pool.max_restarts, max_task_retries=pool.max_task_retries,
     )
-    if pool.gpus_per_worker > 0:
+    if pool.gpus_per_worker > 0 and cluster_gpus > 0:
         args["num_gpus"] = pool.gpus_per_worker
+    elif pool.gpus_per_worker > 0:
+        logger.warning("pool.gpus_per_worker=%s but the Ray cluster has no GPU: running on CPU", pool.gpus_per_worker)
     return args
 
 
 def _run_pool(job: JobConfig, rows: List[Dict[str, Any]], report: JobReport) -> None:
     """Run the actor pool over `rows`, consuming its per-row summaries for progress and counts."""
+    import ray
     import ray.data
 
     if not rows:
@@ -124,7 +131,7 @@ def _run_pool(job: JobConfig, rows: List[Dict[str, Any]], report: JobReport) -> 
             batch_size=job.pool.batch_size,
             batch_format="pyarrow",
             compute=ray.data.ActorPoolStrategy(size=min(job.pool.workers, math.ceil(len(rows) / job.pool.batch_size))),
-            **_remote_args(job),
+            **_remote_args(job, ray.cluster_resources().get("GPU", 0.0)),
         )
     workers = set()
     for batch in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
