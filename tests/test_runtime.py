@@ -22,7 +22,7 @@ import pytest
 from raydec.io import OutputConfig, read_manifest, read_results
 from raydec.io.config import DatasetSchemaError, IOConfigError, OutputNotWritableError, S3Config
 from raydec.io.filesystem import s3_client
-from raydec.runtime import JobConfig, preflight, run_job
+from raydec.runtime import JobConfig, ModelNotFoundError, preflight, run_job
 
 PROMPTS = [
     "a red circle at the top left .",
@@ -164,6 +164,8 @@ def test_bad_configs_fail_fast_before_any_model_loads(tmp_path, prompts_file):
     job = make_job(missing_model, str(prompts_file), "s3://bucket/out", output={"s3": unreachable})
     with pytest.raises(OutputNotWritableError, match="s3://bucket/out"):
         preflight(job)
+    with pytest.raises(ModelNotFoundError, match="no-such-model"):
+        run_job(make_job(missing_model, str(prompts_file), str(tmp_path / "out3")))
     assert not (tmp_path / "out1" / "results").exists()
 
 

@@ -68,13 +68,39 @@ class JobReport:
         return {k: v for k, v in data.items() if isinstance(v, int)}
 
 
+class ModelNotFoundError(ValueError):
+    """`model` names no checkpoint this build can load."""
+
+
+def check_model(job: JobConfig) -> None:
+    """The checkpoint folder exists with a config.json of a supported family (nothing is loaded).
+
+    The path is checked where the driver runs; on a multi-node cluster it must also exist on
+    the workers (a shared filesystem, or inside the job's working directory).
+    """
+    from raydec.models.registry import REFERENCE_NAME, T2I_LOADERS, checkpoint_model_type, resolve_t2i_path
+
+    path = resolve_t2i_path(job.model)
+    try:
+        model_type = checkpoint_model_type(path)
+    except (FileNotFoundError, ValueError) as exc:
+        hint = " (train it: python -m raydec.reference.train t2i)" if job.model == REFERENCE_NAME else ""
+        raise ModelNotFoundError(f"model: {job.model!r}: {exc}{hint}") from None
+    if model_type not in T2I_LOADERS:
+        raise ModelNotFoundError(
+            f"model: {job.model!r} is a {model_type!r} checkpoint; text-to-image supports {sorted(T2I_LOADERS)}"
+        )
+
+
 def preflight(job: JobConfig) -> List[InputFile]:
-    """Fail fast before any model loads: task supported, input columns present, output writable."""
+    """Fail fast before any model loads: task supported, input columns present, output writable,
+    checkpoint present."""
     if job.task not in PROCESSORS:
         raise ValueError(f"task: {job.task!r} is not available in this build (available: {sorted(PROCESSORS)})")
     files = check_dataset(job.input, job.task)
     check_output_writable(job.output)
-    logger.info("preflight ok: %d input file(s), output %s writable", len(files), job.output.path)
+    check_model(job)
+    logger.info("preflight ok: %d input file(s), output %s writable, model %s", len(files), job.output.path, job.model)
     return files
 
 
