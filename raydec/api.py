@@ -12,7 +12,7 @@ checkpoint folder, or an already loaded target.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -46,6 +46,7 @@ class ImageResult:
     num_tokens: int
     mean_accepted: float
     latency_s: float
+    accepted_lengths: list[int] = field(default_factory=list)  # tokens committed per decode forward
 
 
 # -- loading ---------------------------------------------------------------------------------
@@ -216,6 +217,7 @@ def generate_images(
                         num_tokens=len(output.tokens),
                         mean_accepted=output.stats.tokens_per_forward,
                         latency_s=output.stats.wall_time_s,
+                        accepted_lengths=list(output.stats.accepted_lengths),
                     )
                 )
             logger.info(

@@ -169,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="raydec bench", description=__doc__)
     subparsers = parser.add_subparsers(dest="which", required=True)
     add_engine_parser(subparsers)
+    from raydec.bench_t2i import add_t2i_parser
+
+    add_t2i_parser(subparsers)
     args = parser.parse_args(argv)
     result = args.bench(args)
     if args.json:

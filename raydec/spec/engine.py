@@ -25,7 +25,7 @@ from raydec.models.base import DecodingTarget, ForwardOutput, PromptInputs, stac
 from raydec.spec.cache import RaggedCache
 from raydec.spec.proposers.base import DecodeState, Proposer
 from raydec.spec.sampling import VocabConstraint, process_logits, row_generators, sample_rows
-from raydec.spec.tree import DraftTree
+from raydec.spec.tree import DraftTree, identity_mask
 from raydec.spec.verify import VerifyResult, verify_tree
 
 logger = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ def _prefill_mask(valid: torch.Tensor) -> torch.Tensor:
     width = valid.shape[1]
     causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
     allowed = causal.unsqueeze(0) & valid.unsqueeze(1)
-    return allowed | torch.eye(width, dtype=torch.bool).unsqueeze(0)
+    return allowed | identity_mask(width).unsqueeze(0)
 
 
 class Engine:

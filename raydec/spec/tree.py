@@ -19,6 +19,12 @@ import torch
 DETERMINISTIC = -1  # proposal_index of a one-hot (deterministic) draft
 
 
+def identity_mask(width: int) -> torch.Tensor:
+    """[width, width] bool identity (``torch.eye`` on bool is oddly slow on CPU)."""
+    index = torch.arange(width)
+    return index.unsqueeze(0) == index.unsqueeze(1)
+
+
 @dataclass
 class TreeBuilder:
     """Build one row's draft tree node by node (node 0 = root)."""
@@ -152,7 +158,7 @@ class DraftTree:
     def ancestor_mask(self) -> torch.Tensor:
         """[B, N, N] bool: node i may attend node j iff j is i or an ancestor of i (padding: self only)."""
         batch, width = self.tokens.shape
-        eye = torch.eye(width, dtype=torch.bool)
+        eye = identity_mask(width)
         if self.is_chain():  # causal over real nodes, padding sees itself
             causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
             both = self.valid.unsqueeze(1) & self.valid.unsqueeze(2)

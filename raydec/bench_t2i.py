@@ -1,0 +1,234 @@
+"""`raydec bench t2i`: AR, Hugging Face's own Janus generate, SJD, SJD+AC and SJD-PAC side by side.
+
+Same prompts and seeds for every method; methods interleaved batch by batch in one run, so
+machine noise hits all alike. Per method: step compression vs AR (AR forwards / method
+forwards, per image, then mean), latency speedup vs AR and vs `hf` (total time ratios), mean
+committed tokens per forward, and the judge score. Also measures what one forward of the
+draft window costs relative to a one-token forward, which is what separates step compression
+from latency speedup on a given machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from raydec.bench import print_table
+from raydec.config import DecodeConfig, DraftSpec
+
+logger = logging.getLogger(__name__)
+
+ALL_METHODS = ("ar", "hf", "sjd", "sjd_ac", "sjd_pac")
+
+
+@dataclass
+class MethodRecord:
+    seconds: float = 0.0
+    forwards: list[int] = field(default_factory=list)       # per image, prefill included
+    tokens: list[int] = field(default_factory=list)
+    accepted_lengths: list[list[int]] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+
+
+def method_config(method: str, args: argparse.Namespace, sampling: Any, length: int) -> DecodeConfig:
+    """The decode config of one method (the bench's defaults, overridable from the CLI)."""
+    if method in ("ar", "hf"):
+        return DecodeConfig(method="ar", max_new_tokens=length, sampling=sampling)
+    tree = dict(branching=args.branching, tree_depth=args.tree_depth) if method == "sjd_pac" else {}
+    draft = DraftSpec(window=args.window, init=args.init, **tree)
+    return DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft)
+
+
+@torch.inference_mode()
+def window_cost(target: Any, prompt: Any, sizes: list[int], repeats: int = 5) -> dict[int, float]:
+    """Seconds of one target forward over ``n`` new tokens after a prefilled prompt, / n=1's."""
+    from raydec.spec.cache import RaggedCache
+
+    prefix = target.prompt_inputs(prompt)
+    embeds = prefix.inputs_embeds if prefix.inputs_embeds is not None else target.embed_prompt_tokens(prefix.input_ids.view(1, -1))[0]
+    length = embeds.shape[0]
+    cache = RaggedCache(1, compaction="never")
+    causal = torch.tril(torch.ones(length, length, dtype=torch.bool)).unsqueeze(0)
+    target.forward(embeds.unsqueeze(0), None, torch.arange(length).unsqueeze(0), cache.attention_mask(causal, target.dtype), cache.kv)
+    cache.start(torch.ones(1, length, dtype=torch.bool), torch.tensor([length]))
+    timings: dict[int, float] = {}
+    for size in sizes:
+        tokens = torch.zeros(1, size, dtype=torch.long)
+        mask = cache.attention_mask(torch.tril(torch.ones(size, size, dtype=torch.bool)).unsqueeze(0), target.dtype)
+        positions = cache.window_positions(torch.arange(size).unsqueeze(0))
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            target.forward(None, tokens, positions, mask, cache.kv)
+            samples.append(time.perf_counter() - start)
+            cache.kv.crop(-size)
+        timings[size] = statistics.median(samples)
+    return {size: seconds / timings[sizes[0]] for size, seconds in timings.items()}
+
+
+def _hf_generate(target: Any, prompts: list[str], seed: int, sampling: Any) -> tuple[list[list[int]], float]:
+    """Hugging Face's own Janus image generation on the same checkpoint."""
+    processor = target.processor
+    inputs = processor(text=list(prompts), generation_mode="image", padding=True, return_tensors="pt")
+    torch.manual_seed(seed)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = target.model.generate(
+            input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, generation_mode="image",
+            do_sample=sampling.temperature > 0, temperature=sampling.temperature or None,
+            top_k=sampling.top_k or None, top_p=sampling.top_p, guidance_scale=sampling.cfg_scale,
+        )
+    return out.tolist(), time.perf_counter() - start
+
+
+def _acceptance_grid(records: list[list[int]], grid: tuple[int, int]) -> np.ndarray:
+    """Mean 'committed as an accepted draft' per layout position. -> [rows, cols]"""
+    rows, cols = grid
+    total = np.zeros(rows * cols)
+    for lengths in records:
+        flags = [0.0]  # the first token comes from the prefill
+        for chunk in lengths:
+            flags += [1.0] * (chunk - 1) + [0.0]
+        total[: min(len(flags), rows * cols)] += np.array(flags[: rows * cols])
+    return (total / max(1, len(records))).reshape(rows, cols)
+
+
+def _plots(records: dict[str, MethodRecord], grid: tuple[int, int], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    drafted = [m for m in records if m not in ("ar", "hf")]
+    paths = []
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for method in drafted:
+        lengths = [c for image in records[method].accepted_lengths for c in image]
+        if lengths:
+            ax.hist(lengths, bins=range(1, max(lengths) + 2), alpha=0.5, label=method, density=True)
+    ax.set_xlabel("tokens committed per target forward")
+    ax.set_ylabel("share of forwards")
+    ax.legend()
+    paths.append(out_dir / "t2i_accept_hist.png")
+    fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    if drafted:
+        fig, axes = plt.subplots(1, len(drafted), figsize=(4 * len(drafted), 4))
+        for ax, method in zip(np.atleast_1d(axes), drafted):
+            image = ax.imshow(_acceptance_grid(records[method].accepted_lengths, grid), vmin=0, vmax=1, cmap="viridis")
+            ax.set_title(f"{method}: accepted draft share")
+            ax.axis("off")
+        fig.colorbar(image, ax=list(np.atleast_1d(axes)))
+        paths.append(out_dir / "t2i_accept_heatmap.png")
+        fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
+        plt.close(fig)
+    return paths
+
+
+def bench_t2i(args: argparse.Namespace) -> dict:
+    from raydec.api import generate_images, load_pipeline
+    from raydec.reference.judge import score_image
+    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(methods) - set(ALL_METHODS))
+    if unknown or "ar" not in methods:
+        raise SystemExit(f"--methods: unknown {unknown} (choose from {ALL_METHODS}; 'ar' is required as the baseline)")
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    target = load_pipeline(args.model, "t2i", dtype=dtype)
+    sampling = target.default_sampling()
+    length = int(target.num_image_tokens)
+    prompts = [make_sample(HELD_OUT_SEED_START + args.offset + i).prompt for i in range(args.prompts)]
+    seeds = [args.seed + i for i in range(args.prompts)]
+    configs = {m: method_config(m, args, sampling, length) for m in methods if m != "hf"}
+    records = {m: MethodRecord() for m in methods}
+
+    generate_images(prompts[:1], model=target, decode=configs["ar"], seeds=seeds[:1])  # warm-up
+    for start in range(0, len(prompts), args.batch):
+        batch_prompts, batch_seeds = prompts[start : start + args.batch], seeds[start : start + args.batch]
+        for method in methods:
+            record = records[method]
+            if method == "hf":
+                tokens, seconds = _hf_generate(target, batch_prompts, batch_seeds[0], sampling)
+                images = target.decode_tokens(torch.tensor(tokens))
+                record.forwards += [len(t) for t in tokens]
+                record.tokens += [len(t) for t in tokens]
+            else:
+                begin = time.perf_counter()
+                results = generate_images(batch_prompts, model=target, decode=configs[method], seeds=batch_seeds, batch_size=args.batch)
+                seconds = time.perf_counter() - begin
+                images = [r.image for r in results]
+                record.forwards += [r.target_forwards for r in results]
+                record.tokens += [r.num_tokens for r in results]
+                record.accepted_lengths += [_chunks(r) for r in results]
+            record.seconds += seconds
+            record.scores += [score_image(np.asarray(img), p) for img, p in zip(images, batch_prompts)]
+        logger.info("bench t2i: %d/%d prompts", min(start + args.batch, len(prompts)), len(prompts))
+
+    ar = records["ar"]
+    summary: dict[str, dict[str, float]] = {}
+    for method, record in records.items():
+        entry = {
+            "step_compression": float(np.mean([a / m for a, m in zip(ar.forwards, record.forwards)])),
+            "latency_speedup": ar.seconds / record.seconds,
+            "mean_accepted": sum(record.tokens) / max(1, sum(record.forwards)),
+            "judge_score": float(np.mean(record.scores)),
+            "seconds": record.seconds,
+            "images_per_second": len(record.scores) / record.seconds,
+        }
+        if "hf" in records:
+            entry["latency_speedup_vs_hf"] = records["hf"].seconds / record.seconds
+        summary[method] = entry
+    window = args.window + 1
+    cost = window_cost(target, prompts[0], sorted({1, 16, window, 64}))
+    plots = _plots(records, target.layout_grid, args.plots)
+    header = ["method", "step compr.", "latency x AR", "latency x hf", "tokens/fwd", "judge", "img/s"]
+    rows = [
+        [m, f"{e['step_compression']:.2f}", f"{e['latency_speedup']:.2f}", f"{e.get('latency_speedup_vs_hf', float('nan')):.2f}",
+         f"{e['mean_accepted']:.2f}", f"{e['judge_score']:.3f}", f"{e['images_per_second']:.3f}"]
+        for m, e in summary.items()
+    ]
+    print_table(f"bench t2i: {args.model}, {args.prompts} prompts, batch {args.batch}, {args.dtype}", header, rows)
+    print("forward cost relative to a 1-token forward: " + ", ".join(f"{n} tokens {c:.2f}x" for n, c in cost.items()))
+    return {
+        "methods": summary,
+        "window_cost": {str(n): c for n, c in cost.items()},
+        "config": {m: c.model_dump() for m, c in configs.items()},
+        "prompts": args.prompts, "batch": args.batch, "dtype": args.dtype, "model": str(args.model),
+        "plots": [str(p) for p in plots],
+    }
+
+
+def _chunks(result: Any) -> list[int]:
+    """Tokens committed per decode forward, recovered from the result's statistics."""
+    return list(getattr(result, "accepted_lengths", []) or [])
+
+
+def add_t2i_parser(subparsers) -> None:
+    parser = subparsers.add_parser("t2i", help="AR / HF / SJD / SJD+AC / SJD-PAC on a text-to-image model")
+    parser.add_argument("--model", default="reference", help='"reference" or a local Janus / Emu3 checkpoint folder')
+    parser.add_argument("--methods", default=",".join(ALL_METHODS), help="comma-separated subset of " + ",".join(ALL_METHODS))
+    parser.add_argument("--prompts", type=int, default=200, help="held-out shapes prompts")
+    parser.add_argument("--offset", type=int, default=0, help="first held-out prompt index")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--window", type=int, default=32, help="draft nodes per step (L - 1)")
+    parser.add_argument("--branching", type=int, default=3, help="sjd_pac: candidates per tree level (K)")
+    parser.add_argument("--tree-depth", type=int, default=2, help="sjd_pac: tree levels (D - 1)")
+    parser.add_argument("--init", choices=["uniform", "left", "above"], default="uniform", help="fresh drafts")
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--plots", type=Path, default=Path("bench_out"), help="folder for the PNG plots")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.set_defaults(bench=bench_t2i)
