@@ -37,6 +37,8 @@ from raydec.runtime.worker import GenerationWorker
 logger = logging.getLogger(__name__)
 
 ROW_COLUMNS = ("id", "source", "prompt", "negative_prompt", "seed", "error")
+MAX_BLOCKS = 4096
+"""Upper bound on input blocks, so a huge job does not schedule millions of tiny tasks."""
 
 
 class JobIncompleteError(RuntimeError):
@@ -115,11 +117,15 @@ def _write_validation_errors(job: JobConfig, rows: List[Dict[str, Any]]) -> None
 
 
 def _dataset(job: JobConfig, rows: List[Dict[str, Any]]) -> Any:
-    """The Ray Dataset of rows to generate: one block per batch so the pool shares work evenly."""
+    """The Ray Dataset of rows to generate.
+
+    One block per batch (up to MAX_BLOCKS) so the pool shares work evenly and a lost actor
+    task redoes little; the worker still sees `batch_size` rows per call.
+    """
     import ray.data
 
     items = [{key: row.get(key) for key in ROW_COLUMNS} for row in rows]
-    blocks = max(1, math.ceil(len(items) / job.pool.batch_size))
+    blocks = max(1, min(MAX_BLOCKS, math.ceil(len(items) / job.pool.batch_size)))
     return ray.data.from_items(items, override_num_blocks=blocks)
 
 
