@@ -30,6 +30,7 @@ from raydec.io import (
     read_results,
     write_manifest,
 )
+from raydec.runtime.cluster import connect_ray
 from raydec.runtime.config import JobConfig
 from raydec.runtime.processors import PROCESSORS
 from raydec.runtime.worker import GenerationWorker
@@ -175,13 +176,11 @@ def _run_pool(job: JobConfig, rows: List[Dict[str, Any]], report: JobReport) -> 
 
 
 def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobReport:
-    """Run `job` on the current Ray cluster (connect first) and return its report.
+    """Run `job` on the current Ray cluster (connecting if needed) and return its report.
 
     Raises JobIncompleteError if some input id has no result at the end (after writing the
     manifest, so the gap is on record).
     """
-    import ray
-
     started = time.perf_counter()
     report = JobReport(output=job.output.path)
     files = files if files is not None else preflight(job)
@@ -198,9 +197,9 @@ def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobRepor
         len(rows), report.skipped_completed, len(bad), len(good), job.pool.workers,
     )
     report.timings["prepare_s"] = time.perf_counter() - started
+    if good:
+        connect_ray()  # no-op when Ray is up; else RAY_ADDRESS, else a local cluster
     _write_validation_errors(job, bad)
-    if good and not ray.is_initialized():
-        raise RuntimeError("run_job needs Ray: call raydec.runtime.connect_ray() first")
     generate_started = time.perf_counter()
     _run_pool(job, good, report)
     report.timings["generate_s"] = time.perf_counter() - generate_started
