@@ -81,6 +81,8 @@ def check_model(job: JobConfig) -> None:
     The path is checked where the driver runs; on a multi-node cluster it must also exist on
     the workers (a shared filesystem, or inside the job's working directory).
     """
+    if job.task != "t2i":  # other tasks' processors check their own checkpoints in setup()
+        return
     from raydec.models.registry import REFERENCE_NAME, T2I_LOADERS, checkpoint_model_type, resolve_t2i_path
 
     path = resolve_t2i_path(job.model)
