@@ -102,21 +102,18 @@ def test_sjd_pac_batch_four_ragged(markov):
 class OldProposalAC(JacobiProposer):
     """Pitfall 4: after coupling, records the OLD proposal instead of Q := P."""
 
-    def _carry_over(self, state, row, row_id, probs, result):
-        carried = super()._carry_over(state, row, row_id, probs, result)
-        layout = self.layouts[row_id]
-        first = int(result.num_accepted[row]) + 2
-        carried.proposals = [layout.spine_proposals[first + i].clone() for i in range(len(carried.tokens))]
-        return carried
+    def _couple(self, p, old_tokens, old_q, uniforms):
+        tokens, _ = super()._couple(p, old_tokens, old_q, uniforms)
+        return tokens, old_q
 
 
 class DuplicateCandidatesPD(JacobiProposer):
     """Pitfall 2: extra tree candidates drawn WITH replacement from q (duplicates possible)
     while the tree still claims sampling without replacement."""
 
-    def _extra_candidates(self, state, row, q, first):
-        uniforms = torch.rand(self.draft.branching - 1, generator=state.generators[row], dtype=torch.float64)
-        return [int(sample_with_uniform(q.to(torch.float64), u)) for u in uniforms]
+    def _extra_candidates(self, q, first, uniforms):
+        picks = torch.stack([sample_with_uniform(q.to(torch.float64), uniforms[:, k]) for k in range(uniforms.shape[1])], dim=1)
+        return picks, torch.ones_like(picks, dtype=torch.bool)
 
 
 def test_ac_recording_old_proposal_fails(markov):

@@ -6,9 +6,9 @@ after the committed prefix come from the target's own (stale) predictions of the
 Per row we keep *pending drafts* for the slots after the root: a token and the proposal ``Q``
 it is distributed as (dense ``[V]``; one-hot for deterministic spatial-prior drafts).
 
-    window = [root] + pending drafts + fresh drafts to fill L-1 slots
-    (sjd_pac) the first ``tree_depth`` slots become a K-ary tree: candidate 0 is the pending
-              draft, candidates 1..K-1 are drawn without replacement from the same Q
+    window = [root] + pending drafts + fresh drafts, S spine slots
+    (sjd_pac) slots 1..D become a K-ary tree: candidate 0 is the slot's draft, candidates
+              1..K-1 are drawn without replacement from the same Q; the spine continues as a chain
     after verification, for every untested slot j beyond the new root (on the spine):
       sjd     draft_j ~ P_{j-1}                       Q_j := P_{j-1}
       ac/pac  keep draft_j with prob min(1, P_{j-1}(d)/Q_j(d)), else ~ norm(max(0, P_{j-1} - Q_j))
@@ -17,11 +17,14 @@ it is distributed as (dense ``[V]``; one-hot for deterministic spatial-prior dra
 Fresh drafts: a uniform random allowed token with Q = uniform over the allowed ids, or a
 spatial prior (the token to the left / above in the image grid) with Q one-hot; forced layout
 tokens (e.g. Emu3 end-of-line) are drafted as themselves.
+
+Everything is vectorised over the batch; each row draws a fixed number of uniforms per step
+from its own generator, so its output never depends on the other rows.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -29,7 +32,7 @@ import torch
 from raydec.config import DraftSpec
 from raydec.spec.proposers.base import DecodeState, Proposer
 from raydec.spec.sampling import sample_with_uniform
-from raydec.spec.tree import DraftTree, TreeBuilder
+from raydec.spec.tree import DraftTree
 from raydec.spec.verify import VerifyResult, acceptance_probability, residual
 
 Variant = Literal["sjd", "sjd_ac", "sjd_pac"]
@@ -37,40 +40,61 @@ FreshInit = Literal["uniform", "left", "above"]
 
 
 @dataclass
-class PendingDrafts:
-    """A row's drafts for the slots after its root. tokens: [n]; proposals: [n, V]."""
+class TreeLayout:
+    """The fixed node layout of one step (same for every row; missing candidates are invalid).
 
-    tokens: list[int] = field(default_factory=list)
-    proposals: list[torch.Tensor] = field(default_factory=list)
+    parents: [N] parent node; slot: [N] spine slot (= depth) of each node; level_rank: [N]
+    candidate rank within its level (0 = the slot's own draft); spine: [S + 1] spine node of
+    each slot (slot 0 = root); level_path: [N, D] candidate rank at each tree level on the
+    node's path (-1 beyond its depth), to decide which nodes exist.
+    """
 
-
-@dataclass
-class WindowLayout:
-    """Where the row's spine (slot j's main draft) sits in the tree it proposed last."""
-
-    spine_nodes: list[int]          # spine_nodes[j] = node index of slot j (slot 0 = root)
-    spine_tokens: list[int]
-    spine_proposals: list[torch.Tensor]  # proposal of slot j (index 0 unused)
-
-
-def _uniform(vocab: int, allowed: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    q = torch.ones(vocab, dtype=dtype) if allowed is None else allowed.to(dtype)
-    return q / q.sum()
+    parents: torch.Tensor
+    slot: torch.Tensor
+    level_rank: torch.Tensor
+    spine: torch.Tensor
+    level_path: torch.Tensor
 
 
-def _one_hot(token: int, vocab: int, dtype: torch.dtype) -> torch.Tensor:
-    q = torch.zeros(vocab, dtype=dtype)
-    q[token] = 1.0
-    return q
+def build_layout(spine_slots: int, branching: int, tree_depth: int) -> TreeLayout:
+    """Full ``branching``-ary tree over slots 1..tree_depth, then the spine as a chain."""
+    parents, slots, ranks, paths = [-1], [0], [0], [[-1] * tree_depth]
+    spine = [0]
+    frontier = [0]
+    for level in range(tree_depth):
+        next_frontier = []
+        for node in frontier:
+            for rank in range(branching):
+                parents.append(node)
+                slots.append(level + 1)
+                ranks.append(rank)
+                path = list(paths[node])
+                path[level] = rank
+                paths.append(path)
+                next_frontier.append(len(parents) - 1)
+                if node == spine[-1] and rank == 0:
+                    spine_child = len(parents) - 1
+        spine.append(spine_child)
+        frontier = next_frontier
+    for slot in range(tree_depth + 1, spine_slots + 1):
+        parents.append(spine[-1])
+        slots.append(slot)
+        ranks.append(0)
+        paths.append([0] * tree_depth)
+        spine.append(len(parents) - 1)
+    return TreeLayout(
+        parents=torch.tensor(parents), slot=torch.tensor(slots), level_rank=torch.tensor(ranks),
+        spine=torch.tensor(spine), level_path=torch.tensor(paths, dtype=torch.long).view(len(parents), tree_depth),
+    )
 
 
 class JacobiProposer(Proposer):
     """SJD family proposer (see module docstring).
 
-    draft.window:     L - 1 draft nodes per step
+    draft.window:     L - 1 draft nodes per step (tree included)
     draft.branching:  K candidates per tree level (sjd_pac)
     draft.tree_depth: number of tree levels after the root (D - 1 in the paper; sjd_pac)
-    grid_width:       tokens per image row (for the "above" prior), row stride included
+    grid_width:       tokens per image row in generation order (for the "above" prior)
     """
 
     def __init__(self, draft: DraftSpec, variant: Variant = "sjd_pac", init: FreshInit = "uniform", grid_width: int | None = None) -> None:
@@ -78,136 +102,163 @@ class JacobiProposer(Proposer):
             raise ValueError("init='above' needs grid_width (tokens per image row)")
         self.draft = draft
         self.variant = variant
-        spine = draft.window - self._tree_extra_nodes()
-        if variant == "sjd_pac" and spine < draft.tree_depth:
-            raise ValueError(
-                f"draft: window={draft.window} cannot hold a {draft.branching}-ary tree of depth "
-                f"{draft.tree_depth} ({draft.window - spine + draft.tree_depth} nodes) plus its spine"
-            )
         self.init = init
         self.grid_width = grid_width
-        self.pending: dict[int, PendingDrafts] = {}
-        self.layouts: dict[int, WindowLayout] = {}
+        self.depth = draft.tree_depth if variant == "sjd_pac" else 0
+        self.branching = draft.branching if self.depth else 1
+        extra = sum(self.branching**level for level in range(1, self.depth + 1)) - self.depth
+        self.spine_slots = draft.window - extra
+        if self.spine_slots < max(1, self.depth):
+            raise ValueError(
+                f"draft: window={draft.window} cannot hold a {self.branching}-ary tree of depth "
+                f"{self.depth} ({extra + self.depth} nodes) plus its spine"
+            )
+        self.layout = build_layout(self.spine_slots, self.branching, self.depth)
+        self.pending_tokens: dict[int, torch.Tensor] = {}     # row id -> [n]
+        self.pending_proposals: dict[int, torch.Tensor] = {}  # row id -> [n, V]
+        self._last: dict[str, torch.Tensor] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self, state: DecodeState, first_probs: torch.Tensor, prefill) -> None:
-        self.pending = {row_id: PendingDrafts() for row_id in state.row_ids}
-        self.layouts = {}
+        self.pending_tokens, self.pending_proposals = {}, {}
 
     def propose(self, state: DecodeState) -> DraftTree:
-        builders = []
-        for row, row_id in enumerate(state.row_ids):
-            builders.append(self._propose_row(state, row, row_id))
-        return DraftTree.stack(builders, state.vocab_size, state.prob_dtype)
+        batch, vocab, slots = state.batch_size, state.vocab_size, self.spine_slots
+        dtype = state.prob_dtype
+        uniforms = torch.stack([torch.rand(slots + self.depth * self.branching, generator=g, dtype=torch.float64) for g in state.generators])
+        tokens, proposals = self._fill_window(state, uniforms[:, :slots])  # [B, S], [B, S, V]
+        layout = self.layout
+        width = len(layout.parents)
+        node_tokens = torch.zeros(batch, width, dtype=torch.long)
+        node_tokens[:, 0] = state.roots()
+        valid = torch.ones(batch, width, dtype=torch.bool)
+        node_slot = layout.slot.expand(batch, width)
+        # spine / chain nodes carry the slot's draft
+        node_tokens[:, 1:] = tokens.gather(1, (node_slot[:, 1:] - 1))
+        for level in range(self.depth):
+            draws = uniforms[:, slots + level * self.branching : slots + (level + 1) * self.branching - 1]
+            extra, extra_valid = self._extra_candidates(proposals[:, level], tokens[:, level], draws)
+            candidates = torch.cat([tokens[:, level : level + 1], extra], dim=1)            # [B, K]
+            candidate_valid = torch.cat([torch.ones(batch, 1, dtype=torch.bool), extra_valid], dim=1)
+            at_level = (layout.slot == level + 1).nonzero().flatten()
+            ranks = layout.level_rank[at_level]
+            node_tokens[:, at_level] = candidates[:, ranks]
+            # a node exists iff every candidate on its path exists
+            on_path = layout.level_path[:, level]                                           # [N]
+            uses = on_path >= 0
+            exists = candidate_valid[:, on_path.clamp(min=0)]
+            valid &= exists | ~uses
+        proposal_index = (layout.slot - 1).clamp(min=-1).expand(batch, width).clone()
+        proposal_index[:, 0] = -1
+        without_replacement = ((layout.slot >= 1) & (layout.slot <= self.depth) & (self.branching > 1)).expand(batch, width)
+        parents = layout.parents.expand(batch, width).clone()
+        parents[~valid] = -1
+        self._last = {"tokens": tokens, "proposals": proposals}
+        return DraftTree(node_tokens, parents, valid, proposal_index, without_replacement.clone(), proposals.to(dtype))
 
     def observe(self, state: DecodeState, tree: DraftTree, target_probs: torch.Tensor, result: VerifyResult, output) -> None:
+        """Carry the untested spine slots over to the next window (see module docstring)."""
+        batch, slots = state.batch_size, self.spine_slots
+        uniforms = torch.stack([torch.rand(2 * slots, generator=g, dtype=torch.float64) for g in state.generators]).view(batch, slots, 2)
+        spine = self.layout.spine                                                      # [S + 1]
+        p = target_probs[:, spine[:-1]]                                                # P_{j-1}: [B, S, V]
+        tokens, recorded = self._couple(p, self._last["tokens"], self._last["proposals"].to(p.dtype), uniforms)
+        new_root_slot = result.num_accepted + 1                                        # [B]
         for row, row_id in enumerate(state.row_ids):
-            self.pending[row_id] = self._carry_over(state, row, row_id, target_probs[row], result)
+            first = int(new_root_slot[row])  # carried slots: first + 1 .. S  (index first ..)
+            self.pending_tokens[row_id] = tokens[row, first:]
+            self.pending_proposals[row_id] = recorded[row, first:]
 
-    # -- drafting ------------------------------------------------------------------------------
+    # -- pieces (overridable by tests' broken variants) ------------------------------------------
 
-    def _fresh(self, state: DecodeState, row: int, tokens_so_far: list[int], gen_index: int) -> tuple[int, torch.Tensor]:
-        """A fresh draft for generated index ``gen_index`` given the tokens before it."""
-        vocab, dtype = state.vocab_size, state.prob_dtype
-        constraint = state.constraint
-        if constraint is not None and constraint.forced is not None:
-            forced = int(constraint.forced(torch.tensor([[gen_index]]))[0, 0])
-            if forced >= 0:
-                return forced, _one_hot(forced, vocab, dtype)
-        source = {"left": gen_index - 1, "above": gen_index - (self.grid_width or 0)}.get(self.init, -1)
-        if 0 <= source < len(tokens_so_far):
-            token = tokens_so_far[source]
-            allowed = None if constraint is None else constraint.allowed
-            if allowed is None or bool(allowed[token]):
-                return token, _one_hot(token, vocab, dtype)
-        allowed = None if constraint is None else constraint.allowed
-        q = _uniform(vocab, allowed, dtype)
-        u = torch.rand(1, generator=state.generators[row], dtype=torch.float64)
-        return int(sample_with_uniform(q, u[0])), q
+    def _couple(self, p: torch.Tensor, old_tokens: torch.Tensor, old_q: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """New drafts for every slot and the proposal to record.
 
-    def _propose_row(self, state: DecodeState, row: int, row_id: int) -> TreeBuilder:
-        generated = state.generated[row]
-        pending = self.pending.get(row_id, PendingDrafts())
-        slots = self.draft.window - self._tree_extra_nodes()
-        tokens, proposals = list(pending.tokens[:slots]), list(pending.proposals[:slots])
-        known = list(generated) + tokens  # tokens at generated indices 0.. (drafts included)
-        while len(tokens) < slots:
-            token, q = self._fresh(state, row, known, len(known))
-            tokens.append(token)
-            proposals.append(q)
-            known.append(token)
+        p: [B, S, V] new prediction P_{j-1}; old_tokens: [B, S]; old_q: [B, S, V];
+        uniforms: [B, S, 2]  -> tokens [B, S], recorded Q [B, S, V] (= p, always)
+        """
+        if self.variant == "sjd":
+            return sample_with_uniform(p, uniforms[..., 0]), p
+        flat_p, flat_q = p.reshape(-1, p.shape[-1]), old_q.reshape(-1, p.shape[-1])
+        keep_prob = acceptance_probability(flat_p, flat_q, old_tokens.reshape(-1)).view(old_tokens.shape)
+        keep = uniforms[..., 0].to(p.dtype) < keep_prob
+        fresh = sample_with_uniform(residual(flat_p, flat_q).view(p.shape), uniforms[..., 1])
+        return torch.where(keep, old_tokens, fresh), p
 
-        builder = TreeBuilder(generated[-1])
-        spine_nodes, node = [0], 0
-        depth = self.draft.tree_depth if self.variant == "sjd_pac" else 0
-        frontier = [0]
-        for level in range(min(depth, len(tokens))):
-            q = proposals[level]
-            group = builder.add_proposal(q)
-            candidates = [tokens[level]] + self._extra_candidates(state, row, q, tokens[level])
-            wr = len(candidates) > 1
-            next_frontier = []
-            for parent in frontier:
-                children = [builder.add(parent, c, group, without_replacement=wr) for c in candidates]
-                if parent == spine_nodes[-1]:
-                    spine_child = children[0]
-                next_frontier += children
-            spine_nodes.append(spine_child)
-            frontier = next_frontier
-        for level in range(len(spine_nodes) - 1, len(tokens)):
-            group = builder.add_proposal(proposals[level])
-            spine_nodes.append(builder.add(spine_nodes[-1], tokens[level], group))
-        self.layouts[row_id] = WindowLayout(spine_nodes, [generated[-1]] + tokens, [proposals[0]] + proposals if proposals else [])
-        return builder
+    def _extra_candidates(self, q: torch.Tensor, first: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K - 1 more tokens per row without replacement from q, excluding ``first``.
 
-    def _tree_extra_nodes(self) -> int:
-        """Non-spine nodes the tree adds, so that the total stays at ``window`` draft nodes."""
-        if getattr(self, "variant", None) != "sjd_pac" or self.draft.tree_depth == 0:
-            return 0
-        k, depth = self.draft.branching, self.draft.tree_depth
-        return sum(k**level for level in range(1, depth + 1)) - depth
-
-    def _extra_candidates(self, state: DecodeState, row: int, q: torch.Tensor, first: int) -> list[int]:
-        """K - 1 more tokens without replacement from q, excluding ``first``."""
-        weights = q.clone().to(torch.float64)
-        weights[first] = 0.0
-        count = min(self.draft.branching - 1, int((weights > 0).sum()))
-        if count <= 0:
-            return []
-        uniforms = torch.rand(self.draft.branching - 1, generator=state.generators[row], dtype=torch.float64)
-        picks = []
-        for k in range(count):
-            token = int(sample_with_uniform(weights, uniforms[k]))
+        q: [B, V]; first: [B]; uniforms: [B, K-1]  -> tokens [B, K-1], exists [B, K-1]
+        """
+        weights = q.to(torch.float64).clone()
+        weights.scatter_(1, first.unsqueeze(1), 0.0)
+        picks, exists = [], []
+        for k in range(uniforms.shape[1]):
+            has_mass = weights.sum(dim=1) > 1e-12
+            token = sample_with_uniform(weights, uniforms[:, k])
             picks.append(token)
-            weights[token] = 0.0
-        return picks
+            exists.append(has_mass)
+            weights.scatter_(1, token.unsqueeze(1), 0.0)
+        if not picks:
+            return torch.zeros(q.shape[0], 0, dtype=torch.long), torch.zeros(q.shape[0], 0, dtype=torch.bool)
+        return torch.stack(picks, dim=1), torch.stack(exists, dim=1)
 
-    # -- carry-over ----------------------------------------------------------------------------
+    # -- fresh drafts --------------------------------------------------------------------------
 
-    def _carry_over(self, state: DecodeState, row: int, row_id: int, probs: torch.Tensor, result: VerifyResult) -> PendingDrafts:
-        """Pending drafts for the next window. probs: [N, V] this row's P at every node."""
-        layout = self.layouts[row_id]
-        new_root_slot = int(result.num_accepted[row]) + 1
-        carried = PendingDrafts()
-        last_slot = len(layout.spine_nodes) - 1
-        slots = list(range(new_root_slot + 1, last_slot + 1))
-        if not slots:
-            return carried
-        generator = state.generators[row]
-        uniforms = torch.rand(2 * len(slots), generator=generator, dtype=torch.float64)
-        for i, slot in enumerate(slots):
-            p = probs[layout.spine_nodes[slot - 1]].unsqueeze(0)       # P_{j-1}: [1, V]
-            old_token = layout.spine_tokens[slot]
-            old_q = layout.spine_proposals[slot].to(p.dtype).unsqueeze(0)
-            if self.variant == "sjd":
-                token = int(sample_with_uniform(p[0], uniforms[2 * i]))
-            else:
-                keep = float(acceptance_probability(p, old_q, torch.tensor([old_token])))
-                if float(uniforms[2 * i]) < keep:
-                    token = old_token
-                else:
-                    token = int(sample_with_uniform(residual(p, old_q)[0], uniforms[2 * i + 1]))
-            carried.tokens.append(token)
-            carried.proposals.append(p[0].clone())  # Q := the current prediction, always
-        return carried
+    def _fill_window(self, state: DecodeState, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pending drafts, then fresh ones, for slots 1..S. uniforms: [B, S] -> [B, S], [B, S, V]"""
+        batch, vocab, slots = state.batch_size, state.vocab_size, self.spine_slots
+        tokens = torch.zeros(batch, slots, dtype=torch.long)
+        proposals = torch.zeros(batch, slots, vocab, dtype=torch.float64)
+        have = torch.zeros(batch, dtype=torch.long)
+        for row, row_id in enumerate(state.row_ids):
+            pending = self.pending_tokens.get(row_id)
+            if pending is not None and len(pending):
+                n = min(len(pending), slots)
+                tokens[row, :n] = pending[:n]
+                proposals[row, :n] = self.pending_proposals[row_id][:n]
+                have[row] = n
+        if int(have.min()) == slots:
+            return tokens, proposals
+
+        constraint = state.constraint
+        allowed = constraint.allowed if constraint is not None and constraint.allowed is not None else torch.ones(vocab, dtype=torch.bool)
+        uniform_q = allowed.to(torch.float64) / allowed.sum()
+        lengths = torch.tensor([len(g) for g in state.generated])                  # [B]
+        width = int(lengths.max())
+        committed = torch.zeros(batch, width, dtype=torch.long)
+        for row, generated in enumerate(state.generated):
+            committed[row, : len(generated)] = torch.tensor(generated)
+        gen_index = lengths.unsqueeze(1) - 1 + torch.arange(1, slots + 1).unsqueeze(0)   # [B, S]
+        forced = None
+        if constraint is not None and constraint.forced is not None:
+            forced = constraint.forced(gen_index).cpu()
+        offset = {"left": 1, "above": self.grid_width or 0}.get(self.init, 0)
+        rows = torch.arange(batch)
+        random_tokens = sample_with_uniform(uniform_q.expand(batch, slots, vocab), uniforms)  # [B, S]
+        for slot in range(slots):
+            fresh = have <= slot
+            if not bool(fresh.any()):
+                continue
+            token, q_one_hot = random_tokens[:, slot], torch.zeros(batch, dtype=torch.bool)
+            if offset:
+                source = gen_index[:, slot] - offset                                      # generated index
+                in_committed = (source >= 0) & (source < lengths)
+                window_slot = source - lengths                                            # 0-based slot index
+                in_window = (window_slot >= 0) & (window_slot < slot)
+                copied = torch.where(in_committed, committed[rows, source.clamp(0, width - 1)],
+                                     tokens[rows, window_slot.clamp(0, slots - 1)])
+                usable = (in_committed | in_window) & allowed[copied]
+                token = torch.where(usable, copied, token)
+                q_one_hot = usable
+            if forced is not None:
+                is_forced = forced[:, slot] >= 0
+                token = torch.where(is_forced, forced[:, slot], token)
+                q_one_hot = q_one_hot | is_forced
+            one_hot = torch.zeros(batch, vocab, dtype=torch.float64)
+            one_hot[rows, token] = 1.0
+            q = torch.where(q_one_hot.unsqueeze(1), one_hot, uniform_q.expand(batch, vocab))
+            tokens[fresh, slot] = token[fresh]
+            proposals[fresh, slot] = q[fresh]
+        return tokens, proposals
