@@ -23,7 +23,7 @@ from raydec.spec.verify import VerifyResult, residual, verify_tree
 def longest_path_verifier(tree: DraftTree, target_probs: torch.Tensor, generators: Sequence[torch.Generator]) -> VerifyResult:
     batch, width = tree.tokens.shape
     rows = torch.arange(batch)
-    uniforms = draw_uniforms(generators, tree.node_counts())
+    uniforms = draw_uniforms(generators, tree.index_extent())
     # every node tested on its own against its parent's P (no residual between siblings)
     parents = tree.parents.clamp(min=0)
     p_parent = target_probs.gather(1, parents.unsqueeze(-1).expand(-1, -1, target_probs.shape[-1]))  # [B, N, V]

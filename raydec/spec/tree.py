@@ -102,6 +102,11 @@ class DraftTree:
     def node_counts(self) -> list[int]:
         return self.valid.sum(dim=1).tolist()
 
+    def index_extent(self) -> list[int]:
+        """Per row, 1 + the highest valid node index (a row's own layout; holes included)."""
+        index = torch.arange(self.num_nodes).expand_as(self.valid)
+        return (torch.where(self.valid, index, torch.zeros_like(index)).max(dim=1).values + 1).tolist()
+
     @classmethod
     def stack(cls, builders: Sequence[TreeBuilder], vocab_size: int, dtype: torch.dtype = torch.float32) -> "DraftTree":
         """Pad and stack per-row builders into one batch."""

@@ -123,7 +123,7 @@ def verify_tree(
 
     tree:         DraftTree with B rows, N nodes
     target_probs: [B, N, V] processed target distribution *after* each node
-    generators:   one per row; row r draws exactly (its node count) uniforms
+    generators:   one per row; row r draws one uniform per node index of its own tree
     uniforms:     optional [B, N] pre-drawn uniforms (column i tests node i, column 0 samples
                   the final token); drawn from ``generators`` when None
     """
@@ -131,7 +131,7 @@ def verify_tree(
     rows = torch.arange(batch)
     dtype = target_probs.dtype
     if uniforms is None:
-        uniforms = draw_uniforms(generators, tree.node_counts(), dtype=torch.float64)
+        uniforms = draw_uniforms(generators, tree.index_extent(), dtype=torch.float64)
     uniforms = uniforms.to(dtype)
     if is_chain(tree):
         return _verify_chain(tree, target_probs, uniforms)
