@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--show", type=int, default=3, help="example captions to print")
     parser.add_argument("--write-card", action="store_true", help="(re)write MODEL_CARD.md in --weights with the result")
+    parser.add_argument("--card-note", default="", help="free text added to the card's evaluation section")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
             "perfect": perfect,
             "seconds": result.seconds,
             "examples": examples,
+            "note": args.card_note,
         }
         print(f"wrote {write_model_card(args.weights, evaluation)}")
 

@@ -227,6 +227,8 @@ def add_vlm_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--vlm-eval-every", type=int, default=300, help="steps between checkpoints + quick evals")
     group.add_argument("--vlm-eval-n", type=int, default=24, help="held-out images per quick eval")
     group.add_argument("--vlm-max-minutes", type=float, default=0.0, help="stop early after this wall time (0: off)")
+    group.add_argument("--vlm-init-from", type=Path, default=None, help="continue from this saved checkpoint")
+    group.add_argument("--vlm-first-step", type=int, default=0, help="global step of this phase's first batch")
     group.add_argument("--vlm-threads", type=int, default=1, help="torch CPU threads")
     group.add_argument("--vlm-bf16", action="store_true", help="bf16 autocast (slower than float32 on CPUs without bf16 units)")
     group.add_argument("--vlm-text-layers", type=int, default=VLMSizes.text_layers)
@@ -265,5 +267,7 @@ def train_vlm(args: Any = None) -> Path:
         max_minutes=_get(args, "vlm_max_minutes", defaults.max_minutes),
         threads=_get(args, "vlm_threads", defaults.threads),
         bf16=_get(args, "vlm_bf16", False),
+        init_from=_get(args, "vlm_init_from", None),
+        first_step=_get(args, "vlm_first_step", 0),
     )
     return run_training(settings, sizes)

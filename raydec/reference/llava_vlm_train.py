@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from transformers import LlavaForConditionalGeneration, LlavaProcessor
+
 from raydec.reference.llava_vlm import DEFAULT_WEIGHTS_DIR, VLMSizes, build_model, build_processor
 from raydec.reference.llava_vlm_data import PATCH_WORDS, training_batch
 from raydec.reference.shapes import vocabulary
@@ -47,6 +49,8 @@ class TrainSettings:
     max_minutes: float = 0.0
     threads: int = 1
     bf16: bool = False
+    init_from: Path | None = None  # continue from a saved checkpoint (a second phase) instead of from scratch
+    first_step: int = 0  # data offset: this phase's step s uses the batch of global step first_step + s
 
 
 @dataclass
@@ -63,6 +67,7 @@ class TrainLog:
     wall_seconds: float = 0.0
     steps_done: int = 0
     stopped_early: bool = False
+    phases: list[dict] = field(default_factory=list)  # settings of every phase, oldest first
 
 
 def learning_rate(step: int, settings: TrainSettings) -> float:
@@ -146,7 +151,7 @@ def plot_losses(log: TrainLog, path: Path) -> None:
 
 
 def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
-    """Train from scratch; returns the output folder."""
+    """Train from scratch (or continue from ``settings.init_from``); returns the output folder."""
     from raydec.reference.evaluate_vlm import evaluate_captions
 
     torch.set_num_threads(settings.threads)
@@ -155,20 +160,34 @@ def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
     torch.manual_seed(settings.seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
 
-    processor = build_processor(vocabulary(), sizes)
-    model = build_model(processor, sizes, settings.seed)
+    settings_record = {k: str(v) for k, v in asdict(settings).items()}
+    if settings.init_from is not None:
+        model = LlavaForConditionalGeneration.from_pretrained(str(settings.init_from))
+        processor = LlavaProcessor.from_pretrained(str(settings.init_from))
+        log = TrainLog(**json.loads((Path(settings.init_from) / "train_log.json").read_text()))
+        if not log.phases:
+            log.phases = [log.settings]
+        log.phases.append(settings_record)
+        log.settings = settings_record
+        log.stopped_early = False
+        logger.info("continuing from %s (%d steps done) at global step %d", settings.init_from, log.steps_done,
+                    settings.first_step)
+    else:
+        processor = build_processor(vocabulary(), sizes)
+        model = build_model(processor, sizes, settings.seed)
+        log = TrainLog(settings=settings_record, sizes=asdict(sizes), phases=[settings_record])
     model.train()
     optimizer = make_optimizer(model, settings)
-    log = TrainLog(settings={k: str(v) for k, v in asdict(settings).items()}, sizes=asdict(sizes))
     log.parameters = sum(p.numel() for p in model.parameters())
     logger.info("reference VLM: %.2fM parameters, %d steps of %d", log.parameters / 1e6, settings.steps, settings.batch_size)
+    steps_before, tokens_before, seconds_before = log.steps_done, log.tokens_seen, log.wall_seconds
 
     word_ids = torch.tensor(processor.tokenizer.convert_tokens_to_ids(list(PATCH_WORDS)))
     image_token_id = model.config.image_token_id
     start = time.perf_counter()
     bar = tqdm(range(settings.steps), desc="vlm train")
     for step in bar:
-        batch = training_batch(step, settings.batch_size, processor, settings.question_share)
+        batch = training_batch(settings.first_step + step, settings.batch_size, processor, settings.question_share)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, settings)
         patch_targets = batch.pop("patch_targets")
@@ -183,22 +202,23 @@ def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
         log.losses.append(float(loss.detach()))
         log.patch_losses.append(float(aux.detach()))
         log.tokens_seen += int(batch["attention_mask"].sum())
-        log.steps_done = step + 1
+        log.steps_done = steps_before + step + 1
         elapsed = time.perf_counter() - start
-        log.wall_seconds = elapsed
-        bar.set_postfix(loss=f"{log.losses[-1]:.3f}", patch=f"{log.patch_losses[-1]:.3f}", tok_s=f"{log.tokens_seen / elapsed:.0f}")
+        log.wall_seconds = seconds_before + elapsed
+        tokens_per_second = (log.tokens_seen - tokens_before) / elapsed
+        bar.set_postfix(loss=f"{log.losses[-1]:.3f}", patch=f"{log.patch_losses[-1]:.3f}", tok_s=f"{tokens_per_second:.0f}")
         last = step + 1 == settings.steps
         out_of_time = settings.max_minutes > 0 and elapsed > settings.max_minutes * 60
         if (step + 1) % settings.eval_every == 0 or last or out_of_time:
             if settings.eval_n > 0:
                 result = evaluate_captions(model, processor, n=settings.eval_n, batch_size=settings.eval_n, progress=False)
-                log.evals.append({"step": step + 1, "accuracy": result.accuracy, "example": result.captions[0]})
-                logger.info("step %d: loss %.4f, quick caption accuracy %.3f; e.g. %r", step + 1,
+                log.evals.append({"step": log.steps_done, "accuracy": result.accuracy, "example": result.captions[0]})
+                logger.info("step %d: loss %.4f, quick caption accuracy %.3f; e.g. %r", log.steps_done,
                             float(np.mean(log.losses[-50:])), result.accuracy, result.captions[0])
             save_checkpoint(model, processor, settings.out_dir, log)
         if out_of_time and not last:
             log.stopped_early = True
-            logger.warning("stopping early after %.1f min at step %d", elapsed / 60, step + 1)
+            logger.warning("stopping early after %.1f min at step %d", elapsed / 60, log.steps_done)
             save_checkpoint(model, processor, settings.out_dir, log)
             break
     logger.info("done: %d steps in %.1f min, %d tokens", log.steps_done, log.wall_seconds / 60, log.tokens_seen)
