@@ -1,0 +1,128 @@
+"""Retrain a reference model from scratch: ``python -m raydec.reference.train t2i|vlm [flags]``.
+
+Each subcommand is an entry of :data:`SUBCOMMANDS`: a function that adds its flags to an
+``argparse`` parser and a function that trains from the parsed namespace. Trainers are
+imported lazily, so one model's dependencies never slow down or break another's command.
+To add a model, add an entry (module path + function names).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """A trainer living in ``module``: ``add_arguments(parser)`` and ``run(args)``."""
+
+    module: str
+    add_arguments: str
+    run: str
+    help: str
+
+    def resolve(self, name: str) -> Callable[..., Any]:
+        """Import the module lazily and return its function ``name``."""
+        try:
+            module = importlib.import_module(self.module)
+        except ModuleNotFoundError as error:
+            raise SystemExit(f"trainer module {self.module!r} is not available: {error}") from error
+        return getattr(module, name)
+
+
+def add_t2i_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``python -m raydec.reference.train t2i``."""
+    from raydec.reference.janus_t2i_train import T2ISettings
+
+    d = T2ISettings()
+    parser.add_argument("--out", type=Path, default=d.out_dir, help="output folder (from_pretrained layout)")
+    parser.add_argument("--work-dir", type=Path, default=d.work_dir, help="caches and checkpoints (not shipped)")
+    parser.add_argument("--seed", type=int, default=d.seed, help="seed of initialisation and data order")
+    parser.add_argument("--num-images", type=int, default=d.num_images, help="training images (seeds 0..N-1)")
+    parser.add_argument("--vq-steps", type=int, default=d.vq_steps, help="VQ-VAE optimizer steps")
+    parser.add_argument("--vq-batch-size", type=int, default=d.vq_batch_size)
+    parser.add_argument("--vq-lr", type=float, default=d.vq_lr)
+    parser.add_argument("--vq-crop", type=int, default=d.vq_crop, help="crop side of most VQ steps (64: none)")
+    parser.add_argument("--vq-full-image-steps", type=int, default=d.vq_full_image_steps)
+    parser.add_argument("--vq-continuous-steps", type=int, default=d.vq_continuous_steps, help="unquantised warm-up")
+    parser.add_argument("--lm-steps", type=int, default=d.lm_steps, help="language-model optimizer steps")
+    parser.add_argument("--lm-batch-size", type=int, default=d.lm_batch_size)
+    parser.add_argument("--lm-lr", type=float, default=d.lm_lr)
+    parser.add_argument("--lm-layers", type=int, default=d.arch.lm_num_layers)
+    parser.add_argument("--lm-hidden", type=int, default=d.arch.lm_hidden_size)
+    parser.add_argument("--lm-heads", type=int, default=d.arch.lm_num_heads)
+    parser.add_argument("--lm-intermediate", type=int, default=d.arch.lm_intermediate_size)
+    parser.add_argument("--guidance-scale", type=float, default=d.guidance_scale, help="saved CFG default")
+    parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    parser.add_argument("--max-minutes", type=float, default=d.max_minutes, help="stop early after this (0: off)")
+    parser.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
+    parser.add_argument("--resume", action="store_true", help="continue from the checkpoints in --work-dir")
+
+
+def train_t2i_from_args(args: argparse.Namespace) -> Path:
+    """Build :class:`T2ISettings` from parsed flags and train."""
+    from raydec.reference.janus_t2i import T2IArchitecture
+    from raydec.reference.janus_t2i_train import T2ISettings, train_t2i
+
+    arch = T2IArchitecture(
+        lm_num_layers=args.lm_layers,
+        lm_hidden_size=args.lm_hidden,
+        lm_num_heads=args.lm_heads,
+        lm_intermediate_size=args.lm_intermediate,
+    )
+    settings = T2ISettings(
+        out_dir=args.out,
+        work_dir=args.work_dir,
+        seed=args.seed,
+        num_images=args.num_images,
+        vq_steps=args.vq_steps,
+        vq_batch_size=args.vq_batch_size,
+        vq_lr=args.vq_lr,
+        vq_crop=args.vq_crop,
+        vq_full_image_steps=args.vq_full_image_steps,
+        vq_continuous_steps=args.vq_continuous_steps,
+        lm_steps=args.lm_steps,
+        lm_batch_size=args.lm_batch_size,
+        lm_lr=args.lm_lr,
+        guidance_scale=args.guidance_scale,
+        checkpoint_every=args.checkpoint_every,
+        max_minutes=args.max_minutes,
+        threads=args.threads,
+        resume=args.resume,
+        arch=arch,
+    )
+    return train_t2i(settings)
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "t2i": Subcommand(__name__, "add_t2i_arguments", "train_t2i_from_args", "the small Janus text-to-image model"),
+    "vlm": Subcommand("raydec.reference.llava_vlm", "add_vlm_arguments", "train_vlm", "the small LLaVA VLM"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse ``<subcommand> [flags]`` and run that trainer."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    usage = "python -m raydec.reference.train {" + ",".join(SUBCOMMANDS) + "} [flags]"
+    if not argv or argv[0] not in SUBCOMMANDS:
+        lines = [f"usage: {usage}", ""] + [f"  {name:6s} {sub.help}" for name, sub in SUBCOMMANDS.items()]
+        print("\n".join(lines), file=sys.stderr)
+        raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    name, rest = argv[0], argv[1:]
+    sub = SUBCOMMANDS[name]
+    parser = argparse.ArgumentParser(prog=f"python -m raydec.reference.train {name}", description=sub.help)
+    add_arguments = sub.resolve(sub.add_arguments)
+    add_arguments(parser)
+    args = parser.parse_args(rest)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    result = sub.resolve(sub.run)(args)
+    print(f"done: {result}")
+
+
+if __name__ == "__main__":
+    main()
