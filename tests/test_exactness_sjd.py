@@ -72,7 +72,7 @@ def test_sjd_pac_cfg_topk_spatial_prior_on_llama(llama):
 
 
 def test_sjd_pac_batch_one(markov):
-    length = 6
+    length = 5
     config = _config(length, window=5, branching=2, tree_depth=1)
     proposer = JacobiProposer(config.draft, "sjd_pac", "uniform")
     samples = sample_engine(markov, proposer, config, [[3]], list(range(SAMPLES)), 1)

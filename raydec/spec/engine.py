@@ -128,6 +128,7 @@ class Engine:
         """Logical rows -> their model rows (cond block, then uncond block)."""
         return torch.cat([rows + s * batch for s in range(self.streams)])
 
+    @torch.inference_mode()
     def generate(self, requests: Sequence[RowRequest]) -> list[RowOutput]:
         """Decode every request to EOS or its length cap."""
         start_time = time.perf_counter()
