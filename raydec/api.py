@@ -105,13 +105,10 @@ def _make_proposer(decode: DecodeConfig, target: Any) -> Proposer:
 
         return RandomTreeProposer(decode.draft, "dense")
     if method in JACOBI_METHODS:
-        try:
-            from raydec.spec.proposers.jacobi import JacobiProposer
-        except ImportError as error:
-            raise NotImplementedError(f"decode.method={method!r} not available yet") from error
+        from raydec.spec.proposers.jacobi import JacobiProposer
+
         grid = _layout_grid(target)
-        init = getattr(decode.draft, "init", "uniform")
-        return JacobiProposer(decode.draft, variant=method, init=init, grid_width=grid[1] if grid else None)
+        return JacobiProposer(decode.draft, variant=method, init=decode.draft.init, grid_width=grid[1] if grid else None)
     raise NotImplementedError(
         f"decode.method={method!r} is not a text-to-image method (use ar, sjd, sjd_ac, sjd_pac or random)"
     )

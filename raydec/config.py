@@ -43,6 +43,11 @@ class SamplingConfig(StrictModel):
         return self.cfg_scale != 1.0
 
 
+def full_tree_nodes(branching: int, depth: int) -> int:
+    """Draft nodes of a full ``branching``-ary tree of ``depth`` levels (root excluded)."""
+    return sum(branching**level for level in range(1, depth + 1))
+
+
 class DraftSpec(StrictModel):
     """Shape of the draft window / tree a proposer builds each step."""
 
@@ -52,6 +57,16 @@ class DraftSpec(StrictModel):
     init: Literal["uniform", "left", "above"] = Field(
         "uniform", description="Fresh Jacobi drafts: uniform over allowed ids, or copy the token to the left / above."
     )
+
+    @model_validator(mode="after")
+    def _tree_fits_window(self) -> "DraftSpec":
+        tree_nodes = full_tree_nodes(self.branching, self.tree_depth)
+        if tree_nodes > self.window:
+            raise ValueError(
+                f"draft: a {self.branching}-ary tree of depth {self.tree_depth} has {tree_nodes} nodes, "
+                f"more than window={self.window}"
+            )
+        return self
 
 
 class DecodeConfig(StrictModel):
@@ -67,12 +82,3 @@ class DecodeConfig(StrictModel):
         "auto", description="When the ragged KV cache drops rejected slots physically."
     )
 
-    @model_validator(mode="after")
-    def _tree_fits_window(self) -> "DecodeConfig":
-        k, depth = self.draft.branching, self.draft.tree_depth
-        tree_nodes = sum(k**level for level in range(1, depth + 1))
-        if tree_nodes > self.draft.window:
-            raise ValueError(
-                f"draft: a {k}-ary tree of depth {depth} has {tree_nodes} nodes, more than window={self.draft.window}"
-            )
-        return self

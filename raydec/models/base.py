@@ -79,6 +79,33 @@ class DecodingTarget(Protocol):
         """
 
 
+def decoder_window_forward(
+    decoder: torch.nn.Module,
+    head: torch.nn.Module,
+    inputs_embeds: torch.Tensor,
+    position_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    cache: Any,
+    want_hidden: bool,
+) -> ForwardOutput:
+    """The forward every adapter shares: a Hugging Face decoder stack over a window with our
+    own 4-D mask, per-row positions and cache, then the output head.
+
+    inputs_embeds: [M, N, H]; position_ids: [M, N] (or [P, M, N]); attention_mask:
+    [M, 1, N, S + N] additive  -> logits [M, N, V], hidden [M, N, H] when ``want_hidden``
+    """
+    device = inputs_embeds.device
+    out = decoder(
+        inputs_embeds=inputs_embeds,
+        position_ids=position_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        cache=cache,
+        use_cache=True,
+    )
+    hidden = out.last_hidden_state
+    return ForwardOutput(logits=head(hidden), hidden=hidden if want_hidden else None)
+
+
 def stack_prompts(prompts: Sequence[PromptInputs]) -> list[PromptInputs]:
     """Validate a list of prompt inputs (all ids or all embeddings)."""
     kinds = {p.input_ids is not None for p in prompts}

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
-from raydec.models.base import ForwardOutput, PromptInputs
+from raydec.models.base import ForwardOutput, PromptInputs, decoder_window_forward
 
 
 @dataclass(frozen=True)
@@ -73,13 +73,7 @@ class CausalLMTarget:
     ) -> ForwardOutput:
         if inputs_embeds is None:
             inputs_embeds = self.embed_prompt_tokens(output_tokens)
-        out = self.model(
-            inputs_embeds=inputs_embeds,
-            position_ids=position_ids.to(self.device),
-            attention_mask=attention_mask.to(self.device),
-            cache=cache,
-            use_cache=True,
-            output_hidden_states=want_hidden,
+        return decoder_window_forward(
+            self.model.get_decoder(), self.model.get_output_embeddings(),
+            inputs_embeds, position_ids, attention_mask, cache, want_hidden,
         )
-        hidden = out.hidden_states[-1] if want_hidden else None
-        return ForwardOutput(logits=out.logits, hidden=hidden)

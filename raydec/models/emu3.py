@@ -31,7 +31,7 @@ import torch
 from PIL import Image
 
 from raydec.config import SamplingConfig
-from raydec.models.base import ForwardOutput, PromptInputs
+from raydec.models.base import ForwardOutput, PromptInputs, decoder_window_forward
 from raydec.models.image_gen import pixels_to_pil, prompt_texts, sampling_from_generation_config
 from raydec.spec.sampling import VocabConstraint
 
@@ -167,15 +167,10 @@ class Emu3T2ITarget:
         # inputs_embeds [M, N, H] | output_tokens [M, N]; mask [M, 1, N, S+N] -> logits [M, N, V]
         if inputs_embeds is None:
             inputs_embeds = self.embed_output_tokens(output_tokens)
-        out = self.model.model.text_model(
-            inputs_embeds=inputs_embeds,
-            position_ids=position_ids.to(self.device),
-            attention_mask=attention_mask.to(self.device),
-            cache=cache,
-            use_cache=True,
+        return decoder_window_forward(
+            self.model.model.text_model, self.model.lm_head,
+            inputs_embeds, position_ids, attention_mask, cache, want_hidden,
         )
-        hidden = out.last_hidden_state  # [M, N, H]
-        return ForwardOutput(logits=self.model.lm_head(hidden), hidden=hidden if want_hidden else None)
 
     # -- ImageGenerator ----------------------------------------------------------------------
 

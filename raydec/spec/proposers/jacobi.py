@@ -29,7 +29,7 @@ from typing import Literal
 
 import torch
 
-from raydec.config import DraftSpec
+from raydec.config import DraftSpec, full_tree_nodes
 from raydec.spec.proposers.base import DecodeState, Proposer
 from raydec.spec.sampling import sample_with_uniform
 from raydec.spec.tree import DraftTree
@@ -106,7 +106,7 @@ class JacobiProposer(Proposer):
         self.grid_width = grid_width
         self.depth = draft.tree_depth if variant == "sjd_pac" else 0
         self.branching = draft.branching if self.depth else 1
-        extra = sum(self.branching**level for level in range(1, self.depth + 1)) - self.depth
+        extra = full_tree_nodes(self.branching, self.depth) - self.depth
         self.spine_slots = draft.window - extra
         if self.spine_slots < max(1, self.depth):
             raise ValueError(

@@ -19,11 +19,6 @@ from raydec.spec.sampling import sample_with_uniform
 from raydec.spec.tree import DETERMINISTIC, DraftTree, TreeBuilder
 
 
-def tree_node_count(branching: int, depth: int) -> int:
-    """Draft nodes in a full ``branching``-ary tree of ``depth`` levels (root excluded)."""
-    return sum(branching**level for level in range(1, depth + 1))
-
-
 def tree_shape(branching: int, depth: int, window: int) -> tuple[list[int], list[int], list[int]]:
     """Parents, proposal group and sibling rank of every node (node 0 = root, group -1).
 
@@ -63,11 +58,6 @@ class RandomTreeProposer(Proposer):
     """
 
     def __init__(self, draft: DraftSpec, mode: Literal["dense", "onehot"] = "dense", sharpness: float = 2.0) -> None:
-        if tree_node_count(draft.branching, draft.tree_depth) > draft.window:
-            raise ValueError(
-                f"draft: a {draft.branching}-ary tree of depth {draft.tree_depth} needs "
-                f"{tree_node_count(draft.branching, draft.tree_depth)} nodes > window={draft.window}"
-            )
         self.mode = mode
         self.sharpness = sharpness
         parents, groups, ranks = tree_shape(draft.branching, draft.tree_depth, draft.window)
@@ -143,4 +133,4 @@ class OracleProposer(Proposer):
         return DraftTree.stack(builders, state.vocab_size, state.prob_dtype)
 
 
-__all__ = ["RandomTreeProposer", "OracleProposer", "tree_node_count", "tree_shape"]
+__all__ = ["RandomTreeProposer", "OracleProposer", "tree_shape"]
