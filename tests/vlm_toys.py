@@ -1,0 +1,200 @@
+"""Tiny random checkpoints of the real Hugging Face VLM classes, saved and loaded by path.
+
+Every builder writes a random float32 model of the real class plus a real processor built
+offline (a word-level ``tokenizers`` tokenizer with the special tokens the processor needs, the
+real image processor class at a small image size, a chat template) into ``folder`` with
+``save_pretrained``, so ``VisionLanguageTarget.from_pretrained(folder)`` loads it by path.
+The output head is scaled up: sharp logits make greedy decoding free of near-ties.
+
+- ``build_tiny_llava``: the reference VLM's processor (64x64 CLIP images, 64 tokens each).
+- ``build_tiny_llava_next``: any-resolution tiling (16x16 base tile, 8x8 patches, pinpoints up
+  to 32x32); an image gives 4 base tokens plus 6 to 20 grid and newline tokens by aspect ratio.
+- ``build_tiny_qwen2_vl`` / ``build_tiny_qwen2_5_vl``: 4x4 patches merged 2x2 (one token per
+  8x8 pixels), images resized into 64 to 1024 pixels, so 1 to 16 tokens per image; M-RoPE.
+  The processor is saved without a video processor (``image_only_processor_class``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REFERENCE_VLM = Path(__file__).resolve().parent.parent / "raydec" / "reference" / "weights" / "vlm"
+
+#: scale of the output head: random logits become sharp, so greedy argmaxes are not near-ties
+HEAD_SCALE = 20.0
+
+#: plain words of the toy vocabularies (prompts use the first few)
+WORDS = ["describe", "the", "image", ".", "what", "colour", "is", "it", "?", "a", "and", "of", "in", "picture"] + [
+    f"w{i}" for i in range(90)
+]
+
+QWEN_SPECIALS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+    "<|image_pad|>", "<|video_pad|>",
+]
+
+QWEN_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _sharpen_and_save(model: Any, folder: Path, eos_token_id: int, pad_token_id: int, dtype: torch.dtype) -> None:
+    model = model.to(dtype).eval()
+    with torch.no_grad():  # larger logits: sharper, less tie-prone random model
+        model.lm_head.weight.mul_(HEAD_SCALE)
+    model.generation_config.eos_token_id = eos_token_id
+    model.generation_config.pad_token_id = pad_token_id
+    model.generation_config.do_sample = False
+    model.save_pretrained(folder)
+
+
+def build_tiny_llava(folder: Path, seed: int = 0, layers: int = 2, dtype: torch.dtype = torch.float32) -> Path:
+    """Save a random ``LlavaForConditionalGeneration`` with the reference processor into ``folder``."""
+    from transformers import AutoProcessor, LlavaConfig, LlavaForConditionalGeneration
+
+    folder = Path(folder)
+    reference = LlavaConfig.from_pretrained(REFERENCE_VLM)
+    text = reference.text_config.to_dict()
+    text.update(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16)
+    vision = reference.vision_config.to_dict()
+    vision.update(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    config = LlavaConfig(
+        text_config=text, vision_config=vision, image_token_index=reference.image_token_id,
+        image_seq_length=reference.image_seq_length, projector_hidden_act="gelu",
+        vision_feature_select_strategy="default", vision_feature_layer=-1,
+    )
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(config)
+    _sharpen_and_save(model, folder, reference.text_config.eos_token_id, 0, dtype)
+    AutoProcessor.from_pretrained(REFERENCE_VLM).save_pretrained(folder)
+    return folder
+
+
+def build_tiny_llava_next(folder: Path, seed: int = 0, layers: int = 2, dtype: torch.dtype = torch.float32) -> Path:
+    """Save a random ``LlavaNextForConditionalGeneration`` with a ``LlavaNextProcessor`` into ``folder``.
+
+    Tokenizer and chat template are the reference VLM's (``<image>``, ``USER:``, ``ASSISTANT:``).
+    """
+    from transformers import (
+        AutoTokenizer, CLIPVisionConfig, LlamaConfig, LlavaNextConfig, LlavaNextForConditionalGeneration,
+        LlavaNextProcessor,
+    )
+    from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+
+    folder = Path(folder)
+    tokenizer = AutoTokenizer.from_pretrained(REFERENCE_VLM)
+    tile, patch = 16, 8
+    pinpoints = [[16, 32], [32, 16], [32, 32]]
+    image_processor = LlavaNextImageProcessorPil(
+        size={"shortest_edge": tile}, crop_size={"height": tile, "width": tile}, image_grid_pinpoints=pinpoints,
+        image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+    )
+    processor = LlavaNextProcessor(
+        image_processor=image_processor, tokenizer=tokenizer, patch_size=patch,
+        vision_feature_select_strategy="default", num_additional_image_tokens=1,
+        chat_template=tokenizer.chat_template or (REFERENCE_VLM / "chat_template.jinja").read_text(),
+        image_token="<image>",
+    )
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                              image_size=tile, patch_size=patch, projection_dim=32, hidden_act="quick_gelu")
+    text = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    config = LlavaNextConfig(
+        vision_config=vision, text_config=text, image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        image_grid_pinpoints=pinpoints, vision_feature_select_strategy="default", vision_feature_layer=-1,
+        projector_hidden_act="gelu", image_seq_length=(tile // patch) ** 2, tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = LlavaNextForConditionalGeneration(config)
+    with torch.no_grad():  # the newline embedding is zeros-initialised in some versions
+        model.model.image_newline.normal_(0.0, 1.0)
+    _sharpen_and_save(model, folder, tokenizer.eos_token_id, tokenizer.pad_token_id, dtype)
+    processor.save_pretrained(folder)
+    return folder
+
+
+def build_qwen_tokenizer() -> Any:
+    """A word-level tokenizer with Qwen's chat and vision special tokens (EOS ``<|im_end|>``)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(QWEN_SPECIALS + ["<unk>", "user", "assistant", "system"] + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(Regex(r"[,.?]"), behavior="isolated")]
+    )
+    tok.add_special_tokens(QWEN_SPECIALS + ["<unk>"])
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token="<unk>",
+        extra_special_tokens={"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
+                              "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>"},
+        padding_side="left", model_max_length=512, clean_up_tokenization_spaces=False,
+    )
+
+
+def _build_tiny_qwen(folder: Path, version: str, seed: int, layers: int, dtype: torch.dtype) -> Path:
+    import transformers
+    from raydec.models.hf_vlm import image_only_processor_class
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    folder = Path(folder)
+    tokenizer = build_qwen_tokenizer()
+    patch, merge, temporal = 4, 2, 2
+    image_processor = Qwen2VLImageProcessorPil(
+        size={"shortest_edge": 64, "longest_edge": 1024}, patch_size=patch, merge_size=merge,
+        temporal_patch_size=temporal, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+    )
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIALS}
+    text = dict(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
+    )
+    common = dict(in_channels=3, patch_size=patch, spatial_merge_size=merge, temporal_patch_size=temporal)
+    if version == "2":
+        vision = dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, **common)
+        names = ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor")
+    else:  # window attention over 2x2 merged tokens, one full-attention block
+        vision = dict(depth=2, hidden_size=32, out_hidden_size=64, intermediate_size=64, num_heads=2,
+                      window_size=2 * patch * merge, fullatt_block_indexes=[1], **common)
+        names = ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor")
+    config_class, model_class, processor_class = (getattr(transformers, n) for n in names)
+    config = config_class(
+        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False,
+    )
+    # the real processor class less its video processor (whose classes need torchvision)
+    processor = image_only_processor_class(processor_class)(
+        image_processor=image_processor, tokenizer=tokenizer, chat_template=QWEN_CHAT_TEMPLATE
+    )
+    torch.manual_seed(seed)
+    model = model_class(config)
+    _sharpen_and_save(model, folder, ids["<|im_end|>"], ids["<|endoftext|>"], dtype)
+    processor.save_pretrained(folder)
+    return folder
+
+
+def build_tiny_qwen2_vl(folder: Path, seed: int = 0, layers: int = 2, dtype: torch.dtype = torch.float32) -> Path:
+    """Save a random ``Qwen2VLForConditionalGeneration`` with a ``Qwen2VLProcessor`` into ``folder``."""
+    return _build_tiny_qwen(folder, "2", seed, layers, dtype)
+
+
+def build_tiny_qwen2_5_vl(folder: Path, seed: int = 0, layers: int = 2, dtype: torch.dtype = torch.float32) -> Path:
+    """Save a random ``Qwen2_5_VLForConditionalGeneration`` with a ``Qwen2_5_VLProcessor`` into ``folder``."""
+    return _build_tiny_qwen(folder, "2.5", seed, layers, dtype)
