@@ -69,6 +69,14 @@ class DraftSpec(StrictModel):
         return self
 
 
+class DraftTreeSpec(StrictModel):
+    """EAGLE-2 dynamic draft tree of a draft model (ViSpec / EAGLE)."""
+
+    depth: int = Field(3, ge=1, le=32, description="Draft levels expanded per step (draft forwards per step).")
+    top_k: int = Field(8, ge=1, le=64, description="Children per expanded node, and nodes expanded per level.")
+    total_tokens: int = Field(30, ge=2, le=512, description="Tree size the target verifies, root included.")
+
+
 class DecodeConfig(StrictModel):
     """Which decoding method to run and its knobs."""
 
@@ -80,5 +88,9 @@ class DecodeConfig(StrictModel):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Target sampling distribution.")
     compaction: Literal["auto", "always", "never"] = Field(
         "auto", description="When the ragged KV cache drops rejected slots physically."
+    )
+    draft_tree: DraftTreeSpec = Field(default_factory=DraftTreeSpec, description="Draft-model tree (vispec, eagle).")
+    draft_model: str | None = Field(
+        None, description="Draft checkpoint folder for vispec / eagle; None picks the one shipped with the target."
     )
 

@@ -20,12 +20,15 @@ class PromptInputs:
     Exactly one of ``input_ids`` ([L] long) and ``inputs_embeds`` ([L, H]) is set.
     position_ids: [L] or [P, L] (M-RoPE); None means 0..L-1.
     next_position: the position id of the first generated token (None: L).
+    image_index: [L] long, which image of the prompt each position belongs to (-1 = text);
+        None for prompts without images. Draft models use it to find image spans.
     """
 
     input_ids: torch.Tensor | None = None
     inputs_embeds: torch.Tensor | None = None
     position_ids: torch.Tensor | None = None
     next_position: int | None = None
+    image_index: torch.Tensor | None = None
 
     @property
     def length(self) -> int:

@@ -23,7 +23,7 @@ import torch
 from raydec.config import DecodeConfig
 from raydec.models.base import DecodingTarget, ForwardOutput, PromptInputs, stack_prompts
 from raydec.spec.cache import RaggedCache
-from raydec.spec.proposers.base import DecodeState, Proposer
+from raydec.spec.proposers.base import DecodeState, Prefill, Proposer
 from raydec.spec.sampling import VocabConstraint, process_logits, row_generators, sample_rows
 from raydec.spec.tree import DraftTree, identity_mask
 from raydec.spec.verify import VerifyResult, verify_tree
@@ -63,11 +63,11 @@ class RowOutput:
     stats: RowStats
 
 
-def _left_pad(prompts: Sequence[PromptInputs], target: DecodingTarget) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _left_pad(prompts: Sequence[PromptInputs], target: DecodingTarget) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Left-pad per-row prefixes into one prefill window.
 
     returns inputs_embeds [M, L, H], position_ids [M, L] (or [P, M, L]), valid [M, L] bool,
-    next_position [M]
+    next_position [M], image_index [M, L] (-1 = text or padding)
     """
     rows, width = len(prompts), max(p.length for p in prompts)
     lengths = torch.tensor([p.length for p in prompts])
@@ -90,7 +90,11 @@ def _left_pad(prompts: Sequence[PromptInputs], target: DecodingTarget) -> tuple[
             positions.append(torch.cat([pad, pos.long()], dim=-1))
         position_ids = torch.stack(positions, dim=-2)  # [M, L] or [P, M, L]
     next_position = torch.tensor([p.next_position if p.next_position is not None else p.length for p in prompts])
-    return embeds, position_ids, valid, next_position
+    image_index = torch.full((rows, width), -1, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if p.image_index is not None:
+            image_index[i, width - p.length :] = p.image_index
+    return embeds, position_ids, valid, next_position, image_index
 
 
 def _prefill_mask(valid: torch.Tensor) -> torch.Tensor:
@@ -147,7 +151,7 @@ class Engine:
 
         # prefill: every model row's prefix, left-padded; P_0 gives the first token
         cache = RaggedCache(len(prompts), compaction=self.config.compaction)
-        embeds, positions, valid, next_position = _left_pad(prompts, self.target)
+        embeds, positions, valid, next_position, image_index = _left_pad(prompts, self.target)
         mask = cache.attention_mask(_prefill_mask(valid), self.target.dtype)
         output = self.target.forward(embeds, None, positions, mask, cache.kv, want_hidden=self.proposer.wants_hidden)
         cache.start(valid, next_position)
@@ -161,7 +165,7 @@ class Engine:
 
         active = list(range(batch))
         state = self._state(active, generated, generators, first_probs.dtype)
-        self.proposer.start(state, first_probs, output)
+        self.proposer.start(state, first_probs, Prefill(output, embeds, valid, image_index))
         active = self._retire(active, generated, limits, stats, cache, start_time)
 
         while active:

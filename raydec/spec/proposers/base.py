@@ -24,6 +24,22 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class Prefill:
+    """The left-padded prompt window the target just read (model rows), for draft models.
+
+    output:        the prefill forward (logits [M, L, V]; hidden [M, L, H] when ``wants_hidden``)
+    inputs_embeds: [M, L, H] layer-0 embeddings (image features merged in)
+    valid:         [M, L] bool, False on left padding
+    image_index:   [M, L] long, image of the row's prompt a position belongs to (-1 = text / pad)
+    """
+
+    output: "ForwardOutput"
+    inputs_embeds: torch.Tensor
+    valid: torch.Tensor
+    image_index: torch.Tensor
+
+
+@dataclass
 class DecodeState:
     """What a proposer may look at for the active rows (in batch order).
 
@@ -54,11 +70,10 @@ class Proposer(ABC):
     #: the engine passes last hidden states in ``observe`` when True (draft-model proposers)
     wants_hidden: bool = False
 
-    def start(self, state: DecodeState, first_probs: torch.Tensor, prefill: "ForwardOutput") -> None:
+    def start(self, state: DecodeState, first_probs: torch.Tensor, prefill: Prefill) -> None:
         """Called once per ``generate`` after prefill; reset per-row state here.
 
-        first_probs: [B, V] the target's P for the first token; prefill: the prefill forward
-        (logits / hidden states of the left-padded prompts, model rows).
+        first_probs: [B, V] the target's P for the first token; ``state.generated`` holds it.
         """
 
     @abstractmethod

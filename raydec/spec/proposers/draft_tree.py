@@ -1,0 +1,275 @@
+"""EAGLE-2 dynamic draft trees from a draft network (ViSpec, or text-only EAGLE).
+
+Per step and row:
+
+    catch up:  feed the pairs (f, x) the target just accepted -> draft hidden h at the root
+    level 1:   top-K children of the root by draft log-probability
+    level l:   expand the K best nodes of level l-1 (one draft forward over K nodes per row,
+               tree mask = ancestors), each with its top-K children; score = cumulative logp
+    select:    the ``total_tokens - 1`` best candidates; ties go to the shallower node, so a
+               parent always ranks before its children and survives
+
+A draft top-K is a deterministic function of the context, so every node's proposal is one-hot:
+the shared verifier does recursive rejection over siblings (greedy: longest argmax prefix).
+The draft keeps its own ragged KV cache; tree slots are cropped after each step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from raydec.config import DraftTreeSpec
+from raydec.spec.cache import RaggedCache
+from raydec.spec.proposers.base import DecodeState, Prefill, Proposer
+from raydec.spec.tree import DraftTree, identity_mask
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[B, N, S] bool -> [B, 1, N, S] additive mask."""
+    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask.unsqueeze(1)
+
+
+def select_tree_nodes(scores: torch.Tensor, depths: torch.Tensor, count: int) -> torch.Tensor:
+    """Indices of the ``count`` best candidates per row: score descending, then depth ascending,
+    then index. scores, depths: [B, C] -> [B, count]."""
+    order = torch.arange(scores.shape[1]).expand_as(scores)
+    order = order.gather(1, torch.sort(depths.gather(1, order), dim=1, stable=True).indices)
+    order = order.gather(1, torch.sort(-scores.gather(1, order), dim=1, stable=True).indices)
+    return order[:, :count]
+
+
+class DraftTreeProposer(Proposer):
+    """Draft-model proposer (see module docstring). ``draft``: a ``VispecDraft`` (vision or not)."""
+
+    wants_hidden = True
+
+    def __init__(self, draft: Any, tree: DraftTreeSpec | None = None) -> None:
+        self.draft = draft
+        self.spec = tree or DraftTreeSpec()
+        self.cache: RaggedCache | None = None
+        self.row_ids: list[int] = []
+        self.root_hidden: torch.Tensor | None = None  # [B, H] draft hidden at each root
+        self.pending: list[tuple[torch.Tensor, list[int]]] = []  # per row: (features [n, H], tokens [n])
+        self.globals_: torch.Tensor | None = None  # [B, H] g of each row's last image
+        self.has_global: torch.Tensor | None = None  # [B] bool
+
+    @property
+    def _device(self) -> torch.device:
+        return next(self.draft.parameters()).device
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        return next(self.draft.parameters()).dtype
+
+    # -- start: draft prefill ------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def start(self, state: DecodeState, first_probs: torch.Tensor, prefill: Prefill) -> None:
+        batch = state.batch_size
+        if prefill.inputs_embeds.shape[0] != batch:
+            raise ValueError("draft-model decoding does not support classifier-free guidance")
+        if prefill.output.hidden is None:
+            raise RuntimeError("the target returned no hidden states; draft proposers need them")
+        device, dtype = self._device, self._dtype
+        hidden = prefill.output.hidden.to(device, dtype)  # [B, L, H]
+        embeds = prefill.inputs_embeds.to(device, dtype)
+        first = self.draft.embed_tokens(state.roots().to(device)).to(dtype)  # [B, H]
+        sequences = []
+        for r in range(batch):
+            idx = prefill.valid[r].nonzero().flatten().to(device)
+            n = idx.numel()
+            token_embeds = torch.cat([embeds[r, idx[1:]], first[r : r + 1]])
+            token_image = torch.cat([prefill.image_index[r, idx[1:].cpu()], torch.tensor([-1])])
+            sequences.append(self.draft.build_sequence(token_embeds, hidden[r, idx], token_image.to(device), torch.arange(n, device=device)))
+        width = max(s.length for s in sequences)
+        size = hidden.shape[-1]
+        tok = torch.zeros(batch, width, size, device=device, dtype=dtype)
+        feat = torch.zeros_like(tok)
+        glob = torch.zeros_like(tok)
+        use = torch.zeros(batch, width, dtype=torch.bool, device=device)
+        pos = torch.zeros(batch, width, dtype=torch.long, device=device)
+        valid = torch.zeros(batch, width, dtype=torch.bool)
+        self.globals_ = torch.zeros(batch, size, device=device, dtype=dtype)
+        self.has_global = torch.zeros(batch, dtype=torch.bool)
+        for r, s in enumerate(sequences):
+            lo = width - s.length
+            tok[r, lo:], feat[r, lo:], pos[r, lo:] = s.token_embeds, s.features, s.positions
+            valid[r, lo:] = True
+            if s.globals_.shape[0]:
+                g = s.globals_[s.global_index.clamp(min=0)]
+                glob[r, lo:], use[r, lo:] = g, s.global_index >= 0
+                self.globals_[r], self.has_global[r] = s.globals_[-1], True
+        causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
+        allowed = (causal.unsqueeze(0) & valid.unsqueeze(1)) | identity_mask(width).unsqueeze(0)
+        self.cache = RaggedCache(batch, compaction="auto")
+        mask = _additive(allowed, dtype).to(device)
+        h = self.draft(tok, feat, pos, mask, self.cache.kv, glob, use)
+        lengths = torch.tensor([int(prefill.valid[r].sum()) for r in range(batch)])
+        self.cache.start(valid, lengths)
+        self.root_hidden = h[:, -1]
+        self.row_ids = list(state.row_ids)
+        self.pending = [None] * batch  # type: ignore[list-item]
+
+    # -- propose -------------------------------------------------------------------------------
+
+    def _sync_rows(self, state: DecodeState) -> None:
+        """Follow the engine when finished rows leave the batch."""
+        if state.row_ids == self.row_ids:
+            return
+        where = {row: i for i, row in enumerate(self.row_ids)}
+        index = torch.tensor([where[r] for r in state.row_ids], dtype=torch.long)
+        self.cache.select_rows(index)
+        device_index = index.to(self._device)
+        self.globals_ = self.globals_[device_index]
+        self.has_global = self.has_global[index]
+        if self.root_hidden is not None:
+            self.root_hidden = self.root_hidden[device_index]
+        self.pending = [self.pending[i] for i in index.tolist()]
+        self.row_ids = list(state.row_ids)
+
+    def _catch_up(self) -> None:
+        """Feed each row's newly accepted pairs; the draft hidden at the last one is the root's."""
+        if all(p is None for p in self.pending):
+            return
+        device, dtype = self._device, self._dtype
+        batch = len(self.pending)
+        counts = [p[0].shape[0] for p in self.pending]
+        width = max(counts)
+        size = self.globals_.shape[-1]
+        feat = torch.zeros(batch, width, size, device=device, dtype=dtype)
+        ids = torch.zeros(batch, width, dtype=torch.long)
+        valid = torch.zeros(batch, width, dtype=torch.bool)
+        for r, (features, tokens) in enumerate(self.pending):
+            n = counts[r]
+            feat[r, :n], ids[r, :n], valid[r, :n] = features.to(device, dtype), torch.tensor(tokens), True
+        tok = self.draft.embed_tokens(ids.to(device)).to(dtype)
+        depth = torch.arange(width).expand(batch, width)
+        causal = torch.tril(torch.ones(width, width, dtype=torch.bool)).unsqueeze(0) & valid.unsqueeze(1)
+        window = causal | identity_mask(width).unsqueeze(0)
+        mask = self.cache.attention_mask(window, dtype).to(device)
+        positions = self.cache.window_positions(depth).to(device)
+        use = self.has_global.unsqueeze(1).expand(batch, width).to(device)
+        glob = self.globals_.unsqueeze(1).expand(batch, width, size)
+        h = self.draft(tok, feat, positions, mask, self.cache.kv, glob, use)
+        self.cache.commit(valid)
+        last = torch.tensor(counts, device=device) - 1
+        self.root_hidden = h[torch.arange(batch, device=device), last]
+        self.pending = [None] * batch  # type: ignore[list-item]
+
+    def _log_probs(self, hidden: torch.Tensor, state: DecodeState) -> torch.Tensor:
+        """Draft log-probabilities on the CPU, allowed tokens only. hidden [..., H] -> [..., V]"""
+        logits = self.draft.logits(hidden).float().cpu()
+        if state.constraint is not None and state.constraint.allowed is not None:
+            logits = logits.masked_fill(~state.constraint.allowed, float("-inf"))
+        return torch.log_softmax(logits, dim=-1)
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> DraftTree:
+        self._sync_rows(state)
+        self._catch_up()
+        spec, device, dtype = self.spec, self._device, self._dtype
+        batch, size = len(self.row_ids), self.globals_.shape[-1]
+        k = min(spec.top_k, state.vocab_size)
+        committed = self.cache.length  # tree slots live after this and are cropped at the end
+        base = self.cache.valid  # [B, S]
+
+        # candidates: token, parent candidate (-1 = root), cumulative score, depth
+        logp = self._log_probs(self.root_hidden, state)  # [B, V]
+        score, token = logp.topk(k, dim=-1)  # [B, K]
+        cand_tokens, cand_parent, cand_score = [token], [torch.full((batch, k), -1)], [score]
+        cand_depth = [torch.ones(batch, k, dtype=torch.long)]
+        frontier = torch.arange(k).expand(batch, k)  # candidate ids of the nodes to expand
+        frontier_feat = self.root_hidden.unsqueeze(1).expand(batch, k, size)  # parent hidden of each
+        slot_anc = torch.zeros(batch, 0, 0, dtype=torch.bool)  # ancestors among tree slots
+        offset = k
+        glob = self.globals_.unsqueeze(1).expand(batch, k, size)
+        use = self.has_global.unsqueeze(1).expand(batch, k).to(device)
+        all_tokens = token
+        all_parent = torch.full((batch, k), -1)
+        all_slot = torch.full((batch, k), -1)  # tree slot of an expanded candidate
+        for level in range(2, spec.depth + 1):
+            # one draft forward over the frontier (K nodes per row) at depth level-1
+            tok = self.draft.embed_tokens(all_tokens.gather(1, frontier).to(device)).to(dtype)
+            parent_slot = all_slot.gather(1, all_parent.gather(1, frontier).clamp(min=0))
+            parent_slot = torch.where(all_parent.gather(1, frontier) >= 0, parent_slot, torch.full_like(parent_slot, -1))
+            n_slots = slot_anc.shape[1]
+            # ancestors of each frontier node among tree slots (rows of slot_anc include self)
+            anc = torch.zeros(batch, k, n_slots + k, dtype=torch.bool)
+            if n_slots:
+                rows = slot_anc.gather(1, parent_slot.clamp(min=0).unsqueeze(-1).expand(batch, k, n_slots))
+                anc[:, :, :n_slots] = rows & (parent_slot >= 0).unsqueeze(-1)
+            anc[:, :, n_slots:] = identity_mask(k).unsqueeze(0)
+            allowed = torch.cat([base.unsqueeze(1).expand(batch, k, committed), anc], dim=2)
+            positions = (self.cache.next_position.unsqueeze(1) + level - 2).expand(batch, k)
+            h = self.draft(tok, frontier_feat, positions.to(device), _additive(allowed, dtype).to(device), self.cache.kv, glob, use)
+            grown = torch.zeros(batch, n_slots + k, n_slots + k, dtype=torch.bool)
+            grown[:, :n_slots, :n_slots] = slot_anc
+            grown[:, n_slots:] = anc
+            slot_anc = grown
+            all_slot = all_slot.scatter(1, frontier, torch.arange(n_slots, n_slots + k).expand(batch, k))
+
+            # children of every frontier node: [B, K, K] -> K*K candidates at this level
+            child_logp = self._log_probs(h, state)  # [B, K, V]
+            child_score, child_token = child_logp.topk(k, dim=-1)
+            child_score = child_score + all_score_of(cand_score, frontier).unsqueeze(-1)
+            child_token, child_score = child_token.reshape(batch, k * k), child_score.reshape(batch, k * k)
+            child_parent = frontier.unsqueeze(-1).expand(batch, k, k).reshape(batch, k * k)
+            cand_tokens.append(child_token)
+            cand_parent.append(child_parent)
+            cand_score.append(child_score)
+            cand_depth.append(torch.full((batch, k * k), level, dtype=torch.long))
+            all_tokens = torch.cat([all_tokens, child_token], dim=1)
+            all_parent = torch.cat([all_parent, child_parent], dim=1)
+            all_slot = torch.cat([all_slot, torch.full((batch, k * k), -1)], dim=1)
+            best = child_score.topk(k, dim=-1).indices  # [B, K] within this level
+            frontier_feat = h.gather(1, (best // k).to(device).unsqueeze(-1).expand(batch, k, size))
+            frontier = best + offset
+            offset += k * k
+        grown = self.cache.kv.get_seq_length() - committed
+        if grown:
+            self.cache.kv.crop(-grown)
+
+        scores = torch.cat(cand_score, dim=1)
+        depths = torch.cat(cand_depth, dim=1)
+        count = min(spec.total_tokens - 1, scores.shape[1])
+        chosen = select_tree_nodes(scores, depths, count)  # [B, count]
+        # topological order: by depth, then rank
+        chosen = chosen.gather(1, torch.sort(depths.gather(1, chosen), dim=1, stable=True).indices)
+        node_of = torch.full((batch, scores.shape[1]), -1, dtype=torch.long)
+        node_of.scatter_(1, chosen, torch.arange(1, count + 1).expand(batch, count))
+        parents = all_parent.gather(1, chosen)
+        parent_nodes = torch.where(parents >= 0, node_of.gather(1, parents.clamp(min=0)), torch.zeros_like(parents))
+        if bool((parent_nodes < 0).any()):
+            raise RuntimeError("draft tree selection dropped a parent")
+        tokens = torch.cat([state.roots().unsqueeze(1), all_tokens.gather(1, chosen)], dim=1)
+        parents_full = torch.cat([torch.full((batch, 1), -1), parent_nodes], dim=1)
+        n = count + 1
+        return DraftTree(
+            tokens=tokens,
+            parents=parents_full,
+            valid=torch.ones(batch, n, dtype=torch.bool),
+            proposal_index=torch.full((batch, n), -1, dtype=torch.long),
+            without_replacement=torch.zeros(batch, n, dtype=torch.bool),
+            proposal_probs=torch.zeros(batch, 0, state.vocab_size, dtype=state.prob_dtype),
+        )
+
+    # -- observe -------------------------------------------------------------------------------
+
+    def observe(self, state: DecodeState, tree: DraftTree, target_probs: torch.Tensor, result: Any, output: Any) -> None:
+        hidden = output.hidden  # [B, N, H] target last hidden states at the tree nodes
+        num_accepted = result.num_accepted.tolist()
+        next_tokens = result.next_token.tolist()
+        for r in range(tree.batch_size):
+            n = num_accepted[r]
+            nodes = result.path[r, : n + 1]
+            tokens = tree.tokens[r, nodes[1:]].tolist() + [next_tokens[r]]
+            self.pending[r] = (hidden[r, nodes.to(hidden.device)], tokens)
+
+
+def all_score_of(cand_score: list[torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
+    """Scores of candidate ids (over the concatenated candidate list). ids [B, K] -> [B, K]"""
+    return torch.cat(cand_score, dim=1).gather(1, ids)

@@ -1,0 +1,165 @@
+"""ViSpec / EAGLE-2 draft trees: unit tests on hand-made tensors, greedy equality with Hugging
+Face ``generate()`` on a tiny LLaVA, and the exactness harness at temperature 1."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raydec.config import DecodeConfig, DraftTreeSpec, SamplingConfig
+from raydec.models.hf_vlm import VisionLanguageTarget, VlmPrompt
+from raydec.models.vispec_draft import DraftConfig, VispecDraft
+from raydec.reference.shapes import make_sample, to_pil
+from raydec.spec.engine import Engine, RowRequest
+from raydec.spec.proposers.draft_tree import DraftTreeProposer, select_tree_nodes
+from tests.lawtest import compare_to_law
+from tests.test_exactness import sample_engine
+from tests.toys import lm_law, tiny_llama
+from tests.vlm_toys import build_tiny_llava
+
+torch.set_num_threads(1)
+
+
+def draft_for(target, vision: bool, seed: int = 0, dtype=None) -> VispecDraft:
+    torch.manual_seed(seed)
+    model = target.model
+    text_config = model.config.get_text_config()
+    draft = VispecDraft(DraftConfig.for_target(text_config, vision=vision, num_q=3))
+    draft.attach_target(model.get_input_embeddings(), model.get_output_embeddings())
+    return draft.to(dtype or target.dtype).eval()
+
+
+# -- tree selection and sequences -----------------------------------------------------------
+
+
+def test_selection_prefers_score_then_shallower_so_parents_survive():
+    # candidates: a (depth 1, logp 0), its child b (depth 2, logp 0: a tie), c (depth 1, -1)
+    scores = torch.tensor([[0.0, -1.0, 0.0, -3.0]])
+    depths = torch.tensor([[1, 1, 2, 2]])
+    assert select_tree_nodes(scores, depths, 2).tolist() == [[0, 2]]
+    assert select_tree_nodes(scores, depths, 3).tolist() == [[0, 2, 1]]
+
+
+def test_compressed_tokens_take_the_last_positions_of_their_span():
+    config = DraftConfig(hidden_size=8, intermediate_size=16, num_attention_heads=2, num_key_value_heads=2,
+                         head_dim=4, vocab_size=5, num_q=3, adaptor_heads=2)
+    draft = VispecDraft(config)
+    token_image = torch.tensor([-1, -1, 0, 0, 0, 0, -1, 1, 1, -1])
+    n = token_image.numel()
+    embeds, features = torch.randn(n, 8), torch.randn(n, 8)
+    seq = draft.build_sequence(embeds, features, token_image, torch.arange(n))
+    assert seq.positions.tolist() == [0, 1, 4, 5, 6, 7, 8, 9]
+    assert seq.global_index.tolist() == [-1, -1, -1, -1, 0, -1, -1, 1]
+    assert seq.globals_.shape == (2, 8)
+    # features keep their own slots; embeddings of the kept span slots are the adaptor's outputs
+    assert torch.equal(seq.features, features[[0, 1, 4, 5, 6, 7, 8, 9]])
+    assert torch.allclose(seq.token_embeds[2:4], draft.adaptor(embeds[2:6])[:2])
+    assert torch.allclose(seq.token_embeds[5:7], draft.adaptor(embeds[7:9])[:2])
+    assert torch.equal(seq.token_embeds[4], embeds[6])
+
+
+def test_fresh_img_fc_reproduces_the_eagle_draft(tmp_path):
+    """img_fc = [I|0] and no image tokens: the ViSpec draft equals the text-only draft exactly."""
+    target = tiny_llama(tmp_path, vocab=8, dtype=torch.float64)
+    vispec, eagle = draft_for(target, vision=True), draft_for(target, vision=False)
+    eagle.load_state_dict({k: v for k, v in vispec.state_dict().items() if not k.startswith(("adaptor.", "img_fc."))})
+    x, f, g = (torch.randn(2, 5, 16, dtype=torch.float64) for _ in range(3))
+    pos = torch.arange(5).expand(2, 5)
+    use = torch.rand(2, 5) < 0.5
+    assert torch.equal(vispec(x, f, pos, globals_=g, use_global=use), eagle(x, f, pos))
+    config = DecodeConfig(max_new_tokens=12, sampling=SamplingConfig(temperature=1.0), draft_tree=DraftTreeSpec(depth=3, top_k=2, total_tokens=6))
+    outs = []
+    for draft in (vispec, eagle):
+        engine = Engine(target, DraftTreeProposer(draft, config.draft_tree), config)
+        outs.append([(o.tokens, o.stats.accepted_lengths) for o in engine.generate([RowRequest([1, 2, 3], seed=s) for s in range(4)])])
+    assert outs[0] == outs[1]
+
+
+def test_draft_checkpoint_round_trip(tmp_path):
+    target = tiny_llama(tmp_path, vocab=8, dtype=torch.float32)
+    draft = draft_for(target, vision=True)
+    draft.save_pretrained(tmp_path / "draft")
+    loaded = VispecDraft.from_pretrained(tmp_path / "draft")
+    for (name, a), (_, b) in zip(draft.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+    with pytest.raises(FileNotFoundError, match="no draft checkpoint"):
+        VispecDraft.from_pretrained(tmp_path / "missing")
+
+
+# -- greedy equality on a tiny LLaVA ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory):
+    return VisionLanguageTarget.from_pretrained(build_tiny_llava(tmp_path_factory.mktemp("llava")))
+
+
+def _prompts(target, count: int) -> list[VlmPrompt]:
+    questions = ["describe the image .", "what colour is the circle ?", "how many objects are there ?", "describe it ."]
+    prompts = []
+    for i in range(count):
+        images = [to_pil(make_sample(100 + i + j).image) for j in range(1 + i % 2)]
+        prompts.append(VlmPrompt(target.format_prompt(questions[i % 4], len(images)), images))
+    return prompts
+
+
+def _hf_greedy(target, prompt: VlmPrompt, length: int) -> list[int]:
+    inputs = target.processor(text=[prompt.text], images=list(prompt.images), return_tensors="pt")
+    out = target.model.generate(**inputs, max_new_tokens=length, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("vision", [True, False], ids=["vispec", "eagle"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_equals_hf_generate(llava, vision, batch):
+    length = 16
+    prompts = _prompts(llava, 4)
+    config = DecodeConfig(max_new_tokens=length, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeSpec(depth=3, top_k=3, total_tokens=10))
+    engine = Engine(llava, DraftTreeProposer(draft_for(llava, vision), config.draft_tree), config, eos_token_ids=llava.eos_token_ids)
+    outputs = []
+    for start in range(0, len(prompts), batch):
+        outputs += engine.generate([RowRequest(p, seed=0) for p in prompts[start : start + batch]])
+    for prompt, out in zip(prompts, outputs):
+        assert out.tokens == _hf_greedy(llava, prompt, length)
+
+
+# -- exactness at temperature 1 --------------------------------------------------------------
+
+
+SAMPLES = 20_000
+
+
+@pytest.fixture(scope="module")
+def llama64(tmp_path_factory):
+    return tiny_llama(tmp_path_factory.mktemp("toy"), vocab=8, seed=1, dtype=torch.float64)
+
+
+PROMPTS = [[5, 2, 6], [1], [3, 3], [7, 0, 1, 2]]
+
+
+def _sampling_config(length: int = 5) -> DecodeConfig:
+    return DecodeConfig(max_new_tokens=length, sampling=SamplingConfig(temperature=1.0),
+                        draft_tree=DraftTreeSpec(depth=3, top_k=2, total_tokens=6))
+
+
+def test_draft_tree_exactness(llama64):
+    """Batch 4, prompts of different lengths: every prompt's output law is the target's."""
+    config = _sampling_config()
+    proposer = DraftTreeProposer(draft_for(llama64, vision=False, seed=3), config.draft_tree)
+    samples = sample_engine(llama64, proposer, config, PROMPTS, list(range(4 * SAMPLES)), 5000)
+    for i, prompt in enumerate(PROMPTS):
+        report = compare_to_law(samples[i :: len(PROMPTS)], lm_law(llama64, prompt, config.max_new_tokens, config.sampling))
+        assert report.passed, f"prompt {prompt}: {report}"
+
+
+def test_batch_rows_equal_batch_one_rows(llama64):
+    """Rows accept different lengths in a batch, yet each row's output equals its batch-1 run."""
+    config = _sampling_config(length=12)
+    proposer = DraftTreeProposer(draft_for(llama64, vision=False, seed=3), config.draft_tree)
+    engine = Engine(llama64, proposer, config)
+    requests = [RowRequest(PROMPTS[i % 4], seed=i, max_new_tokens=6 + i % 7) for i in range(24)]
+    batched = engine.generate(requests)
+    assert len({tuple(o.stats.accepted_lengths) for o in batched}) > 1
+    for request, out in zip(requests, batched):
+        (single,) = engine.generate([request])
+        assert single.tokens == out.tokens
