@@ -1,8 +1,10 @@
 """The small public Python API used by notebooks, jobs and Serve.
 
-    from raydec.api import generate_images
+    from raydec.api import generate_images, caption_images
     results = generate_images(["a red circle on the left"], model="reference")
     results[0].image.save("out.png")
+    captions = caption_images([results[0].image], model="reference",
+                              decode=DecodeConfig(method="vispec"))
 
 ``load_pipeline`` loads a model once (cached per model, kind, dtype and device), so repeated
 calls do not reload weights; ``generate_images`` accepts ``model`` as "reference", a local
@@ -27,6 +29,9 @@ from raydec.spec.proposers.base import Proposer
 logger = logging.getLogger(__name__)
 
 JACOBI_METHODS = ("sjd", "sjd_ac", "sjd_pac")
+DRAFT_METHODS = ("vispec", "eagle")
+CAPTION_METHODS = ("ar",) + DRAFT_METHODS
+DEFAULT_CAPTION_PROMPT = "describe the image ."
 _PIPELINES: dict[tuple[str, str, str, str], Any] = {}
 
 
@@ -58,20 +63,44 @@ def load_pipeline(
     """Load (once) and return the target for ``model``.
 
     model: "reference", a local ``from_pretrained`` folder, or an already loaded target
-    (returned unchanged). kind: "t2i" (text-to-image). device: e.g. "cuda" (None: CPU).
+    (returned unchanged). kind: "t2i" (text-to-image) or "vlm" (captioning). device: e.g.
+    "cuda" (None: CPU).
     """
     if not isinstance(model, (str, Path)):
         return model
-    if kind != "t2i":
-        raise NotImplementedError(f"load_pipeline: kind={kind!r} not available yet (available: 't2i')")
-    from raydec.models.registry import load_t2i_target, resolve_t2i_path
+    from raydec.models import registry
 
-    key = (kind, str(resolve_t2i_path(model).resolve()), str(dtype), str(device or "cpu"))
+    if kind == "t2i":
+        key = (kind, str(registry.resolve_t2i_path(model).resolve()), str(dtype), str(device or "cpu"))
+        if key not in _PIPELINES:
+            target = registry.load_t2i_target(model, dtype=dtype)
+            if device is not None:
+                target.model.to(device)
+            _PIPELINES[key] = target
+        return _PIPELINES[key]
+    if kind == "vlm":
+        key = (kind, str(registry.resolve_vlm_path(model).resolve()), str(dtype), str(device or "cpu"))
+        if key not in _PIPELINES:
+            _PIPELINES[key] = registry.load_vlm_target(model, dtype=dtype, device=device)
+        return _PIPELINES[key]
+    raise ValueError(f"load_pipeline: unknown kind={kind!r} (use 't2i' or 'vlm')")
+
+
+def load_draft(target: Any, method: str, model: str | Path | Any = "reference", draft_model: str | Path | None = None) -> Any:
+    """Load (once) the ViSpec / EAGLE draft for ``target``; see ``registry.resolve_draft_path``."""
+    from raydec.models.registry import resolve_draft_path
+    from raydec.models.vispec_draft import VispecDraft
+
+    if not isinstance(model, (str, Path)) and draft_model is None:
+        raise ValueError(f"decode.method={method!r} with an already loaded target needs decode.draft_model")
+    path = resolve_draft_path(model if isinstance(model, (str, Path)) else "", method, draft_model)
+    key = ("draft", str(path.resolve()), str(target.dtype), str(id(target)))
     if key not in _PIPELINES:
-        target = load_t2i_target(model, dtype=dtype)
-        if device is not None:
-            target.model.to(device)
-        _PIPELINES[key] = target
+        draft = VispecDraft.from_pretrained(path, target=target)
+        expected = "vision" if method == "vispec" else "text-only"
+        if draft.config.vision != (method == "vispec"):
+            raise ValueError(f"decode.method={method!r} needs a {expected} draft; {path} holds the other kind")
+        _PIPELINES[key] = draft
     return _PIPELINES[key]
 
 
@@ -87,7 +116,7 @@ def _layout_grid(target: Any) -> tuple[int, int] | None:
     return (int(grid[0]), int(grid[1])) if grid is not None else None
 
 
-def _make_proposer(decode: DecodeConfig, target: Any) -> Proposer:
+def _make_proposer(decode: DecodeConfig, target: Any, model: str | Path | Any = "reference") -> Proposer:
     """The proposer for ``decode.method`` (a fresh one per call).
 
     ar -> ARProposer; random -> RandomTreeProposer (dense q; a test stand-in for drafted
@@ -109,9 +138,11 @@ def _make_proposer(decode: DecodeConfig, target: Any) -> Proposer:
 
         grid = _layout_grid(target)
         return JacobiProposer(decode.draft, variant=method, init=decode.draft.init, grid_width=grid[1] if grid else None)
-    raise NotImplementedError(
-        f"decode.method={method!r} is not a text-to-image method (use ar, sjd, sjd_ac, sjd_pac or random)"
-    )
+    if method in DRAFT_METHODS:
+        from raydec.spec.proposers.draft_tree import DraftTreeProposer
+
+        return DraftTreeProposer(load_draft(target, method, model, decode.draft_model), decode.draft_tree)
+    raise ValueError(f"decode.method={method!r} has no proposer here")
 
 
 # -- validation ------------------------------------------------------------------------------
@@ -181,6 +212,8 @@ def generate_images(
         return []
     target = load_pipeline(model, kind="t2i")
     config = _image_decode_config(decode, target)
+    if config.method in DRAFT_METHODS:
+        raise ValueError(f"decode.method={config.method!r} is a captioning method; text-to-image uses ar, sjd, sjd_ac, sjd_pac")
     if negative_prompts is not None and not config.sampling.uses_cfg:
         logger.warning("negative_prompts given but cfg_scale=1 (no CFG): they are ignored")
     seeds = list(seeds) if seeds is not None else list(range(len(prompts)))
@@ -221,6 +254,158 @@ def generate_images(
                 "generate_images: %d/%d images (%s, %.2f tokens per forward)", len(results), len(requests),
                 config.method, sum(r.mean_accepted for r in results[start:]) / len(batch),
             )
+            if bar is not None:
+                bar.update(len(batch))
+    finally:
+        if bar is not None:
+            bar.close()
+    return results
+
+
+# -- captioning ------------------------------------------------------------------------------
+
+
+@dataclass
+class CaptionResult:
+    """One caption and its decoding statistics (fields as in ``ImageResult``).
+
+    tau: accepted draft tokens per verification, without the bonus token (mean_accepted - 1
+    over decode forwards); finish_reason: "eos" or "length".
+    """
+
+    caption: str
+    tokens: list[int]
+    seed: int
+    target_forwards: int
+    num_tokens: int
+    mean_accepted: float
+    tau: float
+    latency_s: float
+    finish_reason: str
+    accepted_lengths: list[int] = field(default_factory=list)
+
+
+def _as_image_list(item: Any, index: int) -> list[Image.Image]:
+    """One row's images: a PIL image, a path, bytes, or a list of those."""
+    from io import BytesIO
+
+    items = list(item) if isinstance(item, (list, tuple)) else [item]
+    if not items:
+        raise ValueError(f"images[{index}] is an empty list")
+    images = []
+    for image in items:
+        if isinstance(image, Image.Image):
+            images.append(image.convert("RGB"))
+        elif isinstance(image, (bytes, bytearray)):
+            try:
+                images.append(Image.open(BytesIO(image)).convert("RGB"))
+            except Exception as error:  # PIL raises several types for corrupt data
+                raise ValueError(f"images[{index}]: cannot decode image bytes ({error})") from error
+        elif isinstance(image, (str, Path)):
+            try:
+                images.append(Image.open(image).convert("RGB"))
+            except (OSError, ValueError) as error:
+                raise ValueError(f"images[{index}]: cannot open image {str(image)!r} ({error})") from error
+        else:
+            raise TypeError(f"images[{index}] must be a PIL image, bytes, a path, or a list of them; got {type(image).__name__}")
+    return images
+
+
+def _caption_decode_config(decode: DecodeConfig | None, target: Any) -> DecodeConfig:
+    """Unset sampling follows the checkpoint's generation_config (greedy unless it samples)."""
+    from raydec.config import SamplingConfig
+
+    generation = getattr(target.model, "generation_config", None)
+    do_sample = bool(getattr(generation, "do_sample", False))
+    default = SamplingConfig(
+        temperature=float(getattr(generation, "temperature", 1.0) or 1.0) if do_sample else 0.0,
+        top_k=int(getattr(generation, "top_k", 0) or 0) if do_sample else 0,
+        top_p=float(getattr(generation, "top_p", 1.0) or 1.0) if do_sample else 1.0,
+    )
+    if decode is None:
+        return DecodeConfig(max_new_tokens=128, sampling=default)
+    if decode.method not in CAPTION_METHODS:
+        raise ValueError(f"decode.method={decode.method!r} is not a captioning method (use {', '.join(CAPTION_METHODS)})")
+    if decode.sampling.uses_cfg:
+        raise ValueError("decode.sampling.cfg_scale must be 1 for captioning (no classifier-free guidance)")
+    if "sampling" not in decode.model_fields_set:
+        decode = decode.model_copy(update={"sampling": default})
+    if "max_new_tokens" not in decode.model_fields_set:
+        decode = decode.model_copy(update={"max_new_tokens": 128})
+    return decode
+
+
+def caption_images(
+    images: Sequence[Any],
+    prompt: str | Sequence[str] = DEFAULT_CAPTION_PROMPT,
+    model: str | Path | Any = "reference",
+    decode: DecodeConfig | None = None,
+    seeds: Sequence[int] | None = None,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> list[CaptionResult]:
+    """Caption (or answer a question about) each image with a vision-language model.
+
+    images: per row a PIL image, image bytes, a path, or a list of them (several images in one
+    prompt). prompt: one question for every row or one per row. model: "reference", a local
+    LLaVA / LLaVA-NeXT / Qwen2-VL / Qwen2.5-VL folder, or a target from ``load_pipeline``.
+    decode: method ar | vispec | eagle (``decode.draft_model`` names the draft; the reference
+    VLM ships its own), sampling (unset: the checkpoint's generation_config), max_new_tokens
+    (unset: 128). A row's caption depends only on its inputs, seed and config.
+    """
+    from raydec.models.hf_vlm import VlmPrompt
+
+    if isinstance(images, (str, bytes, Image.Image)):
+        raise TypeError("images must be a list (one entry per row)")
+    questions = [prompt] * len(images) if isinstance(prompt, str) else list(prompt)
+    if len(questions) != len(images):
+        raise ValueError(f"prompt has {len(questions)} entries but images has {len(images)}")
+    for index, question in enumerate(questions):
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"prompt[{index}] must be a non-empty string, got {question!r}")
+    if seeds is not None and len(seeds) != len(images):
+        raise ValueError(f"seeds has {len(seeds)} entries but images has {len(images)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if len(images) == 0:
+        return []
+    rows = [_as_image_list(item, i) for i, item in enumerate(images)]
+    target = load_pipeline(model, kind="vlm")
+    config = _caption_decode_config(decode, target)
+    seeds = list(seeds) if seeds is not None else list(range(len(images)))
+    requests = [
+        RowRequest(VlmPrompt(target.format_prompt(q, len(imgs)), imgs), seed=int(seed), max_new_tokens=config.max_new_tokens)
+        for q, imgs, seed in zip(questions, rows, seeds)
+    ]
+    tokenizer = getattr(target.processor, "tokenizer", target.processor)
+    eos = set(target.eos_token_ids)
+    results: list[CaptionResult] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(requests), desc=f"caption_images ({config.method})", unit="image")
+    try:
+        for start in range(0, len(requests), batch_size):
+            batch = requests[start : start + batch_size]
+            engine = Engine(target, _make_proposer(config, target, model), config, eos_token_ids=target.eos_token_ids)
+            for request, output in zip(batch, engine.generate(batch)):
+                text_tokens = [t for t in output.tokens if t not in eos]
+                lengths = output.stats.accepted_lengths
+                results.append(
+                    CaptionResult(
+                        caption=tokenizer.decode(text_tokens, skip_special_tokens=True).strip(),
+                        tokens=list(output.tokens),
+                        seed=request.seed,
+                        target_forwards=output.stats.target_forwards,
+                        num_tokens=len(output.tokens),
+                        mean_accepted=output.stats.tokens_per_forward,
+                        tau=(sum(lengths) - len(lengths)) / max(1, len(lengths)),
+                        latency_s=output.stats.wall_time_s,
+                        finish_reason=output.stats.finish_reason,
+                        accepted_lengths=list(lengths),
+                    )
+                )
             if bar is not None:
                 bar.update(len(batch))
     finally:

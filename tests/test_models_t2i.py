@@ -241,7 +241,7 @@ def test_generate_images_validation(janus):
         api.generate_images("a red circle", model=janus)
     with pytest.raises(ValueError, match="max_new_tokens=10"):
         api.generate_images(["a"], model=janus, decode=DecodeConfig(max_new_tokens=10))
-    with pytest.raises(NotImplementedError, match="vispec"):
+    with pytest.raises(ValueError, match="vispec"):
         api.generate_images(["a"], model=janus, decode=DecodeConfig(method="vispec"))
 
 

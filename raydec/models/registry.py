@@ -79,3 +79,43 @@ def load_t2i_target(model: str | Path, dtype: torch.dtype = torch.float32, **kwa
         )
     logger.info("loading %s text-to-image target from %s", model_type, path)
     return loader(path, dtype, **kwargs)
+
+
+# -- vision-language models and their drafts -------------------------------------------------
+
+REFERENCE_VLM_DIR = Path(__file__).resolve().parent.parent / "reference" / "weights" / "vlm"
+#: drafts shipped for the reference VLM: method -> folder
+REFERENCE_DRAFT_DIRS = {
+    "vispec": REFERENCE_VLM_DIR.parent / "vlm-drafts" / "vispec",
+    "eagle": REFERENCE_VLM_DIR.parent / "vlm-drafts" / "eagle",
+    "assistant": REFERENCE_VLM_DIR.parent / "vlm-drafts" / "assistant",
+}
+
+
+def resolve_vlm_path(model: str | Path) -> Path:
+    """``"reference"`` -> the shipped LLaVA folder; anything else -> that path."""
+    if isinstance(model, str) and model == REFERENCE_NAME:
+        return REFERENCE_VLM_DIR
+    return Path(model).expanduser()
+
+
+def load_vlm_target(model: str | Path, dtype: torch.dtype = torch.float32, device: str | None = None) -> Any:
+    """Load a ``VisionLanguageTarget`` ("reference" or a local LLaVA / LLaVA-NeXT / Qwen2(.5)-VL folder)."""
+    from raydec.models.hf_vlm import VisionLanguageTarget
+
+    path = resolve_vlm_path(model)
+    logger.info("loading vision-language target from %s", path)
+    return VisionLanguageTarget.from_pretrained(path, dtype=dtype, device=device or "cpu")
+
+
+def resolve_draft_path(model: str | Path, method: str, draft_model: str | Path | None) -> Path:
+    """The draft folder for ``method`` (vispec | eagle): ``draft_model`` when given, else the one
+    shipped with the reference VLM (other targets must name their draft)."""
+    if draft_model is not None:
+        return Path(draft_model).expanduser()
+    if resolve_vlm_path(model) == REFERENCE_VLM_DIR and method in REFERENCE_DRAFT_DIRS:
+        return REFERENCE_DRAFT_DIRS[method]
+    raise ValueError(
+        f"decode.method={method!r} needs a trained draft: set decode.draft_model to its folder "
+        f"(train one with jobs/train_vispec.py)"
+    )
