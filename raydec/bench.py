@@ -195,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     from raydec.bench_t2i import add_t2i_parser
 
     add_t2i_parser(subparsers)
+    from raydec.bench_caption import add_caption_parser
+
+    add_caption_parser(subparsers)
     args = parser.parse_args(argv)
     result = args.bench(args)
     if args.json:

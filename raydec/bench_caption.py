@@ -1,0 +1,248 @@
+"""`raydec bench caption`: AR, Hugging Face assisted generation, EAGLE-2 and ViSpec side by side.
+
+Same images, prompts and seeds for every method; methods interleaved batch by batch in one
+run, so machine noise hits all alike. Per method: tokens per target forward (prefill
+included), τ (accepted draft tokens per verification, without the bonus token), latency
+speedup vs AR (total time ratio) and caption accuracy by the judge. ``hf`` is plain Hugging
+Face ``generate()`` and ``hf_assisted`` is ``generate(assistant_model=...)`` with the small
+LLaVA assistant shipped next to the reference VLM (batch 1 only, as Hugging Face requires).
+Also prints what one draft step costs relative to one target forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from raydec.bench import print_table
+from raydec.config import DecodeConfig, DraftTreeSpec, SamplingConfig
+
+logger = logging.getLogger(__name__)
+
+ALL_METHODS = ("ar", "hf", "hf_assisted", "eagle", "vispec")
+
+
+@dataclass
+class MethodRecord:
+    seconds: float = 0.0
+    forwards: list[int] = field(default_factory=list)  # target forwards per row, prefill included
+    tokens: list[int] = field(default_factory=list)
+    verifications: int = 0  # decode forwards
+    accepted_drafts: int = 0  # draft tokens accepted over all verifications
+    scores: list[float] = field(default_factory=list)
+    captions: list[str] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    target_calls: int = 0
+
+
+class _Timed:
+    """Wrap a bound method and sum the seconds spent in it."""
+
+    def __init__(self, owner: Any, name: str) -> None:
+        self.owner, self.name, self.seconds, self.calls = owner, name, 0.0, 0
+        self.original = getattr(owner, name)
+
+    def __enter__(self) -> "_Timed":
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return self.original(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+                self.calls += 1
+
+        setattr(self.owner, self.name, timed)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        delattr(self.owner, self.name)
+
+
+class _ForwardCounter:
+    """Count forwards of a Hugging Face model (for assisted generation)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module, self.count = module, 0
+
+    def __enter__(self) -> "_ForwardCounter":
+        self.handle = self.module.register_forward_pre_hook(self._hook)
+        return self
+
+    def _hook(self, *_: Any) -> None:
+        self.count += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        self.handle.remove()
+
+
+def _hf_caption(target: Any, prompt: Any, sampling: SamplingConfig, max_new_tokens: int, seed: int, assistant: Any = None) -> tuple[list[int], int, float]:
+    """One row through Hugging Face ``generate`` (optionally assisted): tokens, target forwards, seconds."""
+    inputs = target.processor(text=[prompt.text], images=list(prompt.images), return_tensors="pt")
+    inputs = {k: v.to(target.device) for k, v in inputs.items()}
+    if "pixel_values" in inputs:
+        inputs["pixel_values"] = inputs["pixel_values"].to(target.dtype)
+    kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=not sampling.greedy)
+    if not sampling.greedy:
+        kwargs.update(temperature=sampling.temperature, top_k=sampling.top_k or None, top_p=sampling.top_p)
+    if assistant is not None:
+        kwargs["assistant_model"] = assistant
+    torch.manual_seed(seed)
+    with _ForwardCounter(target.model) as counter:
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = target.model.generate(**inputs, **kwargs)
+        seconds = time.perf_counter() - start
+    tokens = out[0, inputs["input_ids"].shape[1] :].tolist()
+    eos = set(target.eos_token_ids)
+    for i, token in enumerate(tokens):
+        if token in eos:
+            tokens = tokens[: i + 1]
+            break
+    return tokens, counter.count, seconds
+
+
+def _load_assistant(path: Path, target: Any) -> Any:
+    from transformers import AutoModelForImageTextToText
+
+    if not (path / "config.json").is_file():
+        raise SystemExit(f"--methods hf_assisted: no assistant model at {path} (train one: python -m raydec.reference.train assistant)")
+    model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=target.dtype, local_files_only=True)
+    return model.to(target.device).eval()
+
+
+def bench_caption(args: argparse.Namespace) -> dict:
+    from raydec.api import caption_images, load_pipeline
+    from raydec.models.hf_vlm import VlmPrompt
+    from raydec.models.registry import REFERENCE_DRAFT_DIRS
+    from raydec.reference.judge import score_caption
+    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(methods) - set(ALL_METHODS))
+    if unknown or "ar" not in methods:
+        raise SystemExit(f"--methods: unknown {unknown} (choose from {ALL_METHODS}; 'ar' is required as the baseline)")
+    if "hf_assisted" in methods and args.batch != 1:
+        raise SystemExit("--methods hf_assisted: Hugging Face assisted generation runs at --batch 1 only")
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    target = load_pipeline(args.model, "vlm", dtype=dtype)
+    sampling = SamplingConfig(temperature=args.temperature)
+    tree = DraftTreeSpec(depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
+    configs = {
+        m: DecodeConfig(
+            method="ar" if m in ("ar", "hf", "hf_assisted") else m, max_new_tokens=args.max_new_tokens,
+            sampling=sampling, draft_tree=tree,
+            draft_model=str(getattr(args, f"{m}_draft")) if m in ("eagle", "vispec") and getattr(args, f"{m}_draft") else None,
+        )
+        for m in methods
+    }
+    assistant = _load_assistant(args.assistant or REFERENCE_DRAFT_DIRS["assistant"], target) if "hf_assisted" in methods else None
+
+    samples = [make_sample(HELD_OUT_SEED_START + args.offset + i) for i in range(args.images)]
+    images = [to_pil(s.image) for s in samples]
+    seeds = [args.seed + i for i in range(args.images)]
+    records = {m: MethodRecord() for m in methods}
+    caption_images(images[:1], prompt=args.prompt, model=target, decode=configs["ar"], seeds=seeds[:1])  # warm-up
+
+    for start in range(0, len(images), args.batch):
+        batch_images, batch_seeds = images[start : start + args.batch], seeds[start : start + args.batch]
+        for method in methods:
+            record = records[method]
+            if method in ("hf", "hf_assisted"):
+                prompt = VlmPrompt(target.format_prompt(args.prompt, 1), [batch_images[0]])
+                tokens, forwards, seconds = _hf_caption(target, prompt, sampling, args.max_new_tokens, batch_seeds[0], assistant if method == "hf_assisted" else None)
+                text = target.processor.tokenizer.decode([t for t in tokens if t not in set(target.eos_token_ids)], skip_special_tokens=True).strip()
+                record.captions.append(text)
+                record.forwards.append(forwards)
+                record.tokens.append(len(tokens))
+                record.verifications += forwards - 1
+                record.accepted_drafts += len(tokens) - forwards
+            else:
+                with _Timed(target, "forward") as target_timer:
+                    begin = time.perf_counter()
+                    results = caption_images(batch_images, prompt=args.prompt, model=target, decode=configs[method], seeds=batch_seeds, batch_size=args.batch)
+                    seconds = time.perf_counter() - begin
+                record.target_seconds += target_timer.seconds
+                record.target_calls += target_timer.calls
+                record.draft_seconds += max(0.0, seconds - target_timer.seconds)
+                for r in results:
+                    record.captions.append(r.caption)
+                    record.forwards.append(r.target_forwards)
+                    record.tokens.append(r.num_tokens)
+                    record.verifications += len(r.accepted_lengths)
+                    record.accepted_drafts += sum(r.accepted_lengths) - len(r.accepted_lengths)
+            record.seconds += seconds
+            first = len(record.scores)
+            record.scores += [score_caption(c, np.asarray(img)) for c, img in zip(record.captions[first:], batch_images)]
+        logger.info("bench caption: %d/%d images", min(start + args.batch, len(images)), len(images))
+
+    ar = records["ar"]
+    summary: dict[str, dict[str, float]] = {}
+    for method, record in records.items():
+        entry = {
+            "tokens_per_forward": sum(record.tokens) / max(1, sum(record.forwards)),
+            "tau": record.accepted_drafts / max(1, record.verifications),
+            "latency_speedup": ar.seconds / record.seconds,
+            "judge_accuracy": float(np.mean(record.scores)),
+            "seconds": record.seconds,
+            "tokens": sum(record.tokens),
+        }
+        if record.target_calls:
+            # per step: everything outside target forwards (draft, verifier, bookkeeping) vs one target forward
+            entry["overhead_per_step_vs_target_forward"] = (record.draft_seconds / max(1, record.target_calls)) / (record.target_seconds / record.target_calls)
+        if "hf_assisted" in records:
+            entry["latency_speedup_vs_hf_assisted"] = records["hf_assisted"].seconds / record.seconds
+        summary[method] = entry
+    identical = {m: sum(a == b for a, b in zip(ar.captions, r.captions)) for m, r in records.items()}
+    header = ["method", "tokens/fwd", "tau", "latency x AR", "x hf_assisted", "accuracy", "draft step / target fwd"]
+    rows = [
+        [m, f"{e['tokens_per_forward']:.2f}", f"{e['tau']:.2f}", f"{e['latency_speedup']:.2f}",
+         f"{e.get('latency_speedup_vs_hf_assisted', float('nan')):.2f}", f"{e['judge_accuracy']:.3f}",
+         f"{e['overhead_per_step_vs_target_forward']:.2f}" if "overhead_per_step_vs_target_forward" in e else "-"]
+        for m, e in summary.items()
+    ]
+    print_table(
+        f"bench caption: {args.model}, {args.images} images, batch {args.batch}, {args.dtype}, temperature {args.temperature}",
+        header, rows,
+    )
+    if sampling.greedy:
+        print("captions identical to AR: " + ", ".join(f"{m} {n}/{len(images)}" for m, n in identical.items()))
+    return {
+        "methods": summary,
+        "captions_identical_to_ar": identical,
+        "config": {m: c.model_dump() for m, c in configs.items()},
+        "images": args.images, "batch": args.batch, "dtype": args.dtype, "temperature": args.temperature,
+        "model": str(args.model), "prompt": args.prompt,
+    }
+
+
+def add_caption_parser(subparsers) -> None:
+    parser = subparsers.add_parser("caption", help="AR / HF / HF assisted / EAGLE-2 / ViSpec on a VLM")
+    parser.add_argument("--model", default="reference", help='"reference" or a local LLaVA / LLaVA-NeXT / Qwen2(.5)-VL folder')
+    parser.add_argument("--methods", default="ar,hf_assisted,eagle,vispec", help="comma-separated subset of " + ",".join(ALL_METHODS))
+    parser.add_argument("--images", type=int, default=200, help="held-out shapes images")
+    parser.add_argument("--offset", type=int, default=0, help="first held-out image index")
+    parser.add_argument("--prompt", default="describe the image .")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--depth", type=int, default=DraftTreeSpec().depth, help="draft tree depth")
+    parser.add_argument("--top-k", type=int, default=DraftTreeSpec().top_k, help="draft tree top-k")
+    parser.add_argument("--total-tokens", type=int, default=DraftTreeSpec().total_tokens, help="draft tree size (root included)")
+    parser.add_argument("--vispec-draft", type=Path, default=None, help="ViSpec draft folder (default: the shipped one)")
+    parser.add_argument("--eagle-draft", type=Path, default=None, help="EAGLE draft folder (default: the shipped one)")
+    parser.add_argument("--assistant", type=Path, default=None, help="assistant model folder for hf_assisted")
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.set_defaults(bench=bench_caption)
