@@ -1,4 +1,4 @@
-"""Retrain a reference model from scratch: ``python -m raydec.reference.train t2i|vlm [flags]``.
+"""Retrain a reference model from scratch: ``python -m raydec.reference.train t2i|vlm|draft [flags]``.
 
 Each subcommand is an entry of :data:`SUBCOMMANDS`: a function that adds its flags to an
 ``argparse`` parser and a function that trains from the parsed namespace. Trainers are

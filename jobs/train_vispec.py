@@ -1,0 +1,40 @@
+"""ViSpec / EAGLE draft training job: `ray job submit --working-dir . -- python jobs/train_vispec.py --config CONFIG`.
+
+Generates the training data with the target as a Ray Data job (reused when already present
+with the same settings), trains each draft of the config with Ray Train's TorchTrainer and
+saves it (safetensors + draft_config.json, loss curve, train_log.json); with `evaluate:` set,
+measures acceptance on held-out images and writes a MODEL_CARD.md per draft.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import sys
+
+from raydec.train.config import DraftJobConfig
+from raydec.train.pipeline import run_draft_job
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="YAML job file (see jobs/configs/train_vispec_*.yaml)")
+    parser.add_argument("--steps", type=int, help="override every draft's steps")
+    parser.add_argument("--samples", type=int, help="override data.num_samples")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    job = DraftJobConfig.from_yaml(args.config)
+    if args.samples:
+        job.data = job.data.model_copy(update={"num_samples": args.samples})
+    if args.steps:
+        job.drafts = [d.model_copy(update={"steps": args.steps}) for d in job.drafts]
+    command = "python jobs/train_vispec.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    result = run_draft_job(job, command=command)
+    print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""MODEL_CARD.md of a trained draft: what it is, how it was trained, what it accepts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from raydec.train.config import DraftTrainConfig, EvalConfig
+
+CARD_NAME = "MODEL_CARD.md"
+
+
+def _table(acceptance: dict[str, dict[str, Any]]) -> list[str]:
+    lines = [
+        "| method | tokens per target forward | mean per row | tau (no bonus) | target forwards | tokens | wall s | same as AR |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for method, r in acceptance.items():
+        same = "-" if r["same_as_ar"] is None else ("yes" if r["same_as_ar"] else "NO")
+        lines.append(
+            f"| {method} | {r['tokens_per_forward']:.3f} | {r['mean_row_tokens_per_forward']:.3f} | {r['tau']:.3f} | "
+            f"{r['target_forwards']} | {r['tokens']} | {r['wall_s']:.1f} | {same} |"
+        )
+    return lines
+
+
+def write_model_card(
+    draft: DraftTrainConfig, summary: dict[str, Any], manifest: dict[str, Any], acceptance: dict[str, dict[str, Any]],
+    evaluation: EvalConfig, command: str, parallel: bool = False, notes: str = "",
+) -> Path:
+    """Write ``draft.output_dir/MODEL_CARD.md``."""
+    method = "vispec" if draft.vision else "eagle"
+    kind = (
+        f"ViSpec draft (EAGLE-2 layer + vision adaptor with num_q={draft.num_q} + global feature through img_fc)"
+        if draft.vision else "text-only EAGLE-2 draft (no vision modules; the ablation)"
+    )
+    tree = evaluation.draft_tree
+    lines = [
+        f"# raydec reference VLM draft: {method}",
+        "",
+        f"A {kind} for the reference LLaVA (`raydec/reference/weights/vlm`). Only the draft's own weights are",
+        "stored; the target's token embedding and lm_head are attached at load time:",
+        "",
+        "```python",
+        "from raydec.api import caption_images",
+        "from raydec.config import DecodeConfig",
+        f'caption_images(images, model="reference", decode=DecodeConfig(method="{method}"))',
+        "```",
+        "",
+        "## Training",
+        "",
+        "```",
+        command or "(see train_log.json: config)",
+        "```",
+        "",
+        f"- Data: {manifest['num_samples']} samples generated greedily by the target (prompt `{manifest.get('prompt')}`, "
+        f"shapes-world seeds {manifest['seeds'][0]}..{manifest['seeds'][1] - 1}), {manifest['num_tokens']} tokens of which "
+        f"{manifest['num_generated_tokens']} generated; data generation {manifest.get('wall_s', '?')} s. The same data and budget "
+        "train the vispec and eagle drafts.",
+        f"- Loss: {'stage 1 (EAGLE) for the first %d steps, then ' % draft.stage1_steps if draft.stage1_steps else ''}"
+        f"stage 2: {draft.loss.l1_weight:g}·L1(softmax(draft logits) − target probs) + {draft.loss.listmle_weight:g}·ListMLE_top{draft.loss.listmle_top}; "
+        f"self-rollout mtp_steps={draft.mtp_steps}, uniform feature noise width {draft.feature_noise:g}.",
+        f"- AdamW betas {draft.betas}, lr {draft.lr:g} (warm-up {draft.warmup_steps}, cosine to {draft.min_lr_ratio:g}×), "
+        f"weight decay {draft.weight_decay:g}, clip {draft.grad_clip:g}, global batch {draft.batch_size}, "
+        f"{draft.num_workers} Ray Train worker(s) × {draft.threads_per_worker} thread(s), seed {draft.seed}.",
+        f"- Steps: {summary['steps']}; training wall time {summary['train_s'] / 60:.1f} min "
+        f"({summary['wall_s'] / 60:.1f} min with Ray Train start-up){'; trained at the same time as the other draft' if parallel else ''}.",
+        f"- Loss: first step {summary['first_loss']:.3f}, final (mean of the last 10% of steps) {summary['final_loss']:.4f}; "
+        "top-1 agreement with the target per rollout pass (last 10%): "
+        + ", ".join(f"pass {k[len('final_acc'):]} {v:.3f}" for k, v in summary.items() if k.startswith("final_acc"))
+        + ". Curve: `loss_curve.png`.",
+        "",
+        "## Acceptance",
+        "",
+        f"`caption_images` greedy (temperature 0), {evaluation.num_images} held-out images (seeds "
+        f"{evaluation.seed_start}..{evaluation.seed_start + evaluation.num_images - 1}), prompt `{manifest.get('prompt')}`, "
+        f"max {evaluation.max_new_tokens} new tokens, batch {evaluation.batch_size}, float32, tree depth {tree.depth}, "
+        f"top_k {tree.top_k}, total_tokens {tree.total_tokens}. Tokens per target forward count the prefill as a forward.",
+        "",
+        *_table(acceptance),
+    ]
+    if notes:
+        lines += ["", notes.strip()]
+    path = Path(draft.output_dir) / CARD_NAME
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,138 @@
+"""Typed configs of the ViSpec / EAGLE draft training pipeline (data generation, training, evaluation).
+
+``DraftJobConfig.from_yaml(path)`` validates a job file (``jobs/configs/train_vispec_*.yaml``);
+unknown keys are errors that name the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from raydec.config import DraftTreeSpec, StrictModel
+
+#: first held-out seed of the shapes world (training data must stay below it)
+HELD_OUT_SEED_START = 1_000_000
+#: the reference VLM's captioning prompt; it knows only its training prompts, so no "answer at
+#: length" instruction is appended (it has never seen one and would answer worse)
+DEFAULT_PROMPT = "describe the image ."
+
+
+class DataGenConfig(StrictModel):
+    """Data generation: the target captions shapes-world images greedily; tensors go to shards."""
+
+    target: str = Field("reference", description="Target VLM: 'reference' or a local checkpoint folder.")
+    output_dir: Path = Field(Path("out/draft_data"), description="Folder for the Parquet shards and manifest.json.")
+    num_samples: int = Field(3000, ge=1, le=HELD_OUT_SEED_START, description="Image-prompt pairs to generate.")
+    seed_start: int = Field(0, ge=0, description="First shapes-world seed (all seeds stay below 1,000,000).")
+    prompt: str = Field(DEFAULT_PROMPT, min_length=1, description="Question asked about every image.")
+    max_new_tokens: int = Field(128, ge=1, le=4096, description="Answer length cap per sample.")
+    batch_size: int = Field(32, ge=1, le=1024, description="Images captioned together (one engine batch).")
+    workers: int = Field(2, ge=1, le=256, description="Ray Data actors running the target.")
+    cpus_per_worker: float = Field(0.5, gt=0, le=64, description="CPUs each actor asks for (fractional on small nodes).")
+    gpus_per_worker: float = Field(0.0, ge=0, le=8, description="GPUs each actor asks for (0: CPU).")
+    threads_per_worker: int = Field(1, ge=1, le=256, description="torch CPU threads per actor.")
+    storage_dtype: Literal["float16", "float32"] = Field("float16", description="dtype of stored embeddings and hidden states.")
+    overwrite: bool = Field(False, description="Replace an existing dataset in output_dir (else reuse it).")
+
+    @model_validator(mode="after")
+    def _held_in(self) -> "DataGenConfig":
+        if self.seed_start + self.num_samples > HELD_OUT_SEED_START:
+            raise ValueError(
+                f"seed_start={self.seed_start} + num_samples={self.num_samples} reaches the held-out seeds "
+                f"(>= {HELD_OUT_SEED_START})"
+            )
+        return self
+
+
+class LossConfig(StrictModel):
+    """Stage 2 (ViSpec): ``l1_weight * L1(p_draft - p_target) + listmle_weight * ListMLE_top``.
+    Stage 1 (text-only EAGLE): ``feature_weight * SmoothL1(h, f) + ce_weight * (CE + listmle_weight * ListMLE_top)``."""
+
+    l1_weight: float = Field(10.0, ge=0, description="Stage 2: weight of the L1 distance of probabilities.")
+    listmle_weight: float = Field(0.1, ge=0, description="Weight of ListMLE (both stages).")
+    listmle_top: int = Field(10, ge=1, le=1000, description="ListMLE ranks the target's top-k tokens.")
+    feature_weight: float = Field(1.0, ge=0, description="Stage 1: weight of SmoothL1 on features.")
+    ce_weight: float = Field(0.1, ge=0, description="Stage 1: weight of (CE + listmle_weight * ListMLE).")
+
+
+class DraftTrainConfig(StrictModel):
+    """One draft's training run (Ray Train ``TorchTrainer``, data parallel)."""
+
+    name: str = Field("vispec", min_length=1, description="Run name (logs, Ray Train run folder).")
+    data_dir: Path | None = Field(None, description="Dataset folder (manifest.json); None: the job's data.output_dir.")
+    target: str | None = Field(None, description="Target VLM for lm_head; None: the one named in the manifest.")
+    output_dir: Path = Field(Path("out/drafts/vispec"), description="Where the trained draft is saved (from_pretrained layout).")
+    work_dir: Path | None = Field(None, description="Ray Train storage (checkpoints); None: output_dir/../_ray_train.")
+    vision: bool = Field(True, description="ViSpec vision modules (False: the text-only EAGLE-2 draft).")
+    num_q: int = Field(2, ge=1, le=64, description="Adaptor queries (num_q - 1 compressed tokens + a global feature).")
+    stage1_steps: int = Field(0, ge=0, description="First steps on the stage-1 (EAGLE) loss, the rest on stage 2.")
+    loss: LossConfig = Field(default_factory=LossConfig)
+    steps: int = Field(2000, ge=1, le=10_000_000, description="Optimizer steps.")
+    batch_size: int = Field(16, ge=1, le=65536, description="Global batch (samples per step, over all workers).")
+    lr: float = Field(1e-3, gt=0, le=1.0, description="Peak learning rate (AdamW).")
+    warmup_steps: int = Field(50, ge=0, description="Linear warm-up steps; cosine decay to min_lr_ratio after.")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    weight_decay: float = Field(0.0, ge=0, le=1)
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas.")
+    grad_clip: float = Field(1.0, ge=0, description="Gradient norm clip (0: off).")
+    mtp_steps: int = Field(2, ge=0, le=16, description="Self-rollout passes on the draft's own features after the first.")
+    feature_noise: float = Field(0.2, ge=0, le=10, description="Width of uniform noise added to input features.")
+    seed: int = Field(0, ge=0, description="Initialisation, data order and noise seed.")
+    num_workers: int = Field(1, ge=1, le=1024, description="Ray Train workers (data parallel).")
+    use_gpu: bool = Field(False, description="Workers on GPUs (NCCL); else CPU (gloo).")
+    cpus_per_worker: float = Field(1.0, gt=0, le=256)
+    threads_per_worker: int = Field(1, ge=1, le=256, description="torch CPU threads per worker.")
+    log_every: int = Field(25, ge=1, description="Log progress every this many steps.")
+    checkpoint_every: int = Field(0, ge=0, description="Report a checkpoint every this many steps (0: only at the end).")
+    max_minutes: float = Field(0.0, ge=0, description="Stop early after this many minutes of training (0: off).")
+
+    @model_validator(mode="after")
+    def _divisible(self) -> "DraftTrainConfig":
+        if self.batch_size % self.num_workers:
+            raise ValueError(f"batch_size={self.batch_size} must be a multiple of num_workers={self.num_workers}")
+        return self
+
+
+class EvalConfig(StrictModel):
+    """Acceptance on held-out images: ``caption_images`` greedy, tokens per target forward."""
+
+    num_images: int = Field(50, ge=1, le=100_000)
+    seed_start: int = Field(HELD_OUT_SEED_START, ge=HELD_OUT_SEED_START, description="First held-out seed.")
+    max_new_tokens: int = Field(128, ge=1, le=4096)
+    batch_size: int = Field(10, ge=1, le=1024)
+    methods: list[Literal["ar", "eagle", "vispec"]] = Field(default_factory=lambda: ["ar", "eagle", "vispec"])
+    draft_tree: DraftTreeSpec = Field(default_factory=DraftTreeSpec, description="Tree shape for the drafts.")
+    threads: int = Field(1, ge=1, le=256)
+
+
+class DraftJobConfig(StrictModel):
+    """A whole job: generate data (unless present), train each draft, optionally evaluate and write cards."""
+
+    data: DataGenConfig = Field(default_factory=DataGenConfig)
+    drafts: list[DraftTrainConfig] = Field(default_factory=lambda: [DraftTrainConfig()])
+    parallel: bool = Field(False, description="Train the drafts concurrently (each on its own workers).")
+    evaluate: EvalConfig | None = Field(None, description="Measure acceptance and write MODEL_CARD.md files.")
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "DraftJobConfig":
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except OSError as error:
+            raise ValueError(f"config: cannot read {path}: {error.strerror or error}") from None
+        except yaml.YAMLError as error:
+            raise ValueError(f"config: {path} is not valid YAML: {error}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"config: {path} must hold a mapping of keys, not {type(data).__name__}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as error:
+            raise ValueError(f"config: {path}: {error}") from None
+
+    def resolved_drafts(self) -> list[DraftTrainConfig]:
+        """Drafts with ``data_dir`` defaulting to the generated dataset."""
+        return [d if d.data_dir is not None else d.model_copy(update={"data_dir": self.data.output_dir}) for d in self.drafts]

@@ -1,0 +1,220 @@
+"""Draft training data written by the target itself, as a Ray Data job.
+
+Per sample (one shapes-world image, seed < 1,000,000, and the prompt): the target captions the
+image greedily (``raydec.api.caption_images``, AR, batched); one target forward over
+prompt + answer (through the adapter, our own causal mask) gives the last hidden states
+(after the final norm). Stored per sample, as one Parquet row:
+
+    seed          int64
+    length        int32     T = prompt + answer tokens
+    prompt_len    int32     L
+    input_ids     list<int32> [T]   prompt ids (image placeholders expanded) + answer ids
+    image_index   list<int32> [T]   image of each position (-1 = text)
+    loss_mask     list<bool>  [T]   True at generated tokens (positions >= L)
+    embeds        binary    [T, H] layer-0 embeddings (image features merged; answer: token table)
+    hidden        binary    [T, H] last hidden states
+    answer        string
+
+Tensors are stored in ``storage_dtype`` (row-major bytes; shape from ``length`` and the
+manifest's ``hidden_size``). ``manifest.json`` beside the shards records the target, prompt,
+seeds, dtype, counts and shard files.
+
+The reference VLM is asked its own training prompt ("describe the image ."): it has never seen
+an instruction to answer at length, and one would only make its answers worse.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from raydec.train.config import DataGenConfig
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_NAME = "manifest.json"
+SHARDS_DIR = "shards"
+DATA_FORMAT = "raydec-draft-data/1"
+
+
+def _schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([
+        ("seed", pa.int64()), ("length", pa.int32()), ("prompt_len", pa.int32()),
+        ("input_ids", pa.list_(pa.int32())), ("image_index", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.bool_())), ("embeds", pa.binary()), ("hidden", pa.binary()),
+        ("answer", pa.string()),
+    ])
+
+
+def _causal_mask(length: int, dtype: torch.dtype) -> torch.Tensor:
+    """[1, 1, T, T] additive causal mask."""
+    mask = torch.full((length, length), torch.finfo(dtype).min, dtype=dtype).triu(1)
+    return mask[None, None]
+
+
+@torch.inference_mode()
+def sample_tensors(target: Any, prompt: Any, answer_ids: Sequence[int]) -> dict[str, torch.Tensor]:
+    """One target forward over prompt + answer. -> input_ids [T], image_index [T], loss_mask [T],
+    embeds [T, H] (layer-0), hidden [T, H] (last hidden states after the final norm)."""
+    inputs = target.prompt_inputs(prompt)
+    input_ids = target.processor_inputs(prompt)["input_ids"][0].long()
+    prompt_len = int(inputs.inputs_embeds.shape[0])
+    if input_ids.shape[0] != prompt_len:
+        raise RuntimeError(f"processor gave {input_ids.shape[0]} ids for a {prompt_len}-position prompt")
+    answer = torch.tensor(list(answer_ids), dtype=torch.long)
+    embeds = torch.cat([inputs.inputs_embeds, target.embed_prompt_tokens(answer).to(inputs.inputs_embeds.dtype)])
+    length = int(embeds.shape[0])
+    if inputs.position_ids is not None and inputs.position_ids.dim() != 1:
+        raise ValueError("draft data generation supports 1-D position targets (LLaVA family) only")
+    positions = torch.arange(length)[None]
+    output = target.forward(embeds[None].to(target.device), None, positions, _causal_mask(length, target.dtype), None, want_hidden=True)
+    image_index = inputs.image_index if inputs.image_index is not None else torch.full((prompt_len,), -1)
+    return {
+        "input_ids": torch.cat([input_ids, answer]),
+        "image_index": torch.cat([image_index.long().cpu(), torch.full((len(answer),), -1, dtype=torch.long)]),
+        "loss_mask": torch.arange(length) >= prompt_len,
+        "embeds": embeds.cpu(),
+        "hidden": output.hidden[0].cpu(),
+        "prompt_len": torch.tensor(prompt_len),
+    }
+
+
+def generate_rows(target: Any, seeds: Sequence[int], config: DataGenConfig) -> list[dict[str, Any]]:
+    """Caption the images of ``seeds`` greedily and return one storage row per sample."""
+    from raydec.api import caption_images
+    from raydec.config import DecodeConfig, SamplingConfig
+    from raydec.models.hf_vlm import VlmPrompt
+    from raydec.reference.shapes import make_sample, to_pil
+
+    images = [to_pil(make_sample(int(s)).image) for s in seeds]
+    decode = DecodeConfig(method="ar", max_new_tokens=config.max_new_tokens, sampling=SamplingConfig(temperature=0.0))
+    results = caption_images(images, prompt=config.prompt, model=target, decode=decode, seeds=[int(s) for s in seeds], batch_size=config.batch_size)
+    store = np.float16 if config.storage_dtype == "float16" else np.float32
+    rows = []
+    for seed, image, result in zip(seeds, images, results):
+        prompt = VlmPrompt(target.format_prompt(config.prompt, 1), [image])
+        tensors = sample_tensors(target, prompt, result.tokens)
+        rows.append({
+            "seed": int(seed),
+            "length": int(tensors["input_ids"].shape[0]),
+            "prompt_len": int(tensors["prompt_len"]),
+            "input_ids": tensors["input_ids"].int().tolist(),
+            "image_index": tensors["image_index"].int().tolist(),
+            "loss_mask": tensors["loss_mask"].tolist(),
+            "embeds": tensors["embeds"].float().numpy().astype(store).tobytes(),
+            "hidden": tensors["hidden"].float().numpy().astype(store).tobytes(),
+            "answer": result.caption,
+        })
+    return rows
+
+
+class _TargetWorker:
+    """Ray Data actor: loads the target once, turns a batch of seeds into storage rows."""
+
+    def __init__(self, config_json: str) -> None:
+        from raydec.api import load_pipeline
+
+        self.config = DataGenConfig.model_validate_json(config_json)
+        torch.set_num_threads(self.config.threads_per_worker)
+        device = "cuda" if self.config.gpus_per_worker > 0 and torch.cuda.is_available() else None
+        self.target = load_pipeline(self.config.target, kind="vlm", device=device)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> Any:
+        import pyarrow as pa
+
+        seeds = [int(s) + self.config.seed_start for s in batch["id"]]
+        return pa.Table.from_pylist(generate_rows(self.target, seeds, self.config), schema=_schema())
+
+
+def read_manifest(data_dir: str | Path) -> dict[str, Any]:
+    path = Path(data_dir) / MANIFEST_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"no draft dataset at {data_dir}: {MANIFEST_NAME} not found (generate it first)")
+    return json.loads(path.read_text())
+
+
+def generate_dataset(config: DataGenConfig) -> dict[str, Any]:
+    """Run the Ray Data job (connects to / starts Ray) and write shards + manifest. Returns the manifest.
+
+    An existing dataset in ``output_dir`` with the same settings is reused unless ``overwrite``.
+    """
+    import ray
+
+    from raydec.models.registry import resolve_vlm_path
+    from raydec.runtime.cluster import connect_ray
+
+    out = Path(config.output_dir)
+    if (out / MANIFEST_NAME).is_file() and not config.overwrite:
+        manifest = read_manifest(out)
+        if manifest.get("config") == json.loads(config.model_dump_json()):
+            logger.info("reusing draft dataset at %s (%d samples)", out, manifest["num_samples"])
+            return manifest
+        raise FileExistsError(f"{out} holds a dataset made with other settings; set overwrite or another output_dir")
+    if out.exists():
+        shutil.rmtree(out / SHARDS_DIR, ignore_errors=True)
+        (out / MANIFEST_NAME).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    connect_ray()
+    start = time.time()
+    blocks = max(1, math.ceil(config.num_samples / config.batch_size))
+    dataset = ray.data.range(config.num_samples, override_num_blocks=blocks).map_batches(
+        _TargetWorker,
+        fn_constructor_args=(config.model_dump_json(),),
+        batch_size=config.batch_size,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=min(config.workers, blocks)),
+        num_cpus=config.cpus_per_worker,
+        num_gpus=config.gpus_per_worker or None,
+    )
+    dataset.write_parquet(str((out / SHARDS_DIR).resolve()))
+    wall = time.time() - start
+    manifest = summarize_shards(out)
+    target_path = resolve_vlm_path(config.target)
+    target_config = json.loads((target_path / "config.json").read_text())
+    text_config = target_config.get("text_config", target_config)
+    manifest.update(
+        format=DATA_FORMAT,
+        target=str(target_path.resolve()) if config.target == "reference" else config.target,
+        target_model_type=target_config.get("model_type"),
+        hidden_size=int(text_config["hidden_size"]),
+        vocab_size=int(text_config["vocab_size"]),
+        storage_dtype=config.storage_dtype,
+        prompt=config.prompt,
+        seeds=[config.seed_start, config.seed_start + config.num_samples],
+        wall_s=round(wall, 1),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        config=json.loads(config.model_dump_json()),
+    )
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    logger.info("draft dataset: %d samples, %d tokens (%d generated) in %.0f s -> %s",
+                manifest["num_samples"], manifest["num_tokens"], manifest["num_generated_tokens"], wall, out)
+    return manifest
+
+
+def summarize_shards(data_dir: Path) -> dict[str, Any]:
+    """Counts over the shards: samples, tokens, generated tokens, shard files."""
+    import pyarrow.parquet as pq
+
+    files = sorted((data_dir / SHARDS_DIR).glob("*.parquet"))
+    samples = tokens = generated = 0
+    for file in files:
+        table = pq.read_table(file, columns=["length", "prompt_len"])
+        length = np.asarray(table["length"].to_numpy(), dtype=np.int64)
+        prompt = np.asarray(table["prompt_len"].to_numpy(), dtype=np.int64)
+        samples += len(length)
+        tokens += int(length.sum())
+        generated += int((length - prompt).sum())
+    return {
+        "num_samples": samples, "num_tokens": tokens, "num_generated_tokens": generated,
+        "shards": [str(f.relative_to(data_dir)) for f in files],
+    }

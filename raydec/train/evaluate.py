@@ -1,0 +1,59 @@
+"""Acceptance of trained drafts: ``caption_images`` greedy on held-out shapes-world images.
+
+Per method: tokens per target forward (all generated tokens over all target forwards, the
+prefill included, and the mean of the per-row values), tau (accepted draft tokens per
+verification, without the bonus token), wall time, and whether the captions equal AR's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from raydec.train.config import EvalConfig
+
+logger = logging.getLogger(__name__)
+
+
+def measure_acceptance(target: Any, drafts: dict[str, str | Path], config: EvalConfig) -> dict[str, dict[str, Any]]:
+    """drafts: method (vispec | eagle) -> draft folder. Methods without a draft are skipped
+    (except ar). Returns method -> statistics."""
+    from raydec.api import caption_images, load_pipeline
+    from raydec.config import DecodeConfig, SamplingConfig
+    from raydec.reference.shapes import make_sample, to_pil
+
+    torch.set_num_threads(config.threads)
+    target = load_pipeline(target, kind="vlm")
+    seeds = list(range(config.seed_start, config.seed_start + config.num_images))
+    images = [to_pil(make_sample(s).image) for s in seeds]
+    report: dict[str, dict[str, Any]] = {}
+    reference_tokens = None
+    for method in config.methods:
+        if method != "ar" and method not in drafts:
+            continue
+        decode = DecodeConfig(
+            method=method, max_new_tokens=config.max_new_tokens, sampling=SamplingConfig(temperature=0.0),
+            draft_tree=config.draft_tree, draft_model=str(drafts[method]) if method != "ar" else None,
+        )
+        start = time.time()
+        results = caption_images(images, model=target, decode=decode, seeds=seeds, batch_size=config.batch_size)
+        wall = time.time() - start
+        tokens = sum(r.num_tokens for r in results)
+        forwards = sum(r.target_forwards for r in results)
+        lengths = [n for r in results for n in r.accepted_lengths]
+        outputs = [r.tokens for r in results]
+        if method == "ar":
+            reference_tokens = outputs
+        report[method] = {
+            "tokens_per_forward": tokens / max(1, forwards),
+            "mean_row_tokens_per_forward": sum(r.mean_accepted for r in results) / len(results),
+            "tau": (sum(lengths) - len(lengths)) / max(1, len(lengths)),
+            "tokens": tokens, "target_forwards": forwards, "wall_s": round(wall, 2),
+            "same_as_ar": None if reference_tokens is None else outputs == reference_tokens,
+        }
+        logger.info("%s: %.3f tokens per target forward (%s)", method, report[method]["tokens_per_forward"], report[method])
+    return report

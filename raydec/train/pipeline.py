@@ -1,0 +1,44 @@
+"""The whole draft job: generate data (or reuse it), train each draft, evaluate, write model cards."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from raydec.train.config import DraftJobConfig
+
+logger = logging.getLogger(__name__)
+
+METHOD_OF = {True: "vispec", False: "eagle"}
+
+
+def run_draft_job(job: DraftJobConfig, command: str = "") -> dict[str, Any]:
+    """Run ``job``; returns {"data": manifest summary, "drafts": [summaries], "acceptance": {...}}."""
+    from raydec.train.card import write_model_card
+    from raydec.train.datagen import generate_dataset, read_manifest
+    from raydec.train.evaluate import measure_acceptance
+    from raydec.train.trainer import train_draft
+
+    drafts = job.resolved_drafts()
+    uses_job_data = any(d.data_dir == job.data.output_dir for d in drafts)
+    manifest = generate_dataset(job.data) if uses_job_data else read_manifest(drafts[0].data_dir)
+    start = time.time()
+    if job.parallel and len(drafts) > 1:
+        with ThreadPoolExecutor(max_workers=len(drafts)) as pool:
+            summaries = list(pool.map(train_draft, drafts))
+    else:
+        summaries = [train_draft(d) for d in drafts]
+    logger.info("trained %d draft(s) in %.0f s", len(drafts), time.time() - start)
+    acceptance: dict[str, Any] = {}
+    if job.evaluate is not None:
+        paths = {METHOD_OF[d.vision]: d.output_dir for d in drafts}
+        acceptance = measure_acceptance(manifest["target"], paths, job.evaluate)
+        for draft, summary in zip(drafts, summaries):
+            write_model_card(draft, summary, manifest, acceptance, job.evaluate, command, parallel=job.parallel)
+    data = {k: manifest[k] for k in ("num_samples", "num_tokens", "num_generated_tokens", "wall_s") if k in manifest}
+    result = {"data": data, "drafts": summaries, "acceptance": acceptance}
+    logger.info("draft job done: %s", json.dumps(result, default=str))
+    return result

@@ -1,0 +1,192 @@
+"""ViSpec draft training pipeline on a tiny LLaVA: data generation (Ray Data), losses, the
+training sequence = the inference sequence, Ray Train 1 vs 2 workers, and a trained draft that
+decodes through ``caption_images``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from raydec.train.config import DataGenConfig, DraftTrainConfig, LossConfig
+from raydec.train.losses import listmle_topk, prob_l1, vispec_loss
+from tests.vlm_toys import build_tiny_llava
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+NEW_TOKENS = 10
+IMAGE_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_llava(tmp_path_factory.mktemp("tiny_llava"))
+
+
+@pytest.fixture(scope="module")
+def target(tiny_folder: Path):
+    from raydec.api import load_pipeline
+
+    torch.set_num_threads(1)
+    return load_pipeline(str(tiny_folder), kind="vlm")
+
+
+@pytest.fixture(scope="module")
+def dataset(ray_cluster, tiny_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from raydec.train.datagen import generate_dataset
+
+    out = tmp_path_factory.mktemp("draft_data")
+    config = DataGenConfig(
+        target=str(tiny_folder), output_dir=out, num_samples=6, max_new_tokens=NEW_TOKENS, batch_size=3,
+        workers=2, cpus_per_worker=0.5, storage_dtype="float32",
+    )
+    generate_dataset(config)
+    return out
+
+
+def _train_config(data: Path, out: Path, workers: int, **overrides) -> DraftTrainConfig:
+    values = dict(
+        name=f"tiny-{workers}w", data_dir=data, output_dir=out, work_dir=out.parent / "_ray", steps=6, batch_size=4,
+        lr=3e-3, warmup_steps=1, mtp_steps=1, feature_noise=0.2, num_workers=workers, cpus_per_worker=0.5, seed=3,
+        log_every=2,
+    )
+    values.update(overrides)
+    return DraftTrainConfig(**values)
+
+
+# -- data generation -------------------------------------------------------------------------
+
+
+def test_data_shards_shapes_and_loss_masks(dataset: Path, target) -> None:
+    from raydec.train.dataset import load_samples
+
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    assert manifest["num_samples"] == 6 and manifest["seeds"] == [0, 6] and manifest["shards"]
+    samples = load_samples(dataset)
+    assert [s.seed for s in samples] == list(range(6))
+    hidden_size = target.hidden_size
+    for s in samples:
+        length = s.length
+        assert s.embeds.shape == s.hidden.shape == (length, hidden_size)
+        assert s.image_index.shape == s.loss_mask.shape == (length,)
+        assert int((s.image_index == 0).sum()) == IMAGE_TOKENS and int((s.image_index > 0).sum()) == 0
+        generated = length - s.prompt_len
+        assert 1 <= generated <= NEW_TOKENS
+        assert s.loss_mask[s.prompt_len :].all() and not s.loss_mask[: s.prompt_len].any()
+        # answer embeddings are the token table's; the answer is the target's greedy continuation
+        answer = s.input_ids[s.prompt_len :]
+        assert torch.allclose(s.embeds[s.prompt_len :], target.embed_prompt_tokens(answer).float(), atol=1e-6)
+        greedy = target.head(s.hidden[s.prompt_len - 1 : -1]).argmax(-1)
+        assert torch.equal(greedy, answer)
+    assert manifest["num_generated_tokens"] == sum(s.length - s.prompt_len for s in samples)
+
+
+# -- losses ----------------------------------------------------------------------------------
+
+
+def test_l1_term_on_hand_made_tensors() -> None:
+    target_probs = torch.tensor([[1.0, 0.0], [0.25, 0.75]])
+    uniform = torch.zeros(2, 2)
+    assert torch.allclose(prob_l1(uniform, target_probs), torch.tensor([1.0, 0.5]))
+    exact = target_probs.clamp(min=1e-12).log()
+    assert float(prob_l1(exact, target_probs).max()) < 1e-6
+    config = LossConfig(listmle_weight=0.0)
+    assert torch.allclose(vispec_loss(uniform, target_probs, config), 10 * torch.tensor([1.0, 0.5]))
+
+
+def test_listmle_prefers_the_target_order() -> None:
+    vocab = 32
+    target_probs = torch.softmax(torch.linspace(3.0, -3.0, vocab), dim=-1)  # token 0 most likely
+    ordered = torch.linspace(5.0, -5.0, vocab)
+    reversed_top = ordered.clone()
+    reversed_top[:10] = ordered[:10].flip(0)  # same top-10 set, reversed order
+    assert float(listmle_topk(ordered, target_probs)) < float(listmle_topk(reversed_top, target_probs))
+    assert float(listmle_topk(ordered, target_probs)) < float(listmle_topk(-ordered, target_probs))
+    # closed form for k = 1: -log softmax(z)[top token]
+    z = torch.randn(vocab)
+    assert torch.allclose(listmle_topk(z, target_probs, k=1), -torch.log_softmax(z, -1)[0], atol=1e-5)
+
+
+# -- training sequence = inference sequence ---------------------------------------------------
+
+
+def test_training_pairs_match_the_proposer(dataset: Path, target) -> None:
+    """The draft's hidden state at the root after the proposer's prefill equals the training
+    forward's output at pair L-1 (same sequence, compressed image, global feature, positions)."""
+    from raydec.config import DecodeConfig, SamplingConfig
+    from raydec.models.hf_vlm import VlmPrompt
+    from raydec.reference.shapes import make_sample, to_pil
+    from raydec.spec.engine import Engine, RowRequest
+    from raydec.spec.proposers.draft_tree import DraftTreeProposer
+    from raydec.train.dataset import load_samples
+    from raydec.train.step import build_pairs
+    from raydec.train.trainer import _frozen_head, build_draft
+
+    config = _train_config(dataset, dataset / "unused", 1, feature_noise=0.0, num_q=3)
+    draft = build_draft(target.text_config, _frozen_head(target, torch.device("cpu")), config)
+    draft.attach_target(target.model.get_input_embeddings(), target.head)
+    with torch.no_grad():  # a non-trivial global feature path
+        draft.img_fc.weight.add_(0.05 * torch.randn_like(draft.img_fc.weight))
+    draft.eval()
+    sample = load_samples(dataset)[1]
+    with torch.no_grad():
+        pairs = build_pairs(draft, [sample], 0, config, torch.device("cpu"))
+        hidden = draft(pairs.token_embeds, pairs.features, pairs.positions, pairs.attention_mask(), None, pairs.globals_, pairs.use_global)
+    at = int((pairs.positions[0] == sample.prompt_len - 1).nonzero())
+
+    captured = {}
+
+    class Recording(DraftTreeProposer):
+        def start(self, state, first_probs, prefill):
+            super().start(state, first_probs, prefill)
+            captured.setdefault("root", self.root_hidden.clone())
+
+    image = to_pil(make_sample(sample.seed).image)
+    prompt = VlmPrompt(target.format_prompt("describe the image .", 1), [image])
+    decode = DecodeConfig(method="vispec", max_new_tokens=2, sampling=SamplingConfig(temperature=0.0))
+    Engine(target, Recording(draft), decode, eos_token_ids=target.eos_token_ids).generate([RowRequest(prompt, seed=0)])
+    assert torch.allclose(captured["root"][0], hidden[0, at], atol=1e-4)
+    assert int(pairs.valid.sum()) == sample.length - 1 - IMAGE_TOKENS + (config.num_q - 1)
+
+
+# -- Ray Train ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
+    from raydec.train.trainer import train_draft
+
+    root = tmp_path_factory.mktemp("drafts")
+    return {w: train_draft(_train_config(dataset, root / f"w{w}", w)) for w in (1, 2)}
+
+
+def test_two_workers_match_one_worker(trained: dict[int, dict]) -> None:
+    one, two = (json.loads((Path(trained[w]["output_dir"]) / "train_log.json").read_text())["steps"] for w in (1, 2))
+    assert len(one) == len(two) == 6
+    assert one[-1]["loss"] < one[0]["loss"]
+    for a, b in zip(one, two):
+        assert abs(a["loss"] - b["loss"]) <= 0.05 * abs(a["loss"]), (a, b)
+    for w in (1, 2):
+        folder = Path(trained[w]["output_dir"])
+        assert {"draft_config.json", "model.safetensors", "loss_curve.png"} <= {p.name for p in folder.iterdir()}
+
+
+def test_trained_draft_loads_and_decodes(trained: dict[int, dict], target) -> None:
+    from raydec.api import caption_images
+    from raydec.config import DecodeConfig, SamplingConfig
+    from raydec.models.vispec_draft import VispecDraft
+    from raydec.reference.shapes import make_sample, to_pil
+
+    path = trained[2]["output_dir"]
+    draft = VispecDraft.from_pretrained(path, target=target)
+    assert draft.config.vision and draft.lm_head is target.head
+    assert "lm_head.weight" not in draft.state_dict()
+    images = [to_pil(make_sample(1_000_000 + i).image) for i in range(3)]
+    greedy = SamplingConfig(temperature=0.0)
+    ar = caption_images(images, model=target, decode=DecodeConfig(method="ar", max_new_tokens=8, sampling=greedy))
+    spec = caption_images(
+        images, model=target, decode=DecodeConfig(method="vispec", draft_model=str(path), max_new_tokens=8, sampling=greedy)
+    )
+    assert [r.tokens for r in spec] == [r.tokens for r in ar]
