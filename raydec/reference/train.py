@@ -1,4 +1,4 @@
-"""Retrain a reference model from scratch: ``python -m raydec.reference.train t2i|vlm|draft [flags]``.
+"""Retrain a reference model from scratch: ``python -m raydec.reference.train t2i|vlm|assistant|draft [flags]``.
 
 Each subcommand is an entry of :data:`SUBCOMMANDS`: a function that adds its flags to an
 ``argparse`` parser and a function that trains from the parsed namespace. Trainers are
@@ -104,6 +104,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "vlm": Subcommand("raydec.reference.llava_vlm", "add_vlm_arguments", "train_vlm", "the small LLaVA VLM"),
     "assistant": Subcommand("raydec.reference.llava_assistant", "add_assistant_arguments", "distill_from_args",
                             "a 1-2 layer LLaVA assistant distilled from the reference VLM (HF assisted generation)"),
+    "draft": Subcommand("raydec.train.reference", "add_draft_arguments", "train_drafts_from_args",
+                        "the reference VLM's ViSpec and EAGLE drafts (same data and budget)"),
 }
 
 
