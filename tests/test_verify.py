@@ -207,12 +207,58 @@ def test_chain_fast_path_equals_general_recursion():
         uniforms = torch.rand(batch, tree.num_nodes, generator=generator, dtype=torch.float64)
         assert verify.is_chain(tree)
         fast = verify._verify_chain(tree, probs, uniforms)
-        original = verify.is_chain
-        verify.is_chain = lambda t: False
-        try:
-            slow = verify.verify_tree(tree, probs, [], uniforms=uniforms)
-        finally:
-            verify.is_chain = original
+        slow = verify._verify_recursive(tree, probs, uniforms)
         for field in ("num_accepted", "next_token", "stop_node", "rejected"):
             assert torch.equal(getattr(fast, field), getattr(slow, field)), (mode, field)
         assert torch.equal(fast.path, slow.path)
+
+
+def test_greedy_fast_path_equals_general_recursion():
+    """One-hot targets and one-hot drafts: the one-pass greedy verifier and the recursion agree,
+    duplicate siblings included (the first matching sibling wins)."""
+    import raydec.spec.verify as verify
+
+    vocab, batch = 5, 96
+    generator = torch.Generator().manual_seed(3)
+    builders = []
+    for row in range(batch):
+        builder = TreeBuilder(0)
+        for _ in range(int(torch.randint(1, 12, (1,), generator=generator))):
+            parent = int(torch.randint(builder.num_nodes, (1,), generator=generator))
+            builder.add(parent, int(torch.randint(vocab, (1,), generator=generator)))
+        builders.append(builder)
+    tree = DraftTree.stack(builders, vocab, torch.float64)
+    # one-hot P that often agrees with the drafts: argmax = a random child's token, else random
+    argmax = torch.randint(vocab, (batch, tree.num_nodes), generator=generator)
+    for row, builder in enumerate(builders):
+        for node, parent in enumerate(builder.parents):
+            if parent >= 0 and torch.rand(1, generator=generator) < 0.5:
+                argmax[row, parent] = builder.tokens[node]
+    probs = torch.nn.functional.one_hot(argmax, vocab).to(torch.float64)
+    uniforms = torch.rand(batch, tree.num_nodes, generator=generator, dtype=torch.float64)
+    assert not tree.is_chain() and verify._all_one_hot(tree, probs)
+    fast = verify._verify_greedy(tree, probs)
+    slow = verify._verify_recursive(tree, probs, uniforms)
+    for field in ("path", "num_accepted", "next_token", "stop_node", "rejected"):
+        assert torch.equal(getattr(fast, field), getattr(slow, field)), field
+    assert int(fast.num_accepted.max()) >= 3
+
+
+def test_vectorised_masks_equal_walking_the_parents():
+    generator = torch.Generator().manual_seed(5)
+    builders = []
+    for _ in range(16):
+        builder = TreeBuilder(0)
+        for _ in range(int(torch.randint(0, 40, (1,), generator=generator))):
+            builder.add(int(torch.randint(builder.num_nodes, (1,), generator=generator)), 1)
+        builders.append(builder)
+    tree = DraftTree.stack(builders, 4)
+    mask, depth = tree.ancestor_mask(), tree.depth()
+    for row, builder in enumerate(builders):
+        for node in range(tree.num_nodes):
+            expected, walk = {node}, node
+            while node < builder.num_nodes and builder.parents[walk] >= 0:
+                walk = builder.parents[walk]
+                expected.add(walk)
+            assert set(mask[row, node].nonzero().flatten().tolist()) == expected
+            assert depth[row, node] == (len(expected) - 1 if node < builder.num_nodes else 0)

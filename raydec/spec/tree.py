@@ -90,6 +90,7 @@ class DraftTree:
     proposal_index: torch.Tensor
     without_replacement: torch.Tensor
     proposal_probs: torch.Tensor
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # derived masks
 
     @property
     def batch_size(self) -> int:
@@ -145,36 +146,40 @@ class DraftTree:
 
     def is_chain(self) -> bool:
         """Every real node i >= 1 hangs under node i - 1 (padding only at the end)."""
-        expected = torch.arange(-1, self.num_nodes - 1).expand_as(self.parents)
-        return bool(((self.parents == expected) | ~self.valid).all())
+        if "chain" not in self._memo:
+            expected = torch.arange(-1, self.num_nodes - 1).expand_as(self.parents)
+            self._memo["chain"] = bool(((self.parents == expected) | ~self.valid).all())
+        return self._memo["chain"]
 
     def depth(self) -> torch.Tensor:
         """[B, N] long: root 0, child = parent + 1; padding 0."""
-        if self.is_chain():
-            return torch.arange(self.num_nodes).expand_as(self.parents) * self.valid
-        depth = torch.zeros_like(self.parents)
-        for node in range(1, self.num_nodes):
-            parent = self.parents[:, node]
-            has_parent = parent >= 0
-            parent_depth = depth.gather(1, parent.clamp(min=0).unsqueeze(1)).squeeze(1)
-            depth[:, node] = torch.where(has_parent, parent_depth + 1, torch.zeros_like(parent_depth))
-        return depth
+        if "depth" not in self._memo:
+            if self.is_chain():
+                self._memo["depth"] = torch.arange(self.num_nodes).expand_as(self.parents) * self.valid
+            else:
+                self._memo["depth"] = (self.ancestor_mask().sum(dim=2) - 1) * self.valid
+        return self._memo["depth"]
 
     def ancestor_mask(self) -> torch.Tensor:
         """[B, N, N] bool: node i may attend node j iff j is i or an ancestor of i (padding: self only)."""
+        if "ancestors" in self._memo:
+            return self._memo["ancestors"]
         batch, width = self.tokens.shape
         eye = identity_mask(width)
         if self.is_chain():  # causal over real nodes, padding sees itself
             causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
             both = self.valid.unsqueeze(1) & self.valid.unsqueeze(2)
-            return (causal & both) | eye
-        mask = eye.expand(batch, width, width).clone()
-        rows = torch.arange(batch)
-        for node in range(1, width):
-            parent = self.parents[:, node]
-            has_parent = parent >= 0
-            inherited = mask[rows, parent.clamp(min=0)]  # [B, N]
-            mask[:, node] |= inherited & has_parent.unsqueeze(1)
+            mask = (causal & both) | eye
+        else:
+            # reach[i, j]: j is i or an ancestor within 2^k steps; square until it covers every depth
+            parent = (self.parents.unsqueeze(2) == torch.arange(width)) & self.valid.unsqueeze(2)  # [B, N, N]
+            reach = (parent | eye).float()
+            steps = 1
+            while steps < width:
+                reach = (reach @ reach).clamp(max=1.0)
+                steps *= 2
+            mask = reach.bool()
+        self._memo["ancestors"] = mask
         return mask
 
     def children_lists(self, row: int) -> list[list[int]]:

@@ -135,7 +135,15 @@ def verify_tree(
     uniforms = uniforms.to(dtype)
     if is_chain(tree):
         return _verify_chain(tree, target_probs, uniforms)
+    if _all_one_hot(tree, target_probs):
+        return _verify_greedy(tree, target_probs)
+    return _verify_recursive(tree, target_probs, uniforms)
 
+
+def _verify_recursive(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Tensor) -> VerifyResult:
+    """The general case: level by level, siblings in order (see the module docstring)."""
+    batch, width = tree.tokens.shape
+    rows = torch.arange(batch)
     current = torch.zeros(batch, dtype=torch.long)           # node we stand on
     p = target_probs[:, 0].clone()                           # [B, V] target at `current`
     active = torch.ones(batch, dtype=torch.bool)             # still descending
@@ -193,6 +201,45 @@ def verify_tree(
         stop_node = torch.where(stopping, current, stop_node)
 
     return VerifyResult(path, num_accepted, next_token, stop_node, rejected)
+
+
+def _all_one_hot(tree: DraftTree, target_probs: torch.Tensor) -> bool:
+    """Deterministic drafts and one-hot targets (temperature 0): acceptance is 0 or 1."""
+    if tree.proposal_probs.shape[1] > 0 and bool((tree.proposal_index[tree.valid] != DETERMINISTIC).any()):
+        return False
+    return bool((target_probs.amax(dim=-1) == 1.0).all())
+
+
+def _verify_greedy(tree: DraftTree, target_probs: torch.Tensor) -> VerifyResult:
+    """``verify_tree`` when every acceptance probability is 0 or 1, in one pass.
+
+    A child is accepted iff its token is the argmax of P at its parent and no earlier sibling
+    was (the first accepted sibling wins); the path ends at the deepest node whose every
+    ancestor was accepted, and the final token is P's argmax there (a residual of a one-hot P
+    after rejecting other tokens is the same one-hot P).
+    """
+    batch, width = tree.tokens.shape
+    rows = torch.arange(batch)
+    argmax = target_probs.argmax(dim=-1)  # [B, N]
+    parent = tree.parents.clamp(min=0)
+    is_child = tree.valid & (tree.parents >= 0)
+    matches = is_child & (tree.tokens == argmax.gather(1, parent))
+    earlier = torch.arange(width).unsqueeze(1) > torch.arange(width).unsqueeze(0)  # [i, j]: j before i
+    sibling = (tree.parents.unsqueeze(2) == tree.parents.unsqueeze(1)) & earlier  # [B, N, N]
+    accepted = matches & ~(sibling & matches.unsqueeze(1)).any(dim=2)
+    accepted[:, 0] = True
+    ancestors = tree.ancestor_mask()
+    on_path = ~(ancestors & ~accepted.unsqueeze(1)).any(dim=2) & tree.valid  # all of i's ancestors accepted
+    depth = torch.where(on_path, tree.depth(), torch.full_like(argmax, -1))
+    stop_node = depth.argmax(dim=1)  # one accepted node per depth
+    num_accepted = depth.gather(1, stop_node.unsqueeze(1)).squeeze(1)
+    path_nodes = ancestors[rows, stop_node]  # [B, N] the stop node and its ancestors
+    order = torch.where(path_nodes, depth, torch.full_like(depth, width))
+    path = torch.sort(order, dim=1, stable=True).indices
+    path = torch.where(torch.arange(width).unsqueeze(0) <= num_accepted.unsqueeze(1), path, torch.full_like(path, -1))
+    has_children = (is_child & (tree.parents == stop_node.unsqueeze(1))).any(dim=1)
+    next_token = argmax[rows, stop_node]
+    return VerifyResult(path, num_accepted, next_token, stop_node, has_children)
 
 
 def is_chain(tree: DraftTree) -> bool:
