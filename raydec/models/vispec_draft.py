@@ -240,11 +240,17 @@ class VispecDraft(nn.Module):
         """
         features = self.inject_global(features, globals_, use_global)
         x = self.fc(torch.cat([token_embeds.to(features.dtype), features], dim=-1))
-        out = self.decoder(
-            inputs_embeds=x, position_ids=position_ids, attention_mask=attention_mask,
-            cache=cache, use_cache=cache is not None,
+        if attention_mask is None:  # plain causal (training on whole sequences)
+            width = x.shape[1]
+            causal = torch.ones(width, width, dtype=torch.bool, device=x.device).tril()
+            attention_mask = torch.zeros(width, width, dtype=x.dtype, device=x.device).masked_fill(~causal, torch.finfo(x.dtype).min)
+            attention_mask = attention_mask.expand(x.shape[0], 1, width, width)
+        # the one decoder layer, called directly (no LlamaModel wrappers: this runs every draft step)
+        rotary = self.decoder.rotary_emb(x, position_ids=position_ids)
+        return self.decoder.layers[0](
+            x, attention_mask=attention_mask.to(x.dtype), position_ids=position_ids, cache=cache,
+            use_cache=cache is not None, position_embeddings=rotary,
         )
-        return out.last_hidden_state
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         assert self.lm_head is not None, "attach_target() first"
