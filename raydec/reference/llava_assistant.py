@@ -86,6 +86,7 @@ class AssistantSettings:
     checkpoint_every: int = 200
     heldout_n: int = 16  # held-out greedy captions for the agreement check at every checkpoint
     eval_n: int = 50  # held-out images of the final assisted-generation measurement (0: skip)
+    tune_n: int = 8  # held-in images to pick the draft length / confidence threshold on (0: keep HF defaults)
     resume: bool = False
     command: str = ""
 
@@ -110,6 +111,7 @@ class DistillLog:
     steps_done: int = 0
     wall_seconds: float = 0.0
     stopped_early: bool = False
+    tuning: dict = field(default_factory=dict)
     measurement: dict = field(default_factory=dict)
 
 
@@ -470,6 +472,9 @@ def distill(settings: AssistantSettings) -> Path:
     logger.info("distilled: %d steps in %.1f min", log.steps_done, log.wall_seconds / 60)
     del rows
     model.eval()
+    if settings.tune_n > 0:
+        log.tuning = tune_assisted_config(target, model, processor, n=settings.tune_n,
+                                          max_new_tokens=settings.max_new_tokens)
     if settings.eval_n > 0:
         log.measurement = measure_assisted(target, model, processor, n=settings.eval_n,
                                            max_new_tokens=settings.max_new_tokens)
@@ -551,6 +556,9 @@ def measure_assisted(
         "images": len(rows),
         "first_seed": first_seed,
         "max_new_tokens": max_new_tokens,
+        "num_assistant_tokens": assistant.generation_config.num_assistant_tokens or 20,
+        "assistant_confidence_threshold": 0.4 if assistant.generation_config.assistant_confidence_threshold is None
+        else assistant.generation_config.assistant_confidence_threshold,
         "identical": sum(r["identical"] for r in rows),
         "mean_time_ratio": float(np.mean(ratios)),
         "median_time_ratio": float(np.median(ratios)),
@@ -567,6 +575,51 @@ def measure_assisted(
                 "target forward, acceptance %.3f", len(rows), result["identical"], result["mean_time_ratio"],
                 result["tokens_per_target_forward"], result["acceptance"])
     return result
+
+
+TUNING_GRID: tuple[tuple[int, float], ...] = ((20, 0.4), (20, 0.7), (8, 0.4), (8, 0.7), (4, 0.4), (4, 0.0))
+
+
+@torch.no_grad()
+def tune_assisted_config(
+    target: LlavaForConditionalGeneration,
+    assistant: LlavaForConditionalGeneration,
+    processor: LlavaProcessor,
+    n: int = 8,
+    first_seed: int = 990_000,
+    max_new_tokens: int = 96,
+    grid: Sequence[tuple[int, float]] = TUNING_GRID,
+) -> dict[str, Any]:
+    """Pick ``num_assistant_tokens`` and ``assistant_confidence_threshold`` by wall time on held-in images.
+
+    HF assisted generation reads both from the assistant's ``generation_config`` (defaults 20 and
+    0.4). Each image is decoded with every grid entry in turn (so load drift hits all alike),
+    batch 1, greedy; the fastest total is written into ``assistant.generation_config`` (and so
+    ships with the weights). Seeds ``first_seed..`` are held-in (< 1,000,000), not the measured ones.
+    """
+    seconds = [0.0] * len(grid)
+    for index, seed in enumerate([first_seed] + list(range(first_seed, first_seed + n))):
+        inputs = processor(text=[prompt_text()], images=[make_sample(seed).image], return_tensors="pt")
+        for k, (tokens, threshold) in enumerate(grid):
+            assistant.generation_config.num_assistant_tokens = tokens
+            assistant.generation_config.assistant_confidence_threshold = threshold
+            assistant.generation_config.num_assistant_tokens_schedule = "constant"
+            t0 = time.perf_counter()
+            target.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, assistant_model=assistant)
+            if index > 0:  # the first image is a warm-up
+                seconds[k] += time.perf_counter() - t0
+    best = int(np.argmin(seconds))
+    tokens, threshold = grid[best]
+    assistant.generation_config.num_assistant_tokens = tokens
+    assistant.generation_config.assistant_confidence_threshold = threshold
+    assistant.generation_config.num_assistant_tokens_schedule = "constant"
+    table = [{"num_assistant_tokens": t, "assistant_confidence_threshold": c, "seconds": s}
+             for (t, c), s in zip(grid, seconds)]
+    logger.info("assisted-generation settings on %d held-in images: %s -> num_assistant_tokens %d, threshold %.2f", n,
+                ", ".join(f"({r['num_assistant_tokens']}, {r['assistant_confidence_threshold']}): {r['seconds']:.2f} s"
+                          for r in table), tokens, threshold)
+    return {"images": n, "first_seed": first_seed, "grid": table, "num_assistant_tokens": tokens,
+            "assistant_confidence_threshold": threshold}
 
 
 # ---------------------------------------------------------------------------------------------- card
@@ -629,7 +682,7 @@ def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
         f"training wall time {log['wall_seconds'] / 60:.1f} min on one thread of a shared 2-core CPU (other jobs running).",
         f"- Final loss (mean of the last {len(last)} steps): {np.mean(last):.4f} (CE {np.mean(log['ce'][-100:]):.4f}, "
         f"KL {np.mean(log['kl'][-100:]):.4f}); first step {log['losses'][0]:.4f}. Training argmax agreement with the "
-        f"target's greedy token (last 100 steps): {np.mean(log['agreement'][-100:]):.3f}.",
+        f"target's greedy token (last {len(last)} steps): {np.mean(log['agreement'][-100:]):.3f}.",
         "- Curve: `loss_curve.png`; per-step losses: `train_log.json`.",
     ]
     if log["heldout"]:
@@ -643,9 +696,9 @@ def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
             "## Measured: HF assisted generation vs plain generation",
             "",
             f"{m['images']} held-out images (seeds {m['first_seed']}..{m['first_seed'] + m['images'] - 1}), prompt "
-            f"`describe the image .`, greedy, batch 1, max {m['max_new_tokens']} new tokens, HF defaults of assisted "
-            "generation (up to 20 draft tokens per round, assistant confidence threshold 0.4), one untimed warm-up, "
-            "plain then assisted per image, same CPU thread:",
+            f"`describe the image .`, greedy, batch 1, max {m['max_new_tokens']} new tokens, the assistant's shipped "
+            f"generation config (up to {m['num_assistant_tokens']} draft tokens per round, assistant confidence threshold "
+            f"{m['assistant_confidence_threshold']}), one untimed warm-up, plain then assisted per image, same CPU thread:",
             "",
             f"- **Outputs identical: {m['identical']}/{m['images']}.**",
             f"- **Mean wall-time ratio assisted / plain: {m['mean_time_ratio']:.3f}** (median {m['median_time_ratio']:.3f}; "
@@ -656,6 +709,14 @@ def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
             f"{m['new_tokens'] - m['target_forwards']} / {m['assistant_forwards']} = **{m['acceptance']:.3f}**.",
             "- Re-measure: `python -m raydec.reference.llava_assistant measure --n 50`.",
         ]
+    tuning = log.get("tuning") or {}
+    if tuning:
+        lines += ["", f"Draft length and confidence threshold (read by HF from the assistant's `generation_config.json`) "
+                  f"were picked by total assisted wall time on {tuning['images']} held-in images (seeds "
+                  f"{tuning['first_seed']}..), not the measured ones; HF's defaults are 20 / 0.4:", "",
+                  "| num_assistant_tokens | assistant_confidence_threshold | seconds |", "|---:|---:|---:|"]
+        lines += [f"| {r['num_assistant_tokens']} | {r['assistant_confidence_threshold']} | {r['seconds']:.2f} |"
+                  for r in tuning["grid"]]
     lines += [
         "",
         "## Limits",
@@ -698,6 +759,8 @@ def add_assistant_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     parser.add_argument("--heldout-n", type=int, default=d.heldout_n)
     parser.add_argument("--eval-n", type=int, default=d.eval_n, help="held-out images of the final measurement")
+    parser.add_argument("--tune-n", type=int, default=d.tune_n,
+                        help="held-in images to pick draft length / confidence threshold on (0: HF defaults)")
     parser.add_argument("--resume", action="store_true", help="continue from work-dir/state.pt")
 
 
@@ -711,7 +774,7 @@ def distill_from_args(args: argparse.Namespace) -> Path:
         caption_max_minutes=args.caption_max_minutes, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
         warmup=args.warmup, kl_weight=args.kl_weight, max_minutes=args.max_minutes, threads=args.threads,
         log_every=args.log_every, checkpoint_every=args.checkpoint_every, heldout_n=args.heldout_n,
-        eval_n=args.eval_n, resume=args.resume, command=command.strip(),
+        eval_n=args.eval_n, tune_n=args.tune_n, resume=args.resume, command=command.strip(),
     )
     return distill(settings)
 
