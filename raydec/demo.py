@@ -1,9 +1,15 @@
-"""`raydec demo`: the quickstart batch job on the shipped reference Janus, on a local Ray cluster.
+"""`raydec demo`: the quickstart batch jobs on the shipped reference models, on a local Ray cluster.
 
 It writes examples/prompts.parquet (held-out shapes prompts) if missing, starts Ray on
-127.0.0.1, runs the t2i batch pipeline (SJD-PAC when available, else AR), and writes
-under out/: images/, results/, manifest.json and contact_sheet.png. A re-run resumes:
-rows already in out/ are skipped (use --fresh to start over).
+127.0.0.1, then runs two Ray Data jobs:
+
+1. text-to-image with SJD-PAC on the reference Janus -> out/images/, out/results/, out/manifest.json
+2. captioning of those images with ViSpec on the reference LLaVA (AR when no draft is
+   shipped) -> out/captions/results/, out/captions/manifest.json
+
+and writes out/contact_sheet.png (image, prompt, caption). Last, it times both methods
+against plain AR on a few of the same rows in this process and prints the speedups. A re-run
+resumes: rows already in out/ are skipped (use --fresh to start over).
 """
 
 from __future__ import annotations
@@ -44,6 +50,13 @@ def default_method() -> str:
     return "sjd_pac" if importlib.util.find_spec("raydec.spec.proposers.jacobi") else "ar"
 
 
+def caption_method() -> str:
+    """ViSpec when the reference VLM's draft is shipped, else plain AR."""
+    from raydec.models.registry import REFERENCE_DRAFT_DIRS
+
+    return "vispec" if (REFERENCE_DRAFT_DIRS["vispec"] / "draft_config.json").is_file() else "ar"
+
+
 def reference_ready(model: str) -> bool:
     """Whether `model` ("reference" or a folder) has a config.json to load."""
     from raydec.models.registry import resolve_t2i_path
@@ -61,35 +74,71 @@ def _parse(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=8, help="rows per actor call")
     parser.add_argument("--rows", type=int, default=DEMO_ROWS, help="rows when creating --prompts")
     parser.add_argument("--fresh", action="store_true", help="delete earlier demo results in --out first")
+    parser.add_argument("--caption-method", default=None, help="captioning method (default: vispec if shipped, else ar)")
+    parser.add_argument("--no-captions", action="store_true", help="skip the captioning job")
+    parser.add_argument("--speedup-rows", type=int, default=4, help="rows re-run with AR to measure speedups (0: skip)")
     return parser.parse_args(argv)
 
 
 def _clear(out: Path) -> None:
-    for name in ("images", "results"):
+    for name in ("images", "results", "captions"):
         shutil.rmtree(out / name, ignore_errors=True)
     for name in ("manifest.json", "contact_sheet.png"):
         (out / name).unlink(missing_ok=True)
 
 
-def _summary(job, report, sheet: Path, seconds: float) -> str:
-    """Human-readable summary of the results under the job's output."""
+def _job_lines(job, report, what: str) -> List[str]:
+    """Summary lines of one job's results."""
     from raydec.io import read_results
 
-    table = read_results(job.output)
-    rows = [r for r in table.to_pylist()]
+    rows = read_results(job.output).to_pylist()
     good = [r for r in rows if r["error"] is None]
     mean = lambda key: sum(r[key] for r in good) / max(1, len(good))  # noqa: E731
-    lines = [
-        f"raydec demo: {len(rows)} result(s) in {job.output.path} ({len(good)} images, {len(rows) - len(good)} errors)",
-        f"  method {job.decode.method}, model {job.model}, {job.pool.workers} worker(s), "
-        f"this run generated {report.processed} row(s) in {report.timings.get('generate_s', 0.0):.1f}s "
-        f"(demo total {seconds:.1f}s)",
-        f"  per image: {mean('tokens'):.0f} tokens, {mean('target_forwards'):.1f} target forwards, "
+    return [
+        f"{what}: {len(rows)} result(s) in {job.output.path} ({len(good)} ok, {len(rows) - len(good)} errors); "
+        f"method {job.decode.method}, model {job.model}, {job.pool.workers} worker(s); "
+        f"this run processed {report.processed} row(s) in {report.timings.get('generate_s', 0.0):.1f}s",
+        f"  per row: {mean('tokens'):.0f} tokens, {mean('target_forwards'):.1f} target forwards, "
         f"{mean('mean_accepted'):.2f} tokens per forward, {mean('latency_s'):.2f}s decode latency",
-        f"  contact sheet: {sheet}",
-        f"  manifest:      {Path(job.output.path) / 'manifest.json'}",
     ]
-    return "\n".join(lines)
+
+
+def measure_speedups(t2i_job, caption_job, rows: int) -> List[str]:
+    """Time each job's method against plain AR on the first ``rows`` rows, in this process
+    (same prompts, images and seeds; both runs in one process so machine noise hits both)."""
+    import torch
+
+    from raydec.api import caption_images, generate_images, load_pipeline
+    from raydec.io import read_results
+    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
+
+    torch.set_num_threads(1)
+    lines = []
+    prompts = [make_sample(HELD_OUT_SEED_START + i).prompt for i in range(rows)]
+    target = load_pipeline(t2i_job.model, "t2i")
+    timings = {}
+    for method in (t2i_job.decode.method, "ar"):
+        decode = t2i_job.decode.model_copy(update={"method": method})
+        start = time.perf_counter()
+        results = generate_images(prompts, model=target, decode=decode, seeds=list(range(rows)), batch_size=1)
+        timings[method] = (time.perf_counter() - start, sum(r.target_forwards for r in results))
+    (spec_s, spec_f), (ar_s, ar_f) = timings[t2i_job.decode.method], timings["ar"]
+    lines.append(f"  text-to-image {t2i_job.decode.method} vs AR on {rows} prompts (batch 1): "
+                 f"{ar_f / spec_f:.2f}x fewer target forwards, {ar_s / spec_s:.2f}x latency speedup")
+    if caption_job is not None:
+        images = [to_pil(make_sample(HELD_OUT_SEED_START + i).image) for i in range(rows)]
+        vlm = load_pipeline(caption_job.model, "vlm")
+        for method in (caption_job.decode.method, "ar"):
+            decode = caption_job.decode.model_copy(update={"method": method})
+            start = time.perf_counter()
+            results = caption_images(images, model=vlm, decode=decode, seeds=list(range(rows)), batch_size=1)
+            timings[method] = (time.perf_counter() - start, sum(r.target_forwards for r in results), [r.caption for r in results])
+        spec, ar = timings[caption_job.decode.method], timings["ar"]
+        same = sum(a == b for a, b in zip(spec[2], ar[2]))
+        lines.append(f"  captioning {caption_job.decode.method} vs AR on {rows} images (batch 1): "
+                     f"{ar[1] / spec[1]:.2f}x fewer target forwards, {ar[0] / spec[0]:.2f}x latency speedup, "
+                     f"{same}/{rows} captions identical to AR's")
+    return lines
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -121,6 +170,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         decode={"method": args.method or default_method()},
         pool={"workers": args.workers, "batch_size": args.batch_size, "cpus_per_worker": 0.5},
     ))
+    # captions of the images just written: their result shards are the caption job's input
+    caption_job = None if args.no_captions else JobConfig.model_validate(dict(
+        task="caption", model="reference", dtype="float32", seed=0,
+        input={"path": str((args.out / "results").resolve()), "image_uri_column": "output_uri", "prompt_column": "instruction"},
+        output={"path": str((args.out / "captions").resolve())},
+        decode={"method": args.caption_method or caption_method()},
+        pool={"workers": args.workers, "batch_size": args.batch_size, "cpus_per_worker": 0.5},
+    ))
     files = preflight(job)
     import ray
 
@@ -128,25 +185,40 @@ def main(argv: Optional[List[str]] = None) -> int:
     init_local_ray()
     try:
         report = run_job(job, files)
+        caption_report = run_job(caption_job, preflight(caption_job)) if caption_job is not None else None
     finally:
         if own_cluster:
             ray.shutdown()
-    sheet = _write_sheet(job, contact_sheet)
-    print(_summary(job, report, sheet, time.perf_counter() - started))
+    sheet = _write_sheet(job, caption_job, contact_sheet)
+    lines = [f"raydec demo ({time.perf_counter() - started:.1f}s)"] + _job_lines(job, report, "text-to-image")
+    if caption_job is not None:
+        lines += _job_lines(caption_job, caption_report, "captioning")
+    lines += [f"  contact sheet: {sheet}", f"  manifests:     {Path(job.output.path) / 'manifest.json'}"
+              + (f", {Path(caption_job.output.path) / 'manifest.json'}" if caption_job else "")]
+    print("\n".join(lines), flush=True)
+    if args.speedup_rows > 0:
+        print("\n".join(measure_speedups(job, caption_job, args.speedup_rows)))
     return 0
 
 
-def _write_sheet(job, contact_sheet) -> Path:
-    """Write out/contact_sheet.png of every result, in id order."""
+def _write_sheet(job, caption_job, contact_sheet) -> Path:
+    """Write out/contact_sheet.png of every result, in id order: image, prompt, caption."""
     from PIL import Image
 
     from raydec.io import read_results
 
-    images, captions = [], []
+    captions_by_id = {}
+    if caption_job is not None:
+        captions_by_id = {r["id"]: r["caption"] or f"[{r['error']}]" for r in read_results(caption_job.output).to_pylist()}
+    images, texts = [], []
     for row in read_results(job.output).to_pylist():
         images.append(Image.open(row["output_uri"]) if row["output_uri"] else None)
-        captions.append(row["prompt"] or f"[{row['error']}]")
-    sheet = contact_sheet(images, captions, title=f"raydec demo: {job.model} ({job.decode.method})")
+        text = row["prompt"] or f"[{row['error']}]"
+        if row["id"] in captions_by_id:
+            text += f" -> {captions_by_id[row['id']]}"
+        texts.append(text)
+    title = f"raydec demo: {job.model} ({job.decode.method})" + (f"; captions {caption_job.decode.method}" if caption_job else "")
+    sheet = contact_sheet(images, texts, title=title, caption_lines=10)
     path = Path(job.output.path) / "contact_sheet.png"
     sheet.save(path)
     return path

@@ -134,11 +134,14 @@ def test_s3_job_reads_prompts_and_writes_results_to_s3(baseline, tiny_janus, pro
 def test_shipped_job_configs_validate_and_gpu_requests_fall_back_to_cpu(caplog):
     from raydec.runtime.pipeline import _remote_args
 
-    configs = sorted((Path(__file__).resolve().parent.parent / "jobs" / "configs").glob("*.yaml"))
-    assert configs, "jobs/configs/*.yaml should exist"
+    folder = Path(__file__).resolve().parent.parent / "jobs" / "configs"
+    configs = sorted(folder.glob("t2i_*.yaml")) + sorted(folder.glob("caption_*.yaml"))  # batch jobs
+    assert len(configs) >= 4, "jobs/configs/{t2i,caption}_*.yaml should exist"
     jobs = {path.name: JobConfig.from_yaml(path) for path in configs}
     reference = jobs["t2i_reference.yaml"]
     assert reference.model == "reference" and reference.task == "t2i"
+    captions = jobs["caption_reference.yaml"]
+    assert captions.task == "caption" and captions.decode.method == "vispec"
     gpu_job = jobs["t2i_s3.yaml"]
     assert gpu_job.pool.gpus_per_worker == 0.25
     assert _remote_args(gpu_job, cluster_gpus=1.0)["num_gpus"] == 0.25
@@ -234,9 +237,12 @@ def test_demo_runs_end_to_end_on_a_tiny_model(ray_cluster, tiny_janus, tmp_path,
 
     out = tmp_path / "out"
     code = main(["--model", tiny_janus, "--prompts", str(tmp_path / "p.parquet"), "--out", str(out),
-                 "--rows", "4", "--workers", "1", "--batch-size", "4"])
+                 "--rows", "4", "--workers", "1", "--batch-size", "4", "--caption-method", "ar", "--speedup-rows", "1"])
     assert code == 0
     summary = capsys.readouterr().out
     assert "4 result(s)" in summary and "sjd_pac" in summary
+    assert "captioning: 4 result(s)" in summary and "latency speedup" in summary
     assert (out / "contact_sheet.png").stat().st_size > 0 and (out / "manifest.json").exists()
     assert len(read_results(OutputConfig(path=str(out)))) == 4
+    captions = read_results(OutputConfig(path=str(out / "captions"))).to_pylist()
+    assert len(captions) == 4 and all(r["error"] is None and r["caption"] for r in captions)

@@ -22,12 +22,12 @@ from tests.ray_fixture import REPO_ROOT, ray_head  # noqa: F401
 pytestmark = pytest.mark.slow
 
 
-def submit(head: dict, config: Path, timeout_s: float = 240.0) -> subprocess.CompletedProcess:
-    """`ray job submit --working-dir <repo> -- python jobs/t2i_batch.py --config CONFIG`, retried while
+def submit(head: dict, config: Path, timeout_s: float = 240.0, script: str = "jobs/t2i_batch.py") -> subprocess.CompletedProcess:
+    """`ray job submit --working-dir <repo> -- python SCRIPT --config CONFIG`, retried while
     the head's job agent is still registering."""
     ray_cli = str(Path(sys.executable).parent / "ray")
     command = [ray_cli, "job", "submit", "--address", head["address"], "--working-dir", str(REPO_ROOT),
-               "--", "python", "jobs/t2i_batch.py", "--config", str(config)]
+               "--", "python", script, "--config", str(config)]
     deadline = time.monotonic() + timeout_s
     while True:
         result = subprocess.run(command, env=head["env"], cwd=REPO_ROOT, capture_output=True, text=True,
@@ -63,3 +63,19 @@ def test_ray_job_submit_runs_the_t2i_batch_job(ray_head, tmp_path):
     result = submit(ray_head, bad)
     logs = result.stdout + result.stderr
     assert result.returncode != 0 and "pool.wrokers" in logs, logs[-4000:]
+
+
+def test_ray_job_submit_runs_the_caption_batch_job(ray_head, tmp_path):
+    """jobs/caption_batch.py on the shipped reference LLaVA and the shipped example images."""
+    output = tmp_path / "captions"
+    config = tmp_path / "caption.yaml"
+    config.write_text(
+        f"task: caption\nmodel: reference\ninput:\n  path: {REPO_ROOT / 'examples' / 'images.parquet'}\n"
+        f"output:\n  path: {output}\ndecode:\n  method: ar\n  max_new_tokens: 16\n  sampling:\n    temperature: 0.0\n"
+        "pool:\n  workers: 1\n  batch_size: 8\n"
+    )
+    result = submit(ray_head, config, script="jobs/caption_batch.py")
+    logs = result.stdout + result.stderr
+    assert result.returncode == 0 and "succeeded" in logs.lower(), logs[-4000:]
+    rows = read_results(OutputConfig(path=str(output))).to_pylist()
+    assert len(rows) == 16 and all(r["error"] is None and r["caption"] for r in rows)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
@@ -57,6 +58,11 @@ def encode_png(image: ImageLike) -> bytes:
     return buffer.getvalue()
 
 
+def pil_reason(exc: BaseException) -> str:
+    """PIL's error text without object reprs (memory addresses), so error rows are reproducible."""
+    return re.sub(r"<[^<>]* at 0x[0-9a-f]+>", "the data", str(exc))
+
+
 def decode_image(data: bytes, *, field: str = "image", mode: Optional[str] = "RGB") -> Image.Image:
     """Decode encoded image bytes (PNG, JPEG, ...) into a fully loaded PIL image.
 
@@ -72,7 +78,7 @@ def decode_image(data: bytes, *, field: str = "image", mode: Optional[str] = "RG
             image = opened.convert(mode) if mode else opened.copy()
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         head = bytes(data[:8])
-        raise ImageError(f"{field}: corrupt bytes ({len(data)} bytes starting {head!r}: {exc})") from None
+        raise ImageError(f"{field}: corrupt bytes ({len(data)} bytes starting {head!r}: {pil_reason(exc)})") from None
     return image
 
 

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from PIL import Image, UnidentifiedImageError
 
 from raydec.io.config import InputConfig
+from raydec.io.images import pil_reason
 
 MAX_ID_CHARS = 512
 SEED_LIMIT = 2**63
@@ -154,7 +155,7 @@ def _image_bytes_error(value: Any, cfg: InputConfig) -> Optional[str]:
         with Image.open(io.BytesIO(bytes(value))):
             pass
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        return f"image: corrupt bytes ({len(value)} bytes starting {bytes(value[:8])!r}: {exc})"
+        return f"image: corrupt bytes ({len(value)} bytes starting {bytes(value[:8])!r}: {pil_reason(exc)})"
     return None
 
 

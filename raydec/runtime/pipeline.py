@@ -37,7 +37,11 @@ from raydec.runtime.worker import GenerationWorker
 
 logger = logging.getLogger(__name__)
 
-ROW_COLUMNS = ("id", "source", "prompt", "negative_prompt", "seed", "error")
+ROW_COLUMNS = {
+    "t2i": ("id", "source", "prompt", "negative_prompt", "seed", "error"),
+    "caption": ("id", "source", "prompt", "image", "image_uri", "seed", "error"),
+}
+"""Validated-row keys each task's workers receive."""
 MAX_BLOCKS = 4096
 """Upper bound on input blocks, so a huge job does not schedule millions of tiny tasks."""
 
@@ -81,7 +85,8 @@ def check_model(job: JobConfig) -> None:
     The path is checked where the driver runs; on a multi-node cluster it must also exist on
     the workers (a shared filesystem, or inside the job's working directory).
     """
-    if job.task != "t2i":  # other tasks' processors check their own checkpoints in setup()
+    if job.task == "caption":
+        _check_caption_model(job)
         return
     from raydec.models.registry import REFERENCE_NAME, T2I_LOADERS, checkpoint_model_type, resolve_t2i_path
 
@@ -95,6 +100,31 @@ def check_model(job: JobConfig) -> None:
         raise ModelNotFoundError(
             f"model: {job.model!r} is a {model_type!r} checkpoint; text-to-image supports {sorted(T2I_LOADERS)}"
         )
+
+
+def _check_caption_model(job: JobConfig) -> None:
+    """The VLM folder (and, for vispec / eagle, its draft folder) exist; nothing is loaded."""
+    from raydec.models.hf_vlm import SUPPORTED_VLMS
+    from raydec.models.registry import checkpoint_model_type, resolve_draft_path, resolve_vlm_path
+    from raydec.models.vispec_draft import CONFIG_NAME
+
+    path = resolve_vlm_path(job.model)
+    try:
+        model_type = checkpoint_model_type(path)
+    except (FileNotFoundError, ValueError) as exc:
+        raise ModelNotFoundError(f"model: {job.model!r}: {exc}") from None
+    if model_type not in SUPPORTED_VLMS:
+        raise ModelNotFoundError(f"model: {job.model!r} is a {model_type!r} checkpoint; captioning supports {sorted(SUPPORTED_VLMS)}")
+    method = job.decode.method
+    if method not in ("ar", "vispec", "eagle"):
+        raise ValueError(f"decode.method: {method!r} is not a captioning method (use ar, vispec or eagle)")
+    if method != "ar":
+        try:
+            draft = resolve_draft_path(job.model, method, job.decode.draft_model)
+        except ValueError as exc:
+            raise ModelNotFoundError(str(exc)) from None
+        if not (draft / CONFIG_NAME).is_file():
+            raise ModelNotFoundError(f"decode.draft_model: no {method} draft at {draft} ({CONFIG_NAME} missing)")
 
 
 def preflight(job: JobConfig) -> List[InputFile]:
@@ -127,7 +157,7 @@ def _dataset(job: JobConfig, rows: List[Dict[str, Any]]) -> Any:
     """
     import ray.data
 
-    items = [{key: row.get(key) for key in ROW_COLUMNS} for row in rows]
+    items = [{key: row.get(key) for key in ROW_COLUMNS[job.task]} for row in rows]
     blocks = max(1, min(MAX_BLOCKS, math.ceil(len(items) / job.pool.batch_size)))
     return ray.data.from_items(items, override_num_blocks=blocks)
 

@@ -125,8 +125,74 @@ def failed_result(row: Dict[str, Any], method: str, error: str) -> Dict[str, Any
     return error_result(row, method, error)
 
 
-PROCESSORS: Dict[str, Callable[[JobConfig], Processor]] = {"t2i": T2IProcessor}
-"""Processor per task. A caption processor (ViSpec, `raydec.api.caption_images`) registers here."""
+class CaptionProcessor:
+    """Captioning rows -> captions and decoding statistics, via `raydec.api.caption_images`.
+
+    Images are decoded (inline bytes) or fetched (local path or s3:// URI) here, in the
+    actor; a corrupt or missing image becomes that row's `error` and the batch goes on.
+    """
+
+    def __init__(self, job: JobConfig) -> None:
+        self.job = job
+        self.method = job.decode.method
+        self.pipeline: Any = None
+
+    def setup(self) -> None:
+        import torch
+
+        torch.set_num_threads(self.job.pool.torch_threads)
+        api = _api()
+        self.pipeline = api.load_pipeline(
+            model=self.job.model, kind="vlm", dtype=_torch_dtype(self.job.dtype), device=_device(self.job)
+        )
+        if self.method in api.DRAFT_METHODS:  # load the draft once, now, so a bad path fails here
+            api.load_draft(self.pipeline, self.method, self.job.model, self.job.decode.draft_model)
+        logger.info("caption processor: loaded %s (%s, method %s)", self.job.model, self.job.dtype, self.method)
+
+    def _caption(self, rows: List[Dict[str, Any]]) -> List[Any]:
+        api = _api()
+        return api.caption_images(
+            [row["pil_image"] for row in rows],
+            prompt=[row.get("prompt") or api.DEFAULT_CAPTION_PROMPT for row in rows],
+            model=self.pipeline,
+            decode=self.job.decode,
+            seeds=[int(row["seed"]) for row in rows],
+            batch_size=self.job.pool.batch_size,
+        )
+
+    def _result(self, row: Dict[str, Any], caption: Any) -> Dict[str, Any]:
+        return dict(
+            id=row["id"], source=row["source"], prompt=row.get("prompt"), seed=int(row["seed"]),
+            method=self.method, caption=caption.caption,
+            target_forwards=int(caption.target_forwards), tokens=int(caption.num_tokens),
+            mean_accepted=float(caption.mean_accepted), latency_s=float(caption.latency_s),
+        )
+
+    def __call__(self, batch: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        from raydec.io import attach_caption_images
+
+        rows = attach_caption_images(batch, self.job.input.s3)
+        results = [failed_result(row, self.method, row["error"]) for row in rows if row.get("error")]
+        good = [row for row in rows if not row.get("error")]
+        if not good:
+            return results
+        try:
+            return results + [self._result(row, out) for row, out in zip(good, self._caption(good), strict=True)]
+        except Exception as exc:  # one bad row must not fail its batch: retry rows one by one
+            if len(good) == 1:
+                return results + [failed_result(good[0], self.method, f"captioning: {type(exc).__name__}: {exc}")]
+            logger.warning("caption batch of %d failed (%s); retrying row by row", len(good), exc)
+        for row in good:
+            try:
+                results.append(self._result(row, self._caption([row])[0]))
+            except Exception as exc:
+                logger.warning("caption row %r failed: %s", row["id"], exc)
+                results.append(failed_result(row, self.method, f"captioning: {type(exc).__name__}: {exc}"))
+        return results
+
+
+PROCESSORS: Dict[str, Callable[[JobConfig], Processor]] = {"t2i": T2IProcessor, "caption": CaptionProcessor}
+"""Processor per task."""
 
 
 def make_processor(job: JobConfig) -> Processor:
