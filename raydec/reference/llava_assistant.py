@@ -81,6 +81,7 @@ class AssistantSettings:
     grad_clip: float = 1.0
     kl_weight: float = 1.0
     max_minutes: float = 0.0  # cap on training wall time (0: off)
+    anneal_on_time: bool = False  # schedule progress = max(step / steps, time / max_minutes): decays fully at the cap
     threads: int = 1
     log_every: int = 20
     checkpoint_every: int = 200
@@ -311,11 +312,15 @@ def heldout_agreement(model, rows: Sequence[dict[str, Any]], pad_id: int) -> dic
     return {"agreement": stats["agreement"], "ce": stats["ce"], "kl": stats["kl"]}
 
 
-def learning_rate(step: int, settings: AssistantSettings) -> float:
-    """Linear warm-up, then cosine decay to ``min_lr_ratio * lr``."""
+def learning_rate(step: int, settings: AssistantSettings, time_fraction: float = 0.0) -> float:
+    """Linear warm-up, then cosine decay to ``min_lr_ratio * lr``.
+
+    ``time_fraction`` (elapsed / time cap, with ``anneal_on_time``) moves the cosine on when the
+    run is slower than ``steps`` needs, so a time-capped run still ends annealed.
+    """
     if step < settings.warmup:
         return settings.lr * (step + 1) / settings.warmup
-    progress = min(1.0, (step - settings.warmup) / max(1, settings.steps - settings.warmup))
+    progress = min(1.0, max((step - settings.warmup) / max(1, settings.steps - settings.warmup), time_fraction))
     return settings.lr * (settings.min_lr_ratio + (1 - settings.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
@@ -436,8 +441,12 @@ def distill(settings: AssistantSettings) -> Path:
     start = time.perf_counter()
     for step in range(first_step, settings.steps):
         batch = collate([rows[i] for i in batch_indices(step, settings, len(rows))], pad_id)
+        time_fraction = 0.0
+        if settings.anneal_on_time and settings.max_minutes > 0:
+            time_fraction = (seconds_before + time.perf_counter() - start) / (settings.max_minutes * 60)
+        lr = learning_rate(step, settings, time_fraction)
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, settings)
+            group["lr"] = lr
         loss, stats = distill_loss(model, batch, settings.kl_weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -454,7 +463,7 @@ def distill(settings: AssistantSettings) -> Path:
             recent = slice(-settings.log_every, None)
             logger.info("step %d/%d: loss %.4f (ce %.4f, kl %.4f), agreement %.3f, lr %.2e, %.2f s/step",
                         step + 1, settings.steps, np.mean(log.losses[recent]), np.mean(log.ce[recent]),
-                        np.mean(log.kl[recent]), np.mean(log.agreement[recent]), learning_rate(step, settings),
+                        np.mean(log.kl[recent]), np.mean(log.agreement[recent]), lr,
                         elapsed / (step + 1 - first_step))
         last = step + 1 == settings.steps
         out_of_time = settings.max_minutes > 0 and log.wall_seconds > settings.max_minutes * 60
@@ -675,7 +684,8 @@ def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
         f"tokens + {settings['kl_weight']} x KL(target || assistant) of the full next-token distribution (the target's "
         f"logits recorded during generation).",
         f"- AdamW (betas 0.9 / 0.95, weight decay {settings['weight_decay']} on matrices), peak lr {settings['lr']}, "
-        f"{settings['warmup']} warm-up steps then cosine to {settings['min_lr_ratio']} x peak, grad clip "
+        f"{settings['warmup']} warm-up steps then cosine to {settings['min_lr_ratio']} x peak"
+        f"{' (progress = max(step / steps, elapsed / time cap))' if settings.get('anneal_on_time') == 'True' else ''}, grad clip "
         f"{settings['grad_clip']}, batch {settings['batch_size']}, float32, seed {settings['seed']}, "
         f"`torch.set_num_threads({settings['threads']})`.",
         f"- Steps: {log['steps_done']} of {settings['steps']}{' (stopped at the time cap)' if log['stopped_early'] else ''}; "
@@ -754,6 +764,8 @@ def add_assistant_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=d.warmup)
     parser.add_argument("--kl-weight", type=float, default=d.kl_weight, help="weight of KL(target || assistant)")
     parser.add_argument("--max-minutes", type=float, default=d.max_minutes, help="training time cap (0: off)")
+    parser.add_argument("--anneal-on-time", action="store_true",
+                        help="cosine progress = max(step / steps, elapsed / max-minutes): ends annealed at the time cap")
     parser.add_argument("--threads", type=int, default=d.threads)
     parser.add_argument("--log-every", type=int, default=d.log_every)
     parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
@@ -772,7 +784,7 @@ def distill_from_args(args: argparse.Namespace) -> Path:
         num_captions=args.num_captions, first_seed=args.first_seed, question_share=args.question_share,
         caption_batch_size=args.caption_batch_size, max_new_tokens=args.max_new_tokens,
         caption_max_minutes=args.caption_max_minutes, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-        warmup=args.warmup, kl_weight=args.kl_weight, max_minutes=args.max_minutes, threads=args.threads,
+        warmup=args.warmup, kl_weight=args.kl_weight, max_minutes=args.max_minutes, anneal_on_time=args.anneal_on_time, threads=args.threads,
         log_every=args.log_every, checkpoint_every=args.checkpoint_every, heldout_n=args.heldout_n,
         eval_n=args.eval_n, tune_n=args.tune_n, resume=args.resume, command=command.strip(),
     )
