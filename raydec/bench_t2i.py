@@ -189,14 +189,18 @@ def bench_t2i(args: argparse.Namespace) -> dict:
         }
         if "hf" in records:
             entry["latency_speedup_vs_hf"] = records["hf"].seconds / record.seconds
+        if method != "ar":
+            entry.update(score_agreement(ar.scores, record.scores))
         summary[method] = entry
     window = args.window + 1
     cost = window_cost(target, prompts[0], sorted({1, 16, window, 64}))
     plots = _plots(records, target.layout_grid, args.plots)
-    header = ["method", "step compr.", "latency x AR", "latency x hf", "tokens/fwd", "judge", "img/s"]
+    header = ["method", "step compr.", "latency x AR", "latency x hf", "tokens/fwd", "judge", "judge vs AR (p KS/MW)", "img/s"]
     rows = [
         [m, f"{e['step_compression']:.2f}", f"{e['latency_speedup']:.2f}", f"{e.get('latency_speedup_vs_hf', float('nan')):.2f}",
-         f"{e['mean_accepted']:.2f}", f"{e['judge_score']:.3f}", f"{e['images_per_second']:.3f}"]
+         f"{e['mean_accepted']:.2f}", f"{e['judge_score']:.3f}",
+         f"{e['judge_mean_diff']:+.3f} ({e['judge_ks_p']:.2f}/{e['judge_mw_p']:.2f})" if "judge_ks_p" in e else "-",
+         f"{e['images_per_second']:.3f}"]
         for m, e in summary.items()
     ]
     print_table(f"bench t2i: {args.model}, {args.prompts} prompts, batch {args.batch}, {args.dtype}", header, rows)
@@ -208,6 +212,21 @@ def bench_t2i(args: argparse.Namespace) -> dict:
         "prompts": args.prompts, "batch": args.batch, "dtype": args.dtype, "model": str(args.model),
         "plots": [str(p) for p in plots],
     }
+
+
+def score_agreement(reference: list[float], scores: list[float], alpha: float = 0.05) -> dict[str, float]:
+    """Does a method's judge-score distribution match AR's? Two-sample Kolmogorov-Smirnov and
+    Mann-Whitney tests (both must not reject at ``alpha``) and the difference of the means.
+    Lossless methods pass by construction up to sampling noise; biased ones drift."""
+    from scipy import stats
+
+    if len(reference) < 2 or len(scores) < 2 or (len(set(reference)) == 1 and set(reference) == set(scores)):
+        return {"judge_ks_p": 1.0, "judge_mw_p": 1.0, "judge_mean_diff": float(np.mean(scores) - np.mean(reference)), "judge_same_distribution": True}
+    ks = stats.ks_2samp(reference, scores).pvalue
+    mw = stats.mannwhitneyu(reference, scores, alternative="two-sided").pvalue
+    diff = float(np.mean(scores) - np.mean(reference))
+    return {"judge_ks_p": float(ks), "judge_mw_p": float(mw), "judge_mean_diff": diff,
+            "judge_same_distribution": bool(ks >= alpha and mw >= alpha)}
 
 
 def _chunks(result: Any) -> list[int]:
