@@ -189,6 +189,11 @@ def add_engine_parser(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(argv or [])
+    if argv[:1] == ["pipeline"]:
+        from raydec.bench_pipeline import main as bench_pipeline_main
+
+        return bench_pipeline_main(argv)
     parser = argparse.ArgumentParser(prog="raydec bench", description=__doc__)
     subparsers = parser.add_subparsers(dest="which", required=True)
     add_engine_parser(subparsers)
@@ -198,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     from raydec.bench_caption import add_caption_parser
 
     add_caption_parser(subparsers)
+    subparsers.add_parser("pipeline", help="Ray Data pipeline vs the engine in one process (see `raydec bench pipeline -h`)")
     args = parser.parse_args(argv)
     result = args.bench(args)
     if args.json:
