@@ -203,6 +203,9 @@ def bench_caption(args: argparse.Namespace) -> dict:
             entry["latency_speedup_vs_hf_assisted"] = records["hf_assisted"].seconds / record.seconds
         summary[method] = entry
     identical = {m: sum(a == b for a, b in zip(ar.captions, r.captions)) for m, r in records.items()}
+    from raydec.bench_t2i import window_cost
+
+    cost = window_cost(target, VlmPrompt(target.format_prompt(args.prompt, 1), [images[0]]), sorted({1, 4, 8, 16, args.total_tokens}))
     header = ["method", "tokens/fwd", "tau", "latency x AR", "x hf_assisted", "accuracy", "draft step / target fwd"]
     rows = [
         [m, f"{e['tokens_per_forward']:.2f}", f"{e['tau']:.2f}", f"{e['latency_speedup']:.2f}",
@@ -216,8 +219,10 @@ def bench_caption(args: argparse.Namespace) -> dict:
     )
     if sampling.greedy:
         print("captions identical to AR: " + ", ".join(f"{m} {n}/{len(images)}" for m, n in identical.items()))
+    print("target forward cost relative to a 1-token forward: " + ", ".join(f"{n} tokens {c:.2f}x" for n, c in cost.items()))
     return {
         "methods": summary,
+        "window_cost": {str(n): c for n, c in cost.items()},
         "captions_identical_to_ar": identical,
         "config": {m: c.model_dump() for m, c in configs.items()},
         "images": args.images, "batch": args.batch, "dtype": args.dtype, "temperature": args.temperature,
