@@ -163,3 +163,77 @@ def test_batch_rows_equal_batch_one_rows(llama64):
     for request, out in zip(requests, batched):
         (single,) = engine.generate([request])
         assert single.tokens == out.tokens
+
+
+def test_tree_expansion_equals_sequential_drafting(llama64):
+    """Every expanded tree node's draft hidden equals running the draft one pair at a time along
+    its root path on a copy of the committed draft cache: the tree mask is the ancestor closure
+    and tree positions are depth + the committed length."""
+    import copy
+
+    from raydec.spec.proposers.base import DecodeState
+
+    config = _sampling_config(length=8)
+    config = config.model_copy(update={"draft_tree": DraftTreeSpec(depth=4, top_k=3, total_tokens=12)})
+    draft = draft_for(llama64, vision=False, seed=3)
+    proposer = DraftTreeProposer(draft, config.draft_tree)
+    engine = Engine(llama64, proposer, config)
+    engine.generate([RowRequest(p, seed=1) for p in PROMPTS])  # leaves the proposer after its last step
+    # a fresh step on new rows: prefill through the engine, then one traced propose
+    captured = {}
+    original = proposer.propose
+
+    def traced(state: DecodeState):
+        if not captured:
+            proposer._sync_rows(state)
+            proposer._catch_up()
+            captured["kv"] = copy.deepcopy(proposer.cache.kv)
+            captured["valid"] = proposer.cache.valid.clone()
+            captured["next"] = proposer.cache.next_position.clone()
+            captured["root"] = proposer.root_hidden.clone()
+            proposer.trace = []
+            tree = original(state)
+            captured["trace"] = proposer.trace
+            proposer.trace = None
+            return tree
+        return original(state)
+
+    proposer.propose = traced
+    engine.generate([RowRequest(p, seed=2) for p in PROMPTS])
+    trace = captured["trace"]
+    assert len(trace) == 3  # depth 4: levels 2..4 expand
+    tokens, parents = trace[-1][2], trace[-1][3]
+    hidden_of = {}  # (row, candidate) -> draft hidden
+    for frontier, h, _, _ in trace:
+        for row in range(frontier.shape[0]):
+            for j, cand in enumerate(frontier[row].tolist()):
+                hidden_of[(row, cand)] = h[row, j]
+    checked = 0
+    with torch.inference_mode():
+        checked = _check_sequential(draft, captured, hidden_of, tokens, parents)
+    assert checked == 4 * 3 * 3
+
+
+def _check_sequential(draft, captured, hidden_of, tokens, parents) -> int:
+    import copy
+
+    checked = 0
+    for (row, cand), h in hidden_of.items():
+        path = [cand]
+        while parents[row, path[-1]] >= 0:
+            path.append(int(parents[row, path[-1]]))
+        path.reverse()
+        kv = copy.deepcopy(captured["kv"])
+        valid = captured["valid"][row : row + 1]
+        kv.batch_select_indices(torch.tensor([row]))
+        feature = captured["root"][row]
+        for depth, node in enumerate(path):
+            mask = torch.cat([valid, torch.ones(1, depth + 1, dtype=torch.bool)], dim=1)
+            additive = torch.zeros(1, 1, 1, mask.shape[1], dtype=torch.float64).masked_fill(~mask.view(1, 1, 1, -1), torch.finfo(torch.float64).min)
+            embed = draft.embed_tokens(tokens[row, node].view(1, 1)).to(torch.float64)
+            position = captured["next"][row].view(1, 1) + depth
+            out = draft(embed, feature.view(1, 1, -1), position, additive, kv)[0, 0]
+            feature = out
+        assert torch.allclose(out, h, atol=1e-10), (row, cand, path)
+        checked += 1
+    return checked

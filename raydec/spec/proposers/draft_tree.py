@@ -56,6 +56,9 @@ class DraftTreeProposer(Proposer):
         self.pending: list[tuple[torch.Tensor, list[int]]] = []  # per row: (features [n, H], tokens [n])
         self.globals_: torch.Tensor | None = None  # [B, H] g of each row's last image
         self.has_global: torch.Tensor | None = None  # [B] bool
+        #: set to a list to record each expansion as (frontier candidate ids [B, K], their
+        #: draft hidden [B, K, H], candidate tokens [B, C], candidate parents [B, C]) (tests)
+        self.trace: list | None = None
 
     @property
     def _device(self) -> torch.device:
@@ -206,6 +209,8 @@ class DraftTreeProposer(Proposer):
             allowed = torch.cat([base.unsqueeze(1).expand(batch, k, committed), anc], dim=2)
             positions = (self.cache.next_position.unsqueeze(1) + level - 2).expand(batch, k)
             h = self.draft(tok, frontier_feat, positions.to(device), _additive(allowed, dtype).to(device), self.cache.kv, glob, use)
+            if self.trace is not None:
+                self.trace.append((frontier.clone(), h.detach().clone(), all_tokens.clone(), all_parent.clone()))
             grown = torch.zeros(batch, n_slots + k, n_slots + k, dtype=torch.bool)
             grown[:, :n_slots, :n_slots] = slot_anc
             grown[:, n_slots:] = anc
