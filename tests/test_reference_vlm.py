@@ -90,8 +90,8 @@ def test_hf_generate_captions_held_out_images(vlm) -> None:
     assert (new_tokens == processor.tokenizer.eos_token_id).any(dim=1).all(), "caption did not finish"
     captions = processor.batch_decode(new_tokens, skip_special_tokens=True)
     scores = [score_caption(c, s.image) for c, s in zip(captions, samples)]
-    # The shipped checkpoint scores 0.62 on 200 held-out images (MODEL_CARD.md): it states count,
-    # background and layout well, object colour / shape / fill poorly. A caption written from the
-    # language prior alone scores about 0.3; these two images score 0.44 and 0.46.
+    # The shipped checkpoint scores 0.66 on 200 held-out images (MODEL_CARD.md): it states count,
+    # background, size and layout well, object colour / shape / fill poorly. A caption written from the
+    # language prior alone scores about 0.3; these two images score 0.61 and 0.54 (0.44 and 0.46 before).
     assert all(c.strip().endswith(".") for c in captions), captions
-    assert min(scores) >= 0.4, list(zip(captions, scores))
+    assert min(scores) >= 0.5, list(zip(captions, scores))

@@ -224,9 +224,19 @@ def add_vlm_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--vlm-seed", type=int, default=0, help="seed of initialisation and data order")
     group.add_argument("--vlm-question-share", type=float, default=0.25, help="share of question samples")
     group.add_argument("--vlm-patch-loss", type=float, default=0.5, help="weight of the auxiliary patch-word loss")
+    group.add_argument("--vlm-vision-lr-mult", type=float, default=1.0,
+                       help="learning-rate multiplier of the vision tower and projector")
+    group.add_argument("--vlm-projector-in-lr-mult", type=float, default=1.0,
+                       help="extra learning-rate multiplier of the projector's first linear layer")
+    group.add_argument("--vlm-revive-projector", action="store_true",
+                       help="re-initialise dead projector units at the start (function-preserving)")
+    group.add_argument("--vlm-focus-questions", action="store_true",
+                       help="questions only about an object's colour, shape or fill")
     group.add_argument("--vlm-eval-every", type=int, default=300, help="steps between checkpoints + quick evals")
     group.add_argument("--vlm-eval-n", type=int, default=24, help="held-out images per quick eval")
     group.add_argument("--vlm-max-minutes", type=float, default=0.0, help="stop early after this wall time (0: off)")
+    group.add_argument("--vlm-stop-after", type=int, default=0,
+                       help="stop after this many steps of the phase, keeping the --vlm-steps schedule (0: off)")
     group.add_argument("--vlm-init-from", type=Path, default=None, help="continue from this saved checkpoint")
     group.add_argument("--vlm-first-step", type=int, default=0, help="global step of this phase's first batch")
     group.add_argument("--vlm-threads", type=int, default=1, help="torch CPU threads")
@@ -262,6 +272,11 @@ def train_vlm(args: Any = None) -> Path:
         seed=_get(args, "vlm_seed", defaults.seed),
         question_share=_get(args, "vlm_question_share", defaults.question_share),
         patch_loss_weight=_get(args, "vlm_patch_loss", defaults.patch_loss_weight),
+        vision_lr_mult=_get(args, "vlm_vision_lr_mult", defaults.vision_lr_mult),
+        focus_questions=_get(args, "vlm_focus_questions", defaults.focus_questions),
+        projector_in_lr_mult=_get(args, "vlm_projector_in_lr_mult", defaults.projector_in_lr_mult),
+        revive_projector=_get(args, "vlm_revive_projector", defaults.revive_projector),
+        stop_after=_get(args, "vlm_stop_after", defaults.stop_after),
         eval_every=_get(args, "vlm_eval_every", defaults.eval_every),
         eval_n=_get(args, "vlm_eval_n", defaults.eval_n),
         max_minutes=_get(args, "vlm_max_minutes", defaults.max_minutes),

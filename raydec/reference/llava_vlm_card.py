@@ -45,6 +45,18 @@ def _commands(log: dict[str, Any]) -> list[str]:
             f"{phase.get('patch_loss_weight', '0')} \\\n    --vlm-eval-every {phase['eval_every']} "
             f"--vlm-eval-n {phase['eval_n']} --vlm-max-minutes {float(phase['max_minutes']):g} --vlm-out {_relative(phase['out_dir'])}"
         )
+        if float(phase.get("question_share", 0.25)) != 0.25:
+            flags += f" --vlm-question-share {phase['question_share']}"
+        if phase.get("focus_questions", "False") == "True":
+            flags += " --vlm-focus-questions"
+        if float(phase.get("vision_lr_mult", 1.0)) != 1.0:
+            flags += f" --vlm-vision-lr-mult {phase['vision_lr_mult']}"
+        if float(phase.get("projector_in_lr_mult", 1.0)) != 1.0:
+            flags += f" --vlm-projector-in-lr-mult {phase['projector_in_lr_mult']}"
+        if phase.get("revive_projector", "False") == "True":
+            flags += " --vlm-revive-projector"
+        if int(phase.get("stop_after", 0)) > 0:
+            flags += f" --vlm-stop-after {phase['stop_after']}"
         if phase.get("init_from", "None") != "None":
             flags += f" \\\n    --vlm-init-from {_relative(phase['init_from'])} --vlm-first-step {phase['first_step']}"
         lines.append(f"python -m raydec.reference.train vlm {flags}")
@@ -96,19 +108,41 @@ def write_model_card(out_dir: Path, evaluation: dict[str, Any] | None = None) ->
         "(A later phase continues from a copy of the earlier phase's output folder, with a fresh optimizer,",
         "its own warm-up + cosine schedule and the data stream resuming at `--vlm-first-step`.)",
         "",
-        f"- Data: fresh samples every step (global step s uses seeds `s*B .. s*B+B-1`, all < 1,000,000); "
-        f"{float(settings['question_share']):.0%} of samples are one question from `shapes.question_answers`, the rest",
-        "  full descriptions. Teacher forcing; cross-entropy on answer tokens (and the final `<eos>`) only.",
+        "- Data: fresh samples every step (global step s uses seeds `s*B .. s*B+B-1`, all < 1,000,000); a seeded",
+        "  share of samples is one question from `shapes.question_answers`, the rest full descriptions; share per "
+        "phase: " + ", ".join(
+            f"{float(p.get('question_share', 0.25)):.0%}"
+            + (" (only questions about an object's colour, shape or fill)" if p.get("focus_questions") == "True" else "")
+            for p in phases
+        ) + ". Teacher forcing; cross-entropy on answer tokens (and the final `<eos>`) only.",
         "- Auxiliary patch loss (training only; the model is the stock class): at every image-token position",
         "  the LM head's logits of 27 attribute words (colours, shapes, sizes, fills, background kind / colour,",
         "  position words) are trained with a sigmoid cross-entropy against the words of the object (or",
-        f"  background) covering that 8x8 patch, weight {settings.get('patch_loss_weight', '0')}. Without it the first run "
+        "  background) covering that 8x8 patch, weight per phase: "
+        + ", ".join(str(p.get("patch_loss_weight", "0")) for p in phases) + ". Without it the first run "
         "captioned from the language prior alone for 900+ steps (colour tokens ignored the image).",
+        *(
+            [
+                "- Projector revival (phases with `--vlm-revive-projector`): before the phase starts, every hidden unit of",
+                "  the projector's first layer that is positive on < 1% of the image patches of the phase's first batch",
+                "  (a dead GELU unit) gets a fresh seeded random input row (pre-activation mean 0, std 2 on those patches)",
+                "  and a zero output column, so the model's function is unchanged (`llava_vlm_train.revive_projector`).",
+            ]
+            if any(p.get("revive_projector") == "True" for p in phases)
+            else []
+        ),
         f"- AdamW (betas 0.9 / 0.95, weight decay {settings['weight_decay']} on matrices), linear warm-up then cosine "
         f"decay to {settings['min_lr_ratio']} x peak, grad clip {settings['grad_clip']}, batch {settings['batch_size']}, "
         "float32 (bf16 autocast was 2x slower on this CPU), "
         f"`torch.set_num_threads({settings['threads']})`, seed {settings['seed']}. Peak learning rate per phase: "
-        + ", ".join(f"{p['lr']} ({p['steps']} steps, {p['warmup']} warm-up)" for p in phases) + ".",
+        + ", ".join(
+            f"{p['lr']} ({p['steps']} steps, {p['warmup']} warm-up"
+            + (f"; vision tower and projector at {float(p['vision_lr_mult']):g} x" if float(p.get("vision_lr_mult", 1.0)) != 1.0 else "")
+            + (f"; projector first layer at {float(p['projector_in_lr_mult']):g} x" if float(p.get("projector_in_lr_mult", 1.0)) != 1.0 else "")
+            + (f"; stopped after {p['stop_after']} steps" if int(p.get("stop_after", 0)) > 0 else "")
+            + ")"
+            for p in phases
+        ) + ".",
         f"- Steps done: {log['steps_done']} in {len(phases)} phase(s)"
         + (" (the last stopped early by its wall-time cap)" if log.get("stopped_early") else "")
         + f"; {log['tokens_seen'] / 1e6:.2f}M tokens (image + text, unpadded); training wall time "

@@ -79,8 +79,12 @@ def patch_attribute_targets(sample: ShapesSample, patch_size: int = 8) -> np.nda
     return targets
 
 
-def make_example(seed: int, question_share: float) -> Example:
-    """The training example of ``seed``: a description, or (with ``question_share``) one question."""
+def make_example(seed: int, question_share: float, focus_questions: bool = False) -> Example:
+    """The training example of ``seed``: a description, or (with ``question_share``) one question.
+
+    With ``focus_questions`` the question is drawn only from those whose answer is an object's
+    colour, shape or fill (the attributes that need object-level grounding).
+    """
     if seed >= HELD_OUT_SEED_START:
         raise ValueError(f"training seed {seed} is in the held-out range (>= {HELD_OUT_SEED_START})")
     sample = make_sample(seed)
@@ -88,6 +92,8 @@ def make_example(seed: int, question_share: float) -> Example:
     patches = patch_attribute_targets(sample)
     if rng.random() < question_share:
         pairs = question_answers(sample, rng)
+        if focus_questions:
+            pairs = [(q, a) for q, a in pairs if a in COLORS or a in SHAPES or a in FILLS]
         if pairs:
             question, answer = pairs[rng.randrange(len(pairs))]
             return Example(sample.image, question, answer, patches)
@@ -133,7 +139,8 @@ def collate(examples: list[Example], processor: LlavaProcessor) -> dict[str, tor
     }
 
 
-def training_batch(step: int, batch_size: int, processor: LlavaProcessor, question_share: float) -> dict[str, torch.Tensor]:
+def training_batch(step: int, batch_size: int, processor: LlavaProcessor, question_share: float,
+                   focus_questions: bool = False) -> dict[str, torch.Tensor]:
     """The batch of optimizer step ``step`` (deterministic)."""
     seeds = range(step * batch_size, (step + 1) * batch_size)
-    return collate([make_example(seed, question_share) for seed in seeds], processor)
+    return collate([make_example(seed, question_share, focus_questions) for seed in seeds], processor)

@@ -44,6 +44,11 @@ class TrainSettings:
     seed: int = 0
     question_share: float = 0.25
     patch_loss_weight: float = 0.5
+    vision_lr_mult: float = 1.0  # learning-rate multiplier of the vision tower and the projector
+    projector_in_lr_mult: float = 1.0  # extra multiplier of the projector's first linear layer
+    stop_after: int = 0  # stop (and checkpoint) after this many steps of this phase, schedule unchanged (0: off)
+    revive_projector: bool = False  # re-initialise dead projector units at the start (function-preserving)
+    focus_questions: bool = False  # questions only about an object's colour, shape or fill
     eval_every: int = 300
     eval_n: int = 24
     max_minutes: float = 0.0
@@ -80,13 +85,23 @@ def learning_rate(step: int, settings: TrainSettings) -> float:
 
 
 def make_optimizer(model: torch.nn.Module, settings: TrainSettings) -> torch.optim.Optimizer:
-    """AdamW with no weight decay on norms, biases and embeddings."""
-    decay, no_decay = [], []
+    """AdamW with no weight decay on norms, biases and embeddings.
+
+    Each group carries ``lr_mult``: ``settings.vision_lr_mult`` for the vision tower and the
+    projector, 1 for the language model.
+    """
+    buckets: dict[tuple[bool, float], list] = {}
     for name, param in model.named_parameters():
-        (no_decay if param.ndim < 2 or "embed" in name or "norm" in name else decay).append(param)
+        no_decay = param.ndim < 2 or "embed" in name or "norm" in name
+        mult = 1.0
+        if "vision_tower" in name or "multi_modal_projector" in name:
+            mult = settings.vision_lr_mult
+        if "multi_modal_projector.linear_1" in name:
+            mult *= settings.projector_in_lr_mult
+        buckets.setdefault((no_decay, mult), []).append(param)
     groups = [
-        {"params": decay, "weight_decay": settings.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": params, "weight_decay": 0.0 if no_decay else settings.weight_decay, "lr_mult": mult}
+        for (no_decay, mult), params in sorted(buckets.items())
     ]
     return torch.optim.AdamW(groups, lr=settings.lr, betas=(0.9, 0.95), eps=1e-8)
 
@@ -105,6 +120,38 @@ def patch_loss(logits: torch.Tensor, input_ids: torch.Tensor, image_token_id: in
     image_logits = logits[input_ids == image_token_id].view(batch, patches, -1)  # [B, P, V]
     word_logits = image_logits.index_select(-1, word_ids).float()  # [B, P, K]
     return torch.nn.functional.binary_cross_entropy_with_logits(word_logits, patch_targets)
+
+
+@torch.no_grad()
+def revive_projector(model, pixel_values: torch.Tensor, seed: int, alive_share: float = 0.01,
+                     scale: float = 2.0) -> int:
+    """Re-initialise the projector's dead GELU units without changing the model's function.
+
+    The CLIP residual stream that feeds the projector grows to norms of a few hundred, so the
+    first projector layer's pre-activations are large and most hidden units end up negative on
+    every patch (dead): the projector then passes little beyond a couple of dominant directions,
+    and object colour / shape barely reach the language model. A unit positive on fewer than
+    ``alive_share`` of the patches of ``pixel_values`` gets a fresh random input row scaled so
+    its pre-activation has standard deviation ``scale`` and mean 0 on those patches, and a zero
+    output column (so the model's outputs are unchanged). Returns the number of units revived.
+    """
+    projector = model.model.multi_modal_projector
+    hidden_states = model.model.vision_tower(pixel_values, output_hidden_states=True).hidden_states
+    h = hidden_states[model.config.vision_feature_layer][:, 1:].reshape(-1, projector.linear_1.in_features)  # [N, D]
+    pre = projector.linear_1(h)  # [N, H]
+    dead = (pre > 0).float().mean(0) < alive_share  # [H]
+    n = int(dead.sum())
+    if n == 0:
+        return 0
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.randn(n, h.shape[1], generator=gen)  # [n, D]
+    centred = h - h.mean(0)
+    std = (centred @ rows.T).std(0)  # [n]
+    rows = rows * (scale / std)[:, None]
+    projector.linear_1.weight[dead] = rows
+    projector.linear_1.bias[dead] = -(h.mean(0) @ rows.T)
+    projector.linear_2.weight[:, dead] = 0.0
+    return n
 
 
 def save_checkpoint(model, processor, out_dir: Path, log: TrainLog) -> None:
@@ -176,6 +223,10 @@ def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
         processor = build_processor(vocabulary(), sizes)
         model = build_model(processor, sizes, settings.seed)
         log = TrainLog(settings=settings_record, sizes=asdict(sizes), phases=[settings_record])
+    if settings.revive_projector:
+        probe = training_batch(settings.first_step, settings.batch_size, processor, settings.question_share)
+        revived = revive_projector(model, probe["pixel_values"], settings.seed)
+        logger.info("revived %d dead projector units", revived)
     model.train()
     optimizer = make_optimizer(model, settings)
     log.parameters = sum(p.numel() for p in model.parameters())
@@ -187,9 +238,10 @@ def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
     start = time.perf_counter()
     bar = tqdm(range(settings.steps), desc="vlm train")
     for step in bar:
-        batch = training_batch(settings.first_step + step, settings.batch_size, processor, settings.question_share)
+        batch = training_batch(settings.first_step + step, settings.batch_size, processor, settings.question_share,
+                               settings.focus_questions)
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, settings)
+            group["lr"] = learning_rate(step, settings) * group["lr_mult"]
         patch_targets = batch.pop("patch_targets")
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
             out = model(**batch)
@@ -209,6 +261,7 @@ def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
         bar.set_postfix(loss=f"{log.losses[-1]:.3f}", patch=f"{log.patch_losses[-1]:.3f}", tok_s=f"{tokens_per_second:.0f}")
         last = step + 1 == settings.steps
         out_of_time = settings.max_minutes > 0 and elapsed > settings.max_minutes * 60
+        out_of_time = out_of_time or (settings.stop_after > 0 and step + 1 >= settings.stop_after)
         if (step + 1) % settings.eval_every == 0 or last or out_of_time:
             if settings.eval_n > 0:
                 result = evaluate_captions(model, processor, n=settings.eval_n, batch_size=settings.eval_n, progress=False)
