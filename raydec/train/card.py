@@ -57,7 +57,7 @@ def write_model_card(
         f"shapes-world seeds {manifest['seeds'][0]}..{manifest['seeds'][1] - 1}), {manifest['num_tokens']} tokens of which "
         f"{manifest['num_generated_tokens']} generated; data generation {manifest.get('wall_s', '?')} s. The same data and budget "
         "train the vispec and eagle drafts.",
-        f"- Loss: {'stage 1 (EAGLE) for the first %d steps, then ' % draft.stage1_steps if draft.stage1_steps else ''}"
+        f"- Objective: {'stage 1 (EAGLE) for the first %d steps, then ' % draft.stage1_steps if draft.stage1_steps else ''}"
         f"stage 2: {draft.loss.l1_weight:g}·L1(softmax(draft logits) − target probs) + {draft.loss.listmle_weight:g}·ListMLE_top{draft.loss.listmle_top}; "
         f"self-rollout mtp_steps={draft.mtp_steps}, uniform feature noise width {draft.feature_noise:g}.",
         f"- AdamW betas {draft.betas}, lr {draft.lr:g} (warm-up {draft.warmup_steps}, cosine to {draft.min_lr_ratio:g}×), "
@@ -65,7 +65,7 @@ def write_model_card(
         f"{draft.num_workers} Ray Train worker(s) × {draft.threads_per_worker} thread(s), seed {draft.seed}.",
         f"- Steps: {summary['steps']}; training wall time {summary['train_s'] / 60:.1f} min "
         f"({summary['wall_s'] / 60:.1f} min with Ray Train start-up){'; trained at the same time as the other draft' if parallel else ''}.",
-        f"- Loss: first step {summary['first_loss']:.3f}, final (mean of the last 10% of steps) {summary['final_loss']:.4f}; "
+        f"- Losses: first step {summary['first_loss']:.3f}, final (mean of the last 10% of steps) {summary['final_loss']:.4f}; "
         "top-1 agreement with the target per rollout pass (last 10%): "
         + ", ".join(f"pass {k[len('final_acc'):]} {v:.3f}" for k, v in summary.items() if k.startswith("final_acc"))
         + ". Curve: `loss_curve.png`.",

@@ -132,8 +132,24 @@ class _TargetWorker:
     def __call__(self, batch: dict[str, np.ndarray]) -> Any:
         import pyarrow as pa
 
-        seeds = [int(s) + self.config.seed_start for s in batch["id"]]
+        seeds = [int(s) for s in batch["seed"]]
         return pa.Table.from_pylist(generate_rows(self.target, seeds, self.config), schema=_schema())
+
+
+#: settings that decide a dataset's content (reuse needs them equal, and the same target weights)
+CONTENT_FIELDS = ("target", "num_samples", "seed_start", "prompt", "max_new_tokens", "storage_dtype")
+
+
+def weights_fingerprint(target_path: Path) -> str:
+    """sha256 of the target's weight files (a dataset is stale once the target changes)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for file in sorted(Path(target_path).glob("*.safetensors")):
+        with open(file, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]
 
 
 def read_manifest(data_dir: str | Path) -> dict[str, Any]:
@@ -146,7 +162,8 @@ def read_manifest(data_dir: str | Path) -> dict[str, Any]:
 def generate_dataset(config: DataGenConfig) -> dict[str, Any]:
     """Run the Ray Data job (connects to / starts Ray) and write shards + manifest. Returns the manifest.
 
-    An existing dataset in ``output_dir`` with the same settings is reused unless ``overwrite``.
+    An existing dataset in ``output_dir`` with the same content settings (``CONTENT_FIELDS``) and
+    the same target weights is reused unless ``overwrite``; otherwise an error.
     """
     import ray
 
@@ -154,12 +171,17 @@ def generate_dataset(config: DataGenConfig) -> dict[str, Any]:
     from raydec.runtime.cluster import connect_ray
 
     out = Path(config.output_dir)
+    target_path = resolve_vlm_path(config.target)
+    identity = {**config.model_dump(mode="json", include=set(CONTENT_FIELDS)), "target_weights": weights_fingerprint(target_path)}
     if (out / MANIFEST_NAME).is_file() and not config.overwrite:
         manifest = read_manifest(out)
-        if manifest.get("config") == json.loads(config.model_dump_json()):
+        if manifest.get("identity") == identity:
             logger.info("reusing draft dataset at %s (%d samples)", out, manifest["num_samples"])
             return manifest
-        raise FileExistsError(f"{out} holds a dataset made with other settings; set overwrite or another output_dir")
+        raise FileExistsError(
+            f"{out} holds a dataset of other settings or target weights ({manifest.get('identity')} != {identity}); "
+            "set overwrite or another output_dir"
+        )
     if out.exists():
         shutil.rmtree(out / SHARDS_DIR, ignore_errors=True)
         (out / MANIFEST_NAME).unlink(missing_ok=True)
@@ -167,7 +189,10 @@ def generate_dataset(config: DataGenConfig) -> dict[str, Any]:
     connect_ray()
     start = time.time()
     blocks = max(1, math.ceil(config.num_samples / config.batch_size))
-    dataset = ray.data.range(config.num_samples, override_num_blocks=blocks).map_batches(
+    # seeds as in-memory blocks (no read tasks) and light write tasks: on a 1-2 CPU node the
+    # actor pool must not starve the other stages of CPUs
+    seeds = [{"seed": config.seed_start + i} for i in range(config.num_samples)]
+    dataset = ray.data.from_items(seeds, override_num_blocks=blocks).map_batches(
         _TargetWorker,
         fn_constructor_args=(config.model_dump_json(),),
         batch_size=config.batch_size,
@@ -176,10 +201,9 @@ def generate_dataset(config: DataGenConfig) -> dict[str, Any]:
         num_cpus=config.cpus_per_worker,
         num_gpus=config.gpus_per_worker or None,
     )
-    dataset.write_parquet(str((out / SHARDS_DIR).resolve()))
+    dataset.write_parquet(str((out / SHARDS_DIR).resolve()), ray_remote_args={"num_cpus": 0.1})
     wall = time.time() - start
     manifest = summarize_shards(out)
-    target_path = resolve_vlm_path(config.target)
     target_config = json.loads((target_path / "config.json").read_text())
     text_config = target_config.get("text_config", target_config)
     manifest.update(
@@ -194,6 +218,7 @@ def generate_dataset(config: DataGenConfig) -> dict[str, Any]:
         wall_s=round(wall, 1),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         config=json.loads(config.model_dump_json()),
+        identity=identity,
     )
     (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
     logger.info("draft dataset: %d samples, %d tokens (%d generated) in %.0f s -> %s",
