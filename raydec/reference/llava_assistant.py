@@ -80,6 +80,10 @@ class AssistantSettings:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     kl_weight: float = 1.0
+    # "none": the assistant is trained on the prompt with its 64 <image> tokens but without pixel_values, because
+    # HF assisted generation (transformers 5.24) never passes pixel_values to the assistant (its prefill runs with
+    # is_first_iteration=False, which drops multimodal inputs); "pixels": image-conditioned training.
+    image_input: str = "none"
     max_minutes: float = 0.0  # cap on training wall time (0: off)
     anneal_on_time: bool = False  # schedule progress = max(step / steps, time / max_minutes): decays fully at the cap
     threads: int = 1
@@ -286,10 +290,16 @@ def collate(rows: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tens
             "predict": predict, "next_ids": next_ids, "teacher": teacher}
 
 
-def distill_loss(model, batch: dict[str, torch.Tensor], kl_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """CE on the target's greedy tokens + kl_weight * KL(target || assistant), answer positions only."""
+def distill_loss(model, batch: dict[str, torch.Tensor], kl_weight: float,
+                 image_input: str = "none") -> tuple[torch.Tensor, dict[str, float]]:
+    """CE on the target's greedy tokens + kl_weight * KL(target || assistant), answer positions only.
+
+    ``image_input="none"`` feeds the prompt without ``pixel_values`` (the <image> positions keep the
+    <image> token embedding), which is what HF assisted generation gives the assistant.
+    """
+    pixel_values = batch["pixel_values"] if image_input == "pixels" else None
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   pixel_values=batch["pixel_values"]).logits  # [B, T, V]
+                   pixel_values=pixel_values).logits  # [B, T, V]
     mask = batch["predict"]
     student = logits[mask].float()  # [M, V]
     targets = batch["next_ids"][mask]  # [M]
@@ -303,11 +313,11 @@ def distill_loss(model, batch: dict[str, torch.Tensor], kl_weight: float) -> tup
 
 
 @torch.no_grad()
-def heldout_agreement(model, rows: Sequence[dict[str, Any]], pad_id: int) -> dict[str, float]:
+def heldout_agreement(model, rows: Sequence[dict[str, Any]], pad_id: int, image_input: str = "none") -> dict[str, float]:
     """Argmax agreement and CE of ``model`` on held-out target greedy captions (eval mode)."""
     was_training = model.training
     model.eval()
-    _, stats = distill_loss(model, collate(rows, pad_id), kl_weight=1.0)
+    _, stats = distill_loss(model, collate(rows, pad_id), kl_weight=1.0, image_input=image_input)
     model.train(was_training)
     return {"agreement": stats["agreement"], "ce": stats["ce"], "kl": stats["kl"]}
 
@@ -431,7 +441,7 @@ def distill(settings: AssistantSettings) -> Path:
         first_step, seconds_before = log.steps_done, log.wall_seconds
         logger.info("resuming at step %d", first_step)
     if heldout and not log.heldout:
-        log.heldout.append({"step": 0, **heldout_agreement(model, heldout, pad_id)})
+        log.heldout.append({"step": 0, **heldout_agreement(model, heldout, pad_id, settings.image_input)})
         logger.info("step 0 (target layers %s copied): held-out agreement %.3f", list(settings.layers),
                     log.heldout[-1]["agreement"])
     logger.info("assistant: %.2fM parameters (%.2fM trained), %d caption rows (%d answer tokens), %d steps of %d",
@@ -447,7 +457,7 @@ def distill(settings: AssistantSettings) -> Path:
         lr = learning_rate(step, settings, time_fraction)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss, stats = distill_loss(model, batch, settings.kl_weight)
+        loss, stats = distill_loss(model, batch, settings.kl_weight, settings.image_input)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, settings.grad_clip)
@@ -469,7 +479,7 @@ def distill(settings: AssistantSettings) -> Path:
         out_of_time = settings.max_minutes > 0 and log.wall_seconds > settings.max_minutes * 60
         if (step + 1) % settings.checkpoint_every == 0 or last or out_of_time:
             if heldout:
-                log.heldout.append({"step": step + 1, **heldout_agreement(model, heldout, pad_id)})
+                log.heldout.append({"step": step + 1, **heldout_agreement(model, heldout, pad_id, settings.image_input)})
                 logger.info("step %d: held-out agreement %.3f (ce %.4f)", step + 1, log.heldout[-1]["agreement"],
                             log.heldout[-1]["ce"])
             log.stopped_early = out_of_time and not last
@@ -586,7 +596,7 @@ def measure_assisted(
     return result
 
 
-TUNING_GRID: tuple[tuple[int, float], ...] = ((20, 0.4), (20, 0.7), (8, 0.4), (8, 0.7), (4, 0.4), (4, 0.0))
+TUNING_GRID: tuple[tuple[int, float], ...] = ((20, 0.4), (20, 0.0), (10, 0.4), (10, 0.0), (6, 0.4), (6, 0.0), (4, 0.0))
 
 
 @torch.no_grad()
@@ -680,6 +690,15 @@ def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
         f"{settings['first_seed']}..{int(settings['first_seed']) + int(settings['num_captions']) - 1}, < 1,000,000): "
         f"`describe the image .` or, for a seeded {float(settings['question_share']):.0%}, one question of "
         f"`shapes.question_answers`; {log['caption_tokens']} answer tokens; generated in {log['caption_seconds'] / 60:.1f} min.",
+        ("- Image input: **none** (`--image-input none`). HF assisted generation in transformers 5.24 never gives the "
+         "assistant the image: `generate()` runs the assistant's prefill with `is_first_iteration=False` "
+         "(`is_assistant`), which drops `pixel_values`, so the assistant sees the prompt with its 64 `<image>` token "
+         "embeddings only (checked with a forward hook). The assistant is therefore trained exactly so: teacher "
+         "forcing without `pixel_values`; it drafts from the prompt, the chat format and the caption so far. The copied "
+         "vision tower and projector stay in the checkpoint (stock class, same processor) but HF does not run them."
+         if settings.get("image_input", "none") == "none" else
+         "- Image input: pixels (the assistant is trained with `pixel_values`; note that HF assisted generation in "
+         "transformers 5.24 does not pass them to the assistant)."),
         f"- Loss (answer positions only, teacher forcing on prompt + target answer): cross-entropy on the target's greedy "
         f"tokens + {settings['kl_weight']} x KL(target || assistant) of the full next-token distribution (the target's "
         f"logits recorded during generation).",
@@ -762,6 +781,8 @@ def add_assistant_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=d.batch_size)
     parser.add_argument("--lr", type=float, default=d.lr)
     parser.add_argument("--warmup", type=int, default=d.warmup)
+    parser.add_argument("--image-input", choices=("none", "pixels"), default=d.image_input,
+                        help="none: train without pixel_values, as HF assisted generation runs the assistant")
     parser.add_argument("--kl-weight", type=float, default=d.kl_weight, help="weight of KL(target || assistant)")
     parser.add_argument("--max-minutes", type=float, default=d.max_minutes, help="training time cap (0: off)")
     parser.add_argument("--anneal-on-time", action="store_true",
@@ -784,7 +805,7 @@ def distill_from_args(args: argparse.Namespace) -> Path:
         num_captions=args.num_captions, first_seed=args.first_seed, question_share=args.question_share,
         caption_batch_size=args.caption_batch_size, max_new_tokens=args.max_new_tokens,
         caption_max_minutes=args.caption_max_minutes, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-        warmup=args.warmup, kl_weight=args.kl_weight, max_minutes=args.max_minutes, anneal_on_time=args.anneal_on_time, threads=args.threads,
+        warmup=args.warmup, kl_weight=args.kl_weight, image_input=args.image_input, max_minutes=args.max_minutes, anneal_on_time=args.anneal_on_time, threads=args.threads,
         log_every=args.log_every, checkpoint_every=args.checkpoint_every, heldout_n=args.heldout_n,
         eval_n=args.eval_n, tune_n=args.tune_n, resume=args.resume, command=command.strip(),
     )
