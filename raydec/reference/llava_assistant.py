@@ -34,7 +34,6 @@ import json
 import logging
 import math
 import random
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
