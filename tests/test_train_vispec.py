@@ -83,6 +83,16 @@ def test_data_shards_shapes_and_loss_masks(dataset: Path, target) -> None:
     assert manifest["num_generated_tokens"] == sum(s.length - s.prompt_len for s in samples)
 
 
+def test_dataset_is_reused_only_with_the_same_content(dataset: Path, tiny_folder: Path) -> None:
+    from raydec.train.datagen import generate_dataset
+
+    same = DataGenConfig(target=str(tiny_folder), output_dir=dataset, num_samples=6, max_new_tokens=NEW_TOKENS,
+                         batch_size=2, workers=1, storage_dtype="float32")
+    assert generate_dataset(same)["num_samples"] == 6  # other batch / worker settings: same content
+    with pytest.raises(FileExistsError, match="other settings or target weights"):
+        generate_dataset(same.model_copy(update={"num_samples": 5}))
+
+
 # -- losses ----------------------------------------------------------------------------------
 
 
@@ -107,6 +117,17 @@ def test_listmle_prefers_the_target_order() -> None:
     # closed form for k = 1: -log softmax(z)[top token]
     z = torch.randn(vocab)
     assert torch.allclose(listmle_topk(z, target_probs, k=1), -torch.log_softmax(z, -1)[0], atol=1e-5)
+
+
+def test_learning_rate_schedule_ends_on_time_when_asked() -> None:
+    from raydec.train.trainer import learning_rate
+
+    config = DraftTrainConfig(steps=1000, warmup_steps=10, lr=1.0, min_lr_ratio=0.1, max_minutes=10, anneal_on_time=True)
+    assert learning_rate(0, config) == pytest.approx(0.1)  # warm-up
+    assert learning_rate(20, config, time_fraction=0.0) > 0.99
+    assert learning_rate(20, config, time_fraction=0.5) == pytest.approx(0.55)
+    assert learning_rate(20, config, time_fraction=1.0) == pytest.approx(0.1)
+    assert learning_rate(1000, config) == pytest.approx(0.1)
 
 
 # -- training sequence = inference sequence ---------------------------------------------------

@@ -60,7 +60,8 @@ def write_model_card(
         f"- Objective: {'stage 1 (EAGLE) for the first %d steps, then ' % draft.stage1_steps if draft.stage1_steps else ''}"
         f"stage 2: {draft.loss.l1_weight:g}·L1(softmax(draft logits) − target probs) + {draft.loss.listmle_weight:g}·ListMLE_top{draft.loss.listmle_top}; "
         f"self-rollout mtp_steps={draft.mtp_steps}, uniform feature noise width {draft.feature_noise:g}.",
-        f"- AdamW betas {draft.betas}, lr {draft.lr:g} (warm-up {draft.warmup_steps}, cosine to {draft.min_lr_ratio:g}×), "
+        f"- AdamW betas {draft.betas}, lr {draft.lr:g} (warm-up {draft.warmup_steps}, cosine to {draft.min_lr_ratio:g}× over "
+        f"{draft.steps} steps{' or %g minutes, whichever comes first' % draft.max_minutes if draft.anneal_on_time and draft.max_minutes else ''}), "
         f"weight decay {draft.weight_decay:g}, clip {draft.grad_clip:g}, global batch {draft.batch_size}, "
         f"{draft.num_workers} Ray Train worker(s) × {draft.threads_per_worker} thread(s), seed {draft.seed}.",
         f"- Steps: {summary['steps']}; training wall time {summary['train_s'] / 60:.1f} min "

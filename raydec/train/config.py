@@ -89,6 +89,10 @@ class DraftTrainConfig(StrictModel):
     log_every: int = Field(25, ge=1, description="Log progress every this many steps.")
     checkpoint_every: int = Field(0, ge=0, description="Report a checkpoint every this many steps (0: only at the end).")
     max_minutes: float = Field(0.0, ge=0, description="Stop early after this many minutes of training (0: off).")
+    anneal_on_time: bool = Field(
+        False, description="Cosine decay follows the larger of step and time (max_minutes) progress: on a slow shared "
+        "machine the schedule still ends when the time cap stops the run.",
+    )
 
     @model_validator(mode="after")
     def _divisible(self) -> "DraftTrainConfig":

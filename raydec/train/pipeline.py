@@ -25,6 +25,9 @@ def run_draft_job(job: DraftJobConfig, command: str = "") -> dict[str, Any]:
     drafts = job.resolved_drafts()
     uses_job_data = any(d.data_dir == job.data.output_dir for d in drafts)
     manifest = generate_dataset(job.data) if uses_job_data else read_manifest(drafts[0].data_dir)
+    from raydec.runtime.cluster import connect_ray
+
+    connect_ray()  # once, here: trainers started from several threads must not each start a cluster
     start = time.time()
     if job.parallel and len(drafts) > 1:
         with ThreadPoolExecutor(max_workers=len(drafts)) as pool:

@@ -40,6 +40,7 @@ def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=train.threads_per_worker, help="torch threads per worker")
     parser.add_argument("--cpus-per-worker", type=float, default=train.cpus_per_worker)
     parser.add_argument("--max-minutes", type=float, default=train.max_minutes, help="time cap per draft (0: off)")
+    parser.add_argument("--anneal-on-time", action="store_true", help="cosine decay ends at --max-minutes if that comes first")
     parser.add_argument("--seed", type=int, default=train.seed)
     parser.add_argument("--parallel", action="store_true", help="train the drafts at the same time")
     parser.add_argument("--eval-images", type=int, default=evaluation.num_images, help="held-out images (0: no evaluation)")
@@ -64,7 +65,7 @@ def job_from_args(args: argparse.Namespace) -> Any:
         steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup, num_q=args.num_q,
         mtp_steps=args.mtp_steps, feature_noise=args.feature_noise, stage1_steps=args.stage1_steps,
         num_workers=args.workers, threads_per_worker=args.threads, cpus_per_worker=args.cpus_per_worker,
-        max_minutes=args.max_minutes, seed=args.seed, work_dir=args.data_dir.parent / "_ray_train",
+        max_minutes=args.max_minutes, anneal_on_time=args.anneal_on_time, seed=args.seed, work_dir=args.data_dir.parent / "_ray_train",
     )
     drafts = [DraftTrainConfig(name=m, vision=m == "vispec", output_dir=args.out / m, **shared) for m in methods]
     evaluation = None

@@ -29,11 +29,13 @@ LOG_NAME = "train_log.json"
 CURVE_NAME = "loss_curve.png"
 
 
-def learning_rate(step: int, config: DraftTrainConfig) -> float:
-    """Linear warm-up, then cosine decay to ``min_lr_ratio * lr``."""
+def learning_rate(step: int, config: DraftTrainConfig, time_fraction: float = 0.0) -> float:
+    """Linear warm-up, then cosine decay to ``min_lr_ratio * lr``; the decay follows the larger of
+    the step fraction and ``time_fraction`` (the share of ``max_minutes`` used, with ``anneal_on_time``)."""
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
     progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    progress = max(progress, time_fraction)
     return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
@@ -102,9 +104,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     if rank == 0:
         logger.info("[%s] %d samples, %d workers, %d draft parameters, %d steps of %d",
                     config.name, len(samples), world, sum(p.numel() for p in params), config.steps, config.batch_size)
-    step = 0
+    step, time_fraction = 0, 0.0
     while step < config.steps:
-        lr = learning_rate(step, config)
+        lr = learning_rate(step, config, time_fraction)
         for group in optimizer.param_groups:
             group["lr"] = lr
         indices = batch_indices(len(samples), config.batch_size, step, config.seed)[rank::world][:per_worker]
@@ -119,7 +121,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         grads = [p.grad for p in params]
-        scalars = torch.tensor([float(per_sample.mean())] + [stats[k] for k in sorted(stats)], device=device)
+        scalars = torch.tensor([float(per_sample.detach().mean())] + [stats[k] for k in sorted(stats)], device=device)
         _all_reduce_mean_(grads + [scalars], world)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip) if config.grad_clip > 0 else torch.tensor(0.0)
         optimizer.step()
@@ -129,12 +131,14 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         record.update({k: round(float(v), 4) for k, v in zip(sorted(stats), scalars[1:].tolist())})
         log.append(record)
         stop = config.max_minutes > 0 and time.time() - start > 60 * config.max_minutes
-        if world > 1:  # every worker stops at the same step
+        if config.anneal_on_time and config.max_minutes > 0:
+            time_fraction = (time.time() - start) / (60 * config.max_minutes)
+        if world > 1:  # every worker stops, and anneals, in step with rank 0
             import torch.distributed as dist
 
-            flag = torch.tensor([float(stop)], device=device)
+            flag = torch.tensor([float(stop), time_fraction], device=device)
             dist.broadcast(flag, src=0)
-            stop = bool(flag.item())
+            stop, time_fraction = bool(flag[0].item()), float(flag[1].item())
         if rank == 0 and (step % config.log_every == 0 or step == 1 or stop or step == config.steps):
             logger.info("[%s] step %d/%d loss %.4f acc0 %.3f lr %.2e %.1f s", config.name, step, config.steps,
                         record["loss"], record.get("acc0", 0.0), lr, record["elapsed_s"])
