@@ -118,6 +118,14 @@ def _load_assistant(path: Path, target: Any) -> Any:
     return model.to(target.device).eval()
 
 
+def _draft_path(args: argparse.Namespace, method: str) -> str:
+    """--vispec-draft / --eagle-draft, else the draft shipped with --model."""
+    from raydec.models.registry import resolve_draft_path
+
+    explicit = getattr(args, f"{method}_draft")
+    return str(resolve_draft_path(args.model, method, explicit))
+
+
 def bench_caption(args: argparse.Namespace) -> dict:
     from raydec.api import caption_images, load_pipeline
     from raydec.models.hf_vlm import VlmPrompt
@@ -141,7 +149,7 @@ def bench_caption(args: argparse.Namespace) -> dict:
         m: DecodeConfig(
             method="ar" if m in ("ar", "hf", "hf_assisted") else m, max_new_tokens=args.max_new_tokens,
             sampling=sampling, draft_tree=tree,
-            draft_model=str(getattr(args, f"{m}_draft")) if m in ("eagle", "vispec") and getattr(args, f"{m}_draft") else None,
+            draft_model=_draft_path(args, m) if m in ("eagle", "vispec") else None,
         )
         for m in methods
     }
