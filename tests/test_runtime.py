@@ -246,3 +246,49 @@ def test_demo_runs_end_to_end_on_a_tiny_model(ray_cluster, tiny_janus, tmp_path,
     assert len(read_results(OutputConfig(path=str(out)))) == 4
     captions = read_results(OutputConfig(path=str(out / "captions"))).to_pylist()
     assert len(captions) == 4 and all(r["error"] is None and r["caption"] for r in captions)
+
+
+def test_killed_driver_rerun_gives_one_result_per_row_equal_to_an_uninterrupted_run(baseline, tiny_janus, prompts_file, tmp_path):
+    """The job's driver (jobs/t2i_batch.py, a separate process on this Ray cluster) is SIGKILLed
+    once the first batch is durable; re-running the same job completes it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import ray
+    import yaml
+
+    _, _, base_results, base_images = baseline
+    repo = Path(__file__).resolve().parent.parent
+    out = tmp_path / "out"
+    config = tmp_path / "job.yaml"  # what make_job builds, as a user would write it
+    config.write_text(yaml.safe_dump(dict(
+        task="t2i", model=tiny_janus, dtype="float64", seed=7,
+        input={"path": str(prompts_file), "max_prompt_words": 20}, output={"path": str(out), "shard_size": 256},
+        decode={"method": "ar"}, pool={"workers": 1, "batch_size": 2, "cpus_per_worker": 0.5},
+    )))
+    job = JobConfig.from_yaml(config)
+    env = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
+    driver = subprocess.Popen([sys.executable, "jobs/t2i_batch.py", "--config", str(config)], cwd=repo, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    generated = []
+    while time.monotonic() < deadline and driver.poll() is None:
+        generated = [s for s in out.glob("results/part-*.parquet") if not s.name.startswith("part-driver")]
+        if generated:
+            break
+        time.sleep(0.1)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait(timeout=30)
+    assert generated, "the driver should have written a generated batch before it was killed"
+    partial = len(read_results(job.output))
+    assert partial < len(IDS), "killed mid-job: some rows must be missing"
+    report = run_job(job)
+    assert report.complete and report.skipped_completed == partial
+    results = results_by_id(job.output)
+    assert sorted(results) == sorted(IDS)
+    for row_id in GOOD_IDS:
+        assert results[row_id]["error"] is None and results[row_id]["tokens"] == base_results[row_id]["tokens"]
+        assert Path(results[row_id]["output_uri"]).read_bytes() == base_images[row_id]
+    assert results["row-4"]["error"] == base_results["row-4"]["error"]
