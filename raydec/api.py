@@ -91,9 +91,11 @@ def load_draft(target: Any, method: str, model: str | Path | Any = "reference", 
     from raydec.models.registry import resolve_draft_path
     from raydec.models.vispec_draft import VispecDraft
 
-    if not isinstance(model, (str, Path)) and draft_model is None:
-        raise ValueError(f"decode.method={method!r} with an already loaded target needs decode.draft_model")
-    path = resolve_draft_path(model if isinstance(model, (str, Path)) else "", method, draft_model)
+    if not isinstance(model, (str, Path)):  # a loaded target: drafts shipped next to its checkpoint
+        model = getattr(target, "checkpoint_path", None)
+        if model is None and draft_model is None:
+            raise ValueError(f"decode.method={method!r} with a target not loaded by path needs decode.draft_model")
+    path = resolve_draft_path(model or "", method, draft_model)
     key = ("draft", str(path.resolve()), str(target.dtype), str(id(target)))
     if key not in _PIPELINES:
         draft = VispecDraft.from_pretrained(path, target=target)
