@@ -183,7 +183,7 @@ class DraftTreeProposer(Proposer):
         # candidates: token, parent candidate (-1 = root), cumulative score, depth
         logp = self._log_probs(self.root_hidden, state)  # [B, V]
         score, token = logp.topk(k, dim=-1)  # [B, K]
-        cand_tokens, cand_parent, cand_score = [token], [torch.full((batch, k), -1)], [score]
+        cand_score = [score]  # per level [B, K] / [B, K*K]; tokens and parents live in all_*
         cand_depth = [torch.ones(batch, k, dtype=torch.long)]
         frontier = torch.arange(k).expand(batch, k)  # candidate ids of the nodes to expand
         frontier_feat = self.root_hidden.unsqueeze(1).expand(batch, k, size)  # parent hidden of each
@@ -223,8 +223,6 @@ class DraftTreeProposer(Proposer):
             child_score = child_score + all_score_of(cand_score, frontier).unsqueeze(-1)
             child_token, child_score = child_token.reshape(batch, k * k), child_score.reshape(batch, k * k)
             child_parent = frontier.unsqueeze(-1).expand(batch, k, k).reshape(batch, k * k)
-            cand_tokens.append(child_token)
-            cand_parent.append(child_parent)
             cand_score.append(child_score)
             cand_depth.append(torch.full((batch, k * k), level, dtype=torch.long))
             all_tokens = torch.cat([all_tokens, child_token], dim=1)
