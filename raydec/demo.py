@@ -171,6 +171,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         pool={"workers": args.workers, "batch_size": args.batch_size, "cpus_per_worker": 0.5},
     ))
     # captions of the images just written: their result shards are the caption job's input
+    # (their `prompt` column is the text-to-image prompt, not a question: read no prompt column)
     caption_job = None if args.no_captions else JobConfig.model_validate(dict(
         task="caption", model="reference", dtype="float32", seed=0,
         input={"path": str((args.out / "results").resolve()), "image_uri_column": "output_uri", "prompt_column": "instruction"},

@@ -109,6 +109,36 @@ def decoder_window_forward(
     return ForwardOutput(logits=head(hidden), hidden=hidden if want_hidden else None)
 
 
+class SharedVocabularyForward:
+    """The embedding and window forward of adapters whose output tokens are the model's own
+    text vocabulary (causal LMs, VLMs). Subclasses set ``model``, ``window_decoder`` (the HF
+    decoder stack) and ``window_head`` (the output head)."""
+
+    model: torch.nn.Module
+    window_decoder: torch.nn.Module
+    window_head: torch.nn.Module
+
+    def embed_prompt_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        embedding = self.model.get_input_embeddings()
+        return embedding(input_ids.to(embedding.weight.device))
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor | None,
+        output_tokens: torch.Tensor | None,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: Any,
+        want_hidden: bool = False,
+    ) -> ForwardOutput:
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_prompt_tokens(output_tokens)
+        return decoder_window_forward(
+            self.window_decoder, self.window_head, inputs_embeds, position_ids, attention_mask, cache, want_hidden
+        )
+
+
 def stack_prompts(prompts: Sequence[PromptInputs]) -> list[PromptInputs]:
     """Validate a list of prompt inputs (all ids or all embeddings)."""
     kinds = {p.input_ids is not None for p in prompts}

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
-from raydec.models.base import ForwardOutput, PromptInputs, decoder_window_forward
+from raydec.models.base import PromptInputs, SharedVocabularyForward
 
 
 @dataclass(frozen=True)
@@ -23,11 +23,13 @@ class CfgPrompt:
     uncond: Sequence[int]
 
 
-class CausalLMTarget:
+class CausalLMTarget(SharedVocabularyForward):
     """Wrap ``AutoModelForCausalLM``-style models for the engine."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model.eval()
+        self.window_decoder = model.get_decoder()
+        self.window_head = model.get_output_embeddings()
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32, **kwargs: Any) -> "CausalLMTarget":
@@ -57,23 +59,3 @@ class CausalLMTarget:
         else:
             ids = prompt
         return PromptInputs(input_ids=torch.as_tensor(list(ids), dtype=torch.long))
-
-    def embed_prompt_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.get_input_embeddings()(input_ids.to(self.device))
-
-    @torch.inference_mode()
-    def forward(
-        self,
-        inputs_embeds: torch.Tensor | None,
-        output_tokens: torch.Tensor | None,
-        position_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        cache: Any,
-        want_hidden: bool = False,
-    ) -> ForwardOutput:
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_prompt_tokens(output_tokens)
-        return decoder_window_forward(
-            self.model.get_decoder(), self.model.get_output_embeddings(),
-            inputs_embeds, position_ids, attention_mask, cache, want_hidden,
-        )

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-from raydec.models.base import ForwardOutput, PromptInputs, decoder_window_forward
+from raydec.models.base import PromptInputs, SharedVocabularyForward
 
 #: model_type -> the Hugging Face class name, for clear errors
 SUPPORTED_VLMS = {
@@ -143,7 +143,7 @@ def split_image_spans(is_image: torch.Tensor, num_images: int, counts: Sequence[
     return index
 
 
-class VisionLanguageTarget:
+class VisionLanguageTarget(SharedVocabularyForward):
     """Wrap a Hugging Face VLM (see ``SUPPORTED_VLMS``) for the engine and the ViSpec draft."""
 
     def __init__(self, model: torch.nn.Module, processor: Any) -> None:
@@ -153,8 +153,9 @@ class VisionLanguageTarget:
         if self.model_type not in SUPPORTED_VLMS:
             raise ValueError(f"model_type {self.model_type!r} is not a supported VLM ({', '.join(SUPPORTED_VLMS)})")
         self.image_token_id = _image_token_id(model.config)
-        self.decoder = model.model.language_model
-        self.head = model.lm_head
+        self.decoder = self.window_decoder = model.model.language_model
+        self.head = self.window_head = model.lm_head
+        self.checkpoint_path: Path | None = None  # set when loaded by path; drafts ship beside it
         self.text_config = model.config.get_text_config()
 
     @classmethod
@@ -174,7 +175,9 @@ class VisionLanguageTarget:
         model_class = getattr(transformers, SUPPORTED_VLMS[model_type])
         model = model_class.from_pretrained(str(path), dtype=dtype, local_files_only=True, **kwargs).to(device)
         processor = _load_processor(path, model_type)
-        return cls(model, processor)
+        target = cls(model, processor)
+        target.checkpoint_path = path
+        return target
 
     # -- properties the engine reads -----------------------------------------------------------
 
@@ -293,22 +296,3 @@ class VisionLanguageTarget:
             if hasattr(inner, "rope_deltas"):
                 inner.rope_deltas = saved_deltas
         raise RuntimeError(f"{type(self.model).__name__} never called its language model")
-
-    def embed_prompt_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.get_input_embeddings()(input_ids.to(self.device))
-
-    # -- forward -------------------------------------------------------------------------------
-
-    @torch.inference_mode()
-    def forward(
-        self,
-        inputs_embeds: torch.Tensor | None,
-        output_tokens: torch.Tensor | None,
-        position_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        cache: Any,
-        want_hidden: bool = False,
-    ) -> ForwardOutput:
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_prompt_tokens(output_tokens)
-        return decoder_window_forward(self.decoder, self.head, inputs_embeds, position_ids, attention_mask, cache, want_hidden)

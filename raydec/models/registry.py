@@ -105,9 +105,7 @@ def load_vlm_target(model: str | Path, dtype: torch.dtype = torch.float32, devic
 
     path = resolve_vlm_path(model)
     logger.info("loading vision-language target from %s", path)
-    target = VisionLanguageTarget.from_pretrained(path, dtype=dtype, device=device or "cpu")
-    target.checkpoint_path = path  # lets load_draft find the drafts shipped with it
-    return target
+    return VisionLanguageTarget.from_pretrained(path, dtype=dtype, device=device or "cpu")
 
 
 def resolve_draft_path(model: str | Path, method: str, draft_model: str | Path | None) -> Path:

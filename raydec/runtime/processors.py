@@ -102,20 +102,30 @@ class T2IProcessor:
         )
 
     def __call__(self, batch: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        return run_rows(batch, self._generate, self._result, self.method, "generation")
+
+
+def run_rows(
+    rows: List[Dict[str, Any]], run: Callable[[List[Dict[str, Any]]], List[Any]],
+    to_result: Callable[[Dict[str, Any], Any], Dict[str, Any]], method: str, stage: str,
+) -> List[Dict[str, Any]]:
+    """Result rows of ``run`` over ``rows`` as one batch; if the batch fails, row by row, so one
+    bad row becomes an error row (``"<stage>: <error>"``) instead of failing its batch."""
+    if not rows:
+        return []
+    try:
+        return [to_result(row, out) for row, out in zip(rows, run(rows), strict=True)]
+    except Exception as exc:
+        if len(rows) > 1:
+            logger.warning("%s of a batch of %d failed (%s); retrying row by row", stage, len(rows), exc)
+    results = []
+    for row in rows:
         try:
-            return [self._result(row, out) for row, out in zip(batch, self._generate(batch), strict=True)]
-        except Exception as exc:  # one bad row must not fail its batch: retry rows one by one
-            if len(batch) == 1:
-                raise
-            logger.warning("t2i batch of %d failed (%s); retrying row by row", len(batch), exc)
-        results = []
-        for row in batch:
-            try:
-                results.append(self._result(row, self._generate([row])[0]))
-            except Exception as exc:
-                logger.warning("t2i row %r failed: %s", row["id"], exc)
-                results.append(failed_result(row, self.method, f"generation: {type(exc).__name__}: {exc}"))
-        return results
+            results.append(to_result(row, run([row])[0]))
+        except Exception as exc:
+            logger.warning("%s of row %r failed: %s", stage, row["id"], exc)
+            results.append(failed_result(row, method, f"{stage}: {type(exc).__name__}: {exc}"))
+    return results
 
 
 def failed_result(row: Dict[str, Any], method: str, error: str) -> Dict[str, Any]:
@@ -174,21 +184,7 @@ class CaptionProcessor:
         rows = attach_caption_images(batch, self.job.input.s3)
         results = [failed_result(row, self.method, row["error"]) for row in rows if row.get("error")]
         good = [row for row in rows if not row.get("error")]
-        if not good:
-            return results
-        try:
-            return results + [self._result(row, out) for row, out in zip(good, self._caption(good), strict=True)]
-        except Exception as exc:  # one bad row must not fail its batch: retry rows one by one
-            if len(good) == 1:
-                return results + [failed_result(good[0], self.method, f"captioning: {type(exc).__name__}: {exc}")]
-            logger.warning("caption batch of %d failed (%s); retrying row by row", len(good), exc)
-        for row in good:
-            try:
-                results.append(self._result(row, self._caption([row])[0]))
-            except Exception as exc:
-                logger.warning("caption row %r failed: %s", row["id"], exc)
-                results.append(failed_result(row, self.method, f"captioning: {type(exc).__name__}: {exc}"))
-        return results
+        return results + run_rows(good, self._caption, self._result, self.method, "captioning")
 
 
 PROCESSORS: Dict[str, Callable[[JobConfig], Processor]] = {"t2i": T2IProcessor, "caption": CaptionProcessor}

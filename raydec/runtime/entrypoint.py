@@ -1,0 +1,37 @@
+"""The command line every batch job script shares: `python jobs/<task>_batch.py --config CONFIG`.
+
+Validates the config, fails fast on inputs and outputs before any model loads, then runs
+the Ray Data pipeline on the cluster this job belongs to (or a local one). Re-running the
+same command resumes: rows already written are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from raydec.runtime.cluster import connect_ray
+from raydec.runtime.config import JobConfig
+from raydec.runtime.pipeline import preflight, run_job
+
+
+def job_main(task: str, description: str, argv: list[str] | None = None) -> int:
+    """Parse ``--config`` (+ ``--input`` / ``--output`` overrides) and run a ``task`` job."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", required=True, help="YAML job file (see jobs/configs/)")
+    parser.add_argument("--input", help="override input.path")
+    parser.add_argument("--output", help="override output.path (relative paths land in the job's working dir)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    job = JobConfig.from_yaml(args.config)
+    if args.input:
+        job.input = job.input.model_copy(update={"path": args.input})
+    if args.output:
+        job.output = job.output.model_copy(update={"path": args.output})
+    if job.task != task:
+        raise SystemExit(f"task: {job.task!r} in {args.config}; this entrypoint runs {task!r} jobs")
+    files = preflight(job)
+    connect_ray()
+    report = run_job(job, files)
+    logging.getLogger(f"{task}_batch").info("done: %s", report)
+    return 0
