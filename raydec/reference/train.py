@@ -49,7 +49,8 @@ def add_t2i_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vq-lr", type=float, default=d.vq_lr)
     parser.add_argument("--vq-crop", type=int, default=d.vq_crop, help="crop side of most VQ steps (64: none)")
     parser.add_argument("--vq-full-image-steps", type=int, default=d.vq_full_image_steps)
-    parser.add_argument("--vq-continuous-steps", type=int, default=d.vq_continuous_steps, help="unquantised warm-up")
+    parser.add_argument("--vq-kmeans-images", type=int, default=d.vq_kmeans_images, help="images the block k-means sees")
+    parser.add_argument("--vq-kmeans-iterations", type=int, default=d.vq_kmeans_iterations)
     parser.add_argument("--lm-steps", type=int, default=d.lm_steps, help="language-model optimizer steps")
     parser.add_argument("--lm-batch-size", type=int, default=d.lm_batch_size)
     parser.add_argument("--lm-lr", type=float, default=d.lm_lr)
@@ -62,6 +63,12 @@ def add_t2i_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-minutes", type=float, default=d.max_minutes, help="stop early after this (0: off)")
     parser.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoints in --work-dir")
+    parser.add_argument(
+        "--stage",
+        choices=["all", "vq", "lm"],
+        default="all",
+        help="train one stage only (to its checkpoint); run vq and lm in two processes, then --resume to assemble",
+    )
 
 
 def train_t2i_from_args(args: argparse.Namespace) -> Path:
@@ -85,7 +92,8 @@ def train_t2i_from_args(args: argparse.Namespace) -> Path:
         vq_lr=args.vq_lr,
         vq_crop=args.vq_crop,
         vq_full_image_steps=args.vq_full_image_steps,
-        vq_continuous_steps=args.vq_continuous_steps,
+        vq_kmeans_images=args.vq_kmeans_images,
+        vq_kmeans_iterations=args.vq_kmeans_iterations,
         lm_steps=args.lm_steps,
         lm_batch_size=args.lm_batch_size,
         lm_lr=args.lm_lr,
@@ -96,7 +104,7 @@ def train_t2i_from_args(args: argparse.Namespace) -> Path:
         resume=args.resume,
         arch=arch,
     )
-    return train_t2i(settings)
+    return train_t2i(settings, stages=("vq", "lm") if args.stage == "all" else (args.stage,))
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {
