@@ -211,7 +211,7 @@ def bench_caption(args: argparse.Namespace) -> dict:
             entry["latency_speedup_vs_hf_assisted"] = records["hf_assisted"].seconds / record.seconds
         summary[method] = entry
     identical = {m: sum(a == b for a, b in zip(ar.captions, r.captions)) for m, r in records.items()}
-    from raydec.bench_t2i import window_cost
+    from raydec.tune_t2i import window_cost
 
     cost = window_cost(target, VlmPrompt(target.format_prompt(args.prompt, 1), [images[0]]), sorted({1, 4, 8, 16, args.total_tokens}))
     header = ["method", "tokens/fwd", "tau", "latency x AR", "x hf_assisted", "accuracy", "draft step / target fwd"]

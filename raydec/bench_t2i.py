@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +22,12 @@ import torch
 
 from raydec.bench import print_table
 from raydec.config import DecodeConfig, DraftSpec
+from raydec.tune_t2i import window_cost
 
 logger = logging.getLogger(__name__)
 
 ALL_METHODS = ("ar", "hf", "sjd", "sjd_ac", "sjd_pac")
+TUNE_OFFSET = 500_000  # calibration prompts: held-out seeds far from any benchmark's
 
 
 @dataclass
@@ -39,39 +40,32 @@ class MethodRecord:
 
 
 def method_config(method: str, args: argparse.Namespace, sampling: Any, length: int) -> DecodeConfig:
-    """The decode config of one method (the bench's defaults, overridable from the CLI)."""
+    """The decode config of one method with a fixed draft shape from the CLI (``--window N``)."""
     if method in ("ar", "hf"):
         return DecodeConfig(method="ar", max_new_tokens=length, sampling=sampling)
     tree = dict(branching=args.branching, tree_depth=args.tree_depth) if method == "sjd_pac" else {}
-    draft = DraftSpec(window=args.window, init=args.init, **tree)
+    draft = DraftSpec(window=int(args.window), init=args.init, **tree)
     return DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft)
 
 
-@torch.inference_mode()
-def window_cost(target: Any, prompt: Any, sizes: list[int], repeats: int = 5) -> dict[int, float]:
-    """Seconds of one target forward over ``n`` new tokens after a prefilled prompt, / n=1's."""
-    from raydec.spec.cache import RaggedCache
+def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sampling: Any, length: int) -> tuple[dict, list]:
+    """``--window auto``: each Jacobi method's draft shape chosen by :func:`tune_draft` on
+    ``--tune-prompts`` calibration prompts (held-out seeds far from the benchmark's)."""
+    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
+    from raydec.tune_t2i import candidate_shapes, tune_draft
 
-    prefix = target.prompt_inputs(prompt)
-    embeds = prefix.inputs_embeds if prefix.inputs_embeds is not None else target.embed_prompt_tokens(prefix.input_ids.view(1, -1))[0]
-    length = embeds.shape[0]
-    cache = RaggedCache(1, compaction="never")
-    causal = torch.tril(torch.ones(length, length, dtype=torch.bool)).unsqueeze(0)
-    target.forward(embeds.unsqueeze(0), None, torch.arange(length).unsqueeze(0), cache.attention_mask(causal, target.dtype), cache.kv)
-    cache.start(torch.ones(1, length, dtype=torch.bool), torch.tensor([length]))
-    timings: dict[int, float] = {}
-    for size in sizes:
-        tokens = torch.zeros(1, size, dtype=torch.long)
-        mask = cache.attention_mask(torch.tril(torch.ones(size, size, dtype=torch.bool)).unsqueeze(0), target.dtype)
-        positions = cache.window_positions(torch.arange(size).unsqueeze(0))
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            target.forward(None, tokens, positions, mask, cache.kv)
-            samples.append(time.perf_counter() - start)
-            cache.kv.crop(-size)
-        timings[size] = statistics.median(samples)
-    return {size: seconds / timings[sizes[0]] for size, seconds in timings.items()}
+    jacobi = [m for m in methods if m in ("sjd", "sjd_ac", "sjd_pac")]
+    prompts = [make_sample(HELD_OUT_SEED_START + TUNE_OFFSET + i).prompt for i in range(args.tune_prompts)]
+    seeds = [args.seed + TUNE_OFFSET + i for i in range(args.tune_prompts)]
+    sizes = sorted({1} | {s.window + 1 for m in jacobi for s in candidate_shapes(m)})
+    costs = window_cost(target, prompts[0], sizes, batch=args.batch)
+    configs, tried = {}, []
+    for method in jacobi:
+        best, shapes = tune_draft(target, method, prompts, seeds, sampling, args.batch, costs=costs)
+        draft = best.draft.model_copy(update={"init": args.init})
+        configs[method] = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft)
+        tried += shapes
+    return configs, tried
 
 
 def _hf_generate(target: Any, prompts: list[str], seed: int, sampling: Any) -> tuple[list[list[int]], float]:
@@ -151,7 +145,18 @@ def bench_t2i(args: argparse.Namespace) -> dict:
     length = int(target.num_image_tokens)
     prompts = [make_sample(HELD_OUT_SEED_START + args.offset + i).prompt for i in range(args.prompts)]
     seeds = [args.seed + i for i in range(args.prompts)]
-    configs = {m: method_config(m, args, sampling, length) for m in methods if m != "hf"}
+    configs = {m: method_config(m, args, sampling, length) for m in methods if m in ("ar", "hf") or args.window != "auto"}
+    configs.pop("hf", None)
+    tried = []
+    if args.window == "auto":
+        tuned, tried = tuned_configs(target, methods, args, sampling, length)
+        configs.update(tuned)
+        print_table(
+            f"draft shapes tried at batch {args.batch} on {args.tune_prompts} calibration prompts",
+            ["method", "window", "K", "D-1", "steps/batch", "window cost", "predicted x AR"],
+            [[t.method, t.draft.window, t.draft.branching, t.draft.tree_depth, f"{t.steps_per_batch:.1f}",
+              f"{t.window_cost:.2f}", f"{t.predicted_speedup:.2f}"] for t in tried],
+        )
     records = {m: MethodRecord() for m in methods}
 
     generate_images(prompts[:1], model=target, decode=configs["ar"], seeds=seeds[:1])  # warm-up
@@ -192,8 +197,8 @@ def bench_t2i(args: argparse.Namespace) -> dict:
         if method != "ar":
             entry.update(score_agreement(ar.scores, record.scores))
         summary[method] = entry
-    window = args.window + 1
-    cost = window_cost(target, prompts[0], sorted({1, 16, window, 64}))
+    windows = {c.draft.window + 1 for c in configs.values() if c.method != "ar"}
+    cost = window_cost(target, prompts[0], sorted({1, 16, 64} | windows), batch=args.batch)
     plots = _plots(records, target.layout_grid, args.plots)
     header = ["method", "step compr.", "latency x AR", "latency x hf", "tokens/fwd", "judge", "judge vs AR (p KS/MW)", "img/s"]
     rows = [
@@ -209,6 +214,11 @@ def bench_t2i(args: argparse.Namespace) -> dict:
         "methods": summary,
         "window_cost": {str(n): c for n, c in cost.items()},
         "config": {m: c.model_dump() for m, c in configs.items()},
+        "tuning": [
+            {"method": t.method, "draft": t.draft.model_dump(), "steps_per_batch": t.steps_per_batch,
+             "window_cost": t.window_cost, "predicted_speedup": t.predicted_speedup}
+            for t in tried
+        ],
         "prompts": args.prompts, "batch": args.batch, "dtype": args.dtype, "model": str(args.model),
         "plots": [str(p) for p in plots],
     }
@@ -234,6 +244,15 @@ def _chunks(result: Any) -> list[int]:
     return list(getattr(result, "accepted_lengths", []) or [])
 
 
+def _window_arg(value: str) -> str | int:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--window: expected a positive integer or 'auto', got {value!r}") from None
+
+
 def add_t2i_parser(subparsers) -> None:
     parser = subparsers.add_parser("t2i", help="AR / HF / SJD / SJD+AC / SJD-PAC on a text-to-image model")
     parser.add_argument("--model", default="reference", help='"reference" or a local Janus / Emu3 checkpoint folder')
@@ -243,9 +262,13 @@ def add_t2i_parser(subparsers) -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    parser.add_argument("--window", type=int, default=32, help="draft nodes per step (L - 1)")
-    parser.add_argument("--branching", type=int, default=3, help="sjd_pac: candidates per tree level (K)")
-    parser.add_argument("--tree-depth", type=int, default=2, help="sjd_pac: tree levels (D - 1)")
+    parser.add_argument(
+        "--window", type=_window_arg, default="auto",
+        help="draft nodes per step (L - 1), or 'auto': tune window and tree per method from the measured cost curve",
+    )
+    parser.add_argument("--tune-prompts", type=int, default=4, help="--window auto: calibration prompts")
+    parser.add_argument("--branching", type=int, default=3, help="sjd_pac with a fixed --window: candidates per level (K)")
+    parser.add_argument("--tree-depth", type=int, default=2, help="sjd_pac with a fixed --window: tree levels (D - 1)")
     parser.add_argument("--init", choices=["uniform", "left", "above"], default="uniform", help="fresh drafts")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--plots", type=Path, default=Path("bench_out"), help="folder for the PNG plots")

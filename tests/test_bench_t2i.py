@@ -37,3 +37,47 @@ def test_bench_t2i_runs_every_method_on_a_tiny_janus(tmp_path):
         assert name == "ar" or "judge_ks_p" in entry
     assert result["methods"]["sjd_pac"]["mean_accepted"] >= 1.0
     assert all((tmp_path / "plots").joinpath(p.split("/")[-1]).exists() for p in result["plots"])
+
+
+def test_candidate_shapes_skip_trees_that_do_not_fit():
+    from raydec.tune_t2i import candidate_shapes
+
+    chains = candidate_shapes("sjd_ac", windows=(4, 16))
+    assert [(s.window, s.branching, s.tree_depth) for s in chains] == [(4, 1, 0), (16, 1, 0)]
+    trees = candidate_shapes("sjd_pac", windows=(4, 16), trees=((2, 1), (3, 2)))
+    # a 3-ary tree of depth 2 has 12 nodes: it fits 16 but not 4
+    assert [(s.window, s.branching, s.tree_depth) for s in trees] == [(4, 2, 1), (16, 2, 1), (16, 3, 2)]
+
+
+def test_tune_draft_follows_the_cost_curve(tmp_path):
+    """Flat costs (a GPU) reward the widest window; costs growing like the window (a slow
+    CPU) make every wide window a loss, so the narrowest wins."""
+    from raydec.api import load_pipeline
+    from raydec.tune_t2i import tune_draft
+    from tests.tiny_models import build_tiny_janus
+
+    target = load_pipeline(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
+    sampling = target.default_sampling()
+    args = dict(prompts=["a red circle", "a blue square"], seeds=[0, 1], sampling=sampling, windows=(2, 8))
+    flat = {1: 1.0, 3: 1.0, 9: 1.0}
+    best, tried = tune_draft(target, "sjd", costs=flat, **args)
+    assert [t.draft.window for t in tried] == [2, 8]
+    assert tried[1].steps_per_batch < tried[0].steps_per_batch  # a wider window never needs more steps here
+    assert best.draft.window == 8
+    linear = {1: 1.0, 3: 3.0, 9: 9.0}
+    best, tried = tune_draft(target, "sjd", costs=linear, **args)
+    assert best.draft.window == 2 and all(t.predicted_speedup < 1.0 for t in tried)
+
+
+def test_bench_t2i_auto_window_reports_the_shapes_it_tried(tmp_path):
+    from tests.tiny_models import build_tiny_janus
+
+    model = build_tiny_janus(tmp_path / "janus")
+    out = tmp_path / "t2i.json"
+    code = bench_main(["t2i", "--model", str(model), "--methods", "ar,sjd_ac", "--prompts", "1", "--dtype", "float32",
+                       "--tune-prompts", "1", "--plots", str(tmp_path / "plots"), "--json", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    tried = [t for t in result["tuning"] if t["method"] == "sjd_ac"]
+    best = max(tried, key=lambda t: t["predicted_speedup"])
+    assert result["config"]["sjd_ac"]["draft"]["window"] == best["draft"]["window"]
