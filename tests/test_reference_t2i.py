@@ -79,6 +79,19 @@ def test_hf_generate_image_mode_runs_and_decodes(shipped):
     assert images["pixel_values"][0].size == (64, 64)
 
 
+def test_hf_generate_samples_score_above_the_shipped_floor(shipped):
+    """Hugging Face's own sampler on 20 held-out prompts, scored by the judge. The floor is
+    below what the shipped weights measure (0.57 on 200 prompts, MODEL_CARD.md) and far above
+    an untrained or wrongly loaded model (~0.2); issue 3's 0.8 is not reached yet."""
+    from raydec.reference.evaluate import decode_images, generate_image_tokens, held_out_prompts
+    from raydec.reference.judge import score_image
+
+    model, processor = shipped
+    prompts = held_out_prompts(20)
+    images = decode_images(model, generate_image_tokens(model, processor, prompts, seed=0))
+    assert np.mean([score_image(image, prompt) for image, prompt in zip(images, prompts)]) >= 0.45
+
+
 def test_unconditional_rows_match_generate_layout(shipped):
     _, processor = shipped
     tokenizer = processor.tokenizer
@@ -92,9 +105,9 @@ def test_unconditional_rows_match_generate_layout(shipped):
     assert torch.equal(uncond, expected)
 
 
-def _round_trip(model, count: int = 24) -> tuple[list, np.ndarray]:
-    """Ground-truth samples of held-out seeds and their VQ round trips (uint8)."""
-    samples = [make_sample(HELD_OUT_SEED_START + 100 + i) for i in range(count)]
+def _round_trip(model, count: int = 500) -> tuple[list, np.ndarray]:
+    """Ground-truth samples of held-out seeds (the judge test's 500) and their VQ round trips (uint8)."""
+    samples = [make_sample(HELD_OUT_SEED_START + i) for i in range(count)]
     pixels = jt.images_to_pixels(torch.from_numpy(np.stack([s.image for s in samples])))
     with torch.no_grad():
         ids = jt.vq_encode(model.model.vqmodel, pixels)
@@ -102,34 +115,28 @@ def _round_trip(model, count: int = 24) -> tuple[list, np.ndarray]:
     return samples, decoded
 
 
-def test_stock_decode_reproduces_straight_through_forward(shipped):
+def test_stock_vq_paths_equal_the_training_forwards(shipped):
+    """What the VQ was trained through is what Hugging Face runs: stock ``decode`` of ids
+    equals the training decoder path, and ``vq_encode`` is the argmax of the trained logits."""
     model, _ = shipped
+    vq = model.model.vqmodel
     pixels = jt.images_to_pixels(torch.from_numpy(np.stack([make_sample(HELD_OUT_SEED_START + i).image for i in range(4)])))
     with torch.no_grad():
-        reconstruction, _, ids = jt.vq_straight_through(model.model.vqmodel, pixels)
-        assert torch.equal(ids, jt.vq_encode(model.model.vqmodel, pixels))
-        assert torch.allclose(model.model.vqmodel.decode(ids), reconstruction, atol=1e-4)
+        ids = jt.vq_encode(vq, pixels)  # [B, N]
+        assert torch.equal(ids, jt.code_logits(vq, pixels, 1.0).argmax(dim=1).flatten(1))
+        side = int(ids.shape[1] ** 0.5)
+        assert torch.allclose(vq.decode(ids), jt.decode_codes(vq, ids.view(-1, side, side)), atol=1e-4)
 
 
-def test_vq_round_trip_judge_floor(shipped):
-    """Regression floor at the level the shipped tokenizer reaches (see MODEL_CARD.md)."""
-    from raydec.reference.judge import score_image
-
-    model, _ = shipped
-    samples, decoded = _round_trip(model)
-    round_trip = np.mean([score_image(img, s.prompt) for img, s in zip(decoded, samples)])
-    assert round_trip >= 0.25, round_trip
-
-
-@pytest.mark.xfail(reason="target not reached: the shipped VQ loses much colour (MODEL_CARD.md)", strict=False)
 def test_vq_round_trip_keeps_judge_accuracy(shipped):
+    """Issue 3: >= 0.9 judge accuracy after encode -> decode on the judge test's 500 images."""
     from raydec.reference.judge import score_image
 
     model, _ = shipped
     samples, decoded = _round_trip(model)
     truth = np.mean([score_image(s.image, s.prompt) for s in samples])
     round_trip = np.mean([score_image(img, s.prompt) for img, s in zip(decoded, samples)])
-    assert round_trip >= 0.9 and round_trip >= truth - 0.05, (truth, round_trip)
+    assert truth >= 0.95 and round_trip >= 0.9, (truth, round_trip)
 
 
 def test_train_cli_dispatches_by_subcommand():

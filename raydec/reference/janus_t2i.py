@@ -7,9 +7,9 @@ forwards:
   ``JanusProcessor`` around it, so the loading path is the real Hugging Face one;
 * the ``JanusConfig`` (tiny vision tower, a small VQ-VAE with downsample 4, a Llama language
   model and the generation head);
-* a straight-through VQ forward that L2-normalises both the encoder output and the codebook
-  (the stock ``JanusVQVAE.forward`` decodes from integer ids, so its encoder gets no gradient);
-  with it, the stock ``decode`` / ``decode_image_tokens`` reproduce training outputs;
+* the VQ's two training forwards: ids -> pixels along the stock ``decode`` path, and
+  pixels -> logits over the L2-normalised codebook (``vq_encode`` takes their argmax), so
+  the stock ``decode`` / ``decode_image_tokens`` reproduce what was trained;
 * the language-model teacher-forcing loss over the image tokens, laid out exactly as
   ``JanusForConditionalGeneration.generate(generation_mode="image")`` lays out its
   conditional and unconditional (CFG) rows.
@@ -268,28 +268,20 @@ def _nearest_codes(latents: torch.Tensor, codebook: torch.Tensor) -> torch.Tenso
     return torch.einsum("bnd,kd->bnk", flat, codebook).argmax(dim=-1)
 
 
-def vq_straight_through(
-    vq: JanusVQVAE, pixels: torch.Tensor, commitment: float = 0.25, quantize: bool = True
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Training forward of the VQ-VAE with L2-normalised codes and a straight-through estimator.
+def code_vectors(vq: JanusVQVAE, ids: torch.Tensor) -> torch.Tensor:
+    """Unit code vectors of ``ids`` ``[B, h, w]`` as the stock ``get_codebook_entry`` returns them. # [B, D, h, w]"""
+    return F.normalize(vq.quantize.embedding.weight, p=2, dim=-1)[ids].permute(0, 3, 1, 2)
 
-    pixels: ``[B, 3, H, W]`` in [-1, 1]. Returns ``(reconstruction [B, 3, H, W],
-    codebook + commitment loss, token ids [B, N])``. The quantised vector is exactly what the
-    stock ``get_codebook_entry`` returns for the ids, so ``vq.decode(ids)`` equals the
-    reconstruction up to float noise. ``quantize=False`` (a warm-up phase) decodes the
-    normalised latents themselves, with a zero VQ loss.
-    """
-    latents = _normalised_latents(vq, pixels)  # [B, D, h, w]
-    codebook = F.normalize(vq.quantize.embedding.weight, p=2, dim=-1)  # [K, D]
-    ids = _nearest_codes(latents.detach(), codebook.detach())  # [B, N]
-    if not quantize:
-        return vq.decoder(vq.post_quant_conv(latents)), latents.new_zeros(()), ids
-    batch, dim, height, width = latents.shape
-    quantised = codebook[ids].view(batch, height, width, dim).permute(0, 3, 1, 2)  # [B, D, h, w]
-    vq_loss = F.mse_loss(quantised, latents.detach()) + commitment * F.mse_loss(latents, quantised.detach())
-    straight = latents + (quantised - latents).detach()
-    reconstruction = vq.decoder(vq.post_quant_conv(straight))
-    return reconstruction, vq_loss, ids
+
+def decode_codes(vq: JanusVQVAE, ids: torch.Tensor) -> torch.Tensor:
+    """Pixels ``[B, 3, H, W]`` of token ids ``[B, h, w]``: the stock ``decode`` path, with gradients."""
+    return vq.decoder(vq.post_quant_conv(code_vectors(vq, ids)))
+
+
+def code_logits(vq: JanusVQVAE, pixels: torch.Tensor, scale: float) -> torch.Tensor:
+    """Encoder logits over the codes: ``scale`` x cosine(latent, code). # [B, K, h, w]"""
+    codebook = F.normalize(vq.quantize.embedding.weight, p=2, dim=-1)
+    return scale * torch.einsum("bdhw,kd->bkhw", _normalised_latents(vq, pixels), codebook)
 
 
 @torch.no_grad()

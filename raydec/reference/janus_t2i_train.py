@@ -41,7 +41,7 @@ class T2ISettings:
     work_dir: Path = Path("/tmp/raydec_t2i_work")
     seed: int = 0
     num_images: int = 30_000
-    vq_steps: int = 4000
+    vq_steps: int = 8000
     vq_batch_size: int = 8
     vq_crop: int = 32
     vq_full_image_steps: int = 150
@@ -284,11 +284,8 @@ def train_vq(model, images: np.ndarray, codes: BlockCodes, settings: T2ISettings
         for group in optimizer.param_groups:
             group["lr"] = _cosine_lr(step, settings.vq_steps, settings.vq_lr, warmup=50)
         pixels, ids = _vq_batch(images, codes.ids, step, settings, gen)  # [B, 3, S, S], [B, h, w]
-        codebook = F.normalize(vq.quantize.embedding.weight, p=2, dim=-1)  # [K, D]
-        quantised = codebook[ids].permute(0, 3, 1, 2)  # [B, D, h, w]: exactly get_codebook_entry(ids)
-        recon_loss = _reconstruction_loss(vq.decoder(vq.post_quant_conv(quantised)), pixels, settings.vq_color_weight)
-        latents = jt._normalised_latents(vq, pixels)  # [B, D, h, w]
-        logits = settings.vq_logit_scale * torch.einsum("bdhw,kd->bkhw", latents, codebook)
+        recon_loss = _reconstruction_loss(jt.decode_codes(vq, ids), pixels, settings.vq_color_weight)
+        logits = jt.code_logits(vq, pixels, settings.vq_logit_scale)  # [B, K, h, w]
         code_loss = F.cross_entropy(logits, ids)
         loss = recon_loss + settings.vq_code_weight * code_loss
         optimizer.zero_grad(set_to_none=True)
