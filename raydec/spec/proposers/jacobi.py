@@ -24,6 +24,7 @@ from its own generator, so its output never depends on the other rows.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,6 +35,8 @@ from raydec.spec.proposers.base import DecodeState, Proposer
 from raydec.spec.sampling import sample_with_uniform
 from raydec.spec.tree import DraftTree
 from raydec.spec.verify import VerifyResult, acceptance_probability, residual
+
+logger = logging.getLogger(__name__)
 
 Variant = Literal["sjd", "sjd_ac", "sjd_pac"]
 FreshInit = Literal["uniform", "left", "above"]
@@ -106,6 +109,12 @@ class JacobiProposer(Proposer):
         self.grid_width = grid_width
         self.depth = draft.tree_depth if variant == "sjd_pac" else 0
         self.branching = draft.branching if self.depth else 1
+        if variant == "sjd_pac" and (self.depth == 0 or self.branching == 1):
+            logger.warning(
+                "sjd_pac with draft.branching=%d, draft.tree_depth=%d has no proactive tree: it runs as sjd_ac "
+                "(set both, e.g. branching=3, tree_depth=1, or tune them with raydec.tune_t2i.tune_draft)",
+                draft.branching, draft.tree_depth,
+            )
         extra = full_tree_nodes(self.branching, self.depth) - self.depth
         self.spine_slots = draft.window - extra
         if self.spine_slots < max(1, self.depth):
