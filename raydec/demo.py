@@ -50,6 +50,14 @@ def default_method() -> str:
     return "sjd_pac" if importlib.util.find_spec("raydec.spec.proposers.jacobi") else "ar"
 
 
+def demo_decode(method: str) -> dict:
+    """The demo's text-to-image decode config. SJD-PAC gets the proactive tree that
+    ``raydec bench t2i --dtype float32`` tuned for the reference Janus on a 2-core CPU."""
+    if method == "sjd_pac":
+        return {"method": method, "draft": {"window": 16, "branching": 2, "tree_depth": 1}}
+    return {"method": method}
+
+
 def caption_method() -> str:
     """ViSpec when the reference VLM's draft is shipped, else plain AR."""
     from raydec.models.registry import REFERENCE_DRAFT_DIRS
@@ -167,7 +175,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     job = JobConfig.model_validate(dict(
         task="t2i", model=args.model, dtype="float32", seed=0,
         input={"path": str(args.prompts.resolve())}, output={"path": str(args.out.resolve())},
-        decode={"method": args.method or default_method()},
+        decode=demo_decode(args.method or default_method()),
         pool={"workers": args.workers, "batch_size": args.batch_size, "cpus_per_worker": 0.5},
     ))
     # captions of the images just written: their result shards are the caption job's input
