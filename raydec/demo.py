@@ -9,7 +9,8 @@ It writes examples/prompts.parquet (held-out shapes prompts) if missing, starts 
 
 and writes out/contact_sheet.png (image, prompt, caption). Last, it times both methods
 against plain AR on a few of the same rows in this process and prints the speedups. A re-run
-resumes: rows already in out/ are skipped (use --fresh to start over).
+resumes: rows already in out/ are skipped (use --fresh to start over); an out/ written with
+another model or decode config is refused rather than mixed.
 """
 
 from __future__ import annotations
@@ -169,7 +170,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.fresh:
         _clear(args.out)
 
-    from raydec.runtime import JobConfig, init_local_ray, preflight, run_job
+    from raydec.runtime import (
+        JobConfig,
+        ResumeMismatchError,
+        check_resume_compatible,
+        init_local_ray,
+        preflight,
+        run_job,
+    )
     from raydec.runtime.contact_sheet import contact_sheet
 
     job = JobConfig.model_validate(dict(
@@ -187,7 +195,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         decode={"method": args.caption_method or caption_method()},
         pool={"workers": args.workers, "batch_size": args.batch_size, "cpus_per_worker": 0.5},
     ))
-    files = preflight(job)
+    try:
+        files = preflight(job)
+        if caption_job is not None and (args.out / "captions").exists():
+            check_resume_compatible(caption_job)
+    except ResumeMismatchError as exc:
+        print(f"raydec demo: {args.out} holds an earlier run with other settings ({exc}).\n"
+              f"Rerun with --fresh to replace it, or pass --out NEW_FOLDER.", file=sys.stderr)
+        return 2
     import ray
 
     own_cluster = not ray.is_initialized()

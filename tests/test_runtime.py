@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raydec.io import OutputConfig, read_manifest, read_results
+from raydec.io import OutputConfig, read_manifest, read_results, write_manifest
 from raydec.io.config import DatasetSchemaError, IOConfigError, OutputNotWritableError, S3Config
 from raydec.io.filesystem import s3_client
-from raydec.runtime import JobConfig, ModelNotFoundError, preflight, run_job
+from raydec.runtime import JobConfig, ModelNotFoundError, ResumeMismatchError, preflight, run_job
 
 PROMPTS = [
     "a red circle at the top left .",
@@ -184,6 +184,13 @@ def test_rerun_after_lost_shards_redoes_only_missing_rows(baseline, tmp_path):
     for image in (output / "images").glob("*.png"):
         image.unlink()
     rerun = job.model_copy(update={"output": job.output.model_copy(update={"path": str(output)})})
+    # a resume with another decode config or seed would mix two jobs' rows in one output
+    other_decode = make_job(job.model, job.input.path, str(output), decode={"method": "sjd"})
+    with pytest.raises(ResumeMismatchError, match=r"^decode: .*'method': 'ar'.*'method': 'sjd'"):
+        preflight(other_decode)
+    with pytest.raises(ResumeMismatchError, match=r"^seed: .*seed=7.*seed=8"):
+        preflight(make_job(job.model, job.input.path, str(output), seed=8))
+    preflight(make_job(job.model, job.input.path, str(output), pool={"workers": 1}))  # the pool may change
     lost = len(read_results(job.output)) - len(read_results(rerun.output))
     assert lost >= 2
     report = run_job(rerun)
@@ -230,6 +237,19 @@ def test_demo_without_model_explains_how_to_train(tmp_path, capsys):
     assert code == 2
     assert "python -m raydec.reference.train t2i" in capsys.readouterr().err
     assert pq.read_table(prompts).num_rows == 16, "the example prompts are written even without a model"
+
+
+def test_demo_refuses_an_out_folder_written_with_another_model(tiny_janus, tmp_path, capsys):
+    from raydec.demo import main
+
+    out, prompts = tmp_path / "out", tmp_path / "p.parquet"
+    earlier = make_job("reference", str(prompts), str(out))
+    write_manifest(earlier.output, earlier, {"results": 4}, {})
+    code = main(["--model", tiny_janus, "--prompts", str(prompts), "--out", str(out), "--rows", "4"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "model: " in err and "'reference'" in err and "--fresh" in err
+    assert not (out / "results").exists(), "nothing is generated into a mismatched output"
 
 
 def test_demo_runs_end_to_end_on_a_tiny_model(ray_cluster, tiny_janus, tmp_path, capsys):

@@ -9,10 +9,20 @@
 
 from raydec.runtime.cluster import connect_ray, init_local_ray
 from raydec.runtime.config import FaultInjection, JobConfig, PoolConfig
-from raydec.runtime.pipeline import JobIncompleteError, JobReport, ModelNotFoundError, check_model, preflight, run_job
+from raydec.runtime.pipeline import (
+    JobIncompleteError,
+    JobReport,
+    ModelNotFoundError,
+    ResumeMismatchError,
+    check_model,
+    check_resume_compatible,
+    preflight,
+    run_job,
+)
 from raydec.runtime.processors import PROCESSORS, Processor, T2IProcessor, make_processor
 
 __all__ = [
-    "FaultInjection", "JobConfig", "JobIncompleteError", "JobReport", "ModelNotFoundError", "PROCESSORS", "PoolConfig", "Processor",
-    "T2IProcessor", "check_model", "connect_ray", "init_local_ray", "make_processor", "preflight", "run_job",
+    "FaultInjection", "JobConfig", "JobIncompleteError", "JobReport", "ModelNotFoundError", "PROCESSORS", "PoolConfig",
+    "Processor", "ResumeMismatchError", "T2IProcessor", "check_model", "check_resume_compatible", "connect_ray",
+    "init_local_ray", "make_processor", "preflight", "run_job",
 ]

@@ -27,6 +27,7 @@ from raydec.io import (
     completed_ids,
     error_result,
     load_rows,
+    read_manifest,
     read_results,
     write_manifest,
 )
@@ -77,6 +78,47 @@ class JobReport:
 
 class ModelNotFoundError(ValueError):
     """`model` names no checkpoint this build can load."""
+
+
+class ResumeMismatchError(ValueError):
+    """The output holds results of a job with another model, dtype, decode config or seed."""
+
+
+RESUME_KEYS = ("task", "model", "dtype", "decode", "seed")
+"""Job fields that must equal those of the manifest already in the output for a resume."""
+
+
+def check_resume_compatible(job: JobConfig) -> None:
+    """Refuse to add rows to an output whose manifest records a different job.
+
+    A resume skips ids already written; mixing in rows made by another model or decode
+    config would give one output two meanings. Outputs without a manifest pass.
+    """
+    try:
+        earlier = read_manifest(job.output)["config"]
+    except (FileNotFoundError, OSError, KeyError, ValueError):
+        return
+    now = _resume_identity(job.model_dump(mode="json"))
+    for key, value in _resume_identity(earlier).items():
+        if _differs(value, now[key]):
+            raise ResumeMismatchError(
+                f"{key}: output {job.output.path} holds results written with {key}={value!r}, "
+                f"this job has {key}={now[key]!r}; write to a new output.path or delete the old results"
+            )
+
+
+def _differs(earlier: Any, now: Any) -> bool:
+    """Whether a recorded value disagrees with today's; fields a manifest lacks (an older raydec) pass."""
+    if earlier is None:
+        return False
+    if isinstance(earlier, dict) and isinstance(now, dict):
+        return any(_differs(value, now.get(key)) for key, value in earlier.items())
+    return earlier != now
+
+
+def _resume_identity(config: Dict[str, Any]) -> Dict[str, Any]:
+    """The RESUME_KEYS of a dumped JobConfig (the seed lives in its input section)."""
+    return {key: config.get("input", {}).get("seed") if key == "seed" else config.get(key) for key in RESUME_KEYS}
 
 
 def check_model(job: JobConfig) -> None:
@@ -134,6 +176,7 @@ def preflight(job: JobConfig) -> List[InputFile]:
         raise ValueError(f"task: {job.task!r} is not available in this build (available: {sorted(PROCESSORS)})")
     files = check_dataset(job.input, job.task)
     check_output_writable(job.output)
+    check_resume_compatible(job)
     check_model(job)
     logger.info("preflight ok: %d input file(s), output %s writable, model %s", len(files), job.output.path, job.model)
     return files
