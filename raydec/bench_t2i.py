@@ -41,7 +41,7 @@ class MethodRecord:
 
 def method_config(method: str, args: argparse.Namespace, sampling: Any, length: int) -> DecodeConfig:
     """The decode config of one method with a fixed draft shape from the CLI (``--window N``)."""
-    if method in ("ar", "hf"):
+    if method == "ar":
         return DecodeConfig(method="ar", max_new_tokens=length, sampling=sampling)
     tree = dict(branching=args.branching, tree_depth=args.tree_depth) if method == "sjd_pac" else {}
     draft = DraftSpec(window=int(args.window), init=args.init, **tree)
@@ -52,16 +52,21 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
     """``--window auto``: each Jacobi method's draft shape chosen by :func:`tune_draft` on
     ``--tune-prompts`` calibration prompts (held-out seeds far from the benchmark's)."""
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
-    from raydec.tune_t2i import candidate_shapes, tune_draft
+    from raydec.tune_t2i import ar_step_overhead, candidate_shapes, forward_seconds, tune_draft
 
     jacobi = [m for m in methods if m in ("sjd", "sjd_ac", "sjd_pac")]
     prompts = [make_sample(HELD_OUT_SEED_START + TUNE_OFFSET + i).prompt for i in range(args.tune_prompts)]
     seeds = [args.seed + TUNE_OFFSET + i for i in range(args.tune_prompts)]
     sizes = sorted({1} | {s.window + 1 for m in jacobi for s in candidate_shapes(m)})
-    costs = window_cost(target, prompts[0], sizes, batch=args.batch)
+    seconds = forward_seconds(target, prompts[0], sizes, batch=args.batch)
+    costs = {size: value / seconds[1] for size, value in seconds.items()}
+    ar_overhead = ar_step_overhead(target, prompts, seeds, sampling, args.batch, seconds[1])
     configs, tried = {}, []
     for method in jacobi:
-        best, shapes = tune_draft(target, method, prompts, seeds, sampling, args.batch, costs=costs)
+        best, shapes = tune_draft(
+            target, method, prompts, seeds, sampling, args.batch,
+            costs=costs, one_token_seconds=seconds[1], ar_overhead=ar_overhead,
+        )
         draft = best.draft.model_copy(update={"init": args.init})
         configs[method] = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft)
         tried += shapes
@@ -145,17 +150,20 @@ def bench_t2i(args: argparse.Namespace) -> dict:
     length = int(target.num_image_tokens)
     prompts = [make_sample(HELD_OUT_SEED_START + args.offset + i).prompt for i in range(args.prompts)]
     seeds = [args.seed + i for i in range(args.prompts)]
-    configs = {m: method_config(m, args, sampling, length) for m in methods if m in ("ar", "hf") or args.window != "auto"}
-    configs.pop("hf", None)
+    configs = {}
+    for method in methods:
+        if method == "ar" or (method != "hf" and args.window != "auto"):
+            configs[method] = method_config(method, args, sampling, length)
     tried = []
     if args.window == "auto":
+        args.tune_prompts = args.tune_prompts or max(4, args.batch)
         tuned, tried = tuned_configs(target, methods, args, sampling, length)
         configs.update(tuned)
         print_table(
             f"draft shapes tried at batch {args.batch} on {args.tune_prompts} calibration prompts",
-            ["method", "window", "K", "D-1", "steps/batch", "window cost", "predicted x AR"],
+            ["method", "window", "K", "D-1", "steps/batch", "window cost", "step overhead", "predicted x AR"],
             [[t.method, t.draft.window, t.draft.branching, t.draft.tree_depth, f"{t.steps_per_batch:.1f}",
-              f"{t.window_cost:.2f}", f"{t.predicted_speedup:.2f}"] for t in tried],
+              f"{t.window_cost:.2f}", f"{t.step_overhead:.2f}", f"{t.predicted_speedup:.2f}"] for t in tried],
         )
     records = {m: MethodRecord() for m in methods}
 
@@ -216,7 +224,8 @@ def bench_t2i(args: argparse.Namespace) -> dict:
         "config": {m: c.model_dump() for m, c in configs.items()},
         "tuning": [
             {"method": t.method, "draft": t.draft.model_dump(), "steps_per_batch": t.steps_per_batch,
-             "window_cost": t.window_cost, "predicted_speedup": t.predicted_speedup}
+             "window_cost": t.window_cost, "step_overhead": t.step_overhead,
+             "predicted_speedup": t.predicted_speedup}
             for t in tried
         ],
         "prompts": args.prompts, "batch": args.batch, "dtype": args.dtype, "model": str(args.model),
@@ -266,7 +275,9 @@ def add_t2i_parser(subparsers) -> None:
         "--window", type=_window_arg, default="auto",
         help="draft nodes per step (L - 1), or 'auto': tune window and tree per method from the measured cost curve",
     )
-    parser.add_argument("--tune-prompts", type=int, default=4, help="--window auto: calibration prompts")
+    parser.add_argument(
+        "--tune-prompts", type=int, default=None, help="--window auto: calibration prompts (default: max(4, --batch))"
+    )
     parser.add_argument("--branching", type=int, default=3, help="sjd_pac with a fixed --window: candidates per level (K)")
     parser.add_argument("--tree-depth", type=int, default=2, help="sjd_pac with a fixed --window: tree levels (D - 1)")
     parser.add_argument("--init", choices=["uniform", "left", "above"], default="uniform", help="fresh drafts")

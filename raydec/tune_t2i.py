@@ -9,11 +9,16 @@ tuning, we measure instead of guessing:
     steps(c)    target forwards per batch for candidate shape c, counted on a few
                 calibration prompts (disjoint from any benchmark's); AR takes N, the
                 number of image tokens (prefill included)
-    speedup(c)  = (N * cost(1)) / (steps(c) * cost(window(c) + 1))
+    over(m)     seconds of one decode step of method m beyond its target forward (drafting,
+                verification, sampling, bookkeeping) / a one-token forward's; measured
+                from the calibration runs (median over shapes) and from one AR run
+    speedup(c)  = N * (cost(1) + over(ar)) / (steps(c) * (cost(window(c) + 1) + over(c)))
 
 and keep the candidate with the largest predicted speedup. Counting forwards instead of
-timing each candidate keeps the choice stable on a noisy machine; the cost curve is the only
-timed part. Decoding stays lossless whatever the shape: the shape only moves speed.
+ranking by each candidate's wall time keeps the choice stable on a noisy machine; the cost
+curve and the per-step overheads are the timed parts. The overhead matters at batch > 1,
+where verification and bookkeeping grow with the rows while a forward grows less.
+Decoding stays lossless whatever the shape: the shape only moves speed.
 """
 
 from __future__ import annotations
@@ -45,12 +50,20 @@ class TunedShape:
     steps_per_batch: float  # mean target forwards per batch (prefill included)
     window_cost: float  # cost(window + 1) / cost(1)
     predicted_speedup: float
+    step_overhead: float = 0.0  # per-step seconds beyond the forward / one-token forward's
 
 
-@torch.inference_mode()
 def window_cost(target: Any, prompt: Any, sizes: Sequence[int], batch: int = 1, repeats: int = 5) -> dict[int, float]:
     """Seconds of one target forward over ``n`` new tokens per row after a prefilled prompt,
     for ``batch`` rows, divided by the same for ``sizes[0]`` (normally 1)."""
+    seconds = forward_seconds(target, prompt, sizes, batch, repeats)
+    return {size: value / seconds[sizes[0]] for size, value in seconds.items()}
+
+
+@torch.inference_mode()
+def forward_seconds(target: Any, prompt: Any, sizes: Sequence[int], batch: int = 1, repeats: int = 5) -> dict[int, float]:
+    """Median seconds of one target forward over ``n`` new tokens per row (``n`` in ``sizes``)
+    after a prefilled prompt, for ``batch`` rows."""
     from raydec.spec.cache import RaggedCache
 
     prefix = target.prompt_inputs(prompt)
@@ -74,7 +87,7 @@ def window_cost(target: Any, prompt: Any, sizes: Sequence[int], batch: int = 1, 
             samples.append(time.perf_counter() - start)
             cache.kv.crop(-size)
         timings[size] = statistics.median(samples)
-    return {size: seconds / timings[sizes[0]] for size, seconds in timings.items()}
+    return timings
 
 
 def candidate_shapes(
@@ -90,6 +103,31 @@ def candidate_shapes(
     ]
 
 
+def calibration_run(
+    target: Any, config: DecodeConfig, prompts: Sequence[str], seeds: Sequence[int], batch: int
+) -> tuple[float, float]:
+    """Decode the calibration prompts with ``config``: (target forwards per batch, seconds per forward).
+
+    A batch lasts as long as its slowest row; its forwards are that row's.
+    """
+    from raydec.api import generate_images
+
+    results = generate_images(prompts, model=target, decode=config, seeds=seeds, batch_size=batch)
+    batches = [results[i : i + batch] for i in range(0, len(results), batch)]
+    steps = [max(r.target_forwards for r in rows) for rows in batches]
+    seconds = [max(r.latency_s for r in rows) for rows in batches]
+    return float(np.mean(steps)), sum(seconds) / sum(steps)
+
+
+def ar_step_overhead(
+    target: Any, prompts: Sequence[str], seeds: Sequence[int], sampling: SamplingConfig, batch: int, one_token_seconds: float
+) -> float:
+    """over(ar): seconds of an AR step beyond its one-token forward, in one-token forwards (>= 0)."""
+    config = DecodeConfig(method="ar", max_new_tokens=int(target.num_image_tokens), sampling=sampling)
+    _, per_step = calibration_run(target, config, prompts, seeds, batch)
+    return max(0.0, per_step / one_token_seconds - 1.0)
+
+
 def tune_draft(
     target: Any,
     method: str,
@@ -100,27 +138,39 @@ def tune_draft(
     windows: Sequence[int] = DEFAULT_WINDOWS,
     trees: Sequence[tuple[int, int]] = DEFAULT_TREES,
     costs: dict[int, float] | None = None,
+    one_token_seconds: float | None = None,
+    ar_overhead: float | None = None,
 ) -> tuple[TunedShape, list[TunedShape]]:
     """The best draft shape of ``method`` for ``target`` at ``batch``, and every candidate tried.
 
-    prompts / seeds: calibration prompts (a few; keep them apart from evaluation prompts).
-    costs: a cost curve already measured at this batch (keys: window + 1, and 1).
+    prompts / seeds: calibration prompts (a few, at least ``batch``; keep them apart from
+    evaluation prompts). costs: a cost curve already measured at this batch (keys: window + 1,
+    and 1). one_token_seconds: the absolute seconds behind ``costs[1]``; with it the per-step
+    overheads enter the prediction (``ar_overhead`` is measured when not given). Without it
+    (a cost curve from elsewhere) the prediction counts forwards only.
     """
-    from raydec.api import generate_images
-
     if method not in ("sjd", "sjd_ac", "sjd_pac"):
         raise ValueError(f"method={method!r}: only the Jacobi methods sjd, sjd_ac, sjd_pac have a draft shape to tune")
     shapes = candidate_shapes(method, windows, trees)
     length = int(target.num_image_tokens)
     if costs is None or any(s.window + 1 not in costs for s in shapes):
-        costs = window_cost(target, prompts[0], sorted({1} | {s.window + 1 for s in shapes}), batch=batch)
-    tried: list[TunedShape] = []
+        seconds = forward_seconds(target, prompts[0], sorted({1} | {s.window + 1 for s in shapes}), batch=batch)
+        one_token_seconds = seconds[1]
+        costs = {size: value / one_token_seconds for size, value in seconds.items()}
+    timed = one_token_seconds is not None
+    if timed and ar_overhead is None:
+        ar_overhead = ar_step_overhead(target, prompts, seeds, sampling, batch, one_token_seconds)
+    runs = []  # (draft, steps per batch, overhead of its steps)
     for draft in shapes:
         config = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft)
-        results = generate_images(prompts, model=target, decode=config, seeds=seeds, batch_size=batch)
-        forwards = [r.target_forwards for r in results]
-        steps = float(np.mean([max(forwards[i : i + batch]) for i in range(0, len(forwards), batch)]))
+        steps, per_step = calibration_run(target, config, prompts, seeds, batch)
+        runs.append((draft, steps, per_step / one_token_seconds - costs[draft.window + 1] if timed else 0.0))
+    # one overhead per method: the median over shapes is steadier than each shape's own timing
+    overhead = max(0.0, float(np.median([over for _, _, over in runs]))) if timed else 0.0
+    base = costs[1] + (ar_overhead or 0.0)
+    tried = []
+    for draft, steps, _ in runs:
         cost = costs[draft.window + 1]
-        tried.append(TunedShape(method, draft, steps, cost, length * costs[1] / (steps * cost)))
+        tried.append(TunedShape(method, draft, steps, cost, length * base / (steps * (cost + overhead)), overhead))
         logger.info("tune %s %s: %.1f steps per batch, predicted speedup %.2f", method, draft, steps, tried[-1].predicted_speedup)
     return max(tried, key=lambda t: t.predicted_speedup), tried

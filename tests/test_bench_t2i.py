@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from raydec.bench import main as bench_main
@@ -67,6 +68,12 @@ def test_tune_draft_follows_the_cost_curve(tmp_path):
     linear = {1: 1.0, 3: 3.0, 9: 9.0}
     best, tried = tune_draft(target, "sjd", costs=linear, **args)
     assert best.draft.window == 2 and all(t.predicted_speedup < 1.0 for t in tried)
+    # timed: a one-token forward of 1 ns makes each step's drafting and verification dominate
+    # (overhead >> 9 forwards), so the shape with the fewest steps wins even on linear costs
+    best, tried = tune_draft(target, "sjd", costs=linear, one_token_seconds=1e-9, ar_overhead=0.0, **args)
+    assert all(t.step_overhead > 100 for t in tried) and best.draft.window == 8
+    steps = [t.steps_per_batch for t in tried]
+    assert tried[1].predicted_speedup / tried[0].predicted_speedup == pytest.approx(steps[0] / steps[1], rel=0.05)
 
 
 def test_bench_t2i_auto_window_reports_the_shapes_it_tried(tmp_path):
