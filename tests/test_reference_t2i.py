@@ -139,6 +139,23 @@ def test_vq_round_trip_keeps_judge_accuracy(shipped):
     assert truth >= 0.95 and round_trip >= 0.9, (truth, round_trip)
 
 
+def test_object_token_mask_covers_exactly_the_object_boxes():
+    """The LM loss weighs the tokens of each stated object's box; read from the prompt alone,
+    they must be the boxes the renderer drew."""
+    from raydec.reference.janus_t2i_train import object_token_mask
+    from raydec.reference.shapes import GRID_BLOCKS, object_box
+
+    for seed in range(40):
+        sample = make_sample(seed)
+        boxes = np.zeros((GRID_BLOCKS, GRID_BLOCKS), dtype=bool)
+        for obj in sample.objects:
+            x0, y0, side = (v // 4 for v in object_box(obj.position, obj.size))
+            boxes[y0 : y0 + side, x0 : x0 + side] = True
+        mask = object_token_mask(sample.prompt)
+        assert mask.shape == (256,) and np.array_equal(mask, boxes.reshape(-1)), sample.prompt
+        assert mask.sum() == sum(16 if o.size == "large" else 4 for o in sample.objects)
+
+
 def test_train_cli_dispatches_by_subcommand():
     from raydec.reference import train
 

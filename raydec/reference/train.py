@@ -54,6 +54,12 @@ def add_t2i_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lm-steps", type=int, default=d.lm_steps, help="language-model optimizer steps")
     parser.add_argument("--lm-batch-size", type=int, default=d.lm_batch_size)
     parser.add_argument("--lm-lr", type=float, default=d.lm_lr)
+    parser.add_argument(
+        "--lm-object-weight", type=float, default=d.lm_object_weight, help="LM loss weight of object-box tokens"
+    )
+    parser.add_argument(
+        "--lm-object-weight-from", type=int, default=d.lm_object_weight_from, help="first LM step that weighs objects"
+    )
     parser.add_argument("--lm-layers", type=int, default=d.arch.lm_num_layers)
     parser.add_argument("--lm-hidden", type=int, default=d.arch.lm_hidden_size)
     parser.add_argument("--lm-heads", type=int, default=d.arch.lm_num_heads)
@@ -97,6 +103,8 @@ def train_t2i_from_args(args: argparse.Namespace) -> Path:
         lm_steps=args.lm_steps,
         lm_batch_size=args.lm_batch_size,
         lm_lr=args.lm_lr,
+        lm_object_weight=args.lm_object_weight,
+        lm_object_weight_from=args.lm_object_weight_from,
         guidance_scale=args.guidance_scale,
         checkpoint_every=args.checkpoint_every,
         max_minutes=args.max_minutes,
