@@ -156,6 +156,18 @@ def test_object_token_mask_covers_exactly_the_object_boxes():
         assert mask.sum() == sum(16 if o.size == "large" else 4 for o in sample.objects)
 
 
+def test_word_sensitivity_sees_the_words_the_model_reads(shipped):
+    from raydec.reference.evaluate import replace_words, word_sensitivity
+
+    assert replace_words("a large purple speckled diamond top right", "colour") == "a large red speckled diamond top right"
+    assert replace_words("a small red solid cross left", "size") == "a large red solid cross left"
+    model, processor = shipped
+    result = word_sensitivity(model, processor, num_images=4)
+    assert set(result) == {"colour", "shape", "fill", "size"}
+    assert all(r["kl_mean"] >= 0 and r["kl_max"] >= r["kl_mean_objects"] for r in result.values())
+    assert result["size"]["kl_max"] > 1.0, "size words decide where a box starts; the probe must see that"
+
+
 def test_train_cli_dispatches_by_subcommand():
     from raydec.reference import train
 

@@ -6,6 +6,10 @@ default generation config unless overridden), scores them with the judge, and me
 entropy of every sampled token's fully processed distribution (CFG mix, then temperature),
 recomputed by one teacher-forced forward over the sampled tokens. Prints the mean judge score
 and the share of tokens with entropy > 1 nat; ``--json`` / ``--grid`` save details.
+
+``--word-sensitivity`` asks instead which prompt words the model reads: it replaces every
+colour (shape, fill, size) word by the next one of its kind and prints the KL divergence
+between the teacher-forced predictions before and after, on the held-out images' own tokens.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from typing import Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from raydec.reference import janus_t2i as jt
 from raydec.reference.judge import score_image
-from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
+from raydec.reference.shapes import COLORS, FILLS, HELD_OUT_SEED_START, SHAPES, SIZES, make_sample
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +142,39 @@ def vq_round_trip(model, num_images: int, offset: int = 0, batch_size: int = 50)
     }
 
 
+WORD_KINDS: dict[str, tuple[str, ...]] = {"colour": tuple(COLORS), "shape": SHAPES, "fill": FILLS, "size": SIZES}
+
+
+def replace_words(prompt: str, kind: str) -> str:
+    """``prompt`` with every word of ``kind`` replaced by the next word of that kind (cyclically)."""
+    words = WORD_KINDS[kind]
+    return " ".join(words[(words.index(w) + 1) % len(words)] if w in words else w for w in prompt.split(" "))
+
+
+@torch.no_grad()
+def word_sensitivity(model, processor, num_images: int, offset: int = 0) -> dict:
+    """KL(pred(prompt) || pred(prompt with one kind of word replaced)) over the image tokens of
+    held-out images (their own VQ ids, teacher-forced): mean over all tokens, mean over the
+    tokens of object boxes, and the largest, per kind of word. Zero means the words are ignored."""
+    from raydec.reference.janus_t2i_train import object_token_mask
+
+    samples = [make_sample(HELD_OUT_SEED_START + offset + i) for i in range(num_images)]
+    ids = jt.vq_encode(model.model.vqmodel, jt.images_to_pixels(torch.from_numpy(np.stack([s.image for s in samples]))))
+    on_object = torch.from_numpy(np.stack([object_token_mask(s.prompt) for s in samples]))  # [B, N]
+
+    def log_probs(prompts: list[str]) -> torch.Tensor:  # [B, N, K]
+        inputs = processor(text=prompts, generation_mode="image", padding=True, return_tensors="pt")
+        return F.log_softmax(jt.image_token_logits(model, inputs.input_ids, inputs.attention_mask, ids).float(), dim=-1)
+
+    base = log_probs([s.prompt for s in samples])
+    result = {}
+    for kind in WORD_KINDS:
+        other = log_probs([replace_words(s.prompt, kind) for s in samples])
+        kl = (base.exp() * (base - other)).sum(-1)  # [B, N]
+        result[kind] = {"kl_mean": kl.mean().item(), "kl_mean_objects": kl[on_object].mean().item(), "kl_max": kl.max().item()}
+    return result
+
+
 def save_grid(images: np.ndarray, path: Path, columns: int = 8, scale: int = 3) -> None:
     """Save up to ``4 * columns`` images as one PNG grid."""
     from PIL import Image
@@ -163,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--round-trip", action="store_true", help="score VQ round trips of held-out ground-truth images instead"
     )
+    parser.add_argument(
+        "--word-sensitivity", action="store_true", help="measure how much each kind of prompt word moves the predictions"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--grid", type=Path, default=None, help="write a PNG grid of samples here")
     args = parser.parse_args(argv)
@@ -177,6 +218,12 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         model = JanusForConditionalGeneration.from_pretrained(args.weights, local_files_only=True).eval()
         processor = JanusProcessor.from_pretrained(args.weights, local_files_only=True)
+    if args.word_sensitivity:
+        sensitivity = word_sensitivity(model, processor, args.prompts, args.offset)
+        print(json.dumps(sensitivity, indent=2))
+        if args.json is not None:
+            args.json.write_text(json.dumps(sensitivity, indent=2))
+        return
     if args.round_trip:
         result = vq_round_trip(model, args.prompts, args.offset, args.batch_size)
         result["scores"] = []
