@@ -52,7 +52,7 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
     """``--window auto``: each Jacobi method's draft shape chosen by :func:`tune_draft` on
     ``--tune-prompts`` calibration prompts (held-out seeds far from the benchmark's)."""
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
-    from raydec.tune_t2i import ar_step_overhead, candidate_shapes, forward_seconds, tune_draft
+    from raydec.tune_t2i import ar_step_cost, candidate_shapes, forward_seconds, tune_draft
 
     jacobi = [m for m in methods if m in ("sjd", "sjd_ac", "sjd_pac")]
     prompts = [make_sample(HELD_OUT_SEED_START + TUNE_OFFSET + i).prompt for i in range(args.tune_prompts)]
@@ -60,12 +60,12 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
     sizes = sorted({1} | {s.window + 1 for m in jacobi for s in candidate_shapes(m)})
     seconds = forward_seconds(target, prompts[0], sizes, batch=args.batch)
     costs = {size: value / seconds[1] for size, value in seconds.items()}
-    ar_overhead = ar_step_overhead(target, prompts, seeds, sampling, args.batch, seconds[1])
+    ar_step = ar_step_cost(target, prompts, seeds, sampling, args.batch, seconds[1])
     configs, tried = {}, []
     for method in jacobi:
         best, shapes = tune_draft(
             target, method, prompts, seeds, sampling, args.batch,
-            costs=costs, one_token_seconds=seconds[1], ar_overhead=ar_overhead,
+            costs=costs, one_token_seconds=seconds[1], ar_step=ar_step,
         )
         draft = best.draft.model_copy(update={"init": args.init})
         configs[method] = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft)
@@ -160,10 +160,11 @@ def bench_t2i(args: argparse.Namespace) -> dict:
         tuned, tried = tuned_configs(target, methods, args, sampling, length)
         configs.update(tuned)
         print_table(
-            f"draft shapes tried at batch {args.batch} on {args.tune_prompts} calibration prompts",
-            ["method", "window", "K", "D-1", "steps/batch", "window cost", "step overhead", "predicted x AR"],
+            f"draft shapes tried at batch {args.batch} on {args.tune_prompts} calibration prompts "
+            "(costs in one-token forwards; step = a whole decode step, fitted)",
+            ["method", "window", "K", "D-1", "steps/batch", "window cost", "step cost", "predicted x AR"],
             [[t.method, t.draft.window, t.draft.branching, t.draft.tree_depth, f"{t.steps_per_batch:.1f}",
-              f"{t.window_cost:.2f}", f"{t.step_overhead:.2f}", f"{t.predicted_speedup:.2f}"] for t in tried],
+              f"{t.window_cost:.2f}", f"{t.step_cost:.2f}", f"{t.predicted_speedup:.2f}"] for t in tried],
         )
     records = {m: MethodRecord() for m in methods}
 
@@ -224,7 +225,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
         "config": {m: c.model_dump() for m, c in configs.items()},
         "tuning": [
             {"method": t.method, "draft": t.draft.model_dump(), "steps_per_batch": t.steps_per_batch,
-             "window_cost": t.window_cost, "step_overhead": t.step_overhead,
+             "window_cost": t.window_cost, "step_cost": t.step_cost,
              "predicted_speedup": t.predicted_speedup}
             for t in tried
         ],

@@ -9,15 +9,18 @@ tuning, we measure instead of guessing:
     steps(c)    target forwards per batch for candidate shape c, counted on a few
                 calibration prompts (disjoint from any benchmark's); AR takes N, the
                 number of image tokens (prefill included)
-    over(m)     seconds of one decode step of method m beyond its target forward (drafting,
-                verification, sampling, bookkeeping) / a one-token forward's; measured
-                from the calibration runs (median over shapes) and from one AR run
-    speedup(c)  = N * (cost(1) + over(ar)) / (steps(c) * (cost(window(c) + 1) + over(c)))
+    step(c)     seconds of one whole decode step of shape c (forward, drafting, verification,
+                bookkeeping) / a one-token forward's, timed on the calibration runs and
+                smoothed by a least-squares line over the window sizes; step(ar) likewise
+                from one AR run
+    speedup(c)  = N * step(ar) / (steps(c) * step(c))
 
-and keep the candidate with the largest predicted speedup. Counting forwards instead of
-ranking by each candidate's wall time keeps the choice stable on a noisy machine; the cost
-curve and the per-step overheads are the timed parts. The overhead matters at batch > 1,
-where verification and bookkeeping grow with the rows while a forward grows less.
+and keep the candidate with the largest predicted speedup. Counting forwards and fitting one
+line through all shapes' step times, instead of ranking by each candidate's own wall time,
+keeps the choice stable on a noisy machine. The whole step is timed, not just the forward:
+at batch > 1 verification and bookkeeping grow with the rows, and a window's forward in a
+decode (over a growing cache) costs more than ``cost(n)`` measured after the prompt. Without
+step timing (a cost curve given from elsewhere) ``step(c) = cost(window + 1)``, ``step(ar) = cost(1)``.
 Decoding stays lossless whatever the shape: the shape only moves speed.
 """
 
@@ -50,7 +53,7 @@ class TunedShape:
     steps_per_batch: float  # mean target forwards per batch (prefill included)
     window_cost: float  # cost(window + 1) / cost(1)
     predicted_speedup: float
-    step_overhead: float = 0.0  # per-step seconds beyond the forward / one-token forward's
+    step_cost: float = 0.0  # step(c): one decode step (fitted) / a one-token forward
 
 
 def window_cost(target: Any, prompt: Any, sizes: Sequence[int], batch: int = 1, repeats: int = 5) -> dict[int, float]:
@@ -119,13 +122,27 @@ def calibration_run(
     return float(np.mean(steps)), sum(seconds) / sum(steps)
 
 
-def ar_step_overhead(
+def ar_step_cost(
     target: Any, prompts: Sequence[str], seeds: Sequence[int], sampling: SamplingConfig, batch: int, one_token_seconds: float
 ) -> float:
-    """over(ar): seconds of an AR step beyond its one-token forward, in one-token forwards (>= 0)."""
+    """step(ar): seconds of one AR decode step / a one-token forward's."""
     config = DecodeConfig(method="ar", max_new_tokens=int(target.num_image_tokens), sampling=sampling)
     _, per_step = calibration_run(target, config, prompts, seeds, batch)
-    return max(0.0, per_step / one_token_seconds - 1.0)
+    return per_step / one_token_seconds
+
+
+def fit_step_costs(sizes: Sequence[int], step_costs: Sequence[float]) -> list[float]:
+    """Least-squares line through (window size, measured step cost), evaluated at each size.
+
+    One line through every shape's timing is steadier than each timing alone; with a single
+    size it is the mean. Fitted values are kept >= the smallest measured cost's half (a line
+    through noisy points must not predict free steps).
+    """
+    x, y = np.asarray(sizes, dtype=float), np.asarray(step_costs, dtype=float)
+    if len(set(sizes)) < 2:
+        return [float(y.mean())] * len(y)
+    slope, intercept = np.polyfit(x, y, 1)
+    return [float(max(intercept + slope * size, 0.5 * y.min())) for size in x]
 
 
 def tune_draft(
@@ -139,15 +156,15 @@ def tune_draft(
     trees: Sequence[tuple[int, int]] = DEFAULT_TREES,
     costs: dict[int, float] | None = None,
     one_token_seconds: float | None = None,
-    ar_overhead: float | None = None,
+    ar_step: float | None = None,
 ) -> tuple[TunedShape, list[TunedShape]]:
     """The best draft shape of ``method`` for ``target`` at ``batch``, and every candidate tried.
 
     prompts / seeds: calibration prompts (a few, at least ``batch``; keep them apart from
     evaluation prompts). costs: a cost curve already measured at this batch (keys: window + 1,
-    and 1). one_token_seconds: the absolute seconds behind ``costs[1]``; with it the per-step
-    overheads enter the prediction (``ar_overhead`` is measured when not given). Without it
-    (a cost curve from elsewhere) the prediction counts forwards only.
+    and 1). one_token_seconds: the absolute seconds behind ``costs[1]``; with it whole decode
+    steps are timed (``ar_step`` = step(ar) is measured when not given). Without it (a cost
+    curve from elsewhere) the prediction counts forwards only.
     """
     if method not in ("sjd", "sjd_ac", "sjd_pac"):
         raise ValueError(f"method={method!r}: only the Jacobi methods sjd, sjd_ac, sjd_pac have a draft shape to tune")
@@ -158,19 +175,19 @@ def tune_draft(
         one_token_seconds = seconds[1]
         costs = {size: value / one_token_seconds for size, value in seconds.items()}
     timed = one_token_seconds is not None
-    if timed and ar_overhead is None:
-        ar_overhead = ar_step_overhead(target, prompts, seeds, sampling, batch, one_token_seconds)
-    runs = []  # (draft, steps per batch, overhead of its steps)
+    if timed and ar_step is None:
+        ar_step = ar_step_cost(target, prompts, seeds, sampling, batch, one_token_seconds)
+    counted, measured = [], []  # steps per batch; measured step(c)
     for draft in shapes:
         config = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft)
         steps, per_step = calibration_run(target, config, prompts, seeds, batch)
-        runs.append((draft, steps, per_step / one_token_seconds - costs[draft.window + 1] if timed else 0.0))
-    # one overhead per method: the median over shapes is steadier than each shape's own timing
-    overhead = max(0.0, float(np.median([over for _, _, over in runs]))) if timed else 0.0
-    base = costs[1] + (ar_overhead or 0.0)
+        counted.append(steps)
+        measured.append(per_step / one_token_seconds if timed else costs[draft.window + 1])
+    sizes = [draft.window + 1 for draft in shapes]
+    step_costs = fit_step_costs(sizes, measured) if timed else measured
+    base = ar_step if timed else costs[1]
     tried = []
-    for draft, steps, _ in runs:
-        cost = costs[draft.window + 1]
-        tried.append(TunedShape(method, draft, steps, cost, length * base / (steps * (cost + overhead)), overhead))
+    for draft, steps, step, size in zip(shapes, counted, step_costs, sizes):
+        tried.append(TunedShape(method, draft, steps, costs[size], length * base / (steps * step), step))
         logger.info("tune %s %s: %.1f steps per batch, predicted speedup %.2f", method, draft, steps, tried[-1].predicted_speedup)
     return max(tried, key=lambda t: t.predicted_speedup), tried
