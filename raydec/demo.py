@@ -197,7 +197,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ))
     try:
         files = preflight(job)
-        if caption_job is not None and (args.out / "captions").exists():
+        if caption_job is not None:
             check_resume_compatible(caption_job)
     except ResumeMismatchError as exc:
         print(f"raydec demo: {args.out} holds an earlier run with other settings ({exc}).\n"

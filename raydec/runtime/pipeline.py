@@ -92,11 +92,11 @@ def check_resume_compatible(job: JobConfig) -> None:
     """Refuse to add rows to an output whose manifest records a different job.
 
     A resume skips ids already written; mixing in rows made by another model or decode
-    config would give one output two meanings. Outputs without a manifest pass.
+    config would give one output two meanings. Outputs without a readable manifest pass.
     """
     try:
         earlier = read_manifest(job.output)["config"]
-    except (FileNotFoundError, OSError, KeyError, ValueError):
+    except (OSError, KeyError, ValueError):  # no manifest yet (OSError covers missing files)
         return
     now = _resume_identity(job.model_dump(mode="json"))
     for key, value in _resume_identity(earlier).items():
