@@ -79,17 +79,27 @@ def test_hf_generate_image_mode_runs_and_decodes(shipped):
     assert images["pixel_values"][0].size == (64, 64)
 
 
-def test_hf_generate_samples_score_above_the_shipped_floor(shipped):
-    """Hugging Face's own sampler on 20 held-out prompts, scored by the judge. The floor is
-    below what the shipped weights measure (0.57 on 200 prompts, MODEL_CARD.md) and far above
-    an untrained or wrongly loaded model (~0.2); issue 3's 0.8 is not reached yet."""
+def test_hf_generate_samples_score_at_least_0_8(shipped):
+    """Hugging Face's own sampler on 20 held-out prompts, scored by the judge: issue 3's bar.
+    Measured 0.834 with this seed (seeds 1-3: 0.832 / 0.825 / 0.813; 0.831 on 200 prompts,
+    MODEL_CARD.md); an untrained or wrongly loaded model scores ~0.2."""
     from raydec.reference.evaluate import decode_images, generate_image_tokens, held_out_prompts
     from raydec.reference.judge import score_image
 
     model, processor = shipped
     prompts = held_out_prompts(20)
     images = decode_images(model, generate_image_tokens(model, processor, prompts, seed=0))
-    assert np.mean([score_image(image, prompt) for image, prompt in zip(images, prompts)]) >= 0.45
+    assert np.mean([score_image(image, prompt) for image, prompt in zip(images, prompts)]) >= 0.8
+
+
+def test_attribute_accuracy_by_kind_pairs_objects_by_cell():
+    from raydec.reference.evaluate import attribute_accuracy_by_kind
+
+    samples = [make_sample(HELD_OUT_SEED_START + i) for i in range(6)]
+    truth = attribute_accuracy_by_kind([s.image for s in samples], [s.prompt for s in samples])
+    assert truth == {"drawn": 1.0, "colour": 1.0, "shape": 1.0, "fill": 1.0, "size": 1.0}
+    shuffled = attribute_accuracy_by_kind([s.image for s in samples], [s.prompt for s in samples[1:] + samples[:1]])
+    assert shuffled["drawn"] < 1.0
 
 
 def test_unconditional_rows_match_generate_layout(shipped):
@@ -154,6 +164,53 @@ def test_object_token_mask_covers_exactly_the_object_boxes():
         mask = object_token_mask(sample.prompt)
         assert mask.shape == (256,) and np.array_equal(mask, boxes.reshape(-1)), sample.prompt
         assert mask.sum() == sum(16 if o.size == "large" else 4 for o in sample.objects)
+
+
+def test_attribute_probe_targets_name_each_box_object():
+    """The training-only probe must name, at every token of a box, that box's object."""
+    from raydec.reference.janus_t2i_train import IGNORE, object_attribute_targets, object_token_mask
+    from raydec.reference.shapes import COLORS, FILLS, SHAPES, object_box
+
+    for seed in range(40):
+        sample = make_sample(seed)
+        targets = object_attribute_targets(sample.prompt).reshape(3, 16, 16)
+        assert np.array_equal(targets[0].reshape(-1) != IGNORE, object_token_mask(sample.prompt))
+        for obj in sample.objects:
+            x0, y0, side = (v // 4 for v in object_box(obj.position, obj.size))
+            box = targets[:, y0 : y0 + side, x0 : x0 + side]
+            assert (box[0] == list(COLORS).index(obj.color)).all(), sample.prompt
+            assert (box[1] == SHAPES.index(obj.shape)).all() and (box[2] == FILLS.index(obj.fill)).all()
+
+
+def test_attribute_loss_ignores_unlabelled_tokens_and_rewards_the_right_names():
+    from raydec.reference.janus_t2i_train import ATTRIBUTE_CLASSES, IGNORE, attribute_loss
+
+    probe = torch.nn.Identity()
+    targets = torch.full((1, 3, 2), IGNORE)
+    targets[0, :, 0] = torch.tensor([2, 1, 0])  # token 0: colour 2, shape 1, fill 0; token 1: no object
+    right = torch.zeros(1, 2, sum(ATTRIBUTE_CLASSES))
+    offsets = [0, ATTRIBUTE_CLASSES[0], ATTRIBUTE_CLASSES[0] + ATTRIBUTE_CLASSES[1]]
+    for k, value in enumerate((2, 1, 0)):
+        right[0, 0, offsets[k] + value] = 20.0
+    wrong = right.clone()
+    wrong[0, 0] = right[0, 0].roll(1)
+    right[0, 1] = torch.randn(sum(ATTRIBUTE_CLASSES)) * 50  # an unlabelled token changes nothing
+    assert attribute_loss(probe, right, targets) < 1e-6
+    assert attribute_loss(probe, wrong, targets) > 10.0
+
+
+def test_lm_checkpoint_without_the_probe_resumes_with_a_fresh_one(tmp_path):
+    from raydec.reference.janus_t2i_train import _load_checkpoint, _save_checkpoint
+
+    model, probe = torch.nn.Linear(3, 3), torch.nn.Linear(3, 2)
+    _save_checkpoint(tmp_path / "ckpt.pt", 7, {"model": model}, [{"step": 6, "loss": 1.0}], {"seconds": 2.0})
+    fresh = probe.weight.detach().clone()
+    restored = torch.nn.Linear(3, 3)
+    step, losses, extra = _load_checkpoint(tmp_path / "ckpt.pt", {"model": restored, "probe": probe}, ("probe",))
+    assert step == 7 and extra == {"seconds": 2.0} and torch.equal(restored.weight, model.weight)
+    assert torch.equal(probe.weight, fresh)
+    with pytest.raises(KeyError):
+        _load_checkpoint(tmp_path / "ckpt.pt", {"model": restored, "probe": probe})
 
 
 def test_word_sensitivity_sees_the_words_the_model_reads(shipped):

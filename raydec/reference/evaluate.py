@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from raydec.reference import janus_t2i as jt
-from raydec.reference.judge import score_image
+from raydec.reference.judge import parse_image, parse_prompt, score_image
 from raydec.reference.shapes import COLORS, FILLS, HELD_OUT_SEED_START, SHAPES, SIZES, make_sample
 
 logger = logging.getLogger(__name__)
@@ -105,6 +105,7 @@ def evaluate_t2i(
         entropies.append(processed_entropies(model, processor, batch, ids, guidance_scale, temperature))
         images.append(decoded)
     entropy = torch.cat(entropies)
+    all_images = np.concatenate(images)
     return {
         "prompts": len(prompts),
         "guidance_scale": guidance_scale,
@@ -114,11 +115,28 @@ def evaluate_t2i(
         "judge_share_perfect": float(np.mean(np.asarray(scores) == 1.0)),
         "high_entropy_share": float((entropy > HIGH_ENTROPY_NATS).float().mean()),
         "mean_entropy_nats": float(entropy.mean()),
+        "attribute_accuracy": attribute_accuracy_by_kind(all_images, prompts),
         "seconds": time.time() - started,
         "scores": scores,
-        "_images": np.concatenate(images),
+        "_images": all_images,
         "_prompts": prompts,
     }
+
+
+def attribute_accuracy_by_kind(images: Sequence[np.ndarray], prompts: Sequence[str]) -> dict[str, float]:
+    """Where a judge score is lost: each stated object is paired with the object the judge reads
+    in the same grid cell. ``drawn``: share of stated cells holding an object; ``colour`` /
+    ``shape`` / ``fill`` / ``size``: share right among the drawn ones."""
+    hits: dict[str, list[bool]] = {"drawn": [], "colour": [], "shape": [], "fill": [], "size": []}
+    for image, prompt in zip(images, prompts):
+        seen = {obj.position: obj for obj in parse_image(image).objects}
+        for stated in parse_prompt(prompt).objects:
+            found = seen.get(stated.position)
+            hits["drawn"].append(found is not None)
+            if found is not None:
+                for kind, attribute in (("colour", "color"), ("shape", "shape"), ("fill", "fill"), ("size", "size")):
+                    hits[kind].append(getattr(found, attribute) == getattr(stated, attribute))
+    return {kind: float(np.mean(values)) if values else float("nan") for kind, values in hits.items()}
 
 
 @torch.no_grad()

@@ -300,26 +300,38 @@ def unconditional_ids(input_ids: torch.Tensor, bos_token_id: int, boi_token_id: 
     return input_ids.masked_fill(~keep, pad_token_id)
 
 
-def image_token_logits(
+def image_token_hidden(
     model: JanusForConditionalGeneration,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     image_ids: torch.Tensor,
 ) -> torch.Tensor:
-    """Teacher-forced generation-head logits for every image token.
+    """Teacher-forced last hidden states that predict every image token.
 
     prompt_ids / prompt_mask: ``[B, P]`` left-padded prompts ending in the image-start token
     (as the processor builds them in image mode); image_ids: ``[B, N]``. Position ids are the
-    plain ``arange`` that HF Janus ``generate`` uses (it passes none). Returns ``[B, N, K]``:
-    position ``i`` is the distribution of image token ``i``.
+    plain ``arange`` that HF Janus ``generate`` uses (it passes none). Returns ``[B, N, H]``:
+    position ``i`` is the state the generation head reads to draw image token ``i``.
     """
     text_embeds = model.get_input_embeddings()(prompt_ids)  # [B, P, H]
     image_embeds = model.prepare_embeddings_for_image_generation(image_ids[:, :-1])  # [B, N-1, H]
     embeds = torch.cat([text_embeds, image_embeds], dim=1)
     mask = torch.cat([prompt_mask, torch.ones_like(image_ids[:, :-1])], dim=1)
     hidden = model.model.language_model(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
-    image_hidden = hidden[:, prompt_ids.shape[1] - 1 :]  # [B, N, H]
-    return model.model.generation_head(image_hidden)
+    return hidden[:, prompt_ids.shape[1] - 1 :]
+
+
+def image_token_logits(
+    model: JanusForConditionalGeneration,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    image_ids: torch.Tensor,
+) -> torch.Tensor:
+    """Teacher-forced generation-head logits for every image token. # [B, N, K]
+
+    Position ``i`` is the distribution of image token ``i`` (see :func:`image_token_hidden`).
+    """
+    return model.model.generation_head(image_token_hidden(model, prompt_ids, prompt_mask, image_ids))
 
 
 def lm_token_losses(

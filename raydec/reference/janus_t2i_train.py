@@ -27,7 +27,16 @@ from tqdm import tqdm
 
 from raydec.reference import janus_t2i as jt
 from raydec.reference.judge import parse_prompt
-from raydec.reference.shapes import GRID_BLOCKS, HELD_OUT_SEED_START, make_sample, object_box, vocabulary
+from raydec.reference.shapes import (
+    COLORS,
+    FILLS,
+    GRID_BLOCKS,
+    HELD_OUT_SEED_START,
+    SHAPES,
+    make_sample,
+    object_box,
+    vocabulary,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +71,13 @@ class T2ISettings:
     # on, object tokens weigh ``lm_object_weight`` in the LM loss (1.0: plain cross-entropy).
     lm_object_weight: float = 4.0
     lm_object_weight_from: int = 2800
+    # The colour / shape / fill words are needed at one token per object (the first one drawn;
+    # the rest copy their neighbours), too sparse a signal for the model to learn to read them.
+    # From ``lm_attribute_from`` on, a linear probe on the hidden state that draws each
+    # object-box token must name that object's colour, shape and fill (cross-entropy, weight
+    # ``lm_attribute_weight``; 0: off). The probe is training-only and not saved.
+    lm_attribute_weight: float = 0.5
+    lm_attribute_from: int = 2800
     uncond_share: float = 0.1
     max_extra_left_pad: int = 3
     guidance_scale: float = 3.0
@@ -127,10 +143,17 @@ def _save_checkpoint(path: Path, step: int, modules: dict, losses: list, extra: 
     tmp.replace(path)
 
 
-def _load_checkpoint(path: Path, modules: dict) -> tuple[int, list, dict]:
-    """Restore a checkpoint written by ``_save_checkpoint``; returns (step, losses, extra)."""
+def _load_checkpoint(path: Path, modules: dict, optional: Sequence[str] = ()) -> tuple[int, list, dict]:
+    """Restore a checkpoint written by ``_save_checkpoint``; returns (step, losses, extra).
+
+    Modules named in ``optional`` keep their current state when the checkpoint lacks them
+    (a run that adds a training-only part resumes from one written before it existed).
+    """
     state = torch.load(path, weights_only=True)
     for name, obj in modules.items():
+        if name not in state and name in optional:
+            logger.info("checkpoint %s has no %r; it starts fresh", path, name)
+            continue
         obj.load_state_dict(state[name])
     torch.set_rng_state(state["torch_rng"])
     return state["step"], state["losses"], state["extra"]
@@ -324,8 +347,9 @@ def make_lm_batch(
     tokenizer,
     settings: T2ISettings,
     gen: torch.Generator,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Left-padded prompts (ending in the image-start token), their mask and image ids.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded prompts (ending in the image-start token), their mask, image ids, and
+    which rows were made unconditional (``[B]`` bool).
 
     ~``uncond_share`` of rows become the unconditional CFG row of HF Janus ``generate``
     (all but BOS / BOI replaced by pad, still attended). A few extra left pads vary the
@@ -342,7 +366,7 @@ def make_lm_batch(
     uncond = torch.rand(len(rows), generator=gen) < settings.uncond_share
     blank = jt.unconditional_ids(ids, tokenizer.bos_token_id, boi, tokenizer.pad_token_id)
     ids = torch.where(uncond[:, None], blank, ids)
-    return ids, mask, torch.from_numpy(image_ids[index.numpy()].astype(np.int64))
+    return ids, mask, torch.from_numpy(image_ids[index.numpy()].astype(np.int64)), uncond
 
 
 def object_token_mask(prompt: str) -> np.ndarray:
@@ -353,6 +377,35 @@ def object_token_mask(prompt: str) -> np.ndarray:
         x0, y0, side = object_box(obj.position, obj.size, jt.IMAGE_SIZE)
         mask[y0 // block : (y0 + side) // block, x0 // block : (x0 + side) // block] = True
     return mask.reshape(-1)
+
+
+ATTRIBUTE_CLASSES = (len(COLORS), len(SHAPES), len(FILLS))
+IGNORE = -100
+
+
+def object_attribute_targets(prompt: str) -> np.ndarray:
+    """``[3, 256]`` int64: colour / shape / fill index of the object whose box holds each image
+    token (raster order); ``IGNORE`` outside every box."""
+    targets = np.full((3, GRID_BLOCKS, GRID_BLOCKS), IGNORE, dtype=np.int64)
+    block = jt.IMAGE_SIZE // GRID_BLOCKS
+    for obj in parse_prompt(prompt).objects:
+        x0, y0, side = object_box(obj.position, obj.size, jt.IMAGE_SIZE)
+        cells = (slice(y0 // block, (y0 + side) // block), slice(x0 // block, (x0 + side) // block))
+        for row, value in enumerate((list(COLORS).index(obj.color), SHAPES.index(obj.shape), FILLS.index(obj.fill))):
+            targets[(row, *cells)] = value
+    return targets.reshape(3, -1)
+
+
+def attribute_loss(probe: torch.nn.Linear, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Summed colour + shape + fill cross-entropy of ``probe(hidden)``, mean over labelled tokens.
+
+    hidden: ``[B, N, H]``; targets: ``[B, 3, N]`` (``IGNORE`` where no object is).
+    """
+    logits = probe(hidden).float().split(ATTRIBUTE_CLASSES, dim=-1)  # 3 x [B, N, C_k]
+    return sum(
+        F.cross_entropy(part.reshape(-1, part.shape[-1]), targets[:, k].reshape(-1), ignore_index=IGNORE)
+        for k, part in enumerate(logits)
+    )
 
 
 def train_lm(model, tokenizer, prompts: list[str], codes: BlockCodes, settings: T2ISettings, deadline: float):
@@ -380,11 +433,21 @@ def train_lm(model, tokenizer, prompts: list[str], codes: BlockCodes, settings: 
     )
     prompt_ids = [tokenizer(p, add_special_tokens=True).input_ids for p in prompts]
     object_tokens = np.stack([object_token_mask(p) for p in prompts]) if settings.lm_object_weight != 1.0 else None
+    modules = {"model": model, "optimizer": optimizer}
+    if settings.lm_attribute_weight > 0:
+        attribute_targets = np.stack([object_attribute_targets(p) for p in prompts])  # [N_train, 3, 256]
+        probe = torch.nn.Linear(model.config.text_config.hidden_size, sum(ATTRIBUTE_CLASSES))
+        with torch.no_grad():
+            probe.weight.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(settings.seed + 3))
+            probe.bias.zero_()
+        probe_optimizer = torch.optim.AdamW(probe.parameters(), lr=settings.lm_lr, betas=(0.9, 0.95), weight_decay=0.0)
+        modules.update(attribute_probe=probe, attribute_optimizer=probe_optimizer)
     ckpt = settings.work_dir / "lm_checkpoint.pt"
     gen = torch.Generator().manual_seed(settings.seed + 2)
     start, losses, spent, began = 0, [], 0.0, time.time()
     if settings.resume and ckpt.exists():
-        start, losses, extra = _load_checkpoint(ckpt, {"model": model, "optimizer": optimizer})
+        optional = ("attribute_probe", "attribute_optimizer")
+        start, losses, extra = _load_checkpoint(ckpt, modules, optional)
         gen.set_state(extra["gen"])
         spent = extra.get("seconds", 0.0)
         logger.info("resumed LM training at step %d", start)
@@ -396,29 +459,43 @@ def train_lm(model, tokenizer, prompts: list[str], codes: BlockCodes, settings: 
         for group in optimizer.param_groups:
             group["lr"] = _wsd_lr(step, settings.lm_steps, settings.lm_lr, settings.lm_warmup)
         index = torch.randint(0, len(prompts), (settings.lm_batch_size,), generator=gen)
-        ids, mask, targets = make_lm_batch(prompt_ids, codes.ids, index, tokenizer, settings, gen)
-        token_ce = jt.lm_token_losses(model, ids, mask, targets)  # [B, N]
+        ids, mask, targets, uncond = make_lm_batch(prompt_ids, codes.ids, index, tokenizer, settings, gen)
+        hidden = jt.image_token_hidden(model, ids, mask, targets)  # [B, N, H]
+        logits = model.model.generation_head(hidden).float()  # [B, N, K]
+        token_ce = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [B, N]
         weights = torch.ones_like(token_ce)
         if object_tokens is not None and step >= settings.lm_object_weight_from:
             on_object = torch.from_numpy(object_tokens[index.numpy()])
             weights = weights.masked_fill(on_object, settings.lm_object_weight)
         loss = (token_ce * weights).sum() / weights.sum()
+        record = {"step": step, "loss": token_ce.mean().item()}
+        probing = settings.lm_attribute_weight > 0 and step >= settings.lm_attribute_from
+        if probing:  # unconditional rows have no words to read: no attribute targets
+            attr_targets = torch.from_numpy(attribute_targets[index.numpy()]).masked_fill(uncond[:, None, None], IGNORE)
+            attr_loss = attribute_loss(probe, hidden, attr_targets)
+            loss = loss + settings.lm_attribute_weight * attr_loss
+            record["attribute_loss"] = attr_loss.item()
+            probe_optimizer.zero_grad(set_to_none=True)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
-        # "loss": plain cross-entropy per token (comparable across weightings); "objective": weighted
-        losses.append({"step": step, "loss": token_ce.mean().item(), "objective": loss.item()})
+        if probing:
+            probe_optimizer.step()
+        # "loss": plain cross-entropy per token (comparable across weightings); "objective": all terms
+        losses.append({**record, "objective": loss.item()})
         bar.set_postfix(loss=f"{token_ce.mean().item():.3f}")
         if (step + 1) % 100 == 0:
             recent = np.mean([r["loss"] for r in losses[-100:]])
-            logger.info("LM step %d: mean loss (last 100) %.4f", step + 1, recent)
+            probe_losses = [r["attribute_loss"] for r in losses[-100:] if "attribute_loss" in r]
+            probe_text = f", attribute probe {np.mean(probe_losses):.4f}" if probe_losses else ""
+            logger.info("LM step %d: mean loss (last 100) %.4f%s", step + 1, recent, probe_text)
         if (step + 1) % settings.checkpoint_every == 0:
-            _save_checkpoint(ckpt, step + 1, {"model": model, "optimizer": optimizer}, losses, state())
+            _save_checkpoint(ckpt, step + 1, modules, losses, state())
         if deadline and time.time() > deadline:
             logger.warning("LM training stopped early at step %d (time limit)", step + 1)
             break
-    _save_checkpoint(ckpt, len(losses), {"model": model, "optimizer": optimizer}, losses, state())
+    _save_checkpoint(ckpt, len(losses), modules, losses, state())
     model.eval()
     return losses, state()["seconds"]
 

@@ -60,6 +60,15 @@ def add_t2i_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lm-object-weight-from", type=int, default=d.lm_object_weight_from, help="first LM step that weighs objects"
     )
+    parser.add_argument(
+        "--lm-attribute-weight",
+        type=float,
+        default=d.lm_attribute_weight,
+        help="weight of the training-only colour/shape/fill probe on object-box hidden states (0: off)",
+    )
+    parser.add_argument(
+        "--lm-attribute-from", type=int, default=d.lm_attribute_from, help="first LM step with the attribute probe"
+    )
     parser.add_argument("--lm-layers", type=int, default=d.arch.lm_num_layers)
     parser.add_argument("--lm-hidden", type=int, default=d.arch.lm_hidden_size)
     parser.add_argument("--lm-heads", type=int, default=d.arch.lm_num_heads)
@@ -105,6 +114,8 @@ def train_t2i_from_args(args: argparse.Namespace) -> Path:
         lm_lr=args.lm_lr,
         lm_object_weight=args.lm_object_weight,
         lm_object_weight_from=args.lm_object_weight_from,
+        lm_attribute_weight=args.lm_attribute_weight,
+        lm_attribute_from=args.lm_attribute_from,
         guidance_scale=args.guidance_scale,
         checkpoint_every=args.checkpoint_every,
         max_minutes=args.max_minutes,
