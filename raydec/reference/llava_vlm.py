@@ -230,6 +230,8 @@ def add_vlm_arguments(parser: argparse.ArgumentParser) -> None:
                        help="extra learning-rate multiplier of the projector's first linear layer")
     group.add_argument("--vlm-revive-projector", action="store_true",
                        help="re-initialise dead projector units at the start (function-preserving)")
+    group.add_argument("--vlm-projector-probe", type=float, default=0.0,
+                       help="weight of a training-only probe reading patch words from the projector output (0: off)")
     group.add_argument("--vlm-focus-questions", action="store_true",
                        help="questions only about an object's colour, shape or fill")
     group.add_argument("--vlm-eval-every", type=int, default=300, help="steps between checkpoints + quick evals")
@@ -276,6 +278,7 @@ def train_vlm(args: Any = None) -> Path:
         focus_questions=_get(args, "vlm_focus_questions", defaults.focus_questions),
         projector_in_lr_mult=_get(args, "vlm_projector_in_lr_mult", defaults.projector_in_lr_mult),
         revive_projector=_get(args, "vlm_revive_projector", defaults.revive_projector),
+        projector_probe_weight=_get(args, "vlm_projector_probe", defaults.projector_probe_weight),
         stop_after=_get(args, "vlm_stop_after", defaults.stop_after),
         eval_every=_get(args, "vlm_eval_every", defaults.eval_every),
         eval_n=_get(args, "vlm_eval_n", defaults.eval_n),

@@ -48,6 +48,10 @@ class TrainSettings:
     projector_in_lr_mult: float = 1.0  # extra multiplier of the projector's first linear layer
     stop_after: int = 0  # stop (and checkpoint) after this many steps of this phase, schedule unchanged (0: off)
     revive_projector: bool = False  # re-initialise dead projector units at the start (function-preserving)
+    # Weight of a training-only linear probe that must read each patch's words (as the patch
+    # loss does, same targets) straight from the projector's output, so that what the LM is
+    # handed keeps the colour / shape / fill linearly (0: off). The probe is not saved.
+    projector_probe_weight: float = 0.0
     focus_questions: bool = False  # questions only about an object's colour, shape or fill
     eval_every: int = 300
     eval_n: int = 24
@@ -235,6 +239,14 @@ def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
 
     word_ids = torch.tensor(processor.tokenizer.convert_tokens_to_ids(list(PATCH_WORDS)))
     image_token_id = model.config.image_token_id
+    projected: list[torch.Tensor] = []  # the projector's output of the current forward
+    hook = None
+    if settings.projector_probe_weight > 0:
+        probe = torch.nn.Linear(model.config.text_config.hidden_size, len(PATCH_WORDS))
+        torch.nn.init.normal_(probe.weight, std=0.02, generator=torch.Generator().manual_seed(settings.seed + 1))
+        torch.nn.init.zeros_(probe.bias)
+        optimizer.add_param_group({"params": list(probe.parameters()), "weight_decay": 0.0, "lr_mult": 1.0})
+        hook = model.model.multi_modal_projector.register_forward_hook(lambda _m, _i, out: projected.append(out))
     start = time.perf_counter()
     bar = tqdm(range(settings.steps), desc="vlm train")
     for step in bar:
@@ -243,12 +255,18 @@ def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, settings) * group["lr_mult"]
         patch_targets = batch.pop("patch_targets")
+        projected.clear()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
             out = model(**batch)
             loss = out.loss
             aux = patch_loss(out.logits, batch["input_ids"], image_token_id, word_ids, patch_targets)
+            objective = loss + settings.patch_loss_weight * aux
+            if settings.projector_probe_weight > 0:  # projected: [B, P, H], one image per sample
+                probe_logits = probe(projected[-1].reshape(patch_targets.shape[0], patch_targets.shape[1], -1)).float()
+                probe_loss = torch.nn.functional.binary_cross_entropy_with_logits(probe_logits, patch_targets)
+                objective = objective + settings.projector_probe_weight * probe_loss
         optimizer.zero_grad(set_to_none=True)
-        (loss + settings.patch_loss_weight * aux).backward()
+        objective.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
         optimizer.step()
         log.losses.append(float(loss.detach()))
@@ -258,7 +276,10 @@ def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
         elapsed = time.perf_counter() - start
         log.wall_seconds = seconds_before + elapsed
         tokens_per_second = (log.tokens_seen - tokens_before) / elapsed
-        bar.set_postfix(loss=f"{log.losses[-1]:.3f}", patch=f"{log.patch_losses[-1]:.3f}", tok_s=f"{tokens_per_second:.0f}")
+        shown = {"loss": f"{log.losses[-1]:.3f}", "patch": f"{log.patch_losses[-1]:.3f}", "tok_s": f"{tokens_per_second:.0f}"}
+        if settings.projector_probe_weight > 0:
+            shown["probe"] = f"{float(probe_loss.detach()):.3f}"
+        bar.set_postfix(**shown)
         last = step + 1 == settings.steps
         out_of_time = settings.max_minutes > 0 and elapsed > settings.max_minutes * 60
         out_of_time = out_of_time or (settings.stop_after > 0 and step + 1 >= settings.stop_after)
@@ -274,5 +295,7 @@ def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
             logger.warning("stopping early after %.1f min at step %d", elapsed / 60, log.steps_done)
             save_checkpoint(model, processor, settings.out_dir, log)
             break
+    if hook is not None:
+        hook.remove()
     logger.info("done: %d steps in %.1f min, %d tokens", log.steps_done, log.wall_seconds / 60, log.tokens_seen)
     return settings.out_dir
