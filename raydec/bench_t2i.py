@@ -52,14 +52,14 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
     """``--window auto``: each Jacobi method's draft shape chosen by :func:`tune_draft` on
     ``--tune-prompts`` calibration prompts (held-out seeds far from the benchmark's)."""
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
-    from raydec.tune_t2i import ar_step_cost, candidate_shapes, forward_seconds, tune_draft
+    from raydec.tune_t2i import ar_step_cost, candidate_shapes, forward_seconds, relative_costs, tune_draft
 
     jacobi = [m for m in methods if m in ("sjd", "sjd_ac", "sjd_pac")]
     prompts = [make_sample(HELD_OUT_SEED_START + TUNE_OFFSET + i).prompt for i in range(args.tune_prompts)]
     seeds = [args.seed + TUNE_OFFSET + i for i in range(args.tune_prompts)]
     sizes = sorted({1} | {s.window + 1 for m in jacobi for s in candidate_shapes(m)})
     seconds = forward_seconds(target, prompts[0], sizes, batch=args.batch)
-    costs = {size: value / seconds[1] for size, value in seconds.items()}
+    costs = relative_costs(seconds)
     ar_step = ar_step_cost(target, prompts, seeds, sampling, args.batch, seconds[1])
     configs, tried = {}, []
     for method in jacobi:

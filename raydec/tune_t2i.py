@@ -59,8 +59,12 @@ class TunedShape:
 def window_cost(target: Any, prompt: Any, sizes: Sequence[int], batch: int = 1, repeats: int = 5) -> dict[int, float]:
     """Seconds of one target forward over ``n`` new tokens per row after a prefilled prompt,
     for ``batch`` rows, divided by the same for ``sizes[0]`` (normally 1)."""
-    seconds = forward_seconds(target, prompt, sizes, batch, repeats)
-    return {size: value / seconds[sizes[0]] for size, value in seconds.items()}
+    return relative_costs(forward_seconds(target, prompt, sizes, batch, repeats), sizes[0])
+
+
+def relative_costs(seconds: dict[int, float], unit: int = 1) -> dict[int, float]:
+    """Forward seconds per window size divided by those of size ``unit`` (normally 1)."""
+    return {size: value / seconds[unit] for size, value in seconds.items()}
 
 
 @torch.inference_mode()
@@ -172,8 +176,7 @@ def tune_draft(
     length = int(target.num_image_tokens)
     if costs is None or any(s.window + 1 not in costs for s in shapes):
         seconds = forward_seconds(target, prompts[0], sorted({1} | {s.window + 1 for s in shapes}), batch=batch)
-        one_token_seconds = seconds[1]
-        costs = {size: value / one_token_seconds for size, value in seconds.items()}
+        one_token_seconds, costs = seconds[1], relative_costs(seconds)
     timed = one_token_seconds is not None
     if timed and ar_step is None:
         ar_step = ar_step_cost(target, prompts, seeds, sampling, batch, one_token_seconds)

@@ -333,15 +333,3 @@ def image_token_logits(
     """
     return model.model.generation_head(image_token_hidden(model, prompt_ids, prompt_mask, image_ids))
 
-
-def lm_token_losses(
-    model: JanusForConditionalGeneration,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    image_ids: torch.Tensor,
-) -> torch.Tensor:
-    """Cross-entropy (nats) of every image token under teacher forcing. # [B, N]"""
-    logits = image_token_logits(model, prompt_ids, prompt_mask, image_ids)  # [B, N, K]
-    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), image_ids.reshape(-1), reduction="none")
-    return ce.view(image_ids.shape)
-

@@ -369,24 +369,14 @@ def make_lm_batch(
     return ids, mask, torch.from_numpy(image_ids[index.numpy()].astype(np.int64)), uncond
 
 
-def object_token_mask(prompt: str) -> np.ndarray:
-    """``[256]`` bool: the image tokens inside the boxes of the prompt's objects (raster order)."""
-    mask = np.zeros((GRID_BLOCKS, GRID_BLOCKS), dtype=bool)
-    block = jt.IMAGE_SIZE // GRID_BLOCKS
-    for obj in parse_prompt(prompt).objects:
-        x0, y0, side = object_box(obj.position, obj.size, jt.IMAGE_SIZE)
-        mask[y0 // block : (y0 + side) // block, x0 // block : (x0 + side) // block] = True
-    return mask.reshape(-1)
-
-
 ATTRIBUTE_CLASSES = (len(COLORS), len(SHAPES), len(FILLS))
 IGNORE = -100
 
 
 def object_attribute_targets(prompt: str) -> np.ndarray:
-    """``[3, 256]`` int64: colour / shape / fill index of the object whose box holds each image
+    """``[3, 256]`` int8: colour / shape / fill index of the object whose box holds each image
     token (raster order); ``IGNORE`` outside every box."""
-    targets = np.full((3, GRID_BLOCKS, GRID_BLOCKS), IGNORE, dtype=np.int64)
+    targets = np.full((3, GRID_BLOCKS, GRID_BLOCKS), IGNORE, dtype=np.int8)
     block = jt.IMAGE_SIZE // GRID_BLOCKS
     for obj in parse_prompt(prompt).objects:
         x0, y0, side = object_box(obj.position, obj.size, jt.IMAGE_SIZE)
@@ -394,6 +384,11 @@ def object_attribute_targets(prompt: str) -> np.ndarray:
         for row, value in enumerate((list(COLORS).index(obj.color), SHAPES.index(obj.shape), FILLS.index(obj.fill))):
             targets[(row, *cells)] = value
     return targets.reshape(3, -1)
+
+
+def object_token_mask(prompt: str) -> np.ndarray:
+    """``[256]`` bool: the image tokens inside the boxes of the prompt's objects (raster order)."""
+    return object_attribute_targets(prompt)[0] != IGNORE
 
 
 def attribute_loss(probe: torch.nn.Linear, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -435,7 +430,7 @@ def train_lm(model, tokenizer, prompts: list[str], codes: BlockCodes, settings: 
     object_tokens = np.stack([object_token_mask(p) for p in prompts]) if settings.lm_object_weight != 1.0 else None
     modules = {"model": model, "optimizer": optimizer}
     if settings.lm_attribute_weight > 0:
-        attribute_targets = np.stack([object_attribute_targets(p) for p in prompts])  # [N_train, 3, 256]
+        attribute_targets = np.stack([object_attribute_targets(p) for p in prompts])  # [N_train, 3, 256] int8
         probe = torch.nn.Linear(model.config.text_config.hidden_size, sum(ATTRIBUTE_CLASSES))
         with torch.no_grad():
             probe.weight.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(settings.seed + 3))
@@ -471,7 +466,7 @@ def train_lm(model, tokenizer, prompts: list[str], codes: BlockCodes, settings: 
         record = {"step": step, "loss": token_ce.mean().item()}
         probing = settings.lm_attribute_weight > 0 and step >= settings.lm_attribute_from
         if probing:  # unconditional rows have no words to read: no attribute targets
-            attr_targets = torch.from_numpy(attribute_targets[index.numpy()]).masked_fill(uncond[:, None, None], IGNORE)
+            attr_targets = torch.from_numpy(attribute_targets[index.numpy()]).long().masked_fill(uncond[:, None, None], IGNORE)
             attr_loss = attribute_loss(probe, hidden, attr_targets)
             loss = loss + settings.lm_attribute_weight * attr_loss
             record["attribute_loss"] = attr_loss.item()
