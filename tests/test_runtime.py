@@ -22,7 +22,7 @@ import pytest
 from raydec.io import OutputConfig, read_manifest, read_results, write_manifest
 from raydec.io.config import DatasetSchemaError, IOConfigError, OutputNotWritableError, S3Config
 from raydec.io.filesystem import s3_client
-from raydec.runtime import JobConfig, ModelNotFoundError, ResumeMismatchError, preflight, run_job
+from raydec.runtime import JobConfig, ModelNotFoundError, ResumeMismatchError, job_weights, preflight, run_job
 
 PROMPTS = [
     "a red circle at the top left .",
@@ -108,6 +108,7 @@ def test_local_job_writes_one_result_per_row_and_bad_rows_get_errors(baseline):
     manifest = read_manifest(job.output)
     assert manifest["counts"]["results"] == 6 and manifest["method"] == "ar"
     assert manifest["config"]["pool"]["workers"] == 2
+    assert manifest["status"] == "complete" and manifest["weights"] == job_weights(job)
 
 
 def test_s3_job_reads_prompts_and_writes_results_to_s3(baseline, tiny_janus, prompts_file, s3_config, s3_bucket):
@@ -206,6 +207,21 @@ def test_rerun_after_lost_shards_redoes_only_missing_rows(baseline, tmp_path):
     retried = run_job(rerun.model_copy(update={"retry_errors": True}))  # bad rows are redone, still no model
     assert retried.processed == 0 and retried.validation_errors == 2 and retried.skipped_completed == 4
     assert len(read_results(rerun.output)) == 6
+
+
+def test_resume_is_refused_once_the_model_folder_holds_other_weights(tiny_janus, prompts_file, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_janus, model)
+    job = make_job(str(model), str(prompts_file), str(tmp_path / "out"))
+    write_manifest(job.output, job, {"results": 4}, {}, {"weights": job_weights(job), "status": "running"})
+    preflight(job)  # same folder, same weights: the resume may go on
+    (weights_file,) = model.glob("*.safetensors")
+    retrained = {name: tensor + 0.01 for name, tensor in load_file(weights_file).items()}
+    save_file(retrained, weights_file, metadata={"format": "pt"})
+    with pytest.raises(ResumeMismatchError, match=r"^weights: .*model weights [0-9a-f]{16}.*now holds [0-9a-f]{16}"):
+        preflight(job)
 
 
 def test_killed_worker_is_replaced_and_its_rows_redone(baseline, tiny_janus, prompts_file, tmp_path):

@@ -55,6 +55,8 @@ def _commands(log: dict[str, Any]) -> list[str]:
             flags += f" --vlm-projector-in-lr-mult {phase['projector_in_lr_mult']}"
         if phase.get("revive_projector", "False") == "True":
             flags += " --vlm-revive-projector"
+        if float(phase.get("projector_probe_weight", 0)) > 0:
+            flags += f" --vlm-projector-probe {phase['projector_probe_weight']}"
         if int(phase.get("stop_after", 0)) > 0:
             flags += f" --vlm-stop-after {phase['stop_after']}"
         if phase.get("init_from", "None") != "None":
@@ -129,6 +131,17 @@ def write_model_card(out_dir: Path, evaluation: dict[str, Any] | None = None) ->
                 "  and a zero output column, so the model's function is unchanged (`llava_vlm_train.revive_projector`).",
             ]
             if any(p.get("revive_projector") == "True" for p in phases)
+            else []
+        ),
+        *(
+            [
+                "- Projector probe (phases with `--vlm-projector-probe W`; training only, not saved): a linear layer reads",
+                "  each image patch's attribute words from the projector's output (sigmoid cross-entropy against the same",
+                "  patch-word targets, weight W), so the projector keeps colour, shape and fill apart before the language",
+                "  model sees them (`llava_vlm_train`). Weight per phase: "
+                + ", ".join(str(p.get("projector_probe_weight", "0")) for p in phases) + ".",
+            ]
+            if any(float(p.get("projector_probe_weight", 0)) > 0 for p in phases)
             else []
         ),
         f"- AdamW (betas 0.9 / 0.95, weight decay {settings['weight_decay']} on matrices), linear warm-up then cosine "

@@ -16,6 +16,7 @@ from raydec.runtime.pipeline import (
     ResumeMismatchError,
     check_model,
     check_resume_compatible,
+    job_weights,
     preflight,
     run_job,
 )
@@ -24,5 +25,5 @@ from raydec.runtime.processors import PROCESSORS, Processor, T2IProcessor, make_
 __all__ = [
     "FaultInjection", "JobConfig", "JobIncompleteError", "JobReport", "ModelNotFoundError", "PROCESSORS", "PoolConfig",
     "Processor", "ResumeMismatchError", "T2IProcessor", "check_model", "check_resume_compatible", "connect_ray",
-    "init_local_ray", "make_processor", "preflight", "run_job",
+    "init_local_ray", "job_weights", "make_processor", "preflight", "run_job",
 ]

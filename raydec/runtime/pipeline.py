@@ -6,7 +6,9 @@
 Rows are validated on the driver. Bad rows become error result rows right there, without a
 model. Good rows not yet in the output go through `map_batches` with an actor pool of
 `GenerationWorker`s that write their own shards. At the end `read_results` must hold
-exactly one row per input id; the manifest records counts, timings and speed.
+exactly one row per input id. The manifest is written before generation starts (status
+"running") and again at the end ("complete" / "incomplete", with counts, timings and speed);
+it records the job config and a fingerprint of the weights, which a resume must match.
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ def check_resume_compatible(job: JobConfig) -> None:
     config would give one output two meanings. Outputs without a readable manifest pass.
     """
     try:
-        earlier = read_manifest(job.output)["config"]
+        manifest = read_manifest(job.output)
+        earlier = manifest["config"]
     except (OSError, KeyError, ValueError):  # no manifest yet (OSError covers missing files)
         return
     now = _resume_identity(job.model_dump(mode="json"))
@@ -105,6 +108,31 @@ def check_resume_compatible(job: JobConfig) -> None:
                 f"{key}: output {job.output.path} holds results written with {key}={value!r}, "
                 f"this job has {key}={now[key]!r}; write to a new output.path or delete the old results"
             )
+    recorded = manifest.get("weights") or {}
+    current = job_weights(job) if recorded else {}
+    for role, fingerprint in recorded.items():
+        if _differs(fingerprint, current.get(role)):
+            raise ResumeMismatchError(
+                f"weights: output {job.output.path} holds results of {role} weights {fingerprint}, the {role} "
+                f"folder of this job now holds {current.get(role)} (retrained or replaced since); write to a new "
+                "output.path or delete the old results"
+            )
+
+
+def job_weights(job: JobConfig) -> Dict[str, str]:
+    """Fingerprints of the weights `job` decodes with: the model's, and the draft's for vispec / eagle.
+
+    Recorded in the manifest so a resume after the folder's weights changed is refused, even
+    when `model` still names the same path (or "reference").
+    """
+    from raydec.models.registry import resolve_draft_path, resolve_t2i_path, resolve_vlm_path, weights_fingerprint
+
+    if job.task != "caption":
+        return {"model": weights_fingerprint(resolve_t2i_path(job.model))}
+    weights = {"model": weights_fingerprint(resolve_vlm_path(job.model))}
+    if job.decode.method in ("vispec", "eagle"):
+        weights["draft"] = weights_fingerprint(resolve_draft_path(job.model, job.decode.method, job.decode.draft_model))
+    return weights
 
 
 def _differs(earlier: Any, now: Any) -> bool:
@@ -176,8 +204,8 @@ def preflight(job: JobConfig) -> List[InputFile]:
         raise ValueError(f"task: {job.task!r} is not available in this build (available: {sorted(PROCESSORS)})")
     files = check_dataset(job.input, job.task)
     check_output_writable(job.output)
-    check_resume_compatible(job)
     check_model(job)
+    check_resume_compatible(job)
     logger.info("preflight ok: %d input file(s), output %s writable, model %s", len(files), job.output.path, job.model)
     return files
 
@@ -275,12 +303,14 @@ def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobRepor
     if good:
         connect_ray()  # no-op when Ray is up; else RAY_ADDRESS, else a local cluster
     _write_validation_errors(job, bad)
+    if good:  # on record before any row is written, so an interrupted job's output still names its job
+        _manifest(job, report, status="running")
     generate_started = time.perf_counter()
     _run_pool(job, good, report)
     report.timings["generate_s"] = time.perf_counter() - generate_started
     _verify(job, rows, report)
     report.timings["total_s"] = time.perf_counter() - started
-    _manifest(job, report)
+    _manifest(job, report, status="complete" if report.complete else "incomplete")
     if not report.complete:
         raise JobIncompleteError(
             f"job incomplete: {len(report.missing_ids)} input id(s) have no result, e.g. {report.missing_ids[:5]}; "
@@ -300,8 +330,8 @@ def _verify(job: JobConfig, rows: List[Dict[str, Any]], report: JobReport) -> No
     report.missing_ids = sorted(input_ids - set(result_ids))
 
 
-def _manifest(job: JobConfig, report: JobReport) -> str:
-    """Write the manifest with counts, timings and speed over this input's results."""
+def _manifest(job: JobConfig, report: JobReport, status: str) -> str:
+    """Write the manifest with `status` (running | complete | incomplete), counts, timings and speed."""
     generate_s = report.timings.get("generate_s", 0.0)
     extra = {
         "method": job.decode.method,
@@ -310,6 +340,8 @@ def _manifest(job: JobConfig, report: JobReport) -> str:
         "workers": job.pool.workers,
         "rows_per_s": report.processed / generate_s if generate_s > 0 and report.processed else None,
         "missing_ids": report.missing_ids[:100],
+        "weights": job_weights(job),
+        "status": status,
     }
     uri = write_manifest(job.output, job, report.counts(), report.timings, extra)
     logger.info("manifest written to %s", uri)

@@ -140,18 +140,6 @@ class _TargetWorker:
 CONTENT_FIELDS = ("target", "num_samples", "seed_start", "prompt", "max_new_tokens", "storage_dtype")
 
 
-def weights_fingerprint(target_path: Path) -> str:
-    """sha256 of the target's weight files (a dataset is stale once the target changes)."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for file in sorted(Path(target_path).glob("*.safetensors")):
-        with open(file, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()[:16]
-
-
 def read_manifest(data_dir: str | Path) -> dict[str, Any]:
     path = Path(data_dir) / MANIFEST_NAME
     if not path.is_file():
@@ -167,7 +155,7 @@ def generate_dataset(config: DataGenConfig) -> dict[str, Any]:
     """
     import ray
 
-    from raydec.models.registry import resolve_vlm_path
+    from raydec.models.registry import resolve_vlm_path, weights_fingerprint
     from raydec.runtime.cluster import connect_ray
 
     out = Path(config.output_dir)
