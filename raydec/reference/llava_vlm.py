@@ -241,6 +241,9 @@ def add_vlm_arguments(parser: argparse.ArgumentParser) -> None:
                        help="stop after this many steps of the phase, keeping the --vlm-steps schedule (0: off)")
     group.add_argument("--vlm-init-from", type=Path, default=None, help="continue from this saved checkpoint")
     group.add_argument("--vlm-first-step", type=int, default=0, help="global step of this phase's first batch")
+    group.add_argument("--vlm-recipe", type=Path, default=None,
+                       help="retrain from scratch by replaying every phase recorded in this train_log.json "
+                            "(e.g. raydec/reference/weights/vlm/train_log.json); other training flags are ignored")
     group.add_argument("--vlm-threads", type=int, default=1, help="torch CPU threads")
     group.add_argument("--vlm-bf16", action="store_true", help="bf16 autocast (slower than float32 on CPUs without bf16 units)")
     group.add_argument("--vlm-text-layers", type=int, default=VLMSizes.text_layers)
@@ -256,7 +259,11 @@ def _get(args: Any, name: str, default: Any) -> Any:
 
 def train_vlm(args: Any = None) -> Path:
     """Train the reference VLM from scratch and save it; returns the output folder."""
-    from raydec.reference.llava_vlm_train import TrainSettings, run_training
+    from raydec.reference.llava_vlm_train import TrainSettings, replay_recipe, run_training
+
+    recipe = _get(args, "vlm_recipe", None)
+    if recipe is not None:
+        return replay_recipe(Path(recipe), Path(_get(args, "vlm_out", DEFAULT_WEIGHTS_DIR)))
 
     sizes = VLMSizes(
         text_layers=_get(args, "vlm_text_layers", VLMSizes.text_layers),

@@ -110,6 +110,17 @@ def write_model_card(out_dir: Path, evaluation: dict[str, Any] | None = None) ->
         "(A later phase continues from a copy of the earlier phase's output folder, with a fresh optimizer,",
         "its own warm-up + cosine schedule and the data stream resuming at `--vlm-first-step`.)",
         "",
+        "To retrain from scratch, replay all the phases above in one command (each continues from the previous",
+        "one's folder, stopping at the step where the recorded phase ended; about "
+        f"{log['wall_seconds'] / 3600:.1f} h of CPU):",
+        "",
+        "```",
+        "python -m raydec.reference.train vlm --vlm-recipe raydec/reference/weights/vlm/train_log.json --vlm-out DIR",
+        "```",
+        "",
+        "The replay equals a phase-by-phase run exactly (a test checks this on a tiny model); the full",
+        "replay has not been run end to end, and the early phases ran on earlier revisions of the training code.",
+        "",
         "- Data: fresh samples every step (global step s uses seeds `s*B .. s*B+B-1`, all < 1,000,000); a seeded",
         "  share of samples is one question from `shapes.question_answers`, the rest full descriptions; share per "
         "phase: " + ", ".join(
