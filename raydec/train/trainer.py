@@ -15,6 +15,7 @@ import logging
 import math
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 LOG_NAME = "train_log.json"
 CURVE_NAME = "loss_curve.png"
+_PLOT_LOCK = threading.Lock()  # pyplot (and its mathtext parser) is not thread-safe; drafts train in threads
 
 
 def learning_rate(step: int, config: DraftTrainConfig, time_fraction: float = 0.0) -> float:
@@ -198,6 +200,12 @@ def train_draft(config: DraftTrainConfig) -> dict[str, Any]:
     with result.checkpoint.as_directory() as folder:
         for name in ("draft_config.json", "model.safetensors", LOG_NAME):
             shutil.copy2(Path(folder) / name, out / name)
+    return summarize_trained(config, wall)
+
+
+def summarize_trained(config: DraftTrainConfig, wall: float) -> dict[str, Any]:
+    """Plot the loss curve of the draft saved in ``config.output_dir`` and summarise its training log."""
+    out = Path(config.output_dir)
     history = json.loads((out / LOG_NAME).read_text())["steps"]
     plot_losses(history, out / CURVE_NAME, title=f"{config.name} draft")
     tail = history[-max(1, len(history) // 10) :]
@@ -214,6 +222,11 @@ def train_draft(config: DraftTrainConfig) -> dict[str, Any]:
 
 def plot_losses(history: list[dict[str, Any]], path: Path, title: str = "draft") -> None:
     """Loss (and greedy top-1 agreement of the first pass) per step -> PNG."""
+    with _PLOT_LOCK:
+        _plot_losses(history, path, title)
+
+
+def _plot_losses(history: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
