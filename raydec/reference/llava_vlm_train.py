@@ -301,13 +301,9 @@ def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
     return settings.out_dir
 
 
-def _parse_recorded(value: str, default: object) -> object:
+def _parse_recorded(value: str, default: bool | int | float) -> bool | int | float:
     """A setting as ``train_log.json`` records it (``str(value)``) back in the type of its default."""
-    if isinstance(default, bool):
-        return value == "True"
-    if isinstance(default, (int, float)):
-        return type(default)(value)
-    return None if value == "None" else Path(value)
+    return value == "True" if isinstance(default, bool) else type(default)(value)
 
 
 def recipe_phases(log: dict, out_dir: Path, work_dir: Path) -> list[TrainSettings]:

@@ -303,14 +303,15 @@ def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobRepor
     if good:
         connect_ray()  # no-op when Ray is up; else RAY_ADDRESS, else a local cluster
     _write_validation_errors(job, bad)
+    weights = job_weights(job)
     if good:  # on record before any row is written, so an interrupted job's output still names its job
-        _manifest(job, report, status="running")
+        _manifest(job, report, weights, status="running")
     generate_started = time.perf_counter()
     _run_pool(job, good, report)
     report.timings["generate_s"] = time.perf_counter() - generate_started
     _verify(job, rows, report)
     report.timings["total_s"] = time.perf_counter() - started
-    _manifest(job, report, status="complete" if report.complete else "incomplete")
+    _manifest(job, report, weights, status="complete" if report.complete else "incomplete")
     if not report.complete:
         raise JobIncompleteError(
             f"job incomplete: {len(report.missing_ids)} input id(s) have no result, e.g. {report.missing_ids[:5]}; "
@@ -330,8 +331,9 @@ def _verify(job: JobConfig, rows: List[Dict[str, Any]], report: JobReport) -> No
     report.missing_ids = sorted(input_ids - set(result_ids))
 
 
-def _manifest(job: JobConfig, report: JobReport, status: str) -> str:
-    """Write the manifest with `status` (running | complete | incomplete), counts, timings and speed."""
+def _manifest(job: JobConfig, report: JobReport, weights: Dict[str, str], status: str) -> str:
+    """Write the manifest with `status` (running | complete | incomplete), the weights' fingerprints
+    (`job_weights`), counts, timings and speed."""
     generate_s = report.timings.get("generate_s", 0.0)
     extra = {
         "method": job.decode.method,
@@ -340,7 +342,7 @@ def _manifest(job: JobConfig, report: JobReport, status: str) -> str:
         "workers": job.pool.workers,
         "rows_per_s": report.processed / generate_s if generate_s > 0 and report.processed else None,
         "missing_ids": report.missing_ids[:100],
-        "weights": job_weights(job),
+        "weights": weights,
         "status": status,
     }
     uri = write_manifest(job.output, job, report.counts(), report.timings, extra)
