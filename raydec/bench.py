@@ -46,6 +46,25 @@ def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
 
 
+def resolve_device(name: str) -> str:
+    """``--device``: "cpu", "cuda", "cuda:N" or "auto" (cuda when torch sees a GPU, else cpu)."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"--device {name}: torch {torch.__version__} sees no CUDA device (a CPU-only build, or no GPU)")
+    try:
+        torch.device(name)
+    except RuntimeError:
+        raise SystemExit(f"--device: expected cpu, cuda, cuda:N or auto, got {name!r}") from None
+    return name
+
+
+def synchronize(device: str | torch.device) -> None:
+    """Wait for queued GPU work, so a host clock read after it times the work (no-op on CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _timed(fn: Callable[[], object]) -> tuple[float, object]:
     start = time.perf_counter()
     out = fn()

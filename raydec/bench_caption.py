@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from raydec.bench import print_table
+from raydec.bench import print_table, resolve_device, synchronize
+from raydec.models.base import decoding_attention
 from raydec.config import DecodeConfig, DraftTreeSpec, SamplingConfig
 
 logger = logging.getLogger(__name__)
@@ -46,16 +47,19 @@ class MethodRecord:
 class _Timed:
     """Wrap a bound method and sum the seconds spent in it."""
 
-    def __init__(self, owner: Any, name: str) -> None:
+    def __init__(self, owner: Any, name: str, device: str = "cpu") -> None:
         self.owner, self.name, self.seconds, self.calls = owner, name, 0.0, 0
         self.original = getattr(owner, name)
+        self.device = device
 
     def __enter__(self) -> "_Timed":
         def timed(*args: Any, **kwargs: Any) -> Any:
+            synchronize(self.device)  # on a GPU, time the call's own work, not the queue before it
             start = time.perf_counter()
             try:
                 return self.original(*args, **kwargs)
             finally:
+                synchronize(self.device)
                 self.seconds += time.perf_counter() - start
                 self.calls += 1
 
@@ -96,8 +100,9 @@ def _hf_caption(target: Any, prompt: Any, sampling: SamplingConfig, max_new_toke
         kwargs["assistant_model"] = assistant
     torch.manual_seed(seed)
     with _ForwardCounter(target.model) as counter:
+        synchronize(target.device)
         start = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), decoding_attention(target.device):  # the kernels our engine uses
             out = target.model.generate(**inputs, **kwargs)
         seconds = time.perf_counter() - start
     tokens = out[0, inputs["input_ids"].shape[1] :].tolist()
@@ -142,7 +147,8 @@ def bench_caption(args: argparse.Namespace) -> dict:
     if "hf_assisted" in methods and args.batch != 1:
         raise SystemExit("--methods hf_assisted: Hugging Face assisted generation runs at --batch 1 only")
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
-    target = load_pipeline(args.model, "vlm", dtype=dtype)
+    device = resolve_device(args.device)
+    target = load_pipeline(args.model, "vlm", dtype=dtype, device=None if device == "cpu" else device)
     sampling = SamplingConfig(temperature=args.temperature)
     tree = DraftTreeSpec(depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
     configs = {
@@ -175,7 +181,8 @@ def bench_caption(args: argparse.Namespace) -> dict:
                 record.verifications += forwards - 1
                 record.accepted_drafts += len(tokens) - forwards
             else:
-                with _Timed(target, "forward") as target_timer:
+                with _Timed(target, "forward", device) as target_timer:
+                    synchronize(device)
                     begin = time.perf_counter()
                     results = caption_images(batch_images, prompt=args.prompt, model=target, decode=configs[method], seeds=batch_seeds, batch_size=args.batch)
                     seconds = time.perf_counter() - begin
@@ -222,7 +229,7 @@ def bench_caption(args: argparse.Namespace) -> dict:
         for m, e in summary.items()
     ]
     print_table(
-        f"bench caption: {args.model}, {args.images} images, batch {args.batch}, {args.dtype}, temperature {args.temperature}",
+        f"bench caption: {args.model}, {args.images} images, batch {args.batch}, {args.dtype}, {device}, temperature {args.temperature}",
         header, rows,
     )
     if sampling.greedy:
@@ -233,7 +240,8 @@ def bench_caption(args: argparse.Namespace) -> dict:
         "window_cost": {str(n): c for n, c in cost.items()},
         "captions_identical_to_ar": identical,
         "config": {m: c.model_dump() for m, c in configs.items()},
-        "images": args.images, "batch": args.batch, "dtype": args.dtype, "temperature": args.temperature,
+        "images": args.images, "batch": args.batch, "dtype": args.dtype, "temperature": args.temperature, "device": device,
+        "device_name": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
         "model": str(args.model), "prompt": args.prompt,
     }
 
@@ -250,6 +258,7 @@ def add_caption_parser(subparsers) -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (cuda when torch sees a GPU)")
     parser.add_argument("--depth", type=int, default=DraftTreeSpec().depth, help="draft tree depth")
     parser.add_argument("--top-k", type=int, default=DraftTreeSpec().top_k, help="draft tree top-k")
     parser.add_argument("--total-tokens", type=int, default=DraftTreeSpec().total_tokens, help="draft tree size (root included)")

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from raydec.bench import print_table
+from raydec.bench import print_table, resolve_device, synchronize
+from raydec.models.base import decoding_attention
 from raydec.config import DecodeConfig, DraftSpec
 from raydec.tune_t2i import window_cost
 
@@ -52,19 +53,20 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
     """``--window auto``: each Jacobi method's draft shape chosen by :func:`tune_draft` on
     ``--tune-prompts`` calibration prompts (held-out seeds far from the benchmark's)."""
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
-    from raydec.tune_t2i import ar_step_cost, candidate_shapes, forward_seconds, relative_costs, tune_draft
+    from raydec.tune_t2i import DEFAULT_WINDOWS, ar_step_cost, candidate_shapes, forward_seconds, relative_costs, tune_draft
 
     jacobi = [m for m in methods if m in ("sjd", "sjd_ac", "sjd_pac")]
     prompts = [make_sample(HELD_OUT_SEED_START + TUNE_OFFSET + i).prompt for i in range(args.tune_prompts)]
     seeds = [args.seed + TUNE_OFFSET + i for i in range(args.tune_prompts)]
-    sizes = sorted({1} | {s.window + 1 for m in jacobi for s in candidate_shapes(m)})
+    windows = args.tune_windows or DEFAULT_WINDOWS
+    sizes = sorted({1} | {s.window + 1 for m in jacobi for s in candidate_shapes(m, windows)})
     seconds = forward_seconds(target, prompts[0], sizes, batch=args.batch)
     costs = relative_costs(seconds)
     ar_step = ar_step_cost(target, prompts, seeds, sampling, args.batch, seconds[1])
     configs, tried = {}, []
     for method in jacobi:
         best, shapes = tune_draft(
-            target, method, prompts, seeds, sampling, args.batch,
+            target, method, prompts, seeds, sampling, args.batch, windows=windows,
             costs=costs, one_token_seconds=seconds[1], ar_step=ar_step,
         )
         draft = best.draft.model_copy(update={"init": args.init})
@@ -76,10 +78,11 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
 def _hf_generate(target: Any, prompts: list[str], seed: int, sampling: Any) -> tuple[list[list[int]], float]:
     """Hugging Face's own Janus image generation on the same checkpoint."""
     processor = target.processor
-    inputs = processor(text=list(prompts), generation_mode="image", padding=True, return_tensors="pt")
+    inputs = processor(text=list(prompts), generation_mode="image", padding=True, return_tensors="pt").to(target.device)
     torch.manual_seed(seed)
+    synchronize(target.device)
     start = time.perf_counter()
-    with torch.inference_mode():
+    with torch.inference_mode(), decoding_attention(target.device):  # the kernels our engine uses
         out = target.model.generate(
             input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, generation_mode="image",
             do_sample=sampling.temperature > 0, temperature=sampling.temperature or None,
@@ -145,7 +148,8 @@ def bench_t2i(args: argparse.Namespace) -> dict:
     if unknown or "ar" not in methods:
         raise SystemExit(f"--methods: unknown {unknown} (choose from {ALL_METHODS}; 'ar' is required as the baseline)")
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
-    target = load_pipeline(args.model, "t2i", dtype=dtype)
+    device = resolve_device(args.device)
+    target = load_pipeline(args.model, "t2i", dtype=dtype, device=None if device == "cpu" else device)
     sampling = target.default_sampling()
     length = int(target.num_image_tokens)
     prompts = [make_sample(HELD_OUT_SEED_START + args.offset + i).prompt for i in range(args.prompts)]
@@ -179,6 +183,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
                 record.forwards += [len(t) for t in tokens]
                 record.tokens += [len(t) for t in tokens]
             else:
+                synchronize(device)
                 begin = time.perf_counter()
                 results = generate_images(batch_prompts, model=target, decode=configs[method], seeds=batch_seeds, batch_size=args.batch)
                 seconds = time.perf_counter() - begin
@@ -217,7 +222,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
          f"{e['images_per_second']:.3f}"]
         for m, e in summary.items()
     ]
-    print_table(f"bench t2i: {args.model}, {args.prompts} prompts, batch {args.batch}, {args.dtype}", header, rows)
+    print_table(f"bench t2i: {args.model}, {args.prompts} prompts, batch {args.batch}, {args.dtype}, {device}", header, rows)
     print("forward cost relative to a 1-token forward: " + ", ".join(f"{n} tokens {c:.2f}x" for n, c in cost.items()))
     return {
         "methods": summary,
@@ -229,7 +234,8 @@ def bench_t2i(args: argparse.Namespace) -> dict:
              "predicted_speedup": t.predicted_speedup}
             for t in tried
         ],
-        "prompts": args.prompts, "batch": args.batch, "dtype": args.dtype, "model": str(args.model),
+        "prompts": args.prompts, "batch": args.batch, "dtype": args.dtype, "device": device,
+        "device_name": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu", "model": str(args.model),
         "plots": [str(p) for p in plots],
     }
 
@@ -263,6 +269,16 @@ def _window_arg(value: str) -> str | int:
         raise argparse.ArgumentTypeError(f"--window: expected a positive integer or 'auto', got {value!r}") from None
 
 
+def _windows_arg(value: str) -> tuple[int, ...]:
+    try:
+        windows = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        windows = ()
+    if not windows or min(windows) < 1:
+        raise argparse.ArgumentTypeError(f"--tune-windows: expected comma-separated positive integers, got {value!r}")
+    return windows
+
+
 def add_t2i_parser(subparsers) -> None:
     parser = subparsers.add_parser("t2i", help="AR / HF / SJD / SJD+AC / SJD-PAC on a text-to-image model")
     parser.add_argument("--model", default="reference", help='"reference" or a local Janus / Emu3 checkpoint folder')
@@ -272,12 +288,18 @@ def add_t2i_parser(subparsers) -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (cuda when torch sees a GPU)")
     parser.add_argument(
         "--window", type=_window_arg, default="auto",
         help="draft nodes per step (L - 1), or 'auto': tune window and tree per method from the measured cost curve",
     )
     parser.add_argument(
         "--tune-prompts", type=int, default=None, help="--window auto: calibration prompts (default: max(4, --batch))"
+    )
+    parser.add_argument(
+        "--tune-windows", type=_windows_arg, default=None,
+        help="--window auto: comma-separated windows to try (default 8,16,32,48; on a GPU, where a wide window "
+        "costs about as much as a narrow one, add larger ones such as 64,96)",
     )
     parser.add_argument("--branching", type=int, default=3, help="sjd_pac with a fixed --window: candidates per level (K)")
     parser.add_argument("--tree-depth", type=int, default=2, help="sjd_pac with a fixed --window: tree levels (D - 1)")

@@ -36,7 +36,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from raydec.bench import synchronize
 from raydec.config import DecodeConfig, DraftSpec, SamplingConfig, full_tree_nodes
+from raydec.models.base import decoding_attention
 
 logger = logging.getLogger(__name__)
 
@@ -73,27 +75,30 @@ def forward_seconds(target: Any, prompt: Any, sizes: Sequence[int], batch: int =
     after a prefilled prompt, for ``batch`` rows."""
     from raydec.spec.cache import RaggedCache
 
-    prefix = target.prompt_inputs(prompt)
-    embeds = prefix.inputs_embeds if prefix.inputs_embeds is not None else target.embed_prompt_tokens(prefix.input_ids.view(1, -1))[0]
-    length = embeds.shape[0]
-    cache = RaggedCache(batch, compaction="never")
-    causal = torch.tril(torch.ones(length, length, dtype=torch.bool)).expand(batch, -1, -1)
-    positions = torch.arange(length).expand(batch, -1)
-    target.forward(embeds.expand(batch, -1, -1), None, positions, cache.attention_mask(causal, target.dtype), cache.kv)
-    cache.start(torch.ones(batch, length, dtype=torch.bool), torch.full((batch,), length))
-    timings: dict[int, float] = {}
-    for size in sizes:
-        tokens = torch.zeros(batch, size, dtype=torch.long)
-        tree = torch.tril(torch.ones(size, size, dtype=torch.bool)).expand(batch, -1, -1)
-        mask = cache.attention_mask(tree, target.dtype)
-        window_positions = cache.window_positions(torch.arange(size).expand(batch, -1))
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            target.forward(None, tokens, window_positions, mask, cache.kv)
-            samples.append(time.perf_counter() - start)
-            cache.kv.crop(-size)
-        timings[size] = statistics.median(samples)
+    with decoding_attention(target.device):  # the kernels the engine decodes with
+        prefix = target.prompt_inputs(prompt)
+        embeds = prefix.inputs_embeds if prefix.inputs_embeds is not None else target.embed_prompt_tokens(prefix.input_ids.view(1, -1))[0]
+        length = embeds.shape[0]
+        cache = RaggedCache(batch, compaction="never")
+        causal = torch.tril(torch.ones(length, length, dtype=torch.bool)).expand(batch, -1, -1)
+        positions = torch.arange(length).expand(batch, -1)
+        target.forward(embeds.expand(batch, -1, -1), None, positions, cache.attention_mask(causal, target.dtype), cache.kv)
+        cache.start(torch.ones(batch, length, dtype=torch.bool), torch.full((batch,), length))
+        timings: dict[int, float] = {}
+        for size in sizes:
+            tokens = torch.zeros(batch, size, dtype=torch.long)
+            tree = torch.tril(torch.ones(size, size, dtype=torch.bool)).expand(batch, -1, -1)
+            mask = cache.attention_mask(tree, target.dtype)
+            window_positions = cache.window_positions(torch.arange(size).expand(batch, -1))
+            samples = []
+            for _ in range(repeats):
+                synchronize(target.device)
+                start = time.perf_counter()
+                target.forward(None, tokens, window_positions, mask, cache.kv)
+                synchronize(target.device)
+                samples.append(time.perf_counter() - start)
+                cache.kv.crop(-size)
+            timings[size] = statistics.median(samples)
     return timings
 
 

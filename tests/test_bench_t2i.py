@@ -98,3 +98,25 @@ def test_bench_t2i_auto_window_reports_the_shapes_it_tried(tmp_path):
     tried = [t for t in result["tuning"] if t["method"] == "sjd_ac"]
     best = max(tried, key=lambda t: t["predicted_speedup"])
     assert result["config"]["sjd_ac"]["draft"]["window"] == best["draft"]["window"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the messages of a machine without a GPU")
+def test_device_option_resolves_auto_and_names_what_is_missing():
+    from raydec.bench import resolve_device
+
+    assert resolve_device("auto") == "cpu" and resolve_device("cpu") == "cpu"
+    with pytest.raises(SystemExit, match="--device cuda: .* sees no CUDA device"):
+        resolve_device("cuda")
+    with pytest.raises(SystemExit, match="--device: expected cpu, cuda, cuda:N or auto, got 'gpu0'"):
+        resolve_device("gpu0")
+
+
+def test_tune_windows_option_parses_a_list_and_rejects_nonsense():
+    import argparse
+
+    from raydec.bench_t2i import _windows_arg
+
+    assert _windows_arg("8,16, 64") == (8, 16, 64)
+    for bad in ("", "0,8", "eight"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--tune-windows"):
+            _windows_arg(bad)

@@ -179,3 +179,29 @@ def test_config_rejects_unknown_keys_and_bad_values():
         SamplingConfig(temperature=-1)
     with pytest.raises(ValueError, match="window"):
         DecodeConfig(draft=DraftSpec(window=4, branching=3, tree_depth=2))
+
+
+def test_gpu_decoding_excludes_cudnn_attention_and_restores_the_flags():
+    """cuDNN's attention builds a graph per new sequence length: a decode loop on a GPU must
+    not use it. The policy is scoped: flags come back on exit, and the CPU is left alone."""
+    from raydec.models.base import decoding_attention
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with decoding_attention("cpu"):
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    with decoding_attention("cuda"):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
+def test_engine_decodes_under_the_attention_policy_of_its_targets_device(llama32, monkeypatch):
+    from contextlib import nullcontext
+
+    import raydec.spec.engine as engine_module
+
+    seen = []
+    monkeypatch.setattr(engine_module, "decoding_attention", lambda device: seen.append(device) or nullcontext())
+    config = DecodeConfig(method="ar", max_new_tokens=3, sampling=SamplingConfig(temperature=0.0))
+    Engine(llama32, ARProposer(), config).generate([RowRequest(prompt=[1, 2, 3], seed=0)])
+    assert seen == [llama32.device]

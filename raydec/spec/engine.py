@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from raydec.config import DecodeConfig
-from raydec.models.base import DecodingTarget, ForwardOutput, PromptInputs, stack_prompts
+from raydec.models.base import DecodingTarget, ForwardOutput, PromptInputs, decoding_attention, stack_prompts
 from raydec.spec.cache import RaggedCache
 from raydec.spec.proposers.base import DecodeState, Prefill, Proposer
 from raydec.spec.sampling import VocabConstraint, process_logits, row_generators, sample_rows
@@ -135,6 +135,10 @@ class Engine:
     @torch.inference_mode()
     def generate(self, requests: Sequence[RowRequest]) -> list[RowOutput]:
         """Decode every request to EOS or its length cap."""
+        with decoding_attention(self.target.device):
+            return self._generate(requests)
+
+    def _generate(self, requests: Sequence[RowRequest]) -> list[RowOutput]:
         start_time = time.perf_counter()
         batch = len(requests)
         if batch == 0:

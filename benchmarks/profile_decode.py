@@ -1,0 +1,74 @@
+"""Where a decode step's time goes: cProfile of ViSpec captioning and SJD-PAC image generation.
+
+    python benchmarks/profile_decode.py --device cuda --out DIR
+
+Prints the top functions by own time for each run and writes the full stats (pstats files)
+to DIR. On a GPU, time inside ``Tensor.cpu`` / ``tolist`` / ``item`` is mostly waiting for
+queued kernels; the rest is the host-side Python of the engine, proposers and verifier.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+from pathlib import Path
+
+import torch
+
+
+def _report(profile: cProfile.Profile, title: str, out: Path, top: int) -> None:
+    path = out / f"{title}.pstats"
+    profile.dump_stats(str(path))
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(top)
+    print(f"\n===== {title} (own time, top {top}; full stats in {path})")
+    print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:6000])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--images", type=int, default=10)
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=Path("bench_out/profile"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    from raydec.api import caption_images, generate_images, load_pipeline
+    from raydec.bench import resolve_device
+    from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
+
+    device = resolve_device(args.device)
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    place = None if device == "cpu" else device
+
+    vlm = load_pipeline("reference", "vlm", dtype=dtype, device=place)
+    images = [to_pil(make_sample(HELD_OUT_SEED_START + i).image) for i in range(args.images)]
+    for method in ("ar", "vispec"):
+        decode = DecodeConfig(method=method, sampling=SamplingConfig(temperature=0.0), max_new_tokens=128)
+        caption_images(images[:1], model=vlm, decode=decode, seeds=[0])  # warm-up
+        profile = cProfile.Profile()
+        profile.enable()
+        caption_images(images, model=vlm, decode=decode, seeds=list(range(len(images))), batch_size=1)
+        profile.disable()
+        _report(profile, f"caption_{method}", args.out, args.top)
+
+    t2i = load_pipeline("reference", "t2i", dtype=dtype, device=place)
+    prompts = [make_sample(HELD_OUT_SEED_START + i).prompt for i in range(args.prompts)]
+    for method, draft in (("ar", None), ("sjd_pac", DraftSpec(window=32, branching=3, tree_depth=1))):
+        decode = DecodeConfig(method=method, draft=draft) if draft else DecodeConfig(method=method)
+        generate_images(prompts[:1], model=t2i, decode=decode, seeds=[0])  # warm-up
+        profile = cProfile.Profile()
+        profile.enable()
+        generate_images(prompts, model=t2i, decode=decode, seeds=list(range(len(prompts))), batch_size=1)
+        profile.disable()
+        _report(profile, f"t2i_{method}", args.out, args.top)
+
+
+if __name__ == "__main__":
+    main()
