@@ -224,6 +224,14 @@ def test_resume_is_refused_once_the_model_folder_holds_other_weights(tiny_janus,
         preflight(job)
 
 
+def test_resume_of_an_output_without_recorded_weights_warns(tiny_janus, prompts_file, tmp_path, caplog):
+    job = make_job(tiny_janus, str(prompts_file), str(tmp_path / "out"))
+    write_manifest(job.output, job, {"results": 4}, {}, {"status": "running"})  # as older raydec wrote it
+    with caplog.at_level("WARNING", logger="raydec.runtime.pipeline"):
+        preflight(job)
+    assert any("did not record its weights" in r.getMessage() for r in caplog.records)
+
+
 def test_killed_worker_is_replaced_and_its_rows_redone(baseline, tiny_janus, prompts_file, tmp_path):
     _, _, base_results, base_images = baseline
     marker = tmp_path / "killed.marker"

@@ -108,6 +108,11 @@ def check_resume_compatible(job: JobConfig) -> None:
                 f"{key}: output {job.output.path} holds results written with {key}={value!r}, "
                 f"this job has {key}={now[key]!r}; write to a new output.path or delete the old results"
             )
+    if "weights" not in manifest:
+        logger.warning(
+            "output %s was written by a raydec that did not record its weights: this resume cannot check "
+            "that the model (and draft) folders still hold the weights its rows were made with", job.output.path,
+        )
     recorded = manifest.get("weights") or {}
     current = job_weights(job) if recorded else {}
     for role, fingerprint in recorded.items():
