@@ -3,52 +3,41 @@
 #
 #   benchmarks/gpu_check.sh OUT_DIR [SCALE]
 #
-# Stages, in order of priority, each bench in its own process under its own time limit so that
-# one failure or overrun leaves the others' results: a one-item smoke pass of every method
-# (which also times them), a cProfile of ViSpec and SJD-PAC decoding, then bench caption at
-# T=0 and T=1 and bench t2i at batch 1 and batch 8 (bf16). Each full bench takes as many
-# held-out images / prompts (up to the issues' 200) as its time budget allows by the smoke
-# timings; SCALE (default 1.0) multiplies the budgets. JSON, plots, logs land in OUT_DIR.
-# DEVICE=cpu runs the same on the CPU (a dry run: SCALE 0.05); PY names the python; PACK=FILE.tgz
-# re-archives OUT_DIR after every stage; TUNE_WINDOWS overrides the windows --window auto tries.
+# Stages, in order of priority, each bench in its own process under its own time limit, so one
+# failure or overrun leaves the others' results: bench caption at T=0, bench t2i at batch 1,
+# bench caption at T=1, bench t2i at batch 8 (all bf16), then a cProfile of ViSpec and SJD-PAC
+# decoding. Each bench asks for the issues' counts (200 images / prompts) and stops taking
+# new ones at its --max-seconds budget (every method finishes the same items); SCALE (default
+# 1.0) multiplies the budgets. JSON, plots and logs land in OUT_DIR.
+#   DEVICE=cpu           run the same on the CPU (a dry run: SCALE 0.05)
+#   PY=python            the python that has raydec's requirements (default python3)
+#   PACK=FILE.tgz        re-archive OUT_DIR after every stage (a device run returns few files)
+#   TUNE_WINDOWS=16,32   windows --window auto tries (default 16,32,64,96: wide windows are
+#                        cheap on a GPU; fewer shapes keep tuning short)
 set -u
 out=${1:?usage: gpu_check.sh OUT_DIR [SCALE]}
 scale=${2:-1.0}
 py=${PY:-python3}
 device=${DEVICE:-cuda}
-windows=${TUNE_WINDOWS:-8,16,32,48,64,96}
+windows=${TUNE_WINDOWS:-16,32,64,96}
 mkdir -p "$out"
 
-run() {  # run NAME SECONDS ARGS...: one bench under a time limit, its JSON as OUT_DIR/NAME.json
+pack() {
+  if [ -n "${PACK:-}" ]; then tar czf "$PACK" -C "$out" . 2>/dev/null; fi
+}
+
+seconds() { $py -c "print(round($1 * $scale, 3))"; }
+
+run() {  # run NAME LIMIT_S ARGS...: one bench under a time limit, its JSON as OUT_DIR/NAME.json
   local name=$1 limit=$2; shift 2
   local start=$SECONDS
   echo "=== $name (limit ${limit}s): raydec bench $*"
   PYTHONUNBUFFERED=1 timeout "$limit" $py -m raydec.cli bench "$@" --device "$device" --json "$out/$name.json" 2>&1 \
     | tr '\r' '\n' | grep -av -e "it/s]" -e "s/it]" -e "Loading weights" > "$out/$name.log"
   local rc=${PIPESTATUS[0]}
-  grep -a -A12 -e "^bench " -e "Error" -e "error:" "$out/$name.log" | tail -n 30
+  grep -a -A12 -e "^bench " -e "Error" -e "error:" -e "stopping after" "$out/$name.log" | tail -n 30
   echo "=== $name: exit $rc after $((SECONDS - start))s"
   pack
-}
-
-pack() {  # PACK=FILE.tgz: everything so far in one archive (a device run returns few files)
-  if [ -n "${PACK:-}" ]; then tar czf "$PACK" -C "$out" . 2>/dev/null; fi
-}
-
-fit() {  # fit SMOKE BUDGET_S MAX [STEP] [OVERHEAD] [COST]: items that fit the budget by SMOKE's timings
-  # (OVERHEAD: smoke items' worth of fixed work such as tuning; COST: smoke items per item)
-  $py - "$out/$1.json" "$2" "$3" "${4:-1}" "${5:-0}" "${6:-1}" "$scale" <<'PY'
-import json, sys
-path, budget, most, step, overhead, cost, scale = sys.argv[1], *map(float, sys.argv[2:])
-try:
-    data = json.load(open(path))
-    items = data.get("images") or data.get("prompts") or 1
-    per_item = sum(m["seconds"] for m in data["methods"].values()) / items
-except (OSError, KeyError, ValueError):
-    per_item = 10.0
-n = int((budget * scale / max(per_item, 1e-3) - overhead) / cost // step * step)
-print(int(min(most, max(step, n))))
-PY
 }
 
 $py - <<'PY'
@@ -56,16 +45,13 @@ import torch, transformers
 print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
 PY
-run smoke_caption 90 caption --methods ar,hf_assisted,eagle,vispec --images 1
-run smoke_t2i 90 t2i --methods ar,hf,sjd,sjd_ac,sjd_pac --prompts 1 --window 16 --plots "$out/plots_smoke"
+run caption_t0 240 caption --methods ar,hf_assisted,eagle,vispec --temperature 0 --images 200 --max-seconds "$(seconds 100)"
+run t2i_b1 360 t2i --methods ar,hf,sjd,sjd_ac,sjd_pac --prompts 200 --batch 1 --tune-windows "$windows" \
+  --max-seconds "$(seconds 150)" --plots "$out/plots_b1"
+run caption_t1 120 caption --methods ar,hf_assisted,eagle,vispec --temperature 1 --images 60 --max-seconds "$(seconds 40)"
+run t2i_b8 240 t2i --methods ar,sjd,sjd_ac,sjd_pac --prompts 64 --batch 8 --tune-windows "$windows" \
+  --max-seconds "$(seconds 60)" --plots "$out/plots_b8"
 echo "=== profile"
-PYTHONUNBUFFERED=1 timeout 60 $py benchmarks/profile_decode.py --device "$device" --out "$out/profile" --top 25 \
+PYTHONUNBUFFERED=1 timeout 90 $py benchmarks/profile_decode.py --device "$device" --out "$out/profile" --top 25 \
   2>&1 | grep -av "Loading weights" > "$out/profile.log"; echo "=== profile: exit $?"; pack
-
-n=$(fit smoke_caption 70 200); run caption_t0 150 caption --methods ar,hf_assisted,eagle,vispec --temperature 0 --images "$n"
-n=$(fit smoke_caption 30 60); run caption_t1 80 caption --methods ar,hf_assisted,eagle,vispec --temperature 1 --images "$n"
-# --window auto first decodes 4 calibration prompts (batch 8: 8) with each of ~31 draft shapes:
-# about 20 smoke prompts' worth of work; a batch of 8 costs about 2 smoke prompts (guesses)
-n=$(fit smoke_t2i 150 200 1 20); run t2i_b1 240 t2i --methods ar,hf,sjd,sjd_ac,sjd_pac --prompts "$n" --batch 1 --tune-windows "$windows" --plots "$out/plots_b1"
-n=$(fit smoke_t2i 80 64 8 12 0.25); run t2i_b8 150 t2i --methods ar,sjd,sjd_ac,sjd_pac --prompts "$n" --batch 8 --tune-windows "$windows" --plots "$out/plots_b8"
 echo "=== done"

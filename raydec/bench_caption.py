@@ -167,8 +167,13 @@ def bench_caption(args: argparse.Namespace) -> dict:
     records = {m: MethodRecord() for m in methods}
     caption_images(images[:1], prompt=args.prompt, model=target, decode=configs["ar"], seeds=seeds[:1])  # warm-up
 
+    loop_start, measured = time.perf_counter(), 0
     for start in range(0, len(images), args.batch):
+        if args.max_seconds and measured and time.perf_counter() - loop_start >= args.max_seconds:
+            logger.warning("bench caption: --max-seconds %g reached, stopping after %d of %d images", args.max_seconds, measured, len(images))
+            break
         batch_images, batch_seeds = images[start : start + args.batch], seeds[start : start + args.batch]
+        measured += len(batch_images)
         for method in methods:
             record = records[method]
             if method in ("hf", "hf_assisted"):
@@ -229,18 +234,18 @@ def bench_caption(args: argparse.Namespace) -> dict:
         for m, e in summary.items()
     ]
     print_table(
-        f"bench caption: {args.model}, {args.images} images, batch {args.batch}, {args.dtype}, {device}, temperature {args.temperature}",
+        f"bench caption: {args.model}, {measured} images, batch {args.batch}, {args.dtype}, {device}, temperature {args.temperature}",
         header, rows,
     )
     if sampling.greedy:
-        print("captions identical to AR: " + ", ".join(f"{m} {n}/{len(images)}" for m, n in identical.items()))
+        print("captions identical to AR: " + ", ".join(f"{m} {n}/{measured}" for m, n in identical.items()))
     print("target forward cost relative to a 1-token forward: " + ", ".join(f"{n} tokens {c:.2f}x" for n, c in cost.items()))
     return {
         "methods": summary,
         "window_cost": {str(n): c for n, c in cost.items()},
         "captions_identical_to_ar": identical,
         "config": {m: c.model_dump() for m, c in configs.items()},
-        "images": args.images, "batch": args.batch, "dtype": args.dtype, "temperature": args.temperature, "device": device,
+        "images": measured, "images_requested": args.images, "batch": args.batch, "dtype": args.dtype, "temperature": args.temperature, "device": device,
         "device_name": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
         "model": str(args.model), "prompt": args.prompt,
     }
@@ -252,6 +257,11 @@ def add_caption_parser(subparsers) -> None:
     parser.add_argument("--methods", default="ar,hf_assisted,eagle,vispec", help="comma-separated subset of " + ",".join(ALL_METHODS))
     parser.add_argument("--images", type=int, default=200, help="held-out shapes images")
     parser.add_argument("--offset", type=int, default=0, help="first held-out image index")
+    parser.add_argument(
+        "--max-seconds", type=float, default=None,
+        help="stop taking new images once the measured loop has run this long; every method finishes the "
+        "batch it is on, so all methods see the same images",
+    )
     parser.add_argument("--prompt", default="describe the image .")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)

@@ -173,8 +173,13 @@ def bench_t2i(args: argparse.Namespace) -> dict:
     records = {m: MethodRecord() for m in methods}
 
     generate_images(prompts[:1], model=target, decode=configs["ar"], seeds=seeds[:1])  # warm-up
+    loop_start, measured = time.perf_counter(), 0
     for start in range(0, len(prompts), args.batch):
+        if args.max_seconds and measured and time.perf_counter() - loop_start >= args.max_seconds:
+            logger.warning("bench t2i: --max-seconds %g reached, stopping after %d of %d prompts", args.max_seconds, measured, len(prompts))
+            break
         batch_prompts, batch_seeds = prompts[start : start + args.batch], seeds[start : start + args.batch]
+        measured += len(batch_prompts)
         for method in methods:
             record = records[method]
             if method == "hf":
@@ -222,7 +227,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
          f"{e['images_per_second']:.3f}"]
         for m, e in summary.items()
     ]
-    print_table(f"bench t2i: {args.model}, {args.prompts} prompts, batch {args.batch}, {args.dtype}, {device}", header, rows)
+    print_table(f"bench t2i: {args.model}, {measured} prompts, batch {args.batch}, {args.dtype}, {device}", header, rows)
     print("forward cost relative to a 1-token forward: " + ", ".join(f"{n} tokens {c:.2f}x" for n, c in cost.items()))
     return {
         "methods": summary,
@@ -234,7 +239,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
              "predicted_speedup": t.predicted_speedup}
             for t in tried
         ],
-        "prompts": args.prompts, "batch": args.batch, "dtype": args.dtype, "device": device,
+        "prompts": measured, "prompts_requested": args.prompts, "batch": args.batch, "dtype": args.dtype, "device": device,
         "device_name": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu", "model": str(args.model),
         "plots": [str(p) for p in plots],
     }
@@ -285,6 +290,11 @@ def add_t2i_parser(subparsers) -> None:
     parser.add_argument("--methods", default=",".join(ALL_METHODS), help="comma-separated subset of " + ",".join(ALL_METHODS))
     parser.add_argument("--prompts", type=int, default=200, help="held-out shapes prompts")
     parser.add_argument("--offset", type=int, default=0, help="first held-out prompt index")
+    parser.add_argument(
+        "--max-seconds", type=float, default=None,
+        help="stop taking new prompts once the measured loop (after tuning) has run this long; every method "
+        "finishes the batch it is on, so all methods see the same prompts",
+    )
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")

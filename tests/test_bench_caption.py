@@ -32,3 +32,15 @@ def test_bench_caption_writes_every_method(tmp_path):
         assert 0.0 <= entry["judge_accuracy"] <= 1.0
     # greedy and lossless: every method writes AR's captions
     assert result["captions_identical_to_ar"] == {"ar": 2, "hf": 2, "eagle": 2, "vispec": 2}
+
+
+def test_bench_caption_max_seconds_stops_every_method_at_the_same_image(tmp_path):
+    out = tmp_path / "caption.json"
+    code = bench_main([
+        "caption", "--methods", "ar,hf", "--images", "3", "--dtype", "float32", "--max-new-tokens", "8",
+        "--max-seconds", "1e-6", "--json", str(out),
+    ])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert (result["images"], result["images_requested"]) == (1, 3)
+    assert result["captions_identical_to_ar"] == {"ar": 1, "hf": 1}

@@ -120,3 +120,15 @@ def test_tune_windows_option_parses_a_list_and_rejects_nonsense():
     for bad in ("", "0,8", "eight"):
         with pytest.raises(argparse.ArgumentTypeError, match="--tune-windows"):
             _windows_arg(bad)
+
+
+def test_bench_t2i_max_seconds_stops_after_a_whole_batch(tmp_path):
+    from tests.tiny_models import build_tiny_janus
+
+    out = tmp_path / "t2i.json"
+    code = bench_main(["t2i", "--model", str(build_tiny_janus(tmp_path / "janus")), "--methods", "ar,sjd", "--prompts", "5",
+                       "--batch", "2", "--dtype", "float32", "--window", "8", "--max-seconds", "1e-6",
+                       "--plots", str(tmp_path / "plots"), "--json", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert (result["prompts"], result["prompts_requested"]) == (2, 5)

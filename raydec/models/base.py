@@ -26,7 +26,8 @@ def decoding_attention(device: str | torch.device) -> AbstractContextManager:
     kernel for such calls, and cuDNN builds a new execution graph for each new sequence length:
     on an H200 (torch 2.11) that made a 10-token ViSpec step cost ~18 AR steps and an SJD step
     ~13. The memory-efficient kernel takes any additive mask and length without a per-shape
-    build. On the CPU this changes nothing.
+    build. On the CPU this changes nothing. The backend flags are process-wide: two threads
+    decoding at once may briefly see each other's setting, which costs speed, never results.
     """
     if torch.device(device).type != "cuda":
         return nullcontext()
