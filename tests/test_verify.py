@@ -262,3 +262,78 @@ def test_vectorised_masks_equal_walking_the_parents():
                 expected.add(walk)
             assert set(mask[row, node].nonzero().flatten().tolist()) == expected
             assert depth[row, node] == (len(expected) - 1 if node < builder.num_nodes else 0)
+
+
+def _walk_one_row(tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor, row: int) -> tuple[list[int], int, bool]:
+    """The module docstring's algorithm, one row, node by node: (path, final token, rejected)."""
+    from raydec.spec.sampling import sample_with_uniform
+    from raydec.spec.verify import effective_proposal
+
+    children = tree.children_lists(row)
+    node, path, p = 0, [0], probs[row, 0].unsqueeze(0)
+    while True:
+        removed: dict[int, int] = {}
+        for child in children[node]:
+            group = int(tree.proposal_index[row, child])
+            q = tree.proposal_of(row, child).unsqueeze(0)
+            if bool(tree.without_replacement[row, child]):
+                mask = torch.zeros_like(q, dtype=torch.bool)
+                for token, owner in removed.items():
+                    mask[0, token] = owner == group
+                q = effective_proposal(q, mask)
+            token = torch.tensor([int(tree.tokens[row, child])])
+            if float(uniforms[row, child]) < float(acceptance_probability(p, q, token)):
+                node, p = child, probs[row, child].unsqueeze(0)
+                path.append(child)
+                break
+            p = residual(p, q)
+            removed[int(token)] = group
+        else:
+            final = int(sample_with_uniform(p, uniforms[row, :1])[0])
+            return path, final, bool(children[node])
+
+
+def test_recursion_equals_walking_each_row_with_chains_under_sibling_groups():
+    """SJD-PAC's shape (sibling groups, then a long chain of only children under each) and
+    random shapes: the batched recursion, which crosses runs of only children in one jump,
+    decides exactly what a node-by-node walk decides with the same uniforms."""
+    import raydec.spec.verify as verify
+
+    vocab, batch = 5, 48
+    generator = torch.Generator().manual_seed(7)
+    builders = []
+    for row in range(batch):
+        builder = TreeBuilder(0)
+        tips = [0]
+        for _level in range(int(torch.randint(0, 3, (1,), generator=generator))):  # sibling groups
+            q = _random_p(generator, vocab, 1.0)
+            group, weights, level = builder.add_proposal(q), q.clone(), []
+            for _ in range(int(torch.randint(1, 4, (1,), generator=generator))):
+                token = int(torch.multinomial(weights, 1, generator=generator))
+                weights[token] = 0
+                level.append(builder.add(tips[0], token, group, without_replacement=True))
+            tips = level + tips[1:]
+        for tip in tips:  # a chain under every tip: dense and deterministic drafts
+            node = tip
+            for _ in range(int(torch.randint(0, 8, (1,), generator=generator))):
+                if torch.rand(1, generator=generator) < 0.5:
+                    node = builder.add(node, int(torch.randint(vocab, (1,), generator=generator)))
+                else:
+                    q = _random_p(generator, vocab, 1.0)
+                    node = builder.add(node, int(torch.multinomial(q, 1, generator=generator)), builder.add_proposal(q))
+        builders.append(builder)
+    tree = DraftTree.stack(builders, vocab, torch.float64)
+    # targets that often agree with the drafts, so runs of acceptances are long
+    probs = torch.softmax(torch.randn(batch, tree.num_nodes, vocab, generator=generator, dtype=torch.float64), -1)
+    for row, builder in enumerate(builders):
+        for node, parent in enumerate(builder.parents):
+            if parent >= 0 and torch.rand(1, generator=generator) < 0.7:
+                probs[row, parent] = 0.1 * probs[row, parent] + 0.9 * torch.nn.functional.one_hot(torch.tensor(builder.tokens[node]), vocab)
+    uniforms = torch.rand(batch, tree.num_nodes, generator=generator, dtype=torch.float64)
+    result = verify._verify_recursive(tree, probs, uniforms)
+    for row in range(batch):
+        path, final, rejected = _walk_one_row(tree, probs, uniforms, row)
+        n = int(result.num_accepted[row])
+        assert result.path[row, : n + 1].tolist() == path and set(result.path[row, n + 1 :].tolist()) <= {-1}, row
+        assert (int(result.next_token[row]), bool(result.rejected[row]), int(result.stop_node[row])) == (final, rejected, path[-1]), row
+    assert int(result.num_accepted.max()) >= 5

@@ -141,22 +141,29 @@ def verify_tree(
 
 
 def _verify_recursive(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Tensor) -> VerifyResult:
-    """The general case: level by level, siblings in order (see the module docstring)."""
+    """The general case: level by level, siblings in order (see the module docstring).
+
+    Runs of only children (a chain inside the tree, e.g. SJD-PAC's spine below its tree
+    levels) are crossed in one jump: an only child is tested against P at its parent with its
+    own q (it has no earlier sibling), so its test does not depend on the walk that reaches it
+    and all of them are decided up front with the same uniforms the walk would use.
+    """
     batch, width = tree.tokens.shape
     rows = torch.arange(batch)
     current = torch.zeros(batch, dtype=torch.long)           # node we stand on
     p = target_probs[:, 0].clone()                           # [B, V] target at `current`
     active = torch.ones(batch, dtype=torch.bool)             # still descending
     rejected = torch.zeros(batch, dtype=torch.bool)
-    path = torch.full((batch, width), -1, dtype=torch.long)
-    path[:, 0] = 0
-    num_accepted = torch.zeros(batch, dtype=torch.long)
     next_token = torch.zeros(batch, dtype=torch.long)
     stop_node = torch.zeros(batch, dtype=torch.long)
     is_node = tree.valid.clone()
     is_node[:, 0] = False                                     # the root is nobody's child
+    run_end = _accepted_only_child_runs(tree, target_probs, uniforms, is_node)  # [B, N]
 
     while bool(active.any()):
+        jumped = torch.where(active, run_end.gather(1, current.unsqueeze(1)).squeeze(1), current)
+        p = torch.where((jumped != current).unsqueeze(1), target_probs[rows, jumped], p)
+        current = jumped
         child_mask = (tree.parents == current.unsqueeze(1)) & is_node & active.unsqueeze(1)  # [B, N]
         rank = child_mask.long().cumsum(dim=1) - 1
         num_children = child_mask.sum(dim=1)
@@ -182,8 +189,6 @@ def _verify_recursive(tree: DraftTree, target_probs: torch.Tensor, uniforms: tor
 
             # accepted: descend
             current = torch.where(accept, node, current)
-            num_accepted = num_accepted + accept.long()
-            path[rows[accept], num_accepted[accept]] = node[accept]
             p = torch.where(accept.unsqueeze(1), target_probs[rows, node], p)
             moved |= accept
             # rejected: the target becomes the residual, the token leaves its group's q
@@ -200,7 +205,50 @@ def _verify_recursive(tree: DraftTree, target_probs: torch.Tensor, uniforms: tor
         next_token = torch.where(stopping, final, next_token)
         stop_node = torch.where(stopping, current, stop_node)
 
-    return VerifyResult(path, num_accepted, next_token, stop_node, rejected)
+    num_accepted = tree.depth().gather(1, stop_node.unsqueeze(1)).squeeze(1)
+    return VerifyResult(_path_to(tree, stop_node, num_accepted), num_accepted, next_token, stop_node, rejected)
+
+
+def _accepted_only_child_runs(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Tensor, is_node: torch.Tensor) -> torch.Tensor:
+    """[B, N] long: from each node, the deepest node reached by accepting only children in a row
+    (the node itself when its child is not an only child, is rejected, or does not exist)."""
+    batch, width = tree.tokens.shape
+    parent = tree.parents.clamp(min=0)
+    children = torch.zeros(batch, width, dtype=torch.long).scatter_add_(1, parent, is_node.long())  # [B, N]
+    only_child = is_node & (children.gather(1, parent) == 1)
+    # an only child's test: min(1, P[parent](x) / q(x)), q undisturbed by siblings
+    p_x = target_probs.gather(1, parent.unsqueeze(-1).expand(-1, -1, target_probs.shape[-1]))
+    p_x = p_x.gather(-1, tree.tokens.unsqueeze(-1)).squeeze(-1)                       # [B, N]
+    index = tree.proposal_index
+    if tree.proposal_probs.shape[1] > 0:
+        dense = tree.proposal_probs.gather(1, index.clamp(min=0).unsqueeze(-1).expand(-1, -1, tree.proposal_probs.shape[-1]))
+        q_x = dense.gather(-1, tree.tokens.unsqueeze(-1)).squeeze(-1)  # same dtypes as acceptance_probability
+        q_x = torch.where(index == DETERMINISTIC, torch.ones_like(q_x), q_x)
+    else:
+        q_x = torch.ones_like(p_x)
+    accept_prob = torch.where(q_x > 0, (p_x / q_x.clamp_min(_RESIDUAL_EPS)).clamp(max=1.0), (p_x > 0).to(p_x.dtype))
+    if uniforms.shape[1] < width:  # columns past every row's last node: nothing to test there
+        uniforms = torch.cat([uniforms, uniforms.new_ones(batch, width - uniforms.shape[1])], dim=1)
+    accepted = only_child & (uniforms < accept_prob)
+    # step[n]: n's accepted only child (at most one), else n; pointer doubling reaches every run's end
+    nodes = torch.arange(width).expand(batch, width)
+    child = torch.full((batch, width + 1), -1, dtype=torch.long)  # last column: a sink for the rest
+    child.scatter_(1, torch.where(accepted, parent, width), torch.where(accepted, nodes, -1))
+    step = torch.where(child[:, :width] >= 0, child[:, :width], nodes)
+    hops = 1
+    while hops < width:
+        step = step.gather(1, step)
+        hops *= 2
+    return step
+
+
+def _path_to(tree: DraftTree, stop_node: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
+    """[B, N] the root-to-stop-node path (node ids by depth), padded with -1."""
+    batch, width = tree.tokens.shape
+    path_nodes = tree.ancestor_mask()[torch.arange(batch), stop_node]  # the stop node and its ancestors
+    order = torch.where(path_nodes, tree.depth(), torch.full_like(tree.depth(), width))
+    path = torch.sort(order, dim=1, stable=True).indices
+    return torch.where(torch.arange(width).unsqueeze(0) <= num_accepted.unsqueeze(1), path, torch.full_like(path, -1))
 
 
 def _all_one_hot(tree: DraftTree, target_probs: torch.Tensor) -> bool:
