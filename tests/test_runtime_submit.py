@@ -79,3 +79,30 @@ def test_ray_job_submit_runs_the_caption_batch_job(ray_head, tmp_path):
     assert result.returncode == 0 and "succeeded" in logs.lower(), logs[-4000:]
     rows = read_results(OutputConfig(path=str(output))).to_pylist()
     assert len(rows) == 16 and all(r["error"] is None and r["caption"] for r in rows)
+
+
+def test_local_ray_starts_once_when_threads_ask_together(monkeypatch):
+    """A notebook starting jobs from threads: one thread starts Ray, the others find it up
+    (two ray.init calls in one process fail). ray.init is replaced by a slow recorder here, so
+    no second cluster is started beside the test session's."""
+    import threading
+
+    import ray
+
+    from raydec.runtime import cluster
+
+    started = []
+
+    def slow_init(**kwargs):
+        time.sleep(0.2)  # long enough for every thread to arrive while the first is starting
+        started.append(kwargs)
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: bool(started))
+    monkeypatch.setattr(ray, "init", slow_init)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    threads = [threading.Thread(target=cluster.init_local_ray) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(started) == 1 and started[0]["_node_ip_address"] == "127.0.0.1"

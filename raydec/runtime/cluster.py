@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any, Dict, Optional
 
 logger = logging.getLogger(__name__)
+_INIT_LOCK = threading.Lock()  # one ray.init per process, whichever thread asks first
 
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
 """A private local Ray 2.60 cluster: every listener on 127.0.0.1, so no token auth is needed.
@@ -14,18 +16,22 @@ Values already set in the environment win."""
 
 
 def init_local_ray(num_cpus: Optional[int] = None, env_vars: Optional[Dict[str, str]] = None, **kwargs: Any) -> None:
-    """Start a private local Ray cluster on 127.0.0.1 (no dashboard), unless Ray is already up."""
+    """Start a private local Ray cluster on 127.0.0.1 (no dashboard), unless Ray is already up.
+
+    Safe to call from several threads at once (e.g. a notebook's parallel jobs): one starts it.
+    """
     import ray
 
-    if ray.is_initialized():
-        return
-    for name, value in LOOPBACK_ENV.items():
-        os.environ.setdefault(name, value)
-    runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
-    ray.init(
-        address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-        runtime_env=runtime_env, log_to_driver=True, **kwargs,
-    )
+    with _INIT_LOCK:
+        if ray.is_initialized():
+            return
+        for name, value in LOOPBACK_ENV.items():
+            os.environ.setdefault(name, value)
+        runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
+        ray.init(
+            address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+            runtime_env=runtime_env, log_to_driver=True, **kwargs,
+        )
     logger.info("started a local Ray cluster on 127.0.0.1 with %s CPU(s)", ray.cluster_resources().get("CPU"))
 
 
@@ -33,10 +39,11 @@ def connect_ray() -> None:
     """Join the cluster this process belongs to (RAY_ADDRESS / job submit), else start a local one."""
     import ray
 
-    if ray.is_initialized():
-        return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"])
-        logger.info("connected to Ray at %s", os.environ["RAY_ADDRESS"])
-        return
+    with _INIT_LOCK:
+        if ray.is_initialized():
+            return
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(address=os.environ["RAY_ADDRESS"])
+            logger.info("connected to Ray at %s", os.environ["RAY_ADDRESS"])
+            return
     init_local_ray()
