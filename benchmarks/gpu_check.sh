@@ -5,7 +5,8 @@
 #
 # Stages, in order of priority, each bench in its own process under its own time limit, so one
 # failure or overrun leaves the others' results: bench caption at T=0, bench t2i at batch 1,
-# bench caption at T=1, bench t2i at batch 8 (all bf16), then a cProfile of ViSpec and SJD-PAC
+# bench caption at T=1, bench t2i at batch 8 (all bf16), bench engine (a 60M random Llama: our
+# AR vs HF generate, and an oracle drafter's ceiling), then a cProfile of ViSpec and SJD-PAC
 # decoding. Each bench asks for the issues' counts (200 images / prompts) and stops taking
 # new ones at its --max-seconds budget (every method finishes the same items); SCALE (default
 # 1.0) multiplies the budgets. JSON, plots and logs land in OUT_DIR.
@@ -51,6 +52,7 @@ run t2i_b1 360 t2i --methods ar,hf,sjd,sjd_ac,sjd_pac --prompts 200 --batch 1 --
 run caption_t1 120 caption --methods ar,hf_assisted,eagle,vispec --temperature 1 --images 60 --max-seconds "$(seconds 40)"
 run t2i_b8 240 t2i --methods ar,sjd,sjd_ac,sjd_pac --prompts 64 --batch 8 --tune-windows "$windows" \
   --max-seconds "$(seconds 60)" --plots "$out/plots_b8"
+run engine 120 engine --prompts 6 --new-tokens 128
 echo "=== profile"
 PYTHONUNBUFFERED=1 timeout 90 $py benchmarks/profile_decode.py --device "$device" --out "$out/profile" --top 25 \
   2>&1 | grep -av "Loading weights" > "$out/profile.log"; echo "=== profile: exit $?"; pack

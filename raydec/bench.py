@@ -118,8 +118,11 @@ def bench_engine(args: argparse.Namespace) -> dict:
     from raydec.spec.proposers.random_tree import OracleProposer
 
     torch.set_num_threads(args.threads) if args.threads else None
+    from raydec.models.base import decoding_attention
+
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
-    model = build_bench_llama(args.size, dtype)
+    device = resolve_device(args.device)
+    model = build_bench_llama(args.size, dtype).to(device)
     target = CausalLMTarget(model)
     params = sum(p.numel() for p in model.parameters())
     generator = torch.Generator().manual_seed(1)
@@ -128,8 +131,8 @@ def bench_engine(args: argparse.Namespace) -> dict:
     ar_engine = Engine(target, ARProposer(), greedy)
 
     def run_hf(prompt):
-        ids = torch.tensor([prompt])
-        with torch.inference_mode():
+        ids = torch.tensor([prompt], device=device)
+        with torch.inference_mode(), decoding_attention(device):  # the kernels our engine uses
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
                                  min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0)
         return out[0, len(prompt):].tolist()
@@ -141,6 +144,7 @@ def bench_engine(args: argparse.Namespace) -> dict:
     times = {name: MethodTimes() for name in ("hf", "ar", "oracle")}
     mismatches, oracle_drift = 0, 0
     for i, prompt in enumerate(prompts):
+        synchronize(device)
         t_hf, hf_tokens = _timed(lambda: run_hf(prompt))
         t_ar, ar_out = _timed(lambda: ar_engine.generate([RowRequest(prompt, seed=i)])[0])
         reference = _self_consistent_reference(target, args.window, greedy, prompt, ar_out.tokens)
@@ -161,6 +165,7 @@ def bench_engine(args: argparse.Namespace) -> dict:
     ar_total = times["ar"].total_seconds
     result = {
         "model": {"parameters": params, "dtype": args.dtype, "vocab_size": 16384, "size": args.size},
+        "device": device,
         "prompts": args.prompts,
         "new_tokens": args.new_tokens,
         "window": args.window,
@@ -201,6 +206,7 @@ def add_engine_parser(subparsers) -> None:
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt")
     parser.add_argument("--window", type=int, default=16, help="oracle draft window")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (cuda when torch sees a GPU)")
     parser.add_argument("--size", choices=["default", "small"], default="default", help="default ~60M params; small for smoke tests")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     parser.add_argument("--json", type=Path, default=None, help="write results here")
