@@ -112,14 +112,13 @@ def _self_consistent_reference(target, window: int, config, prompt: list[int], a
 def bench_engine(args: argparse.Namespace) -> dict:
     """Our AR vs Hugging Face generate(); an oracle proposer (window 16, T=0) vs our AR."""
     from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+    from raydec.models.base import decoding_attention
     from raydec.models.causal_lm import CausalLMTarget
     from raydec.spec.engine import Engine, RowRequest
     from raydec.spec.proposers.ar import ARProposer
     from raydec.spec.proposers.random_tree import OracleProposer
 
     torch.set_num_threads(args.threads) if args.threads else None
-    from raydec.models.base import decoding_attention
-
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     device = resolve_device(args.device)
     model = build_bench_llama(args.size, dtype).to(device)

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from raydec.bench import print_table, resolve_device, synchronize
-from raydec.models.base import decoding_attention
 from raydec.config import DecodeConfig, DraftTreeSpec, SamplingConfig
+from raydec.models.base import decoding_attention
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +104,7 @@ def _hf_caption(target: Any, prompt: Any, sampling: SamplingConfig, max_new_toke
         start = time.perf_counter()
         with torch.inference_mode(), decoding_attention(target.device):  # the kernels our engine uses
             out = target.model.generate(**inputs, **kwargs)
+        synchronize(target.device)
         seconds = time.perf_counter() - start
     tokens = out[0, inputs["input_ids"].shape[1] :].tolist()
     eos = set(target.eos_token_ids)

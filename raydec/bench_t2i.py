@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from raydec.bench import print_table, resolve_device, synchronize
-from raydec.models.base import decoding_attention
 from raydec.config import DecodeConfig, DraftSpec
+from raydec.models.base import decoding_attention
 from raydec.tune_t2i import window_cost
 
 logger = logging.getLogger(__name__)
