@@ -86,8 +86,19 @@ def load_pipeline(
     raise ValueError(f"load_pipeline: unknown kind={kind!r} (use 't2i' or 'vlm')")
 
 
-def load_draft(target: Any, method: str, model: str | Path | Any = "reference", draft_model: str | Path | None = None) -> Any:
-    """Load (once) the ViSpec / EAGLE draft for ``target``; see ``registry.resolve_draft_path``."""
+def draft_dtype(target: Any, choice: str = "auto") -> torch.dtype:
+    """``decode.draft_dtype`` -> the draft's torch dtype for ``target`` (see DecodeConfig)."""
+    if choice == "auto":
+        return target.dtype if torch.device(target.device).type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[choice]
+
+
+def load_draft(
+    target: Any, method: str, model: str | Path | Any = "reference", draft_model: str | Path | None = None,
+    dtype: torch.dtype | None = None,
+) -> Any:
+    """Load (once) the ViSpec / EAGLE draft for ``target``; see ``registry.resolve_draft_path``.
+    dtype: the draft's precision (None: the target's)."""
     from raydec.models.registry import resolve_draft_path
     from raydec.models.vispec_draft import VispecDraft
 
@@ -96,9 +107,9 @@ def load_draft(target: Any, method: str, model: str | Path | Any = "reference", 
         if model is None and draft_model is None:
             raise ValueError(f"decode.method={method!r} with a target not loaded by path needs decode.draft_model")
     path = resolve_draft_path(model or "", method, draft_model)
-    key = ("draft", str(path.resolve()), str(target.dtype), str(id(target)))
+    key = ("draft", str(path.resolve()), str(dtype or target.dtype), str(id(target)))
     if key not in _PIPELINES:
-        draft = VispecDraft.from_pretrained(path, target=target)
+        draft = VispecDraft.from_pretrained(path, target=target, dtype=dtype)
         expected = "vision" if method == "vispec" else "text-only"
         if draft.config.vision != (method == "vispec"):
             raise ValueError(f"decode.method={method!r} needs a {expected} draft; {path} holds the other kind")
@@ -143,7 +154,8 @@ def _make_proposer(decode: DecodeConfig, target: Any, model: str | Path | Any = 
     if method in DRAFT_METHODS:
         from raydec.spec.proposers.draft_tree import DraftTreeProposer
 
-        return DraftTreeProposer(load_draft(target, method, model, decode.draft_model), decode.draft_tree)
+        draft = load_draft(target, method, model, decode.draft_model, dtype=draft_dtype(target, decode.draft_dtype))
+        return DraftTreeProposer(draft, decode.draft_tree)
     raise ValueError(f"decode.method={method!r} has no proposer here")
 
 

@@ -99,4 +99,10 @@ class DecodeConfig(StrictModel):
     draft_model: str | None = Field(
         None, description="Draft checkpoint folder for vispec / eagle; None picks the one shipped with the target."
     )
+    draft_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="Precision the vispec / eagle draft runs in. auto: float32 on a CPU (a small draft's "
+        "half-precision matmuls are slow there), the target's dtype on a GPU. Lossless whatever the choice: "
+        "the draft only proposes, the verifier tests against the target.",
+    )
 

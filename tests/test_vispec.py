@@ -123,6 +123,27 @@ def test_greedy_equals_hf_generate(llava, vision, batch):
         assert out.tokens == _hf_greedy(llava, prompt, length)
 
 
+def test_a_draft_in_another_precision_than_the_target_stays_lossless(llava):
+    """decode.draft_dtype: a bfloat16 draft on a float32 target (the draft reads the target's
+    embedding and head in their own dtype) still gives HF's greedy output."""
+    length = 12
+    prompts = _prompts(llava, 2)
+    config = DecodeConfig(max_new_tokens=length, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeSpec(depth=3, top_k=2, total_tokens=6))
+    draft = draft_for(llava, vision=True, dtype=torch.bfloat16)
+    engine = Engine(llava, DraftTreeProposer(draft, config.draft_tree), config, eos_token_ids=llava.eos_token_ids)
+    outputs = engine.generate([RowRequest(p, seed=0) for p in prompts])
+    assert next(draft.parameters()).dtype == torch.bfloat16 and llava.dtype == torch.float32
+    for prompt, out in zip(prompts, outputs):
+        assert out.tokens == _hf_greedy(llava, prompt, length)
+
+
+def test_draft_dtype_auto_is_float32_on_a_cpu_else_the_named_one(llava):
+    from raydec.api import draft_dtype
+
+    assert draft_dtype(llava) == torch.float32
+    assert draft_dtype(llava, "bfloat16") == torch.bfloat16 and draft_dtype(llava, "float16") == torch.float16
+
+
 # -- exactness at temperature 1 --------------------------------------------------------------
 
 

@@ -254,7 +254,8 @@ class VispecDraft(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         assert self.lm_head is not None, "attach_target() first"
-        return self.lm_head(hidden)
+        head_dtype = next(self.lm_head.parameters()).dtype  # the target's head: its dtype, not the draft's
+        return self.lm_head(hidden.to(head_dtype))
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         assert self.embed is not None, "attach_target() first"

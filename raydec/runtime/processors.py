@@ -156,7 +156,8 @@ class CaptionProcessor:
             model=self.job.model, kind="vlm", dtype=_torch_dtype(self.job.dtype), device=_device(self.job)
         )
         if self.method in api.DRAFT_METHODS:  # load the draft once, now, so a bad path fails here
-            api.load_draft(self.pipeline, self.method, self.job.model, self.job.decode.draft_model)
+            dtype = api.draft_dtype(self.pipeline, self.job.decode.draft_dtype)
+            api.load_draft(self.pipeline, self.method, self.job.model, self.job.decode.draft_model, dtype=dtype)
         logger.info("caption processor: loaded %s (%s, method %s)", self.job.model, self.job.dtype, self.method)
 
     def _caption(self, rows: List[Dict[str, Any]]) -> List[Any]:
