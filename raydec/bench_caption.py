@@ -115,12 +115,13 @@ def _hf_caption(target: Any, prompt: Any, sampling: SamplingConfig, max_new_toke
     return tokens, counter.count, seconds
 
 
-def _load_assistant(path: Path, target: Any) -> Any:
+def _load_assistant(path: Path, target: Any, dtype: torch.dtype) -> Any:
+    """The HF assistant, in the precision our drafts run in (a like-for-like comparison)."""
     from transformers import AutoModelForImageTextToText
 
     if not (path / "config.json").is_file():
         raise SystemExit(f"--methods hf_assisted: no assistant model at {path} (train one: python -m raydec.reference.train assistant)")
-    model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=target.dtype, local_files_only=True)
+    model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype, local_files_only=True)
     return model.to(target.device).eval()
 
 
@@ -133,7 +134,7 @@ def _draft_path(args: argparse.Namespace, method: str) -> str:
 
 
 def bench_caption(args: argparse.Namespace) -> dict:
-    from raydec.api import caption_images, load_pipeline
+    from raydec.api import caption_images, draft_dtype, load_pipeline
     from raydec.models.hf_vlm import VlmPrompt
     from raydec.models.registry import REFERENCE_DRAFT_DIRS
     from raydec.reference.judge import score_caption
@@ -156,11 +157,12 @@ def bench_caption(args: argparse.Namespace) -> dict:
         m: DecodeConfig(
             method="ar" if m in ("ar", "hf", "hf_assisted") else m, max_new_tokens=args.max_new_tokens,
             sampling=sampling, draft_tree=tree,
-            draft_model=_draft_path(args, m) if m in ("eagle", "vispec") else None,
+            draft_model=_draft_path(args, m) if m in ("eagle", "vispec") else None, draft_dtype=args.draft_dtype,
         )
         for m in methods
     }
-    assistant = _load_assistant(args.assistant or REFERENCE_DRAFT_DIRS["assistant"], target) if "hf_assisted" in methods else None
+    small_dtype = draft_dtype(target, args.draft_dtype)  # eagle / vispec drafts and the HF assistant alike
+    assistant = _load_assistant(args.assistant or REFERENCE_DRAFT_DIRS["assistant"], target, small_dtype) if "hf_assisted" in methods else None
 
     samples = [make_sample(HELD_OUT_SEED_START + args.offset + i) for i in range(args.images)]
     images = [to_pil(s.image) for s in samples]
@@ -235,7 +237,8 @@ def bench_caption(args: argparse.Namespace) -> dict:
         for m, e in summary.items()
     ]
     print_table(
-        f"bench caption: {args.model}, {measured} images, batch {args.batch}, {args.dtype}, {device}, temperature {args.temperature}",
+        f"bench caption: {args.model}, {measured} images, batch {args.batch}, {args.dtype} (drafts {str(small_dtype).replace('torch.', '')}), "
+        f"{device}, temperature {args.temperature}",
         header, rows,
     )
     if sampling.greedy:
@@ -246,7 +249,8 @@ def bench_caption(args: argparse.Namespace) -> dict:
         "window_cost": {str(n): c for n, c in cost.items()},
         "captions_identical_to_ar": identical,
         "config": {m: c.model_dump() for m, c in configs.items()},
-        "images": measured, "images_requested": args.images, "batch": args.batch, "dtype": args.dtype, "temperature": args.temperature, "device": device,
+        "images": measured, "images_requested": args.images, "batch": args.batch, "dtype": args.dtype,
+        "draft_dtype": str(small_dtype).replace("torch.", ""), "temperature": args.temperature, "device": device,
         "device_name": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
         "model": str(args.model), "prompt": args.prompt,
     }
@@ -270,6 +274,11 @@ def add_caption_parser(subparsers) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (cuda when torch sees a GPU)")
+    parser.add_argument(
+        "--draft-dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+        help="precision of the eagle / vispec drafts and the hf_assisted assistant (auto: float32 on a CPU, "
+        "--dtype on a GPU)",
+    )
     parser.add_argument("--depth", type=int, default=DraftTreeSpec().depth, help="draft tree depth")
     parser.add_argument("--top-k", type=int, default=DraftTreeSpec().top_k, help="draft tree top-k")
     parser.add_argument("--total-tokens", type=int, default=DraftTreeSpec().total_tokens, help="draft tree size (root included)")
