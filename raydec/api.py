@@ -64,11 +64,14 @@ def load_pipeline(
 
     model: "reference", a local ``from_pretrained`` folder, or an already loaded target
     (returned unchanged). kind: "t2i" (text-to-image) or "vlm" (captioning). device: e.g.
-    "cuda" (None: CPU).
+    "cuda" (None: CPU). A bf16 model on a CPU without bf16 instructions computes its linear
+    layers with fp32 GEMMs (same bf16 weights and outputs; see ``models.cpu_matmul``).
     """
     if not isinstance(model, (str, Path)):
         return model
     from raydec.models import registry
+
+    from raydec.models.cpu_matmul import fp32_matmul_for_bf16, wants_fp32_matmul
 
     if kind == "t2i":
         key = (kind, str(registry.resolve_t2i_path(model).resolve()), str(dtype), str(device or "cpu"))
@@ -77,13 +80,17 @@ def load_pipeline(
             if device is not None:
                 target.model.to(device)
             _PIPELINES[key] = target
-        return _PIPELINES[key]
-    if kind == "vlm":
+    elif kind == "vlm":
         key = (kind, str(registry.resolve_vlm_path(model).resolve()), str(dtype), str(device or "cpu"))
         if key not in _PIPELINES:
             _PIPELINES[key] = registry.load_vlm_target(model, dtype=dtype, device=device)
-        return _PIPELINES[key]
-    raise ValueError(f"load_pipeline: unknown kind={kind!r} (use 't2i' or 'vlm')")
+    else:
+        raise ValueError(f"load_pipeline: unknown kind={kind!r} (use 't2i' or 'vlm')")
+    target = _PIPELINES[key]
+    if wants_fp32_matmul(device, dtype) and not getattr(target, "fp32_matmul", False):
+        fp32_matmul_for_bf16(target.model)  # a bf16 model on a CPU without bf16 instructions
+        target.fp32_matmul = True
+    return target
 
 
 def draft_dtype(target: Any, choice: str = "auto") -> torch.dtype:
