@@ -70,7 +70,6 @@ def load_pipeline(
     if not isinstance(model, (str, Path)):
         return model
     from raydec.models import registry
-
     from raydec.models.cpu_matmul import fp32_matmul_for_bf16, wants_fp32_matmul
 
     if kind == "t2i":
