@@ -51,24 +51,25 @@ def main() -> None:
     images = [to_pil(make_sample(HELD_OUT_SEED_START + i).image) for i in range(args.images)]
     for method in ("ar", "vispec"):
         decode = DecodeConfig(method=method, sampling=SamplingConfig(temperature=0.0), max_new_tokens=128)
-        caption_images(images[:1], model=vlm, decode=decode, seeds=[0])  # warm-up
-        profile = cProfile.Profile()
-        profile.enable()
-        caption_images(images, model=vlm, decode=decode, seeds=list(range(len(images))), batch_size=1)
-        profile.disable()
-        _report(profile, f"caption_{method}", args.out, args.top)
+        run = lambda items, seeds: caption_images(items, model=vlm, decode=decode, seeds=seeds, batch_size=1)  # noqa: E731
+        _profiled(run, images, f"caption_{method}", args)
 
     t2i = load_pipeline("reference", "t2i", dtype=dtype, device=place)
     prompts = [make_sample(HELD_OUT_SEED_START + i).prompt for i in range(args.prompts)]
     for method, draft in (("ar", None), ("sjd_pac", DraftSpec(window=32, branching=3, tree_depth=1))):
         decode = DecodeConfig(method=method, draft=draft) if draft else DecodeConfig(method=method)
-        generate_images(prompts[:1], model=t2i, decode=decode, seeds=[0])  # warm-up
-        profile = cProfile.Profile()
-        profile.enable()
-        generate_images(prompts, model=t2i, decode=decode, seeds=list(range(len(prompts))), batch_size=1)
-        profile.disable()
-        _report(profile, f"t2i_{method}", args.out, args.top)
+        run = lambda items, seeds: generate_images(items, model=t2i, decode=decode, seeds=seeds, batch_size=1)  # noqa: E731
+        _profiled(run, prompts, f"t2i_{method}", args)
 
+
+def _profiled(run, items: list, title: str, args: argparse.Namespace) -> None:
+    """Warm up on the first item, then profile ``run`` over all of them (seeds 0..n-1)."""
+    run(items[:1], [0])
+    profile = cProfile.Profile()
+    profile.enable()
+    run(items, list(range(len(items))))
+    profile.disable()
+    _report(profile, title, args.out, args.top)
 
 if __name__ == "__main__":
     main()

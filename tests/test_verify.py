@@ -41,6 +41,14 @@ def _random_tree(generator: torch.Generator, vocab: int, kind: str) -> TreeBuild
     return builder
 
 
+def _add_draft(builder: TreeBuilder, parent: int, generator: torch.Generator, vocab: int, deterministic: bool) -> int:
+    """One draft node under ``parent``: a random token with no q, or a token drawn from a random q."""
+    if deterministic:
+        return builder.add(parent, int(torch.randint(vocab, (1,), generator=generator)))
+    q = _random_p(generator, vocab, 1.0)
+    return builder.add(parent, int(torch.multinomial(q, 1, generator=generator)), builder.add_proposal(q))
+
+
 class RandomProcess:
     """A target process: a fixed random P after every prefix (memoised)."""
 
@@ -196,11 +204,7 @@ def test_chain_fast_path_equals_general_recursion():
             builder = TreeBuilder(0)
             node = 0
             for _ in range(int(torch.randint(0, 6, (1,), generator=generator))):
-                if mode == "onehot" or (mode == "mixed" and node % 2):
-                    node = builder.add(node, int(torch.randint(vocab, (1,), generator=generator)))
-                else:
-                    q = _random_p(generator, vocab, 1.0)
-                    node = builder.add(node, int(torch.multinomial(q, 1, generator=generator)), builder.add_proposal(q))
+                node = _add_draft(builder, node, generator, vocab, deterministic=mode == "onehot" or (mode == "mixed" and node % 2))
             builders.append(builder)
         tree = DraftTree.stack(builders, vocab, torch.float64)
         probs = torch.softmax(torch.randn(batch, tree.num_nodes, vocab, generator=generator, dtype=torch.float64), -1)
@@ -316,11 +320,7 @@ def test_recursion_equals_walking_each_row_with_chains_under_sibling_groups():
         for tip in tips:  # a chain under every tip: dense and deterministic drafts
             node = tip
             for _ in range(int(torch.randint(0, 8, (1,), generator=generator))):
-                if torch.rand(1, generator=generator) < 0.5:
-                    node = builder.add(node, int(torch.randint(vocab, (1,), generator=generator)))
-                else:
-                    q = _random_p(generator, vocab, 1.0)
-                    node = builder.add(node, int(torch.multinomial(q, 1, generator=generator)), builder.add_proposal(q))
+                node = _add_draft(builder, node, generator, vocab, deterministic=bool(torch.rand(1, generator=generator) < 0.5))
         builders.append(builder)
     tree = DraftTree.stack(builders, vocab, torch.float64)
     # targets that often agree with the drafts, so runs of acceptances are long

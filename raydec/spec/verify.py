@@ -216,17 +216,7 @@ def _accepted_only_child_runs(tree: DraftTree, target_probs: torch.Tensor, unifo
     parent = tree.parents.clamp(min=0)
     children = torch.zeros(batch, width, dtype=torch.long).scatter_add_(1, parent, is_node.long())  # [B, N]
     only_child = is_node & (children.gather(1, parent) == 1)
-    # an only child's test: min(1, P[parent](x) / q(x)), q undisturbed by siblings
-    p_x = target_probs.gather(1, parent.unsqueeze(-1).expand(-1, -1, target_probs.shape[-1]))
-    p_x = p_x.gather(-1, tree.tokens.unsqueeze(-1)).squeeze(-1)                       # [B, N]
-    index = tree.proposal_index
-    if tree.proposal_probs.shape[1] > 0:
-        dense = tree.proposal_probs.gather(1, index.clamp(min=0).unsqueeze(-1).expand(-1, -1, tree.proposal_probs.shape[-1]))
-        q_x = dense.gather(-1, tree.tokens.unsqueeze(-1)).squeeze(-1)  # same dtypes as acceptance_probability
-        q_x = torch.where(index == DETERMINISTIC, torch.ones_like(q_x), q_x)
-    else:
-        q_x = torch.ones_like(p_x)
-    accept_prob = torch.where(q_x > 0, (p_x / q_x.clamp_min(_RESIDUAL_EPS)).clamp(max=1.0), (p_x > 0).to(p_x.dtype))
+    accept_prob = _single_draft_acceptance(tree, target_probs, parent)  # q undisturbed: no earlier sibling
     if uniforms.shape[1] < width:  # columns past every row's last node: nothing to test there
         uniforms = torch.cat([uniforms, uniforms.new_ones(batch, width - uniforms.shape[1])], dim=1)
     accepted = only_child & (uniforms < accept_prob)
@@ -240,6 +230,19 @@ def _accepted_only_child_runs(tree: DraftTree, target_probs: torch.Tensor, unifo
         step = step.gather(1, step)
         hops *= 2
     return step
+
+
+def _single_draft_acceptance(tree: DraftTree, target_probs: torch.Tensor, parent: torch.Tensor) -> torch.Tensor:
+    """[B, N] min(1, P[parent](x) / q(x)) of every node's token x under its own q (no sibling
+    removed), the test of a node with no earlier sibling. parent: [B, N] node ids (>= 0)."""
+    rows = torch.arange(tree.batch_size).unsqueeze(1)
+    p_x = target_probs[rows, parent, tree.tokens]
+    if tree.proposal_probs.shape[1] > 0:
+        q_x = tree.proposal_probs[rows, tree.proposal_index.clamp(min=0), tree.tokens]
+        q_x = torch.where(tree.proposal_index == DETERMINISTIC, torch.ones_like(q_x), q_x)
+    else:
+        q_x = torch.ones_like(p_x)
+    return torch.where(q_x > 0, (p_x / q_x.clamp_min(_RESIDUAL_EPS)).clamp(max=1.0), (p_x > 0).to(p_x.dtype))
 
 
 def _path_to(tree: DraftTree, stop_node: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
@@ -303,16 +306,8 @@ def _verify_chain(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.T
     """
     batch, width = tree.tokens.shape
     rows = torch.arange(batch)
-    tokens = tree.tokens[:, 1:]                                          # [B, N-1]
-    p_x = target_probs[:, :-1].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    index = tree.proposal_index[:, 1:]
-    if tree.proposal_probs.shape[1] > 0:
-        dense = tree.proposal_probs.gather(1, index.clamp(min=0).unsqueeze(-1).expand(-1, -1, tree.proposal_probs.shape[-1]))
-        q_x = dense.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).to(p_x.dtype)
-        q_x = torch.where(index == DETERMINISTIC, torch.ones_like(q_x), q_x)
-    else:
-        q_x = torch.ones_like(p_x)
-    accept_prob = torch.where(q_x > 0, (p_x / q_x.clamp_min(_RESIDUAL_EPS)).clamp(max=1.0), (p_x > 0).to(p_x.dtype))
+    previous = (torch.arange(width) - 1).clamp(min=0).expand(batch, width)  # node i hangs under i - 1
+    accept_prob = _single_draft_acceptance(tree, target_probs, previous)[:, 1:]  # [B, N-1]
     accept = (uniforms[:, 1:] < accept_prob) & tree.valid[:, 1:]
     num_accepted = accept.long().cumprod(dim=1).sum(dim=1)               # [B]
     num_drafts = tree.valid[:, 1:].sum(dim=1)
