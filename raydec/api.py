@@ -64,13 +64,13 @@ def load_pipeline(
 
     model: "reference", a local ``from_pretrained`` folder, or an already loaded target
     (returned unchanged). kind: "t2i" (text-to-image) or "vlm" (captioning). device: e.g.
-    "cuda" (None: CPU). A bf16 model on a CPU without bf16 instructions computes its linear
-    layers with fp32 GEMMs (same bf16 weights and outputs; see ``models.cpu_matmul``).
+    "cuda" (None: CPU). On a CPU the linear layers compute through row-major fp32 GEMMs
+    (same weights and outputs, faster for few-row windows; see ``models.cpu_matmul``).
     """
     if not isinstance(model, (str, Path)):
         return model
     from raydec.models import registry
-    from raydec.models.cpu_matmul import fp32_matmul_for_bf16, wants_fp32_matmul
+    from raydec.models.cpu_matmul import route_if_cpu
 
     if kind == "t2i":
         key = (kind, str(registry.resolve_t2i_path(model).resolve()), str(dtype), str(device or "cpu"))
@@ -86,9 +86,8 @@ def load_pipeline(
     else:
         raise ValueError(f"load_pipeline: unknown kind={kind!r} (use 't2i' or 'vlm')")
     target = _PIPELINES[key]
-    if wants_fp32_matmul(device, dtype) and not getattr(target, "fp32_matmul", False):
-        fp32_matmul_for_bf16(target.model)  # a bf16 model on a CPU without bf16 instructions
-        target.fp32_matmul = True
+    if not getattr(target, "cpu_matmul", False):
+        target.cpu_matmul = route_if_cpu(target.model, device, dtype)
     return target
 
 
@@ -105,6 +104,7 @@ def load_draft(
 ) -> Any:
     """Load (once) the ViSpec / EAGLE draft for ``target``; see ``registry.resolve_draft_path``.
     dtype: the draft's precision (None: the target's)."""
+    from raydec.models.cpu_matmul import route_if_cpu
     from raydec.models.registry import resolve_draft_path
     from raydec.models.vispec_draft import VispecDraft
 
@@ -119,6 +119,7 @@ def load_draft(
         expected = "vision" if method == "vispec" else "text-only"
         if draft.config.vision != (method == "vispec"):
             raise ValueError(f"decode.method={method!r} needs a {expected} draft; {path} holds the other kind")
+        route_if_cpu(draft.prepare_inference(), target.device, next(draft.parameters()).dtype)
         _PIPELINES[key] = draft
     return _PIPELINES[key]
 

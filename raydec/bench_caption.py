@@ -116,13 +116,17 @@ def _hf_caption(target: Any, prompt: Any, sampling: SamplingConfig, max_new_toke
 
 
 def _load_assistant(path: Path, target: Any, dtype: torch.dtype) -> Any:
-    """The HF assistant, in the precision our drafts run in (a like-for-like comparison)."""
+    """The HF assistant, in the precision and with the CPU GEMMs our drafts use (like for like)."""
     from transformers import AutoModelForImageTextToText
+
+    from raydec.models.cpu_matmul import route_if_cpu
 
     if not (path / "config.json").is_file():
         raise SystemExit(f"--methods hf_assisted: no assistant model at {path} (train one: python -m raydec.reference.train assistant)")
     model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype, local_files_only=True)
-    return model.to(target.device).eval()
+    model = model.to(target.device).eval()
+    route_if_cpu(model, target.device, dtype)
+    return model
 
 
 def _draft_path(args: argparse.Namespace, method: str) -> str:

@@ -86,6 +86,33 @@ def test_draft_checkpoint_round_trip(tmp_path):
         VispecDraft.from_pretrained(tmp_path / "missing")
 
 
+def test_fused_inference_layer_computes_the_hugging_face_layer():
+    """The inference snapshot (fused GEMMs, rotary table) equals the HF decoder layer: with a
+    cache and a tree mask, grouped-query heads, far positions; training or casting drops it."""
+    from transformers import DynamicCache
+
+    torch.manual_seed(0)
+    config = DraftConfig(hidden_size=16, intermediate_size=24, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=4, vocab_size=9, vision=False)
+    draft = VispecDraft(config).to(torch.float64).eval()
+    x, f = torch.randn(2, 7, 16, dtype=torch.float64), torch.randn(2, 7, 16, dtype=torch.float64)
+    pos = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [300, 301, 302, 303, 304, 305, 306]])
+    window = (torch.rand(2, 3, 3) < 0.5) | torch.eye(3, dtype=torch.bool)
+    mask = torch.zeros(2, 1, 3, 7, dtype=torch.float64)
+    mask[:, 0, :, 4:] = torch.zeros(2, 3, 3, dtype=torch.float64).masked_fill(~window, float("-inf"))
+    outputs = []
+    for fused in (False, True):
+        if fused:
+            draft.prepare_inference()
+        cache = DynamicCache()
+        prefix = draft(x[:, :4], f[:, :4], pos[:, :4], None, cache)
+        outputs.append((prefix, draft(x[:, 4:], f[:, 4:], pos[:, 4:], mask, cache)))
+    for hf, fused in zip(*outputs):
+        assert torch.allclose(hf, fused, rtol=1e-10, atol=1e-10)
+    assert draft._fused is not None and draft.train()._fused is None
+    assert draft.eval().prepare_inference().float()._fused is None
+
+
 # -- greedy equality on a tiny LLaVA ----------------------------------------------------------
 
 

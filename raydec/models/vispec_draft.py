@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from raydec.config import StrictModel
+from raydec.models.fused_layer import FusedDecoderLayer
 from pydantic import Field
 
 CONFIG_NAME = "draft_config.json"
@@ -161,6 +162,7 @@ class VispecDraft(nn.Module):
                 self.img_fc.weight[:, :hidden].copy_(torch.eye(hidden))
                 self.img_fc.bias.zero_()
         self._target_parts: tuple[nn.Module, nn.Module] | None = None
+        self._fused: FusedDecoderLayer | None = None  # inference snapshot of the decoder layer
         if embed is not None and lm_head is not None:
             self.attach_target(embed, lm_head)
 
@@ -182,6 +184,23 @@ class VispecDraft(nn.Module):
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         return dict(self.state_dict())
+
+    # -- inference form ------------------------------------------------------------------------
+
+    def prepare_inference(self) -> "VispecDraft":
+        """Run the decoder layer as a ``FusedDecoderLayer`` snapshot of the current weights (for a
+        loaded draft that only decodes); training, moving or casting the draft drops it."""
+        self._fused = FusedDecoderLayer(self.decoder.layers[0], self.decoder.rotary_emb)
+        return self
+
+    def train(self, mode: bool = True) -> "VispecDraft":
+        if mode:
+            self._fused = None
+        return super().train(mode)
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> "VispecDraft":
+        self._fused = None  # .to() / .float() / .cuda(): the snapshot would be stale
+        return super()._apply(fn, *args, **kwargs)
 
     # -- sequences -----------------------------------------------------------------------------
 
@@ -245,6 +264,8 @@ class VispecDraft(nn.Module):
             causal = torch.ones(width, width, dtype=torch.bool, device=x.device).tril()
             attention_mask = torch.zeros(width, width, dtype=x.dtype, device=x.device).masked_fill(~causal, torch.finfo(x.dtype).min)
             attention_mask = attention_mask.expand(x.shape[0], 1, width, width)
+        if self._fused is not None:
+            return self._fused(x, position_ids, attention_mask, cache)
         # the one decoder layer, called directly (no LlamaModel wrappers: this runs every draft step)
         rotary = self.decoder.rotary_emb(x, position_ids=position_ids)
         return self.decoder.layers[0](

@@ -180,63 +180,49 @@ class DraftTreeProposer(Proposer):
         committed = self.cache.length  # tree slots live after this and are cropped at the end
         base = self.cache.valid  # [B, S]
 
-        # candidates: token, parent candidate (-1 = root), cumulative score, depth
+        # candidates, level by level: cumulative score, token, parent candidate (-1 = root)
         logp = self._log_probs(self.root_hidden, state)  # [B, V]
-        score, token = logp.topk(k, dim=-1)  # [B, K]
-        cand_score = [score]  # per level [B, K] / [B, K*K]; tokens and parents live in all_*
-        cand_depth = [torch.ones(batch, k, dtype=torch.long)]
-        frontier = torch.arange(k).expand(batch, k)  # candidate ids of the nodes to expand
+        score, token = logp.topk(k, dim=-1)  # [B, K]: level 1, the root's children
+        cand_score, cand_token, cand_parent = [score], [token], [torch.full((batch, k), -1)]
+        frontier = torch.arange(k).expand(batch, k)  # candidate ids of the nodes expanded next
+        frontier_score, frontier_token = score, token  # [B, K]
         frontier_feat = self.root_hidden.unsqueeze(1).expand(batch, k, size)  # parent hidden of each
-        slot_anc = torch.zeros(batch, 0, 0, dtype=torch.bool)  # ancestors among tree slots
-        offset = k
+        eye = identity_mask(k).expand(batch, k, k)
+        anc = eye  # [B, K, slots]: tree slots each frontier node sees (its ancestors and itself)
+        committed_mask = _additive(base.unsqueeze(1), dtype).expand(batch, 1, k, committed)  # [B, 1, K, S]
         glob = self.globals_.unsqueeze(1).expand(batch, k, size)
         use = self.has_global.unsqueeze(1).expand(batch, k).to(device)
-        all_tokens = token
-        all_parent = torch.full((batch, k), -1)
-        all_slot = torch.full((batch, k), -1)  # tree slot of an expanded candidate
+        offset = k
         for level in range(2, spec.depth + 1):
             # one draft forward over the frontier (K nodes per row) at depth level-1
-            tok = self.draft.embed_tokens(all_tokens.gather(1, frontier).to(device)).to(dtype)
-            parent_slot = all_slot.gather(1, all_parent.gather(1, frontier).clamp(min=0))
-            parent_slot = torch.where(all_parent.gather(1, frontier) >= 0, parent_slot, torch.full_like(parent_slot, -1))
-            n_slots = slot_anc.shape[1]
-            # ancestors of each frontier node among tree slots (rows of slot_anc include self)
-            anc = torch.zeros(batch, k, n_slots + k, dtype=torch.bool)
-            if n_slots:
-                rows = slot_anc.gather(1, parent_slot.clamp(min=0).unsqueeze(-1).expand(batch, k, n_slots))
-                anc[:, :, :n_slots] = rows & (parent_slot >= 0).unsqueeze(-1)
-            anc[:, :, n_slots:] = identity_mask(k).unsqueeze(0)
-            allowed = torch.cat([base.unsqueeze(1).expand(batch, k, committed), anc], dim=2)
+            tok = self.draft.embed_tokens(frontier_token.to(device)).to(dtype)
+            mask = torch.cat([committed_mask, _additive(anc, dtype)], dim=3).to(device)
             positions = (self.cache.next_position.unsqueeze(1) + level - 2).expand(batch, k)
-            h = self.draft(tok, frontier_feat, positions.to(device), _additive(allowed, dtype).to(device), self.cache.kv, glob, use)
+            h = self.draft(tok, frontier_feat, positions.to(device), mask, self.cache.kv, glob, use)
             if self.trace is not None:
-                self.trace.append((frontier.clone(), h.detach().clone(), all_tokens.clone(), all_parent.clone()))
-            grown = torch.zeros(batch, n_slots + k, n_slots + k, dtype=torch.bool)
-            grown[:, :n_slots, :n_slots] = slot_anc
-            grown[:, n_slots:] = anc
-            slot_anc = grown
-            all_slot = all_slot.scatter(1, frontier, torch.arange(n_slots, n_slots + k).expand(batch, k))
+                self.trace.append((frontier.clone(), h.detach().clone(), torch.cat(cand_token, 1), torch.cat(cand_parent, 1)))
 
             # children of every frontier node: [B, K, K] -> K*K candidates at this level
-            child_logp = self._log_probs(h, state)  # [B, K, V]
-            child_score, child_token = child_logp.topk(k, dim=-1)
-            child_score = child_score + all_score_of(cand_score, frontier).unsqueeze(-1)
-            child_token, child_score = child_token.reshape(batch, k * k), child_score.reshape(batch, k * k)
-            child_parent = frontier.unsqueeze(-1).expand(batch, k, k).reshape(batch, k * k)
+            child_score, child_token = self._log_probs(h, state).topk(k, dim=-1)  # [B, K, K]
+            child_score = (child_score + frontier_score.unsqueeze(-1)).reshape(batch, k * k)
+            child_token = child_token.reshape(batch, k * k)
             cand_score.append(child_score)
-            cand_depth.append(torch.full((batch, k * k), level, dtype=torch.long))
-            all_tokens = torch.cat([all_tokens, child_token], dim=1)
-            all_parent = torch.cat([all_parent, child_parent], dim=1)
-            all_slot = torch.cat([all_slot, torch.full((batch, k * k), -1)], dim=1)
+            cand_token.append(child_token)
+            cand_parent.append(frontier.unsqueeze(-1).expand(batch, k, k).reshape(batch, k * k))
             best = child_score.topk(k, dim=-1).indices  # [B, K] within this level
-            frontier_feat = h.gather(1, (best // k).to(device).unsqueeze(-1).expand(batch, k, size))
-            frontier = best + offset
+            parent = best // k  # frontier index of each best child's parent
+            frontier_feat = h.gather(1, parent.to(device).unsqueeze(-1).expand(batch, k, size))
+            frontier, frontier_score, frontier_token = best + offset, child_score.gather(1, best), child_token.gather(1, best)
             offset += k * k
+            if level < spec.depth:  # next frontier's slots: its parent's, then its own (after this level's)
+                anc = torch.cat([anc.gather(1, parent.unsqueeze(-1).expand(batch, k, anc.shape[2])), eye], dim=2)
         grown = self.cache.kv.get_seq_length() - committed
         if grown:
             self.cache.kv.crop(-grown)
 
-        scores = torch.cat(cand_score, dim=1)
+        all_tokens, all_parent = torch.cat(cand_token, dim=1), torch.cat(cand_parent, dim=1)
+        cand_depth = [torch.full((batch, k if level == 1 else k * k), level, dtype=torch.long) for level in range(1, spec.depth + 1)]
+        scores = torch.cat(cand_score, dim=1)  # [B, C]
         depths = torch.cat(cand_depth, dim=1)
         count = min(spec.total_tokens - 1, scores.shape[1])
         chosen = select_tree_nodes(scores, depths, count)  # [B, count]
@@ -272,7 +258,3 @@ class DraftTreeProposer(Proposer):
             tokens = tree.tokens[r, nodes[1:]].tolist() + [next_tokens[r]]
             self.pending[r] = (hidden[r, nodes.to(hidden.device)], tokens)
 
-
-def all_score_of(cand_score: list[torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
-    """Scores of candidate ids (over the concatenated candidate list). ids [B, K] -> [B, K]"""
-    return torch.cat(cand_score, dim=1).gather(1, ids)

@@ -1,0 +1,98 @@
+"""The draft's decoder layer in inference form: four GEMMs and a table lookup for rotary.
+
+A drafted step runs the draft ``depth`` times per target forward, so its fixed per-call cost
+matters more than its FLOPs: on a CPU, Hugging Face's ``LlamaDecoderLayer`` spends most of a
+small draft's time dispatching ~60 small ops (seven projections, rotary angles recomputed
+every call). ``FusedDecoderLayer`` computes the same layer (no input norm, as EAGLE's draft)
+from a snapshot of its weights:
+
+    q, k, v = split(x @ W_qkv)                  W_qkv = [W_q | W_k | W_v]^T, row-major
+    q, k    = rope(q, k) with cos/sin looked up in a per-position table
+    x       = x + sdpa(q, cache(k), cache(v), mask) @ W_o^T
+    x       = x + (silu(g) * u) @ W_down^T       g, u = split(rmsnorm(x) @ [W_gate | W_up]^T)
+
+It is an inference snapshot: ``VispecDraft`` builds one for loaded drafts and drops it when the
+draft is trained, moved or cast. Outputs equal the Hugging Face layer's up to GEMM summation
+order; a draft only proposes, so this never changes what the verifier accepts as correct.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _row_major(*linears: nn.Linear) -> torch.Tensor:
+    """[out_1 + ... + out_n, in] weights -> one [in, sum(out)] contiguous matrix."""
+    return torch.cat([m.weight.detach() for m in linears]).t().contiguous()
+
+
+def _bias(*linears: nn.Linear) -> torch.Tensor | None:
+    if all(m.bias is None for m in linears):
+        return None
+    return torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears])
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+class FusedDecoderLayer:
+    """One Llama decoder layer without input norm (``layer``), with its rotary embedding."""
+
+    def __init__(self, layer: nn.Module, rotary: nn.Module) -> None:
+        attn, mlp, norm = layer.self_attn, layer.mlp, layer.post_attention_layernorm
+        self.head_dim = int(attn.head_dim)
+        self.heads = attn.q_proj.out_features // self.head_dim
+        self.kv_heads = attn.k_proj.out_features // self.head_dim
+        self.scaling = float(attn.scaling)
+        self.qkv, self.qkv_bias = _row_major(attn.q_proj, attn.k_proj, attn.v_proj), _bias(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.o, self.o_bias = _row_major(attn.o_proj), _bias(attn.o_proj)
+        self.gate_up, self.gate_up_bias = _row_major(mlp.gate_proj, mlp.up_proj), _bias(mlp.gate_proj, mlp.up_proj)
+        self.down, self.down_bias = _row_major(mlp.down_proj), _bias(mlp.down_proj)
+        self.intermediate = mlp.gate_proj.out_features
+        self.norm_weight, self.eps = norm.weight.detach(), float(norm.variance_epsilon)
+        self.inv_freq = rotary.inv_freq.detach().float()  # [d/2]
+        self.rope_scaling = float(getattr(rotary, "attention_scaling", 1.0))
+        self._cos = self._sin = torch.empty(0, self.head_dim)  # [P, d] angles of positions 0..P-1
+
+    def _rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [B, N] -> cos, sin [B, 1, N, d] (the values Hugging Face's rotary computes)."""
+        need = int(positions.max()) + 1
+        if need > self._cos.shape[0]:
+            size = max(need, 2 * self._cos.shape[0], 256)
+            freqs = torch.arange(size, device=self.inv_freq.device, dtype=torch.float).unsqueeze(1) * self.inv_freq
+            angles = torch.cat([freqs, freqs], dim=-1)  # [P, d]
+            self._cos, self._sin = angles.cos() * self.rope_scaling, angles.sin() * self.rope_scaling
+        return self._cos[positions].to(dtype).unsqueeze(1), self._sin[positions].to(dtype).unsqueeze(1)
+
+    @staticmethod
+    def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return x @ weight_t if bias is None else torch.addmm(bias, x, weight_t)
+
+    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any = None) -> torch.Tensor:
+        """x [B, N, H]; position_ids [B, N]; attention_mask [B, 1, N, S + N] additive; cache: an
+        HF cache (layer 0 appended in place) or None. -> [B, N, H]"""
+        batch, width, size = x.shape
+        d, h, kv = self.head_dim, self.heads, self.kv_heads
+        rows = x.reshape(batch * width, size)
+        qkv = self._linear(rows, self.qkv, self.qkv_bias).view(batch, width, h + 2 * kv, d).transpose(1, 2)
+        q, k, v = qkv.split([h, kv, kv], dim=1)  # [B, heads, N, d]
+        cos, sin = self._rope_tables(position_ids, x.dtype)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        if cache is not None:
+            k, v = cache.update(k, v, 0)
+        attended = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attention_mask.to(q.dtype), scale=self.scaling, enable_gqa=kv != h
+        )  # [B, h, N, d]
+        rows = rows + self._linear(attended.transpose(1, 2).reshape(batch * width, h * d), self.o, self.o_bias)
+        normed = rows.float()
+        normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + self.eps)
+        gate_up = self._linear(self.norm_weight * normed.to(rows.dtype), self.gate_up, self.gate_up_bias)
+        gate, up = gate_up.split(self.intermediate, dim=-1)
+        rows = rows + self._linear(F.silu(gate) * up, self.down, self.down_bias)
+        return rows.view(batch, width, size)
