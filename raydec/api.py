@@ -162,7 +162,7 @@ def _make_proposer(decode: DecodeConfig, target: Any, model: str | Path | Any = 
         from raydec.spec.proposers.draft_tree import DraftTreeProposer
 
         draft = load_draft(target, method, model, decode.draft_model, dtype=draft_dtype(target, decode.draft_dtype))
-        return DraftTreeProposer(draft, decode.draft_tree)
+        return DraftTreeProposer(draft, decode.tree)
     raise ValueError(f"decode.method={method!r} has no proposer here")
 
 

@@ -156,7 +156,8 @@ def bench_caption(args: argparse.Namespace) -> dict:
     device = resolve_device(args.device)
     target = load_pipeline(args.model, "vlm", dtype=dtype, device=None if device == "cpu" else device)
     sampling = SamplingConfig(temperature=args.temperature)
-    tree = DraftTreeSpec(depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
+    tree = DraftTreeSpec.for_temperature(args.temperature)  # the default, unless shaped on the command line
+    tree = tree.model_copy(update={k: v for k, v in (("depth", args.depth), ("top_k", args.top_k), ("total_tokens", args.total_tokens)) if v is not None})
     configs = {
         m: DecodeConfig(
             method="ar" if m in ("ar", "hf", "hf_assisted") else m, max_new_tokens=args.max_new_tokens,
@@ -232,7 +233,7 @@ def bench_caption(args: argparse.Namespace) -> dict:
     identical = {m: sum(a == b for a, b in zip(ar.captions, r.captions)) for m, r in records.items()}
     from raydec.tune_t2i import window_cost
 
-    cost = window_cost(target, VlmPrompt(target.format_prompt(args.prompt, 1), [images[0]]), sorted({1, 4, 8, 16, args.total_tokens}))
+    cost = window_cost(target, VlmPrompt(target.format_prompt(args.prompt, 1), [images[0]]), sorted({1, 4, 8, 16, tree.total_tokens}))
     header = ["method", "tokens/fwd", "tau", "latency x AR", "x hf_assisted", "accuracy", "draft step / target fwd"]
     rows = [
         [m, f"{e['tokens_per_forward']:.2f}", f"{e['tau']:.2f}", f"{e['latency_speedup']:.2f}",
@@ -242,7 +243,7 @@ def bench_caption(args: argparse.Namespace) -> dict:
     ]
     print_table(
         f"bench caption: {args.model}, {measured} images, batch {args.batch}, {args.dtype} (drafts {str(small_dtype).replace('torch.', '')}), "
-        f"{device}, temperature {args.temperature}",
+        f"{device}, temperature {args.temperature}, draft tree depth {tree.depth} top_k {tree.top_k} total {tree.total_tokens}",
         header, rows,
     )
     if sampling.greedy:
@@ -251,6 +252,7 @@ def bench_caption(args: argparse.Namespace) -> dict:
     return {
         "methods": summary,
         "window_cost": {str(n): c for n, c in cost.items()},
+        "draft_tree": tree.model_dump(),
         "captions_identical_to_ar": identical,
         "config": {m: c.model_dump() for m, c in configs.items()},
         "images": measured, "images_requested": args.images, "batch": args.batch, "dtype": args.dtype,
@@ -283,9 +285,9 @@ def add_caption_parser(subparsers) -> None:
         help="precision of the eagle / vispec drafts and the hf_assisted assistant (auto: float32 on a CPU, "
         "--dtype on a GPU)",
     )
-    parser.add_argument("--depth", type=int, default=DraftTreeSpec().depth, help="draft tree depth")
-    parser.add_argument("--top-k", type=int, default=DraftTreeSpec().top_k, help="draft tree top-k")
-    parser.add_argument("--total-tokens", type=int, default=DraftTreeSpec().total_tokens, help="draft tree size (root included)")
+    parser.add_argument("--depth", type=int, default=None, help="draft tree depth (default: DraftTreeSpec.for_temperature)")
+    parser.add_argument("--top-k", type=int, default=None, help="draft tree top-k (default: as --depth)")
+    parser.add_argument("--total-tokens", type=int, default=None, help="draft tree size, root included (default: as --depth)")
     parser.add_argument("--vispec-draft", type=Path, default=None, help="ViSpec draft folder (default: the shipped one)")
     parser.add_argument("--eagle-draft", type=Path, default=None, help="EAGLE draft folder (default: the shipped one)")
     parser.add_argument("--assistant", type=Path, default=None, help="assistant model folder for hf_assisted")

@@ -72,15 +72,23 @@ class DraftSpec(StrictModel):
 class DraftTreeSpec(StrictModel):
     """EAGLE-2 dynamic draft tree of a draft model (ViSpec / EAGLE).
 
-    The defaults are a deep, narrow tree: measured best for latency with the reference LLaVA
-    on a CPU, where a verification window costs ~2-3x a one-token forward. On GPUs, where a
-    30-60 token window costs about one forward, the paper's wider trees (depth 3-6, top_k 8-10,
-    total 30-60) commit more tokens per forward; tune with `raydec bench caption`.
+    ``DecodeConfig.draft_tree=None`` picks ``for_temperature``: measured best for latency with
+    the reference LLaVA on a CPU, where a 10-16 token verification window costs ~1.2-1.3x a
+    one-token forward. Greedy decoding wants a deep, narrow tree (the argmax path is long and
+    predictable): these defaults. Sampling accepts shorter paths and gains from covering more
+    of P at each level: ``SAMPLING`` is shallower and wider. On GPUs, where a 30-60 token window
+    costs about one forward, the paper's wider trees (depth 3-6, top_k 8-10, total 30-60)
+    commit more tokens per forward; tune with ``raydec bench caption --depth/--top-k/--total-tokens``.
     """
 
-    depth: int = Field(5, ge=1, le=32, description="Draft levels expanded per step (draft forwards per step).")
+    depth: int = Field(6, ge=1, le=32, description="Draft levels expanded per step (draft forwards per step).")
     top_k: int = Field(2, ge=1, le=64, description="Children per expanded node, and nodes expanded per level.")
-    total_tokens: int = Field(10, ge=2, le=512, description="Tree size the target verifies, root included.")
+    total_tokens: int = Field(12, ge=2, le=512, description="Tree size the target verifies, root included.")
+
+    @classmethod
+    def for_temperature(cls, temperature: float) -> "DraftTreeSpec":
+        """The default tree for greedy decoding (temperature 0) or for sampling."""
+        return cls() if temperature == 0 else cls(depth=4, top_k=4, total_tokens=16)
 
 
 class DecodeConfig(StrictModel):
@@ -95,7 +103,9 @@ class DecodeConfig(StrictModel):
     compaction: Literal["auto", "always", "never"] = Field(
         "auto", description="When the ragged KV cache drops rejected slots physically."
     )
-    draft_tree: DraftTreeSpec = Field(default_factory=DraftTreeSpec, description="Draft-model tree (vispec, eagle).")
+    draft_tree: DraftTreeSpec | None = Field(
+        None, description="Draft-model tree (vispec, eagle); None: DraftTreeSpec.for_temperature(sampling.temperature)."
+    )
     draft_model: str | None = Field(
         None, description="Draft checkpoint folder for vispec / eagle; None picks the one shipped with the target."
     )
@@ -105,4 +115,9 @@ class DecodeConfig(StrictModel):
         "half-precision matmuls are slow there), the target's dtype on a GPU. Lossless whatever the choice: "
         "the draft only proposes, the verifier tests against the target.",
     )
+
+    @property
+    def tree(self) -> DraftTreeSpec:
+        """The draft tree this config decodes with (``draft_tree`` or the temperature's default)."""
+        return self.draft_tree or DraftTreeSpec.for_temperature(self.sampling.temperature)
 

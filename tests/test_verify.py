@@ -248,6 +248,31 @@ def test_greedy_fast_path_equals_general_recursion():
     assert int(fast.num_accepted.max()) >= 3
 
 
+def test_one_hot_draft_fast_path_equals_general_recursion():
+    """Deterministic drafts under a dense P (EAGLE trees at temperature > 0): the per-row walk on
+    p(x) values and the recursion agree on identical uniforms, duplicate siblings included."""
+    import raydec.spec.verify as verify
+
+    vocab, batch = 5, 128
+    generator = torch.Generator().manual_seed(7)
+    builders = []
+    for row in range(batch):
+        builder = TreeBuilder(0)
+        for _ in range(int(torch.randint(0, 12, (1,), generator=generator))):
+            parent = int(torch.randint(builder.num_nodes, (1,), generator=generator))
+            builder.add(parent, int(torch.randint(vocab, (1,), generator=generator)))
+        builders.append(builder)
+    tree = DraftTree.stack(builders, vocab, torch.float64)
+    probs = torch.softmax(2 * torch.randn(batch, tree.num_nodes, vocab, generator=generator, dtype=torch.float64), -1)
+    uniforms = torch.rand(batch, tree.num_nodes, generator=generator, dtype=torch.float64)
+    assert verify._one_hot_drafts(tree) and not verify._all_one_hot(tree, probs)
+    fast = verify._verify_one_hot_drafts(tree, probs, uniforms)
+    slow = verify._verify_recursive(tree, probs, uniforms)
+    for field in ("path", "num_accepted", "next_token", "stop_node", "rejected"):
+        assert torch.equal(getattr(fast, field), getattr(slow, field)), field
+    assert int(fast.num_accepted.max()) >= 3 and bool(fast.rejected.any()) and not bool(fast.rejected.all())
+
+
 def test_vectorised_masks_equal_walking_the_parents():
     generator = torch.Generator().manual_seed(5)
     builders = []

@@ -70,7 +70,7 @@ def test_fresh_img_fc_reproduces_the_eagle_draft(tmp_path):
     config = DecodeConfig(max_new_tokens=12, sampling=SamplingConfig(temperature=1.0), draft_tree=DraftTreeSpec(depth=3, top_k=2, total_tokens=6))
     outs = []
     for draft in (vispec, eagle):
-        engine = Engine(target, DraftTreeProposer(draft, config.draft_tree), config)
+        engine = Engine(target, DraftTreeProposer(draft, config.tree), config)
         outs.append([(o.tokens, o.stats.accepted_lengths) for o in engine.generate([RowRequest([1, 2, 3], seed=s) for s in range(4)])])
     assert outs[0] == outs[1]
 
@@ -142,7 +142,7 @@ def test_greedy_equals_hf_generate(llava, vision, batch):
     length = 16
     prompts = _prompts(llava, 4)
     config = DecodeConfig(max_new_tokens=length, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeSpec(depth=3, top_k=3, total_tokens=10))
-    engine = Engine(llava, DraftTreeProposer(draft_for(llava, vision), config.draft_tree), config, eos_token_ids=llava.eos_token_ids)
+    engine = Engine(llava, DraftTreeProposer(draft_for(llava, vision), config.tree), config, eos_token_ids=llava.eos_token_ids)
     outputs = []
     for start in range(0, len(prompts), batch):
         outputs += engine.generate([RowRequest(p, seed=0) for p in prompts[start : start + batch]])
@@ -157,7 +157,7 @@ def test_a_draft_in_another_precision_than_the_target_stays_lossless(llava):
     prompts = _prompts(llava, 2)
     config = DecodeConfig(max_new_tokens=length, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeSpec(depth=3, top_k=2, total_tokens=6))
     draft = draft_for(llava, vision=True, dtype=torch.bfloat16)
-    engine = Engine(llava, DraftTreeProposer(draft, config.draft_tree), config, eos_token_ids=llava.eos_token_ids)
+    engine = Engine(llava, DraftTreeProposer(draft, config.tree), config, eos_token_ids=llava.eos_token_ids)
     outputs = engine.generate([RowRequest(p, seed=0) for p in prompts])
     assert next(draft.parameters()).dtype == torch.bfloat16 and llava.dtype == torch.float32
     for prompt, out in zip(prompts, outputs):
@@ -193,7 +193,7 @@ def _sampling_config(length: int = 5) -> DecodeConfig:
 def test_draft_tree_exactness(llama64):
     """Batch 4, prompts of different lengths: every prompt's output law is the target's."""
     config = _sampling_config()
-    proposer = DraftTreeProposer(draft_for(llama64, vision=False, seed=3), config.draft_tree)
+    proposer = DraftTreeProposer(draft_for(llama64, vision=False, seed=3), config.tree)
     samples = sample_engine(llama64, proposer, config, PROMPTS, list(range(4 * SAMPLES)), 5000)
     for i, prompt in enumerate(PROMPTS):
         report = compare_to_law(samples[i :: len(PROMPTS)], lm_law(llama64, prompt, config.max_new_tokens, config.sampling))
@@ -203,7 +203,7 @@ def test_draft_tree_exactness(llama64):
 def test_batch_rows_equal_batch_one_rows(llama64):
     """Rows accept different lengths in a batch, yet each row's output equals its batch-1 run."""
     config = _sampling_config(length=12)
-    proposer = DraftTreeProposer(draft_for(llama64, vision=False, seed=3), config.draft_tree)
+    proposer = DraftTreeProposer(draft_for(llama64, vision=False, seed=3), config.tree)
     engine = Engine(llama64, proposer, config)
     requests = [RowRequest(PROMPTS[i % 4], seed=i, max_new_tokens=6 + i % 7) for i in range(24)]
     batched = engine.generate(requests)
@@ -224,7 +224,7 @@ def test_tree_expansion_equals_sequential_drafting(llama64):
     config = _sampling_config(length=8)
     config = config.model_copy(update={"draft_tree": DraftTreeSpec(depth=4, top_k=3, total_tokens=12)})
     draft = draft_for(llama64, vision=False, seed=3)
-    proposer = DraftTreeProposer(draft, config.draft_tree)
+    proposer = DraftTreeProposer(draft, config.tree)
     engine = Engine(llama64, proposer, config)
     engine.generate([RowRequest(p, seed=1) for p in PROMPTS])  # leaves the proposer after its last step
     # a fresh step on new rows: prefill through the engine, then one traced propose

@@ -133,10 +133,16 @@ def verify_tree(
     if uniforms is None:
         uniforms = draw_uniforms(generators, tree.index_extent(), dtype=torch.float64)
     uniforms = uniforms.to(dtype)
+    if width == 1:  # no drafts (AR): a sample of P at the root, as the chain verifier would draw
+        zero = torch.zeros(batch, dtype=torch.long)
+        next_token = sample_with_uniform(target_probs[:, 0], uniforms[:, 0])
+        return VerifyResult(zero.unsqueeze(1), zero, next_token, zero.clone(), torch.zeros(batch, dtype=torch.bool))
     if is_chain(tree):
         return _verify_chain(tree, target_probs, uniforms)
     if _all_one_hot(tree, target_probs):
         return _verify_greedy(tree, target_probs)
+    if _one_hot_drafts(tree):
+        return _verify_one_hot_drafts(tree, target_probs, uniforms)
     return _verify_recursive(tree, target_probs, uniforms)
 
 
@@ -291,6 +297,62 @@ def _verify_greedy(tree: DraftTree, target_probs: torch.Tensor) -> VerifyResult:
     has_children = (is_child & (tree.parents == stop_node.unsqueeze(1))).any(dim=1)
     next_token = argmax[rows, stop_node]
     return VerifyResult(path, num_accepted, next_token, stop_node, has_children)
+
+
+def _one_hot_drafts(tree: DraftTree) -> bool:
+    """Every draft is deterministic and drawn with replacement (EAGLE-style draft trees)."""
+    drafts = tree.valid & (tree.parents >= 0)
+    if bool(tree.without_replacement[drafts].any()):
+        return False
+    return tree.proposal_probs.shape[1] == 0 or not bool((tree.proposal_index[drafts] != DETERMINISTIC).any())
+
+
+def _verify_one_hot_drafts(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Tensor) -> VerifyResult:
+    """``verify_tree`` when every draft is one-hot (``_one_hot_drafts``) and P is not.
+
+    With q = one-hot(x) the recursion needs only p(x) at each tested child: rejecting x zeroes
+    it and renormalises, so the k-th sibling is accepted with p(x_k) / (total - removed mass),
+    removed mass = p of the earlier siblings' distinct tokens. The walk runs on Python floats
+    (a few values per node); only the final residual touches a [V] row.
+    """
+    batch, width = tree.tokens.shape
+    rows = torch.arange(batch)
+    parent = tree.parents.clamp(min=0)
+    p_x = target_probs[rows.unsqueeze(1), parent, tree.tokens].tolist()  # [B][N] P at the parent, at x
+    totals = target_probs.sum(dim=-1).tolist()  # [B][N]
+    tokens, parents, valid, u = tree.tokens.tolist(), tree.parents.tolist(), tree.valid.tolist(), uniforms.tolist()
+    stop_nodes, depths, removed, rejected = [], [], [], []
+    for r in range(batch):
+        children: list[list[int]] = [[] for _ in range(width)]
+        for n in range(1, width):
+            if valid[r][n] and parents[r][n] >= 0:
+                children[parents[r][n]].append(n)
+        node, depth = 0, 0
+        while True:
+            gone: dict[int, float] = {}  # tokens rejected at this node -> their mass
+            for child in children[node]:
+                x, mass = tokens[r][child], totals[r][node] - sum(gone.values())
+                p_child = 0.0 if x in gone else p_x[r][child]
+                if mass > _RESIDUAL_EPS and u[r][child] < min(1.0, p_child / mass):
+                    node, depth = child, depth + 1
+                    break
+                gone.setdefault(x, p_child)
+            else:
+                break
+        stop_nodes.append(node)
+        depths.append(depth)
+        removed.extend((r, x) for x in gone)
+        rejected.append(bool(children[node]))
+    stop_node = torch.tensor(stop_nodes, dtype=torch.long)
+    p = target_probs[rows, stop_node]  # [B, V]
+    if removed:  # the residual at the stop node: rejected tokens zeroed (normalised by sampling)
+        p = p.clone()
+        where = torch.tensor(removed, dtype=torch.long)
+        p[where[:, 0], where[:, 1]] = 0.0
+        p = torch.where(p.sum(dim=-1, keepdim=True) > _RESIDUAL_EPS, p, target_probs[rows, stop_node])
+    next_token = sample_with_uniform(p, uniforms[:, 0])
+    num_accepted = torch.tensor(depths, dtype=torch.long)
+    return VerifyResult(_path_to(tree, stop_node, num_accepted), num_accepted, next_token, stop_node, torch.tensor(rejected))
 
 
 def is_chain(tree: DraftTree) -> bool:
