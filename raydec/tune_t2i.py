@@ -58,7 +58,7 @@ class TunedShape:
     step_cost: float = 0.0  # step(c): one decode step (fitted) / a one-token forward
 
 
-def window_cost(target: Any, prompt: Any, sizes: Sequence[int], batch: int = 1, repeats: int = 5) -> dict[int, float]:
+def window_cost(target: Any, prompt: Any, sizes: Sequence[int], batch: int = 1, repeats: int = 9) -> dict[int, float]:
     """Seconds of one target forward over ``n`` new tokens per row after a prefilled prompt,
     for ``batch`` rows, divided by the same for ``sizes[0]`` (normally 1)."""
     return relative_costs(forward_seconds(target, prompt, sizes, batch, repeats), sizes[0])
@@ -70,9 +70,9 @@ def relative_costs(seconds: dict[int, float], unit: int = 1) -> dict[int, float]
 
 
 @torch.inference_mode()
-def forward_seconds(target: Any, prompt: Any, sizes: Sequence[int], batch: int = 1, repeats: int = 5) -> dict[int, float]:
+def forward_seconds(target: Any, prompt: Any, sizes: Sequence[int], batch: int = 1, repeats: int = 9) -> dict[int, float]:
     """Median seconds of one target forward over ``n`` new tokens per row (``n`` in ``sizes``)
-    after a prefilled prompt, for ``batch`` rows."""
+    after a prefilled prompt, for ``batch`` rows (sizes measured in turn, ``repeats`` rounds)."""
     from raydec.spec.cache import RaggedCache
 
     with decoding_attention(target.device):  # the kernels the engine decodes with
@@ -84,21 +84,21 @@ def forward_seconds(target: Any, prompt: Any, sizes: Sequence[int], batch: int =
         positions = torch.arange(length).expand(batch, -1)
         target.forward(embeds.expand(batch, -1, -1), None, positions, cache.attention_mask(causal, target.dtype), cache.kv)
         cache.start(torch.ones(batch, length, dtype=torch.bool), torch.full((batch,), length))
-        timings: dict[int, float] = {}
+        windows = {}
         for size in sizes:
-            tokens = torch.zeros(batch, size, dtype=torch.long)
             tree = torch.tril(torch.ones(size, size, dtype=torch.bool)).expand(batch, -1, -1)
-            mask = cache.attention_mask(tree, target.dtype)
-            window_positions = cache.window_positions(torch.arange(size).expand(batch, -1))
-            samples = []
-            for _ in range(repeats):
+            windows[size] = (torch.zeros(batch, size, dtype=torch.long), cache.window_positions(torch.arange(size).expand(batch, -1)),
+                             cache.attention_mask(tree, target.dtype))
+        samples: dict[int, list[float]] = {size: [] for size in sizes}
+        for _ in range(repeats):  # sizes interleaved: a slow spell of the machine hits all of them alike
+            for size, (tokens, window_positions, mask) in windows.items():
                 synchronize(target.device)
                 start = time.perf_counter()
                 target.forward(None, tokens, window_positions, mask, cache.kv)
                 synchronize(target.device)
-                samples.append(time.perf_counter() - start)
+                samples[size].append(time.perf_counter() - start)
                 cache.kv.crop(-size)
-            timings[size] = statistics.median(samples)
+        timings = {size: statistics.median(values) for size, values in samples.items()}
     return timings
 
 
