@@ -63,12 +63,13 @@ class FusedDecoderLayer:
     def _rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [B, N] -> cos, sin [B, 1, N, d] (the values Hugging Face's rotary computes)."""
         need = int(positions.max()) + 1
-        if need > self._cos.shape[0]:
+        if need > self._cos.shape[0] or self._cos.dtype != dtype:
             size = max(need, 2 * self._cos.shape[0], 256)
             freqs = torch.arange(size, device=self.inv_freq.device, dtype=torch.float).unsqueeze(1) * self.inv_freq
             angles = torch.cat([freqs, freqs], dim=-1)  # [P, d]
-            self._cos, self._sin = angles.cos() * self.rope_scaling, angles.sin() * self.rope_scaling
-        return self._cos[positions].to(dtype).unsqueeze(1), self._sin[positions].to(dtype).unsqueeze(1)
+            self._cos = (angles.cos() * self.rope_scaling).to(dtype)
+            self._sin = (angles.sin() * self.rope_scaling).to(dtype)
+        return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)
 
     @staticmethod
     def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -81,16 +82,17 @@ class FusedDecoderLayer:
         d, h, kv = self.head_dim, self.heads, self.kv_heads
         rows = x.reshape(batch * width, size)
         qkv = self._linear(rows, self.qkv, self.qkv_bias).view(batch, width, h + 2 * kv, d).transpose(1, 2)
-        q, k, v = qkv.split([h, kv, kv], dim=1)  # [B, heads, N, d]
         cos, sin = self._rope_tables(position_ids, x.dtype)
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        qk = qkv[:, : h + kv]  # [B, h + kv, N, d]: q and k heads, rotated together
+        q, k = (qk * cos + _rotate_half(qk) * sin).split([h, kv], dim=1)
+        v = qkv[:, h + kv :]
         if cache is not None:
             k, v = cache.update(k, v, 0)
         attended = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attention_mask.to(q.dtype), scale=self.scaling, enable_gqa=kv != h
         )  # [B, h, N, d]
         rows = rows + self._linear(attended.transpose(1, 2).reshape(batch * width, h * d), self.o, self.o_bias)
-        normed = rows.float()
+        normed = rows.float()  # RMSNorm in fp32, as Hugging Face's
         normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + self.eps)
         gate_up = self._linear(self.norm_weight * normed.to(rows.dtype), self.gate_up, self.gate_up_bias)
         gate, up = gate_up.split(self.intermediate, dim=-1)

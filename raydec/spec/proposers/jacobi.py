@@ -236,20 +236,28 @@ class JacobiProposer(Proposer):
         uniform_q = allowed.to(torch.float64) / allowed.sum()
         lengths = torch.tensor([len(g) for g in state.generated])                  # [B]
         width = int(lengths.max())
-        committed = torch.zeros(batch, width, dtype=torch.long)
-        for row, generated in enumerate(state.generated):
-            committed[row, : len(generated)] = torch.tensor(generated)
         gen_index = lengths.unsqueeze(1) - 1 + torch.arange(1, slots + 1).unsqueeze(0)   # [B, S]
         forced = None
         if constraint is not None and constraint.forced is not None:
             forced = constraint.forced(gen_index).cpu()
         offset = {"left": 1, "above": self.grid_width or 0}.get(self.init, 0)
+        if offset:  # spatial priors copy committed tokens
+            committed = torch.zeros(batch, width, dtype=torch.long)
+            for row, generated in enumerate(state.generated):
+                committed[row, : len(generated)] = torch.tensor(generated)
         rows = torch.arange(batch)
         random_tokens = sample_with_uniform(uniform_q.expand(batch, slots, vocab), uniforms)  # [B, S]
-        for slot in range(slots):
+        if not offset:  # no slot copies another: every fresh slot at once
+            fresh = have.unsqueeze(1) <= torch.arange(slots)                              # [B, S]
+            token, q_one_hot = random_tokens, torch.zeros(batch, slots, dtype=torch.bool)
+            if forced is not None:
+                q_one_hot = forced >= 0
+                token = torch.where(q_one_hot, forced, token)
+            q = torch.where(q_one_hot.unsqueeze(-1), torch.nn.functional.one_hot(token, vocab).to(torch.float64), uniform_q)
+            tokens[fresh], proposals[fresh] = token[fresh], q[fresh]
+            return tokens, proposals
+        for slot in range(int(have.min()), slots):  # slots below every row's pending count are filled
             fresh = have <= slot
-            if not bool(fresh.any()):
-                continue
             token, q_one_hot = random_tokens[:, slot], torch.zeros(batch, dtype=torch.bool)
             if offset:
                 source = gen_index[:, slot] - offset                                      # generated index
