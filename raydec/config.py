@@ -75,8 +75,8 @@ class DraftTreeSpec(StrictModel):
     ``DecodeConfig.draft_tree=None`` picks ``for_temperature``: measured best for latency with
     the reference LLaVA on a CPU, where a 10-16 token verification window costs ~1.2-1.3x a
     one-token forward. Greedy decoding wants a deep, narrow tree (the argmax path is long and
-    predictable): these defaults. Sampling accepts shorter paths and gains from covering more
-    of P at each level: ``SAMPLING`` is shallower and wider. On GPUs, where a 30-60 token window
+    predictable): the field defaults. Sampling accepts shorter paths and gains from covering
+    more of P at each level: ``for_temperature`` gives it a shallower, wider tree. On GPUs, where a 30-60 token window
     costs about one forward, the paper's wider trees (depth 3-6, top_k 8-10, total 30-60)
     commit more tokens per forward; tune with ``raydec bench caption --depth/--top-k/--total-tokens``.
     """
