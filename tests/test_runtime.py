@@ -336,3 +336,20 @@ def test_killed_driver_rerun_gives_one_result_per_row_equal_to_an_uninterrupted_
         assert results[row_id]["error"] is None and results[row_id]["tokens"] == base_results[row_id]["tokens"]
         assert Path(results[row_id]["output_uri"]).read_bytes() == base_images[row_id]
     assert results["row-4"]["error"] == base_results["row-4"]["error"]
+
+
+def test_resume_identity_resolves_the_draft_tree_only_where_one_is_built():
+    """A manifest from before the temperature-dependent tree default: an SJD job resumes, a
+    greedy ViSpec job written with the old 5/2/10 tree does not (its rows used another tree)."""
+    from raydec.runtime.pipeline import _differs, _resume_identity
+
+    old_tree = {"depth": 5, "top_k": 2, "total_tokens": 10}
+    greedy = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "cfg_scale": 1.0, "cfg_space": "logits"}
+
+    def identity(method, tree):
+        return _resume_identity({"decode": {"method": method, "sampling": greedy, "draft_tree": tree}, "input": {"seed": 1}})
+
+    assert not _differs(identity("sjd_pac", old_tree)["decode"], identity("sjd_pac", None)["decode"])
+    assert _differs(identity("vispec", old_tree)["decode"], identity("vispec", None)["decode"])
+    assert identity("vispec", None)["decode"]["draft_tree"] == {"depth": 6, "top_k": 2, "total_tokens": 12}
+    assert not _differs(identity("vispec", {"depth": 6, "top_k": 2, "total_tokens": 12})["decode"], identity("vispec", None)["decode"])

@@ -33,6 +33,7 @@ from raydec.io import (
     read_results,
     write_manifest,
 )
+from raydec.config import DraftTreeSpec, SamplingConfig
 from raydec.runtime.cluster import connect_ray
 from raydec.runtime.config import JobConfig
 from raydec.runtime.processors import PROCESSORS
@@ -151,7 +152,23 @@ def _differs(earlier: Any, now: Any) -> bool:
 
 def _resume_identity(config: Dict[str, Any]) -> Dict[str, Any]:
     """The RESUME_KEYS of a dumped JobConfig (the seed lives in its input section)."""
-    return {key: config.get("input", {}).get("seed") if key == "seed" else config.get(key) for key in RESUME_KEYS}
+    identity = {key: config.get("input", {}).get("seed") if key == "seed" else config.get(key) for key in RESUME_KEYS}
+    identity["decode"] = _decode_identity(identity["decode"])
+    return identity
+
+
+def _decode_identity(decode: Any) -> Any:
+    """A dumped DecodeConfig with the draft tree as decoding uses it: resolved from the sampling
+    temperature when unset, and left out for methods that build no draft tree (a new tree default
+    must not block resuming an SJD job, and must block resuming a ViSpec one)."""
+    if not isinstance(decode, dict) or "draft_tree" not in decode:
+        return decode
+    decode = dict(decode)
+    tree = decode.pop("draft_tree")
+    if decode.get("method") in ("vispec", "eagle"):
+        temperature = (decode.get("sampling") or {}).get("temperature", SamplingConfig().temperature)
+        decode["draft_tree"] = tree if tree is not None else DraftTreeSpec.for_temperature(temperature).model_dump()
+    return decode
 
 
 def check_model(job: JobConfig) -> None:
