@@ -156,8 +156,8 @@ def bench_caption(args: argparse.Namespace) -> dict:
     device = resolve_device(args.device)
     target = load_pipeline(args.model, "vlm", dtype=dtype, device=None if device == "cpu" else device)
     sampling = SamplingConfig(temperature=args.temperature)
-    tree = DraftTreeSpec.for_temperature(args.temperature)  # the default, unless shaped on the command line
-    tree = tree.model_copy(update={k: v for k, v in (("depth", args.depth), ("top_k", args.top_k), ("total_tokens", args.total_tokens)) if v is not None})
+    shape = {k: v for k, v in (("depth", args.depth), ("top_k", args.top_k), ("total_tokens", args.total_tokens)) if v is not None}
+    tree = DraftTreeSpec(**{**DraftTreeSpec.for_temperature(args.temperature).model_dump(), **shape})  # validated
     configs = {
         m: DecodeConfig(
             method="ar" if m in ("ar", "hf", "hf_assisted") else m, max_new_tokens=args.max_new_tokens,

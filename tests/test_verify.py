@@ -49,6 +49,19 @@ def _add_draft(builder: TreeBuilder, parent: int, generator: torch.Generator, vo
     return builder.add(parent, int(torch.multinomial(q, 1, generator=generator)), builder.add_proposal(q))
 
 
+def _one_hot_draft_trees(generator: torch.Generator, vocab: int, batch: int, min_nodes: int) -> tuple[list[TreeBuilder], DraftTree]:
+    """``batch`` random trees of deterministic drafts (random parents and tokens; duplicate
+    siblings happen), min_nodes..11 drafts each."""
+    builders = []
+    for _ in range(batch):
+        builder = TreeBuilder(0)
+        for _ in range(int(torch.randint(min_nodes, 12, (1,), generator=generator))):
+            parent = int(torch.randint(builder.num_nodes, (1,), generator=generator))
+            builder.add(parent, int(torch.randint(vocab, (1,), generator=generator)))
+        builders.append(builder)
+    return builders, DraftTree.stack(builders, vocab, torch.float64)
+
+
 class RandomProcess:
     """A target process: a fixed random P after every prefix (memoised)."""
 
@@ -224,14 +237,7 @@ def test_greedy_fast_path_equals_general_recursion():
 
     vocab, batch = 5, 96
     generator = torch.Generator().manual_seed(3)
-    builders = []
-    for row in range(batch):
-        builder = TreeBuilder(0)
-        for _ in range(int(torch.randint(1, 12, (1,), generator=generator))):
-            parent = int(torch.randint(builder.num_nodes, (1,), generator=generator))
-            builder.add(parent, int(torch.randint(vocab, (1,), generator=generator)))
-        builders.append(builder)
-    tree = DraftTree.stack(builders, vocab, torch.float64)
+    builders, tree = _one_hot_draft_trees(generator, vocab, batch, min_nodes=1)
     # one-hot P that often agrees with the drafts: argmax = a random child's token, else random
     argmax = torch.randint(vocab, (batch, tree.num_nodes), generator=generator)
     for row, builder in enumerate(builders):
@@ -255,14 +261,7 @@ def test_one_hot_draft_fast_path_equals_general_recursion():
 
     vocab, batch = 5, 128
     generator = torch.Generator().manual_seed(7)
-    builders = []
-    for row in range(batch):
-        builder = TreeBuilder(0)
-        for _ in range(int(torch.randint(0, 12, (1,), generator=generator))):
-            parent = int(torch.randint(builder.num_nodes, (1,), generator=generator))
-            builder.add(parent, int(torch.randint(vocab, (1,), generator=generator)))
-        builders.append(builder)
-    tree = DraftTree.stack(builders, vocab, torch.float64)
+    _, tree = _one_hot_draft_trees(generator, vocab, batch, min_nodes=0)
     probs = torch.softmax(2 * torch.randn(batch, tree.num_nodes, vocab, generator=generator, dtype=torch.float64), -1)
     uniforms = torch.rand(batch, tree.num_nodes, generator=generator, dtype=torch.float64)
     assert verify._one_hot_drafts(tree) and not verify._all_one_hot(tree, probs)

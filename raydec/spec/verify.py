@@ -329,14 +329,16 @@ def _verify_one_hot_drafts(tree: DraftTree, target_probs: torch.Tensor, uniforms
                 children[parents[r][n]].append(n)
         node, depth = 0, 0
         while True:
-            gone: dict[int, float] = {}  # tokens rejected at this node -> their mass
+            gone: set[int] = set()  # tokens rejected at this node
+            mass = totals[r][node]  # P's mass left after those rejections
             for child in children[node]:
-                x, mass = tokens[r][child], totals[r][node] - sum(gone.values())
+                x = tokens[r][child]
                 p_child = 0.0 if x in gone else p_x[r][child]
                 if mass > _RESIDUAL_EPS and u[r][child] < min(1.0, p_child / mass):
                     node, depth = child, depth + 1
                     break
-                gone.setdefault(x, p_child)
+                gone.add(x)
+                mass -= p_child
             else:
                 break
         stop_nodes.append(node)
