@@ -15,6 +15,7 @@ from raydec.models.causal_lm import CfgPrompt
 from raydec.spec.engine import Engine, RowRequest
 from raydec.spec.proposers.jacobi import JacobiProposer
 from raydec.spec.sampling import VocabConstraint, sample_with_uniform
+from raydec.spec.tree import DraftTree
 from tests.lawtest import compare_to_law
 from tests.test_exactness import sample_engine
 from tests.toys import lm_law, markov_law, random_markov, tiny_llama
@@ -93,6 +94,32 @@ def test_sjd_pac_batch_four_ragged(markov):
         rows += [o.tokens[: length - 2] for o in outs]
     report = compare_to_law(torch.tensor(rows), markov_law(markov, [4], length - 2, SAMPLING))
     assert report.passed, str(report)
+
+
+class StructureCheckingProposer(JacobiProposer):
+    """Checks every tree: the depth and ancestor mask the proposer records from its fixed layout
+    equal what the tree's own fields imply (missing candidates included)."""
+
+    checked = missing = 0
+
+    def propose(self, state):
+        tree = super().propose(state)
+        fresh = DraftTree(tree.tokens, tree.parents, tree.valid, tree.proposal_index, tree.without_replacement, tree.proposal_probs)
+        assert torch.equal(tree.ancestor_mask(), fresh.ancestor_mask()) and torch.equal(tree.depth(), fresh.depth())
+        StructureCheckingProposer.checked += 1
+        StructureCheckingProposer.missing += int((~tree.valid).sum())
+        return tree
+
+
+@pytest.mark.parametrize("draft", [dict(window=4), dict(window=14, branching=3, tree_depth=2), dict(window=6, branching=4, tree_depth=1)])
+def test_jacobi_trees_record_the_structure_their_fields_imply(llama, draft):
+    sampling = SamplingConfig(temperature=1.0, top_k=2)  # supports of 2 tokens: extra candidates go missing
+    config = _config(6, sampling, **draft)
+    StructureCheckingProposer.checked = StructureCheckingProposer.missing = 0
+    variant = "sjd_pac" if "branching" in draft else "sjd"
+    sample_engine(llama, StructureCheckingProposer(config.draft, variant, "uniform"), config, [[5, 2, 6], [1]], list(range(8)), 4)
+    assert StructureCheckingProposer.checked >= 4
+    assert (StructureCheckingProposer.missing > 0) == (variant == "sjd_pac")
 
 
 # ------------------------------------------------------------------------------------------

@@ -272,6 +272,25 @@ def test_one_hot_draft_fast_path_equals_general_recursion():
     assert int(fast.num_accepted.max()) >= 3 and bool(fast.rejected.any()) and not bool(fast.rejected.all())
 
 
+@pytest.mark.parametrize("kind", ["chain", "wr", "onehot", "mixed"])
+def test_row_walk_equals_general_recursion(kind):
+    """The per-row walk and the batched recursion agree on identical uniforms for every kind of
+    random tree, including targets that put mass on the drafts (long accepted runs)."""
+    import raydec.spec.verify as verify
+
+    vocab, batch = 4, 96
+    generator = torch.Generator().manual_seed(13)
+    builders = [_random_tree(generator, vocab, kind) for _ in range(batch)]
+    tree = DraftTree.stack(builders, vocab, torch.float64)
+    probs = torch.softmax(3 * torch.randn(batch, tree.num_nodes, vocab, generator=generator, dtype=torch.float64), -1)
+    uniforms = torch.rand(batch, tree.num_nodes, generator=generator, dtype=torch.float64)
+    walked = verify._verify_walk(tree, probs, uniforms)
+    batched = verify._verify_recursive(tree, probs, uniforms)
+    for field in ("path", "num_accepted", "next_token", "stop_node", "rejected"):
+        assert torch.equal(getattr(walked, field), getattr(batched, field)), field
+    assert int(walked.num_accepted.max()) >= 2 and bool(walked.rejected.any())
+
+
 def test_vectorised_masks_equal_walking_the_parents():
     generator = torch.Generator().manual_seed(5)
     builders = []
@@ -361,3 +380,26 @@ def test_recursion_equals_walking_each_row_with_chains_under_sibling_groups():
         assert result.path[row, : n + 1].tolist() == path and set(result.path[row, n + 1 :].tolist()) <= {-1}, row
         assert (int(result.next_token[row]), bool(result.rejected[row]), int(result.stop_node[row])) == (final, rejected, path[-1]), row
     assert int(result.num_accepted.max()) >= 5
+    # the per-row walk verify_tree uses at small batch sizes decides the same, in float64 and float32
+    for dtype in (torch.float64, torch.float32):
+        typed = DraftTree(tree.tokens, tree.parents, tree.valid, tree.proposal_index, tree.without_replacement, tree.proposal_probs.to(dtype))
+        batched = verify._verify_recursive(typed, probs.to(dtype), uniforms.to(dtype))
+        walked = verify._verify_walk(typed, probs.to(dtype), uniforms.to(dtype))
+        for field in ("path", "num_accepted", "next_token", "stop_node", "rejected"):
+            assert torch.equal(getattr(walked, field), getattr(batched, field)), (dtype, field)
+
+
+def test_top_k_selection_equals_torch_topk_with_ties_and_masked_ids():
+    from raydec.spec.sampling import _apply_top_k, kth_largest
+
+    g = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        scores = torch.randint(-6, 6, (2, 7, 64), generator=g).to(dtype)  # many ties
+        scores[0, 0, :40] = float("-inf")  # a constrained vocabulary
+        for k in (1, 5, 24, 63):
+            expected = torch.topk(scores, k, dim=-1).values[..., -1:]
+            assert torch.equal(kth_largest(scores, k), expected)
+            kept = _apply_top_k(scores, k)
+            assert torch.equal(kept, scores.masked_fill(scores < expected, float("-inf")))
+            finite = scores.isfinite().sum(-1)
+            assert bool((kept.isfinite().sum(-1) >= torch.clamp(finite, max=k)).all())  # ties at the k-th stay

@@ -182,6 +182,13 @@ class DraftTree:
         self._memo["ancestors"] = mask
         return mask
 
+    def with_structure(self, depth: torch.Tensor, ancestors: torch.Tensor) -> "DraftTree":
+        """Record ``depth()`` [B, N] and ``ancestor_mask()`` [B, N, N] that a proposer with a
+        fixed node layout already knows, so they are not derived again every step. They must
+        equal what the two methods compute (tests check the proposers that do this)."""
+        self._memo["depth"], self._memo["ancestors"] = depth, ancestors
+        return self
+
     def children_lists(self, row: int) -> list[list[int]]:
         """Per node, its children in sibling order (for the reference law / debugging)."""
         n = int(self.valid[row].sum())

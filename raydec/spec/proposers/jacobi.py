@@ -33,7 +33,7 @@ import torch
 from raydec.config import DraftSpec, full_tree_nodes
 from raydec.spec.proposers.base import DecodeState, Proposer
 from raydec.spec.sampling import sample_with_uniform
-from raydec.spec.tree import DraftTree
+from raydec.spec.tree import DraftTree, identity_mask
 from raydec.spec.verify import VerifyResult, acceptance_probability, residual
 
 logger = logging.getLogger(__name__)
@@ -123,6 +123,13 @@ class JacobiProposer(Proposer):
                 f"{self.depth} ({extra + self.depth} nodes) plus its spine"
             )
         self.layout = build_layout(self.spine_slots, self.branching, self.depth)
+        width = len(self.layout.parents)
+        # the layout's ancestor mask [N, N]; a row's missing nodes see only themselves
+        self._layout_ancestors = DraftTree(
+            torch.zeros(1, width, dtype=torch.long), self.layout.parents.unsqueeze(0), torch.ones(1, width, dtype=torch.bool),
+            torch.zeros(1, width, dtype=torch.long), torch.zeros(1, width, dtype=torch.bool), torch.zeros(1, 0, 1),
+        ).ancestor_mask()[0]
+        self._eye = identity_mask(width)
         self.pending_tokens: dict[int, torch.Tensor] = {}     # row id -> [n]
         self.pending_proposals: dict[int, torch.Tensor] = {}  # row id -> [n, V]
         self._last: dict[str, torch.Tensor] = {}
@@ -164,7 +171,9 @@ class JacobiProposer(Proposer):
         parents = layout.parents.expand(batch, width).clone()
         parents[~valid] = -1
         self._last = {"tokens": tokens, "proposals": proposals}
-        return DraftTree(node_tokens, parents, valid, proposal_index, without_replacement.clone(), proposals.to(dtype))
+        tree = DraftTree(node_tokens, parents, valid, proposal_index, without_replacement.clone(), proposals.to(dtype))
+        ancestors = torch.where(valid.unsqueeze(2), self._layout_ancestors, self._eye)  # a node exists only with its ancestors
+        return tree.with_structure(node_slot * valid, ancestors)
 
     def observe(self, state: DecodeState, tree: DraftTree, target_probs: torch.Tensor, result: VerifyResult, output) -> None:
         """Carry the untested spine slots over to the next window (see module docstring)."""
