@@ -174,20 +174,25 @@ def bench_t2i(args: argparse.Namespace) -> dict:
 
     generate_images(prompts[:1], model=target, decode=configs["ar"], seeds=seeds[:1])  # warm-up
     loop_start, measured = time.perf_counter(), 0
-    for start in range(0, len(prompts), args.batch):
+    chunk = args.chunk or (1 if args.batch == 1 else 4 * args.batch)
+    for start in range(0, len(prompts), chunk):
         if args.max_seconds and measured and time.perf_counter() - loop_start >= args.max_seconds:
             logger.warning("bench t2i: --max-seconds %g reached, stopping after %d of %d prompts", args.max_seconds, measured, len(prompts))
             break
-        batch_prompts, batch_seeds = prompts[start : start + args.batch], seeds[start : start + args.batch]
+        batch_prompts, batch_seeds = prompts[start : start + chunk], seeds[start : start + chunk]
         measured += len(batch_prompts)
         for method in methods:
             record = records[method]
-            if method == "hf":
-                tokens, seconds = _hf_generate(target, batch_prompts, batch_seeds[0], sampling)
+            if method == "hf":  # Hugging Face batches statically: consecutive batches of --batch
+                tokens, seconds = [], 0.0
+                for sub in range(0, len(batch_prompts), args.batch):
+                    sub_tokens, sub_seconds = _hf_generate(target, batch_prompts[sub : sub + args.batch], batch_seeds[sub], sampling)
+                    tokens += sub_tokens
+                    seconds += sub_seconds
                 images = target.decode_tokens(torch.tensor(tokens))
                 record.forwards += [len(t) for t in tokens]
                 record.tokens += [len(t) for t in tokens]
-            else:
+            else:  # up to --batch rows at once (continuous batching on a GPU)
                 synchronize(device)
                 begin = time.perf_counter()
                 results = generate_images(batch_prompts, model=target, decode=configs[method], seeds=batch_seeds, batch_size=args.batch)
@@ -198,7 +203,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
                 record.accepted_lengths += [_chunks(r) for r in results]
             record.seconds += seconds
             record.scores += [score_image(np.asarray(img), p) for img, p in zip(images, batch_prompts)]
-        logger.info("bench t2i: %d/%d prompts", min(start + args.batch, len(prompts)), len(prompts))
+        logger.info("bench t2i: %d/%d prompts", min(start + chunk, len(prompts)), len(prompts))
 
     ar = records["ar"]
     summary: dict[str, dict[str, float]] = {}
@@ -239,7 +244,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
              "predicted_speedup": t.predicted_speedup}
             for t in tried
         ],
-        "prompts": measured, "prompts_requested": args.prompts, "batch": args.batch, "dtype": args.dtype, "device": device,
+        "prompts": measured, "prompts_requested": args.prompts, "batch": args.batch, "chunk": chunk, "dtype": args.dtype, "device": device,
         "device_name": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu", "model": str(args.model),
         "plots": [str(p) for p in plots],
     }
@@ -295,7 +300,13 @@ def add_t2i_parser(subparsers) -> None:
         help="stop taking new prompts once the measured loop (after tuning) has run this long; every method "
         "finishes the batch it is on, so all methods see the same prompts",
     )
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=1, help="rows decoding together")
+    parser.add_argument(
+        "--chunk", type=int, default=None,
+        help="prompts per generate_images call; methods interleave chunk by chunk. On a GPU a finished row's "
+        "place goes to the chunk's next prompt (continuous batching); on a CPU a chunk runs as consecutive "
+        "batches (default: 1 at --batch 1, else 4 x --batch)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (cuda when torch sees a GPU)")

@@ -122,13 +122,13 @@ def test_tune_windows_option_parses_a_list_and_rejects_nonsense():
             _windows_arg(bad)
 
 
-def test_bench_t2i_max_seconds_stops_after_a_whole_batch(tmp_path):
+def test_bench_t2i_max_seconds_stops_after_a_whole_chunk(tmp_path):
     from tests.tiny_models import build_tiny_janus
 
     out = tmp_path / "t2i.json"
     code = bench_main(["t2i", "--model", str(build_tiny_janus(tmp_path / "janus")), "--methods", "ar,sjd", "--prompts", "5",
-                       "--batch", "2", "--dtype", "float32", "--window", "8", "--max-seconds", "1e-6",
+                       "--batch", "2", "--chunk", "3", "--dtype", "float32", "--window", "8", "--max-seconds", "1e-6",
                        "--plots", str(tmp_path / "plots"), "--json", str(out)])
     assert code == 0
     result = json.loads(out.read_text())
-    assert (result["prompts"], result["prompts_requested"]) == (2, 5)
+    assert (result["prompts"], result["prompts_requested"], result["chunk"]) == (3, 5, 3)

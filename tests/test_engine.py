@@ -10,6 +10,7 @@ from raydec.models.base import ForwardOutput
 from raydec.models.causal_lm import CfgPrompt
 from raydec.spec.engine import Engine, RowRequest
 from raydec.spec.proposers.ar import ARProposer
+from raydec.spec.proposers.jacobi import JacobiProposer
 from raydec.spec.proposers.random_tree import OracleProposer, RandomTreeProposer
 from raydec.spec.verify import verify_tree
 from tests.toys import tiny_llama
@@ -170,6 +171,49 @@ def test_cfg_rows_share_one_decision(llama64):
     alone = Engine(llama64, RandomTreeProposer(spec), config).generate([RowRequest(prompts[1], seed=1)])
     assert outs[1].tokens == alone[0].tokens
     assert all(len(o.tokens) == 12 for o in outs)
+
+
+@pytest.mark.parametrize("method", ["ar", "sjd_pac"])
+def test_continuous_batching_equals_each_row_alone(llama64, method):
+    """max_batch=2 over 6 requests of different prompts and lengths (CFG on, float64): queued
+    rows take finished rows' places, and every row's tokens equal its run alone."""
+    spec = DraftSpec(window=5, branching=2, tree_depth=1)
+    sampling = SamplingConfig(temperature=1.0, cfg_scale=2.5, top_k=6)
+    config = DecodeConfig(method=method, max_new_tokens=14, sampling=sampling, draft=spec)
+    proposer = lambda: ARProposer() if method == "ar" else JacobiProposer(spec, "sjd_pac", "uniform")  # noqa: E731
+    prompts = [CfgPrompt(cond=[p % 16 for p in prompt], uncond=[0]) for prompt in PROMPTS]
+    requests = [RowRequest(prompts[i % 4], seed=10 + i, max_new_tokens=[14, 3, 9, 14, 1, 6][i]) for i in range(6)]
+    finished, widths = [], []
+    engine = Engine(llama64, proposer(), config)
+    forward = llama64.forward
+
+    def counting_forward(*args, **kwargs):
+        widths.append(args[3].shape[0])  # model rows in this forward
+        return forward(*args, **kwargs)
+
+    llama64.forward = counting_forward
+    try:
+        together = engine.generate(requests, max_batch=2, on_finish=lambda i, out: finished.append((i, len(out.tokens))))
+    finally:
+        del llama64.forward
+    assert max(widths) == 4  # two rows (cond + uncond each), never more
+    assert sorted(finished) == [(i, r.max_new_tokens) for i, r in enumerate(requests)]
+    assert [i for i, _ in finished] != list(range(6))  # a short queued row overtook a long one
+    for i, request in enumerate(requests):
+        alone = Engine(llama64, proposer(), config).generate([request])[0]
+        assert alone.tokens == together[i].tokens, i
+        assert together[i].stats.finish_reason == "length" and together[i].stats.wall_time_s > 0
+
+
+def test_proposers_that_cannot_admit_rows_run_consecutive_batches(llama64):
+    spec = DraftSpec(window=4)
+    config = DecodeConfig(max_new_tokens=5, sampling=SamplingConfig(temperature=1.0), draft=spec)
+    requests = [RowRequest([p % 16 for p in PROMPTS[i % 4]], seed=i, max_new_tokens=[5, 2, 4][i]) for i in range(3)]
+    together = Engine(llama64, RandomTreeProposer(spec), config).generate(requests, max_batch=2)
+    for i, request in enumerate(requests):
+        assert Engine(llama64, RandomTreeProposer(spec), config).generate([request])[0].tokens == together[i].tokens
+    with pytest.raises(ValueError, match="max_batch"):
+        Engine(llama64, RandomTreeProposer(spec), config).generate(requests, max_batch=0)
 
 
 def test_config_rejects_unknown_keys_and_bad_values():

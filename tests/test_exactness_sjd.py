@@ -96,6 +96,20 @@ def test_sjd_pac_batch_four_ragged(markov):
     assert report.passed, str(report)
 
 
+def test_sjd_pac_continuous_batching(markov):
+    """One generate call, at most 4 rows at a time: queued rows join as others finish, with
+    prompts and length caps that differ, so rows join at every stage of the others' decoding."""
+    length = 7
+    config = _config(length, window=5, branching=2, tree_depth=1)
+    engine = Engine(markov, JacobiProposer(config.draft, "sjd_pac", "left"), config)
+    prompts = [[4], [0, 4], [5, 5, 4], [1, 2, 3, 4]]
+    caps = [length - 2, length, length - 1, length - 2, length]
+    requests = [RowRequest(prompts[i % 4], seed=i, max_new_tokens=caps[i % 5]) for i in range(SAMPLES)]
+    rows = [o.tokens[: length - 2] for o in engine.generate(requests, max_batch=4)]
+    report = compare_to_law(torch.tensor(rows), markov_law(markov, [4], length - 2, SAMPLING))
+    assert report.passed, str(report)
+
+
 class StructureCheckingProposer(JacobiProposer):
     """Checks every tree: the depth and ancestor mask the proposer records from its fixed layout
     equal what the tree's own fields imply (missing candidates included)."""

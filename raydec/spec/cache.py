@@ -90,6 +90,27 @@ class RaggedCache:
         self.valid = self.valid[rows]
         self.next_position = self.next_position[rows]
 
+    def append_rows(self, other: "RaggedCache", blocks: int = 1) -> None:
+        """Add ``other``'s rows to this cache's (rows joining a running batch).
+
+        Both caches hold their rows in ``blocks`` equal blocks (CFG: conditional rows, then
+        unconditional ones); block k of ``other`` goes after block k of this cache. The shorter
+        cache gets hole slots at its end, so both share one physical length.
+        """
+        width = max(self.length, other.length)
+
+        def join(a: torch.Tensor, b: torch.Tensor, slot_dim: int) -> torch.Tensor:
+            pad = [0, 0] * (a.dim() - 1 - slot_dim)
+            a, b = (torch.nn.functional.pad(t, pad + [0, width - t.shape[slot_dim]]) for t in (a, b))
+            b = b.to(a.device, a.dtype)
+            return torch.cat([part for pair in zip(a.chunk(blocks), b.chunk(blocks)) for part in pair], dim=0)
+
+        for mine, theirs in zip(self.kv.layers, other.kv.layers):
+            mine.keys, mine.values = join(mine.keys, theirs.keys, 2), join(mine.values, theirs.values, 2)
+        self.valid = join(self.valid, other.valid, 1)
+        self.next_position = torch.cat([part for pair in zip(self.next_position.chunk(blocks), other.next_position.chunk(blocks)) for part in pair])
+        self._check_physical_length()
+
     def compact(self) -> None:
         """Gather every row's valid slots to the left (stable order) and crop the tail."""
         counts = self.committed_lengths()

@@ -8,7 +8,9 @@
 
 Rows are logical requests. Under CFG each row owns two model rows (conditional first, then
 unconditional) that share one window and one acceptance decision. Rows accept different
-numbers of tokens; finished rows leave the batch.
+numbers of tokens; finished rows leave the batch. With ``max_batch`` (continuous batching)
+queued requests take their places: their prefill runs on its own and its cache joins the
+batch's, so a drafted batch stays full instead of draining to its slowest row.
 """
 
 from __future__ import annotations
@@ -61,6 +63,19 @@ class RowStats:
 class RowOutput:
     tokens: list[int]
     stats: RowStats
+
+
+@dataclass
+class _Run:
+    """Per-request state of one ``generate`` call, indexed by request."""
+
+    requests: Sequence[RowRequest]
+    generators: list[torch.Generator]
+    limits: list[int]
+    stats: list[RowStats]
+    generated: list[list[int]]
+    admitted_at: list[float]  # perf_counter when the row was prefilled (its latency starts)
+    on_finish: Callable[[int, RowOutput], None] | None
 
 
 def _left_pad(prompts: Sequence[PromptInputs], target: DecodingTarget) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -133,55 +148,93 @@ class Engine:
         return torch.cat([rows + s * batch for s in range(self.streams)])
 
     @torch.inference_mode()
-    def generate(self, requests: Sequence[RowRequest]) -> list[RowOutput]:
-        """Decode every request to EOS or its length cap."""
+    def generate(
+        self,
+        requests: Sequence[RowRequest],
+        max_batch: int | None = None,
+        on_finish: Callable[[int, RowOutput], None] | None = None,
+    ) -> list[RowOutput]:
+        """Decode every request to EOS or its length cap.
+
+        max_batch: at most this many rows decode together (None: all). A finished row's place
+        goes to the next queued request (continuous batching) when the proposer can admit rows
+        mid-run (``Proposer.admits_rows``); otherwise requests run in consecutive batches.
+        on_finish(index, output): called as each request finishes, in finishing order.
+        """
+        if max_batch is not None and max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         with decoding_attention(self.target.device):
-            return self._generate(requests)
+            return self._generate(requests, max_batch or max(1, len(requests)), on_finish)
 
-    def _generate(self, requests: Sequence[RowRequest]) -> list[RowOutput]:
-        start_time = time.perf_counter()
-        batch = len(requests)
-        if batch == 0:
-            return []
-        sampling = self.config.sampling
-        prompts = [self.target.prompt_inputs(r.prompt) for r in requests]
-        if self.streams == 2:
-            prompts += [self.target.prompt_inputs(r.prompt, unconditional=True) for r in requests]
-        prompts = stack_prompts(prompts)
-        generators = row_generators([r.seed for r in requests])
-        limits = [r.max_new_tokens or self.config.max_new_tokens for r in requests]
-        stats = [RowStats() for _ in requests]
-        generated: list[list[int]] = [[] for _ in requests]
+    def _generate(self, requests: Sequence[RowRequest], max_batch: int, on_finish: Callable[[int, RowOutput], None] | None) -> list[RowOutput]:
+        run = _Run(
+            requests=requests,
+            generators=row_generators([r.seed for r in requests]),
+            limits=[r.max_new_tokens or self.config.max_new_tokens for r in requests],
+            stats=[RowStats() for _ in requests],
+            generated=[[] for _ in requests],
+            admitted_at=[0.0] * len(requests),
+            on_finish=on_finish,
+        )
+        generated = run.generated
+        queue = list(range(len(requests)))
+        active: list[int] = []
+        cache: RaggedCache | None = None
+        prob_dtype = torch.float32
 
-        # prefill: every model row's prefix, left-padded; P_0 gives the first token
-        cache = RaggedCache(len(prompts), compaction=self.config.compaction)
-        embeds, positions, valid, next_position, image_index = _left_pad(prompts, self.target)
-        mask = cache.attention_mask(_prefill_mask(valid), self.target.dtype)
-        output = self.target.forward(embeds, None, positions, mask, cache.kv, want_hidden=self.proposer.wants_hidden)
-        cache.start(valid, next_position)
-        first_probs = process_logits(
-            output.logits[:, -1:], sampling, batch, self.constraint, torch.zeros(batch, 1, dtype=torch.long)
-        )[:, 0].cpu()  # proposer and verifier state lives on the CPU
-        first = sample_rows(first_probs, generators)
-        for row in range(batch):
-            generated[row].append(int(first[row]))
-            stats[row].target_forwards = 1
-
-        active = list(range(batch))
-        state = self._state(active, generated, generators, first_probs.dtype)
-        self.proposer.start(state, first_probs, Prefill(output, embeds, valid, image_index))
-        active = self._retire(active, generated, limits, stats, cache, start_time)
-
-        while active:
-            state = self._state(active, generated, generators, first_probs.dtype)
+        group = max(1, max_batch // 4)  # rows admitted together: one prefill and one cache copy for several
+        while active or queue:
+            room = max_batch - len(active)
+            if queue and room >= min(group, len(queue)) and (not active or self.proposer.admits_rows):
+                rows, queue = queue[:room], queue[room:]
+                cache, prob_dtype = self._admit(run, rows, active, cache if active else None)  # an empty batch starts afresh
+                active = self._retire(run, active + rows, cache)
+                continue
+            state = self._state(active, generated, run.generators, prob_dtype)
             tree = self.proposer.propose(state)
             target_probs, output = self._score(tree, cache, generated, active)
             result = self.verifier(tree, target_probs, state.generators)
-            self._commit(tree, result, cache, active, generated, limits, stats)
+            self._commit(tree, result, cache, active, generated, run.limits, run.stats)
             self.proposer.observe(state, tree, target_probs, result, output)
-            active = self._retire(active, generated, limits, stats, cache, start_time)
+            active = self._retire(run, active, cache)
 
-        return [RowOutput(tokens=generated[row], stats=stats[row]) for row in range(batch)]
+        return [RowOutput(tokens=generated[row], stats=run.stats[row]) for row in range(len(requests))]
+
+    def _admit(self, run: "_Run", rows: list[int], active: list[int], cache: RaggedCache | None) -> tuple[RaggedCache, torch.dtype]:
+        """Prefill ``rows`` (request indices); P_0 gives each its first token. Their cache
+        becomes the batch's, or joins it behind the ``active`` rows (model-row order kept:
+        every conditional row, then every unconditional one)."""
+        now = time.perf_counter()
+        for row in rows:
+            run.admitted_at[row] = now
+        batch = len(rows)
+        prompts = [self.target.prompt_inputs(run.requests[r].prompt) for r in rows]
+        if self.streams == 2:
+            prompts += [self.target.prompt_inputs(run.requests[r].prompt, unconditional=True) for r in rows]
+        prompts = stack_prompts(prompts)
+
+        # prefill: every model row's prefix, left-padded
+        joining = RaggedCache(len(prompts), compaction=self.config.compaction)
+        embeds, positions, valid, next_position, image_index = _left_pad(prompts, self.target)
+        mask = joining.attention_mask(_prefill_mask(valid), self.target.dtype)
+        output = self.target.forward(embeds, None, positions, mask, joining.kv, want_hidden=self.proposer.wants_hidden)
+        joining.start(valid, next_position)
+        first_probs = process_logits(
+            output.logits[:, -1:], self.config.sampling, batch, self.constraint, torch.zeros(batch, 1, dtype=torch.long)
+        )[:, 0].cpu()  # proposer and verifier state lives on the CPU
+        first = sample_rows(first_probs, [run.generators[r] for r in rows]).tolist()
+        for row, token in zip(rows, first):
+            run.generated[row].append(int(token))
+            run.stats[row].target_forwards = 1
+
+        state = self._state(rows, run.generated, run.generators, first_probs.dtype)
+        prefill = Prefill(output, embeds, valid, image_index)
+        if cache is None:
+            self.proposer.start(state, first_probs, prefill)
+            return joining, first_probs.dtype
+        self.proposer.admit(state, first_probs, prefill)
+        cache.append_rows(joining, blocks=self.streams)  # cond(active), cond(new), uncond(active), uncond(new)
+        return cache, first_probs.dtype
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -231,19 +284,21 @@ class Engine:
             stats[row].accepted_lengths.append(len(new_tokens))
         cache.commit(keep.repeat(self.streams, 1))
 
-    def _retire(self, active: list[int], generated: list[list[int]], limits: list[int], stats: list[RowStats], cache: RaggedCache, start_time: float) -> list[int]:
+    def _retire(self, run: "_Run", active: list[int], cache: RaggedCache) -> list[int]:
         """Drop finished rows from the batch and the cache."""
         still = []
         for row in active:
-            tokens = generated[row]
+            tokens, stats = run.generated[row], run.stats[row]
             if tokens and tokens[-1] in self.eos_token_ids:
-                stats[row].finish_reason = "eos"
-            elif len(tokens) >= limits[row]:
-                stats[row].finish_reason = "length"
+                stats.finish_reason = "eos"
+            elif len(tokens) >= run.limits[row]:
+                stats.finish_reason = "length"
             else:
                 still.append(row)
                 continue
-            stats[row].wall_time_s = time.perf_counter() - start_time
+            stats.wall_time_s = time.perf_counter() - run.admitted_at[row]
+            if run.on_finish is not None:
+                run.on_finish(row, RowOutput(tokens=tokens, stats=stats))
         if len(still) != len(active):
             position = {row: i for i, row in enumerate(active)}
             index = torch.tensor([position[r] for r in still], dtype=torch.long)

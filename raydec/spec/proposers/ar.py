@@ -9,5 +9,10 @@ from raydec.spec.tree import DraftTree
 class ARProposer(Proposer):
     """Window = the root only; every step commits exactly one token sampled from P."""
 
+    admits_rows = True
+
+    def admit(self, state: DecodeState, first_probs, prefill) -> None:
+        pass  # no per-row state
+
     def propose(self, state: DecodeState) -> DraftTree:
         return DraftTree.roots_only(state.roots(), state.vocab_size, state.prob_dtype)

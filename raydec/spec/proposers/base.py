@@ -69,12 +69,20 @@ class Proposer(ABC):
 
     #: the engine passes last hidden states in ``observe`` when True (draft-model proposers)
     wants_hidden: bool = False
+    #: rows may join a running batch (continuous batching): ``admit`` is implemented
+    admits_rows: bool = False
 
     def start(self, state: DecodeState, first_probs: torch.Tensor, prefill: Prefill) -> None:
         """Called once per ``generate`` after prefill; reset per-row state here.
 
         first_probs: [B, V] the target's P for the first token; ``state.generated`` holds it.
         """
+
+    def admit(self, state: DecodeState, first_probs: torch.Tensor, prefill: Prefill) -> None:
+        """Rows joining the running batch (``state`` holds only them, after their prefill);
+        the next ``propose`` sees them after the rows already decoding. Only called when
+        ``admits_rows``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot take rows into a running batch")
 
     @abstractmethod
     def propose(self, state: DecodeState) -> DraftTree:

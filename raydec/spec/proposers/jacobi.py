@@ -136,8 +136,13 @@ class JacobiProposer(Proposer):
 
     # -- lifecycle -----------------------------------------------------------------------------
 
+    admits_rows = True
+
     def start(self, state: DecodeState, first_probs: torch.Tensor, prefill) -> None:
         self.pending_tokens, self.pending_proposals = {}, {}
+
+    def admit(self, state: DecodeState, first_probs: torch.Tensor, prefill) -> None:
+        pass  # a new row has no pending drafts: its first window is all fresh drafts
 
     def propose(self, state: DecodeState) -> DraftTree:
         batch, vocab, slots = state.batch_size, state.vocab_size, self.spine_slots
@@ -182,9 +187,10 @@ class JacobiProposer(Proposer):
         spine = self.layout.spine                                                      # [S + 1]
         p = target_probs[:, spine[:-1]]                                                # P_{j-1}: [B, S, V]
         tokens, recorded = self._couple(p, self._last["tokens"], self._last["proposals"].to(p.dtype), uniforms)
-        new_root_slot = result.num_accepted + 1                                        # [B]
+        new_root_slot = (result.num_accepted + 1).tolist()                             # [B]
+        self.pending_tokens, self.pending_proposals = {}, {}  # rows no longer decoding drop out
         for row, row_id in enumerate(state.row_ids):
-            first = int(new_root_slot[row])  # carried slots: first + 1 .. S  (index first ..)
+            first = new_root_slot[row]  # carried slots: first + 1 .. S  (index first ..)
             self.pending_tokens[row_id] = tokens[row, first:]
             self.pending_proposals[row_id] = recorded[row, first:]
 
