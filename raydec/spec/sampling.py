@@ -101,7 +101,7 @@ def process_logits(
     elif scores.shape[0] != num_rows:
         raise ValueError(f"expected {num_rows} model rows without CFG, got {scores.shape[0]}")
 
-    if constraint is not None and constraint.allowed is not None:
+    if constraint is not None and constraint.allowed is not None and not bool(constraint.allowed.all()):
         scores = scores.masked_fill(~constraint.allowed.to(scores.device), float("-inf"))
     forced = None
     if constraint is not None and constraint.forced is not None and gen_index is not None:
@@ -111,7 +111,8 @@ def process_logits(
         probs = torch.zeros_like(scores)
         probs.scatter_(-1, scores.argmax(dim=-1, keepdim=True), 1.0)
     else:
-        scores = scores / config.temperature
+        if config.temperature != 1.0:
+            scores = scores / config.temperature
         scores = _apply_top_k(scores, config.top_k)
         scores = _apply_top_p(scores, config.top_p)
         probs = torch.softmax(scores, dim=-1)

@@ -234,7 +234,7 @@ class JacobiProposer(Proposer):
         """Pending drafts, then fresh ones, for slots 1..S. uniforms: [B, S] -> [B, S], [B, S, V]"""
         batch, vocab, slots = state.batch_size, state.vocab_size, self.spine_slots
         tokens = torch.zeros(batch, slots, dtype=torch.long)
-        proposals = torch.zeros(batch, slots, vocab, dtype=torch.float64)
+        proposals = torch.zeros(batch, slots, vocab, dtype=state.prob_dtype)  # the precision P and the verifier use
         have = torch.zeros(batch, dtype=torch.long)
         for row, row_id in enumerate(state.row_ids):
             pending = self.pending_tokens.get(row_id)
@@ -248,7 +248,8 @@ class JacobiProposer(Proposer):
 
         constraint = state.constraint
         allowed = constraint.allowed if constraint is not None and constraint.allowed is not None else torch.ones(vocab, dtype=torch.bool)
-        uniform_q = allowed.to(torch.float64) / allowed.sum()
+        allowed_ids = allowed.nonzero().flatten()
+        uniform_q = allowed.to(proposals.dtype) / len(allowed_ids)
         lengths = torch.tensor([len(g) for g in state.generated])                  # [B]
         width = int(lengths.max())
         gen_index = lengths.unsqueeze(1) - 1 + torch.arange(1, slots + 1).unsqueeze(0)   # [B, S]
@@ -261,14 +262,16 @@ class JacobiProposer(Proposer):
             for row, generated in enumerate(state.generated):
                 committed[row, : len(generated)] = torch.tensor(generated)
         rows = torch.arange(batch)
-        random_tokens = sample_with_uniform(uniform_q.expand(batch, slots, vocab), uniforms)  # [B, S]
+        # a uniform allowed id: the floor(u * n)-th of the n allowed ids
+        random_tokens = allowed_ids[(uniforms * len(allowed_ids)).long().clamp(max=len(allowed_ids) - 1)]  # [B, S]
         if not offset:  # no slot copies another: every fresh slot at once
             fresh = have.unsqueeze(1) <= torch.arange(slots)                              # [B, S]
-            token, q_one_hot = random_tokens, torch.zeros(batch, slots, dtype=torch.bool)
-            if forced is not None:
-                q_one_hot = forced >= 0
-                token = torch.where(q_one_hot, forced, token)
-            q = torch.where(q_one_hot.unsqueeze(-1), torch.nn.functional.one_hot(token, vocab).to(torch.float64), uniform_q)
+            if forced is None:
+                tokens[fresh], proposals[fresh] = random_tokens[fresh], uniform_q
+                return tokens, proposals
+            q_one_hot = forced >= 0
+            token = torch.where(q_one_hot, forced, random_tokens)
+            q = torch.where(q_one_hot.unsqueeze(-1), torch.nn.functional.one_hot(token, vocab).to(proposals.dtype), uniform_q)
             tokens[fresh], proposals[fresh] = token[fresh], q[fresh]
             return tokens, proposals
         for slot in range(int(have.min()), slots):  # slots below every row's pending count are filled
@@ -288,7 +291,7 @@ class JacobiProposer(Proposer):
                 is_forced = forced[:, slot] >= 0
                 token = torch.where(is_forced, forced[:, slot], token)
                 q_one_hot = q_one_hot | is_forced
-            one_hot = torch.zeros(batch, vocab, dtype=torch.float64)
+            one_hot = torch.zeros(batch, vocab, dtype=proposals.dtype)
             one_hot[rows, token] = 1.0
             q = torch.where(q_one_hot.unsqueeze(1), one_hot, uniform_q.expand(batch, vocab))
             tokens[fresh, slot] = token[fresh]
