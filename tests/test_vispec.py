@@ -150,6 +150,18 @@ def test_greedy_equals_hf_generate(llava, vision, batch):
         assert out.tokens == _hf_greedy(llava, prompt, length)
 
 
+def test_continuous_batching_with_image_rows_equals_hf_generate(llava):
+    """At most 2 rows at a time over 5 prompts of one or two images and different lengths: rows
+    join mid-run through their own draft prefill (their image's global feature with them)."""
+    prompts = _prompts(llava, 5)
+    lengths = [16, 5, 11, 16, 3]
+    config = DecodeConfig(max_new_tokens=16, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeSpec(depth=3, top_k=3, total_tokens=10))
+    engine = Engine(llava, DraftTreeProposer(draft_for(llava, True), config.tree), config, eos_token_ids=llava.eos_token_ids)
+    outputs = engine.generate([RowRequest(p, seed=0, max_new_tokens=n) for p, n in zip(prompts, lengths)], max_batch=2)
+    for prompt, n, out in zip(prompts, lengths, outputs):
+        assert out.tokens == _hf_greedy(llava, prompt, n)
+
+
 def test_a_draft_in_another_precision_than_the_target_stays_lossless(llava):
     """decode.draft_dtype: a bfloat16 draft on a float32 target (the draft reads the target's
     embedding and head in their own dtype) still gives HF's greedy output."""
@@ -211,6 +223,8 @@ def test_batch_rows_equal_batch_one_rows(llama64):
     for request, out in zip(requests, batched):
         (single,) = engine.generate([request])
         assert single.tokens == out.tokens
+    continuous = engine.generate(requests, max_batch=5)  # finished rows' places go to queued ones
+    assert [o.tokens for o in continuous] == [o.tokens for o in batched]
 
 
 def test_tree_expansion_equals_sequential_drafting(llama64):

@@ -239,16 +239,19 @@ def _verify_walk(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Te
     groups, replace = tree.proposal_index.tolist(), tree.without_replacement.tolist()
     stop_nodes, finals = [], []
     rejected = torch.zeros(batch, dtype=torch.bool)
+    path = torch.full((batch, width), -1, dtype=torch.long)
     for r in range(batch):
         children: list[list[int]] = [[] for _ in range(width)]
         for n in range(1, width):
             if nodes[r][n]:
                 children[parents[r][n]].append(n)
         node, p = 0, None  # p: [1, V] residual at ``node`` once a sibling there was rejected
+        walked = [0]
         while True:
             kids = children[node]
             if len(kids) == 1 and single[r][kids[0]]:
                 node = kids[0]
+                walked.append(node)
                 continue
             if not kids:  # a leaf: the bonus token from P there
                 break
@@ -264,6 +267,7 @@ def _verify_walk(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Te
                     q = effective_proposal(q, mask)
                 if bool(uniforms[r, child] < acceptance_probability(p, q, torch.tensor([token]))):
                     node, p = child, None
+                    walked.append(node)
                     break
                 p = residual(p, q)
                 removed[token] = group
@@ -271,11 +275,12 @@ def _verify_walk(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Te
                 rejected[r] = True
                 break
         stop_nodes.append(node)
+        path[r, : len(walked)] = torch.tensor(walked)
         finals.append(p if p is not None else target_probs[r, node].unsqueeze(0))
     stop_node = torch.tensor(stop_nodes, dtype=torch.long)
     next_token = sample_with_uniform(torch.cat(finals), uniforms[:, 0])
-    num_accepted = tree.depth().gather(1, stop_node.unsqueeze(1)).squeeze(1)
-    return VerifyResult(_path_to(tree, stop_node, num_accepted), num_accepted, next_token, stop_node, rejected)
+    num_accepted = (path >= 0).sum(dim=1) - 1
+    return VerifyResult(path, num_accepted, next_token, stop_node, rejected)
 
 
 def _row_proposal(tree: DraftTree, row: int, node: int) -> torch.Tensor:

@@ -70,8 +70,28 @@ class DraftTreeProposer(Proposer):
 
     # -- start: draft prefill ------------------------------------------------------------------
 
+    admits_rows = True
+
     @torch.inference_mode()
     def start(self, state: DecodeState, first_probs: torch.Tensor, prefill: Prefill) -> None:
+        self.cache, self.root_hidden, self.globals_, self.has_global = self._prefill_rows(state, prefill)
+        self.row_ids = list(state.row_ids)
+        self.pending = [None] * state.batch_size  # type: ignore[list-item]
+
+    @torch.inference_mode()
+    def admit(self, state: DecodeState, first_probs: torch.Tensor, prefill: Prefill) -> None:
+        """Rows joining the batch: their draft prefill, then their state after the others'."""
+        cache, root_hidden, globals_, has_global = self._prefill_rows(state, prefill)
+        self.cache.append_rows(cache)
+        self.root_hidden = torch.cat([self.root_hidden, root_hidden])
+        self.globals_ = torch.cat([self.globals_, globals_])
+        self.has_global = torch.cat([self.has_global, has_global])
+        self.row_ids += list(state.row_ids)
+        self.pending += [None] * state.batch_size  # type: ignore[list-item]
+
+    def _prefill_rows(self, state: DecodeState, prefill: Prefill) -> tuple[RaggedCache, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The draft reads the rows' prompts: -> their draft cache, draft hidden at each root
+        [B, H], g of each row's last image [B, H] and whether the row has one [B]."""
         batch = state.batch_size
         if prefill.inputs_embeds.shape[0] != batch:
             raise ValueError("draft-model decoding does not support classifier-free guidance")
@@ -96,8 +116,8 @@ class DraftTreeProposer(Proposer):
         use = torch.zeros(batch, width, dtype=torch.bool, device=device)
         pos = torch.zeros(batch, width, dtype=torch.long, device=device)
         valid = torch.zeros(batch, width, dtype=torch.bool)
-        self.globals_ = torch.zeros(batch, size, device=device, dtype=dtype)
-        self.has_global = torch.zeros(batch, dtype=torch.bool)
+        last_global = torch.zeros(batch, size, device=device, dtype=dtype)
+        has_global = torch.zeros(batch, dtype=torch.bool)
         for r, s in enumerate(sequences):
             lo = width - s.length
             tok[r, lo:], feat[r, lo:], pos[r, lo:] = s.token_embeds, s.features, s.positions
@@ -105,17 +125,15 @@ class DraftTreeProposer(Proposer):
             if s.globals_.shape[0]:
                 g = s.globals_[s.global_index.clamp(min=0)]
                 glob[r, lo:], use[r, lo:] = g, s.global_index >= 0
-                self.globals_[r], self.has_global[r] = s.globals_[-1], True
+                last_global[r], has_global[r] = s.globals_[-1], True
         causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
         allowed = (causal.unsqueeze(0) & valid.unsqueeze(1)) | identity_mask(width).unsqueeze(0)
-        self.cache = RaggedCache(batch, compaction="auto")
+        cache = RaggedCache(batch, compaction="auto")
         mask = _additive(allowed, dtype).to(device)
-        h = self.draft(tok, feat, pos, mask, self.cache.kv, glob, use)
+        h = self.draft(tok, feat, pos, mask, cache.kv, glob, use)
         lengths = torch.tensor([int(prefill.valid[r].sum()) for r in range(batch)])
-        self.cache.start(valid, lengths)
-        self.root_hidden = h[:, -1]
-        self.row_ids = list(state.row_ids)
-        self.pending = [None] * batch  # type: ignore[list-item]
+        cache.start(valid, lengths)
+        return cache, h[:, -1], last_global, has_global
 
     # -- propose -------------------------------------------------------------------------------
 
@@ -135,18 +153,22 @@ class DraftTreeProposer(Proposer):
         self.row_ids = list(state.row_ids)
 
     def _catch_up(self) -> None:
-        """Feed each row's newly accepted pairs; the draft hidden at the last one is the root's."""
+        """Feed each row's newly accepted pairs; the draft hidden at the last one is the root's.
+        Rows that just joined have nothing pending: their root hidden is their prefill's."""
         if all(p is None for p in self.pending):
             return
         device, dtype = self._device, self._dtype
         batch = len(self.pending)
-        counts = [p[0].shape[0] for p in self.pending]
+        counts = [0 if p is None else p[0].shape[0] for p in self.pending]
         width = max(counts)
         size = self.globals_.shape[-1]
         feat = torch.zeros(batch, width, size, device=device, dtype=dtype)
         ids = torch.zeros(batch, width, dtype=torch.long)
         valid = torch.zeros(batch, width, dtype=torch.bool)
-        for r, (features, tokens) in enumerate(self.pending):
+        for r, pending in enumerate(self.pending):
+            if pending is None:
+                continue
+            features, tokens = pending
             n = counts[r]
             feat[r, :n], ids[r, :n], valid[r, :n] = features.to(device, dtype), torch.tensor(tokens), True
         tok = self.draft.embed_tokens(ids.to(device)).to(dtype)
@@ -159,8 +181,9 @@ class DraftTreeProposer(Proposer):
         glob = self.globals_.unsqueeze(1).expand(batch, width, size)
         h = self.draft(tok, feat, positions, mask, self.cache.kv, glob, use)
         self.cache.commit(valid)
-        last = torch.tensor(counts, device=device) - 1
-        self.root_hidden = h[torch.arange(batch, device=device), last]
+        counts_t = torch.tensor(counts, device=device)
+        fed = h[torch.arange(batch, device=device), (counts_t - 1).clamp(min=0)]
+        self.root_hidden = torch.where((counts_t > 0).unsqueeze(1), fed, self.root_hidden)
         self.pending = [None] * batch  # type: ignore[list-item]
 
     def _log_probs(self, hidden: torch.Tensor, state: DecodeState) -> torch.Tensor:
