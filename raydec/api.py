@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import torch
 from PIL import Image
 
-from raydec.config import DecodeConfig
+from raydec.config import CAPTION_METHODS, DRAFT_METHODS, DecodeConfig
 from raydec.models.image_gen import ImagePrompt
 from raydec.spec.engine import Engine, RowRequest
 from raydec.spec.proposers.base import Proposer
@@ -29,8 +29,6 @@ from raydec.spec.proposers.base import Proposer
 logger = logging.getLogger(__name__)
 
 JACOBI_METHODS = ("sjd", "sjd_ac", "sjd_pac")
-DRAFT_METHODS = ("vispec", "eagle")
-CAPTION_METHODS = ("ar",) + DRAFT_METHODS
 DEFAULT_CAPTION_PROMPT = "describe the image ."
 _PIPELINES: dict[tuple[str, str, str, str], Any] = {}
 

@@ -91,6 +91,11 @@ class DraftTreeSpec(StrictModel):
         return cls() if temperature == 0 else cls(depth=4, top_k=4, total_tokens=16)
 
 
+#: captioning methods with a draft network (EAGLE-2 dynamic trees); "ar" captions without one
+DRAFT_METHODS = ("vispec", "eagle")
+CAPTION_METHODS = ("ar",) + DRAFT_METHODS
+
+
 class DecodeConfig(StrictModel):
     """Which decoding method to run and its knobs."""
 

@@ -33,7 +33,7 @@ from raydec.io import (
     read_results,
     write_manifest,
 )
-from raydec.config import DraftTreeSpec, SamplingConfig
+from raydec.config import CAPTION_METHODS, DRAFT_METHODS, DraftTreeSpec, SamplingConfig
 from raydec.runtime.cluster import connect_ray
 from raydec.runtime.config import JobConfig
 from raydec.runtime.processors import PROCESSORS
@@ -136,7 +136,7 @@ def job_weights(job: JobConfig) -> Dict[str, str]:
     if job.task != "caption":
         return {"model": weights_fingerprint(resolve_t2i_path(job.model))}
     weights = {"model": weights_fingerprint(resolve_vlm_path(job.model))}
-    if job.decode.method in ("vispec", "eagle"):
+    if job.decode.method in DRAFT_METHODS:
         weights["draft"] = weights_fingerprint(resolve_draft_path(job.model, job.decode.method, job.decode.draft_model))
     return weights
 
@@ -165,7 +165,7 @@ def _decode_identity(decode: Any) -> Any:
         return decode
     decode = dict(decode)
     tree = decode.pop("draft_tree")
-    if decode.get("method") in ("vispec", "eagle"):
+    if decode.get("method") in DRAFT_METHODS:
         temperature = (decode.get("sampling") or {}).get("temperature", SamplingConfig().temperature)
         decode["draft_tree"] = tree if tree is not None else DraftTreeSpec.for_temperature(temperature).model_dump()
     return decode
@@ -208,8 +208,8 @@ def _check_caption_model(job: JobConfig) -> None:
     if model_type not in SUPPORTED_VLMS:
         raise ModelNotFoundError(f"model: {job.model!r} is a {model_type!r} checkpoint; captioning supports {sorted(SUPPORTED_VLMS)}")
     method = job.decode.method
-    if method not in ("ar", "vispec", "eagle"):
-        raise ValueError(f"decode.method: {method!r} is not a captioning method (use ar, vispec or eagle)")
+    if method not in CAPTION_METHODS:
+        raise ValueError(f"decode.method: {method!r} is not a captioning method (use {', '.join(CAPTION_METHODS)})")
     if method != "ar":
         try:
             draft = resolve_draft_path(job.model, method, job.decode.draft_model)
