@@ -231,14 +231,14 @@ def _progress(bar: Any, total: int, what: str) -> Callable[[int, Any], None]:
     """An ``Engine.generate`` on_finish callback: advances the progress bar and, for runs of 20
     rows or more, logs each tenth."""
     done = 0
-    every = max(1, total // 10) if total >= 20 else total + 1
+    every = max(1, total // 10)
 
     def on_finish(_index: int, output: Any) -> None:
         nonlocal done
         done += 1
         if bar is not None:
             bar.update(1)
-        if done % every == 0 or done == total:
+        if total >= 20 and (done % every == 0 or done == total):
             logger.info("%s: %d/%d finished (last: %.2f tokens per forward)", what, done, total, output.stats.tokens_per_forward)
 
     return on_finish
