@@ -32,7 +32,7 @@ from raydec.spec.tree import DETERMINISTIC, DraftTree
 
 _RESIDUAL_EPS = 1e-12
 # up to this many rows the per-row walk beats the batched recursion (SJD-PAC trees, 2-core CPU:
-# 0.6 vs 1.3 ms at 1 row, even at 8)
+# 0.6 vs 1.3 ms at 1 row; at 8 rows even or slower)
 WALK_MAX_ROWS = 4
 
 
@@ -259,7 +259,7 @@ def _verify_walk(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Te
             removed: dict[int, int] = {}  # token -> group of the rejected sibling that drew it
             for child in kids:
                 token, group = tokens[r][child], groups[r][child]
-                q = _row_proposal(tree, r, child).to(p.dtype)
+                q = tree.proposal_of(r, child).to(p.dtype).unsqueeze(0)  # one-hot if deterministic
                 if replace[r][child]:
                     mask = torch.zeros_like(q, dtype=torch.bool)
                     for t, owner in removed.items():
@@ -281,16 +281,6 @@ def _verify_walk(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Te
     next_token = sample_with_uniform(torch.cat(finals), uniforms[:, 0])
     num_accepted = (path >= 0).sum(dim=1) - 1
     return VerifyResult(path, num_accepted, next_token, stop_node, rejected)
-
-
-def _row_proposal(tree: DraftTree, row: int, node: int) -> torch.Tensor:
-    """q of one node as a [1, V] row (one-hot if deterministic), as ``_dense_proposal`` gives it."""
-    index = int(tree.proposal_index[row, node])
-    if index == DETERMINISTIC or tree.proposal_probs.shape[1] == 0:
-        q = torch.zeros(1, tree.proposal_probs.shape[-1], dtype=tree.proposal_probs.dtype)
-        q[0, int(tree.tokens[row, node])] = 1.0
-        return q
-    return tree.proposal_probs[row, index].unsqueeze(0)
 
 
 def _accepted_only_child_runs(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Tensor, is_node: torch.Tensor) -> torch.Tensor:
