@@ -40,39 +40,58 @@ class MethodRecord:
     scores: list[float] = field(default_factory=list)
 
 
+def fixed_draft(method: str, args: argparse.Namespace, init: str = "uniform") -> DraftSpec:
+    """The draft shape from the CLI (``--window N``, ``--branching``, ``--tree-depth``)."""
+    tree = dict(branching=args.branching, tree_depth=args.tree_depth) if method == "sjd_pac" else {}
+    return DraftSpec(window=int(args.window), init=init, **tree)
+
+
 def method_config(method: str, args: argparse.Namespace, sampling: Any, length: int) -> DecodeConfig:
-    """The decode config of one method with a fixed draft shape from the CLI (``--window N``)."""
+    """The decode config of one method with a fixed draft shape and prior from the CLI."""
     if method == "ar":
         return DecodeConfig(method="ar", max_new_tokens=length, sampling=sampling)
-    tree = dict(branching=args.branching, tree_depth=args.tree_depth) if method == "sjd_pac" else {}
-    draft = DraftSpec(window=int(args.window), init=args.init, **tree)
+    draft = fixed_draft(method, args, args.init)
     return DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft)
 
 
-def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sampling: Any, length: int) -> tuple[dict, list]:
-    """``--window auto``: each Jacobi method's draft shape chosen by :func:`tune_draft` on
-    ``--tune-prompts`` calibration prompts (held-out seeds far from the benchmark's)."""
+def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sampling: Any, length: int) -> tuple[dict, list, list]:
+    """``--init auto`` / ``--window auto``: each Jacobi method's fresh-draft prior chosen by
+    :func:`choose_fresh_drafts`, then its draft shape by :func:`tune_draft`, on ``--tune-prompts``
+    calibration prompts (held-out seeds far from the benchmark's).
+    -> (configs, shapes tried, [(method, probe shape, forwards per batch of each prior, chosen)])"""
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
-    from raydec.tune_t2i import DEFAULT_WINDOWS, ar_step_cost, candidate_shapes, forward_seconds, relative_costs, tune_draft
+    from raydec.tune_t2i import (
+        DEFAULT_WINDOWS, ar_step_cost, candidate_shapes, choose_fresh_drafts, forward_seconds, probe_shape,
+        relative_costs, tune_draft,
+    )
 
     jacobi = [m for m in methods if m in ("sjd", "sjd_ac", "sjd_pac")]
     prompts = [make_sample(HELD_OUT_SEED_START + TUNE_OFFSET + i).prompt for i in range(args.tune_prompts)]
     seeds = [args.seed + TUNE_OFFSET + i for i in range(args.tune_prompts)]
     windows = args.tune_windows or DEFAULT_WINDOWS
-    sizes = sorted({1} | {s.window + 1 for m in jacobi for s in candidate_shapes(m, windows)})
-    seconds = forward_seconds(target, prompts[0], sizes, batch=args.batch)
-    costs = relative_costs(seconds)
-    ar_step = ar_step_cost(target, prompts, seeds, sampling, args.batch, seconds[1])
-    configs, tried = {}, []
+    tune_shape = args.window == "auto"
+    if tune_shape:
+        sizes = sorted({1} | {s.window + 1 for m in jacobi for s in candidate_shapes(m, windows)})
+        seconds = forward_seconds(target, prompts[0], sizes, batch=args.batch)
+        costs = relative_costs(seconds)
+        ar_step = ar_step_cost(target, prompts, seeds, sampling, args.batch, seconds[1])
+    configs, tried, priors = {}, [], []
     for method in jacobi:
-        best, shapes = tune_draft(
-            target, method, prompts, seeds, sampling, args.batch, windows=windows,
-            costs=costs, one_token_seconds=seconds[1], ar_step=ar_step,
-        )
-        draft = best.draft.model_copy(update={"init": args.init})
+        init = args.init
+        if init == "auto":
+            probe = probe_shape(method, windows) if tune_shape else fixed_draft(method, args)
+            init, steps = choose_fresh_drafts(target, method, probe, prompts, seeds, sampling, args.batch)
+            priors.append((method, probe, steps, init))
+        if tune_shape:
+            best, shapes = tune_draft(
+                target, method, prompts, seeds, sampling, args.batch, windows=windows,
+                costs=costs, one_token_seconds=seconds[1], ar_step=ar_step, inits=(init,),
+            )
+            draft, tried = best.draft, tried + shapes
+        else:
+            draft = fixed_draft(method, args, init)
         configs[method] = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft)
-        tried += shapes
-    return configs, tried
+    return configs, tried, priors
 
 
 def _hf_generate(target: Any, prompts: list[str], seed: int, sampling: Any) -> tuple[list[list[int]], float]:
@@ -156,18 +175,26 @@ def bench_t2i(args: argparse.Namespace) -> dict:
     seeds = [args.seed + i for i in range(args.prompts)]
     configs = {}
     for method in methods:
-        if method == "ar" or (method != "hf" and args.window != "auto"):
+        if method == "ar" or (method != "hf" and args.window != "auto" and args.init != "auto"):
             configs[method] = method_config(method, args, sampling, length)
-    tried = []
-    if args.window == "auto":
+    tried, priors = [], []
+    if args.window == "auto" or args.init == "auto":
         args.tune_prompts = args.tune_prompts or max(4, args.batch)
-        tuned, tried = tuned_configs(target, methods, args, sampling, length)
+        tuned, tried, priors = tuned_configs(target, methods, args, sampling, length)
         configs.update(tuned)
+    if priors:
+        print_table(
+            f"fresh-draft priors tried at batch {args.batch} on {args.tune_prompts} calibration prompts (target forwards per batch)",
+            ["method", "probe window", "K", "D-1"] + list(priors[0][2]) + ["chosen"],
+            [[m, probe.window, probe.branching, probe.tree_depth] + [f"{v:.1f}" for v in steps.values()] + [init]
+             for m, probe, steps, init in priors],
+        )
+    if tried:
         print_table(
             f"draft shapes tried at batch {args.batch} on {args.tune_prompts} calibration prompts "
             "(costs in one-token forwards; step = a whole decode step, fitted)",
-            ["method", "window", "K", "D-1", "steps/batch", "window cost", "step cost", "predicted x AR"],
-            [[t.method, t.draft.window, t.draft.branching, t.draft.tree_depth, f"{t.steps_per_batch:.1f}",
+            ["method", "window", "K", "D-1", "prior", "steps/batch", "window cost", "step cost", "predicted x AR"],
+            [[t.method, t.draft.window, t.draft.branching, t.draft.tree_depth, t.draft.init, f"{t.steps_per_batch:.1f}",
               f"{t.window_cost:.2f}", f"{t.step_cost:.2f}", f"{t.predicted_speedup:.2f}"] for t in tried],
         )
     records = {m: MethodRecord() for m in methods}
@@ -233,11 +260,18 @@ def bench_t2i(args: argparse.Namespace) -> dict:
         for m, e in summary.items()
     ]
     print_table(f"bench t2i: {args.model}, {measured} prompts, batch {args.batch}, {args.dtype}, {device}", header, rows)
+    print("drafts: " + ", ".join(
+        f"{m} window {c.draft.window}" + (f" K {c.draft.branching} D-1 {c.draft.tree_depth}" if c.draft.tree_depth else "") + f" ({c.draft.init})"
+        for m, c in configs.items() if c.method != "ar" and c.draft is not None
+    ))
     print("forward cost relative to a 1-token forward: " + ", ".join(f"{n} tokens {c:.2f}x" for n, c in cost.items()))
     return {
         "methods": summary,
         "window_cost": {str(n): c for n, c in cost.items()},
         "config": {m: c.model_dump() for m, c in configs.items()},
+        "fresh_drafts": [
+            {"method": m, "probe": probe.model_dump(), "steps_per_batch": steps, "chosen": init} for m, probe, steps, init in priors
+        ],
         "tuning": [
             {"method": t.method, "draft": t.draft.model_dump(), "steps_per_batch": t.steps_per_batch,
              "window_cost": t.window_cost, "step_cost": t.step_cost,
@@ -324,7 +358,11 @@ def add_t2i_parser(subparsers) -> None:
     )
     parser.add_argument("--branching", type=int, default=3, help="sjd_pac with a fixed --window: candidates per level (K)")
     parser.add_argument("--tree-depth", type=int, default=2, help="sjd_pac with a fixed --window: tree levels (D - 1)")
-    parser.add_argument("--init", choices=["uniform", "left", "above"], default="uniform", help="fresh drafts")
+    parser.add_argument(
+        "--init", choices=["auto", "uniform", "left", "above"], default="auto",
+        help="fresh drafts (slots never predicted): uniform over image ids, a copy of the token to the left / above, "
+        "or 'auto': per method, the one needing the fewest forwards on the calibration prompts",
+    )
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--plots", type=Path, default=Path("bench_out"), help="folder for the PNG plots")
     parser.add_argument("--json", type=Path, default=None)

@@ -21,7 +21,12 @@ keeps the choice stable on a noisy machine. The whole step is timed, not just th
 at batch > 1 verification and bookkeeping grow with the rows, and a window's forward in a
 decode (over a growing cache) costs more than ``cost(n)`` measured after the prompt. Without
 step timing (a cost curve given from elsewhere) ``step(c) = cost(window + 1)``, ``step(ar) = cost(1)``.
-Decoding stays lossless whatever the shape: the shape only moves speed.
+
+Before the shapes, the fresh-draft prior (``DraftSpec.init``: what a never-predicted slot is
+guessed as) is chosen by counting forwards at one probe shape: a prior moves acceptance, not
+the cost of a step. Copying the left neighbour wins where images hold runs of one code (flat
+regions; the reference shapes), a uniform guess where neighbouring codes rarely repeat.
+Decoding stays lossless whatever the shape and prior: they only move speed.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_WINDOWS: tuple[int, ...] = (8, 16, 32, 48)
 DEFAULT_TREES: tuple[tuple[int, int], ...] = ((2, 1), (3, 1), (3, 2))  # (K, D - 1) for sjd_pac
+FRESH_DRAFTS: tuple[str, ...] = ("uniform", "left", "above")  # DraftSpec.init, in tie-break order
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,36 @@ def candidate_shapes(
     ]
 
 
+def probe_shape(
+    method: str, windows: Sequence[int] = DEFAULT_WINDOWS, trees: Sequence[tuple[int, int]] = DEFAULT_TREES
+) -> DraftSpec:
+    """The shape a fresh-draft prior is chosen at: the first candidate of the median window."""
+    middle = sorted(windows)[len(windows) // 2]
+    return next(iter(candidate_shapes(method, [middle], trees) or [DraftSpec(window=middle)]))
+
+
+def choose_fresh_drafts(
+    target: Any,
+    method: str,
+    probe: DraftSpec,
+    prompts: Sequence[str],
+    seeds: Sequence[int],
+    sampling: SamplingConfig,
+    batch: int = 1,
+    inits: Sequence[str] = FRESH_DRAFTS,
+) -> tuple[str, dict[str, float]]:
+    """The fresh-draft prior of ``method`` needing the fewest target forwards per batch at
+    ``probe`` on the calibration prompts, and the forwards of each (ties keep the earlier)."""
+    length = int(target.num_image_tokens)
+    steps = {}
+    for init in inits:
+        draft = DraftSpec(**{**probe.model_dump(), "init": init})
+        config = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft)
+        steps[init], _ = calibration_run(target, config, prompts, seeds, batch)
+        logger.info("tune %s fresh drafts %r at %s: %.1f steps per batch", method, init, probe, steps[init])
+    return min(inits, key=lambda init: steps[init]), steps
+
+
 def calibration_run(
     target: Any, config: DecodeConfig, prompts: Sequence[str], seeds: Sequence[int], batch: int
 ) -> tuple[float, float]:
@@ -166,18 +202,22 @@ def tune_draft(
     costs: dict[int, float] | None = None,
     one_token_seconds: float | None = None,
     ar_step: float | None = None,
+    inits: Sequence[str] = FRESH_DRAFTS,
 ) -> tuple[TunedShape, list[TunedShape]]:
     """The best draft shape of ``method`` for ``target`` at ``batch``, and every candidate tried.
 
     prompts / seeds: calibration prompts (a few, at least ``batch``; keep them apart from
-    evaluation prompts). costs: a cost curve already measured at this batch (keys: window + 1,
+    evaluation prompts). inits: fresh-draft priors to choose from first (one: use it). costs: a cost curve already measured at this batch (keys: window + 1,
     and 1). one_token_seconds: the absolute seconds behind ``costs[1]``; with it whole decode
     steps are timed (``ar_step`` = step(ar) is measured when not given). Without it (a cost
     curve from elsewhere) the prediction counts forwards only.
     """
     if method not in ("sjd", "sjd_ac", "sjd_pac"):
         raise ValueError(f"method={method!r}: only the Jacobi methods sjd, sjd_ac, sjd_pac have a draft shape to tune")
-    shapes = candidate_shapes(method, windows, trees)
+    init = inits[0]
+    if len(inits) > 1:
+        init, _ = choose_fresh_drafts(target, method, probe_shape(method, windows, trees), prompts, seeds, sampling, batch, inits)
+    shapes = [DraftSpec(**{**shape.model_dump(), "init": init}) for shape in candidate_shapes(method, windows, trees)]
     length = int(target.num_image_tokens)
     if costs is None or any(s.window + 1 not in costs for s in shapes):
         seconds = forward_seconds(target, prompts[0], sorted({1} | {s.window + 1 for s in shapes}), batch=batch)

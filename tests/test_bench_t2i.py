@@ -38,6 +38,14 @@ def test_bench_t2i_runs_every_method_on_a_tiny_janus(tmp_path):
         assert name == "ar" or "judge_ks_p" in entry
     assert result["methods"]["sjd_pac"]["mean_accepted"] >= 1.0
     assert all((tmp_path / "plots").joinpath(p.split("/")[-1]).exists() for p in result["plots"])
+    # --init auto (the default) with a fixed window: each Jacobi method's prior is chosen at that window
+    priors = {p["method"]: p for p in result["fresh_drafts"]}
+    assert set(priors) == {"sjd", "sjd_pac"}
+    for name, prior in priors.items():
+        assert prior["probe"]["window"] == 8 and set(prior["steps_per_batch"]) == {"uniform", "left", "above"}
+        assert prior["chosen"] == min(prior["steps_per_batch"], key=prior["steps_per_batch"].get)
+        assert result["config"][name]["draft"]["init"] == prior["chosen"] and result["config"][name]["draft"]["window"] == 8
+    assert (result["config"]["sjd_pac"]["draft"]["branching"], result["config"]["sjd_pac"]["draft"]["tree_depth"]) == (2, 1)
 
 
 def test_candidate_shapes_skip_trees_that_do_not_fit():
@@ -60,6 +68,7 @@ def test_tune_draft_follows_the_cost_curve(tmp_path):
     target = load_pipeline(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
     sampling = target.default_sampling()
     args = dict(prompts=["a red circle", "a blue square"], seeds=[0, 1], sampling=sampling, windows=(2, 8))
+    args["inits"] = ("uniform",)  # the prior's choice has its own test
     flat = {1: 1.0, 3: 1.0, 9: 1.0}
     best, tried = tune_draft(target, "sjd", costs=flat, **args)
     assert [t.draft.window for t in tried] == [2, 8]
@@ -98,6 +107,44 @@ def test_bench_t2i_auto_window_reports_the_shapes_it_tried(tmp_path):
     tried = [t for t in result["tuning"] if t["method"] == "sjd_ac"]
     best = max(tried, key=lambda t: t["predicted_speedup"])
     assert result["config"]["sjd_ac"]["draft"]["window"] == best["draft"]["window"]
+    # the prior is chosen first, at the median window, and every shape is then tried with it
+    (prior,) = result["fresh_drafts"]
+    assert prior["method"] == "sjd_ac" and prior["probe"]["window"] == 32
+    assert {t["draft"]["init"] for t in tried} == {prior["chosen"]} == {result["config"]["sjd_ac"]["draft"]["init"]}
+
+
+def test_bench_t2i_fixed_window_and_prior_tune_nothing(tmp_path):
+    from tests.tiny_models import build_tiny_janus
+
+    model = build_tiny_janus(tmp_path / "janus")
+    out = tmp_path / "t2i.json"
+    code = bench_main(["t2i", "--model", str(model), "--methods", "ar,sjd", "--prompts", "1", "--dtype", "float32",
+                       "--window", "4", "--init", "above", "--plots", str(tmp_path / "plots"), "--json", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["fresh_drafts"] == [] and result["tuning"] == []
+    assert result["config"]["sjd"]["draft"]["init"] == "above" and result["config"]["sjd"]["draft"]["window"] == 4
+
+
+def test_tune_draft_chooses_the_fresh_draft_prior_first(tmp_path):
+    """The prior needing the fewest forwards at the probe shape is the one every shape is tried with."""
+    from raydec.api import load_pipeline
+    from raydec.config import DraftSpec
+    from raydec.tune_t2i import choose_fresh_drafts, probe_shape, tune_draft
+    from tests.tiny_models import build_tiny_janus
+
+    target = load_pipeline(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
+    args = dict(prompts=["a red circle", "a blue square"], seeds=[0, 1], sampling=target.default_sampling())
+    assert probe_shape("sjd", (2, 8, 4)) == DraftSpec(window=4)
+    assert probe_shape("sjd_pac", (4, 16), trees=((3, 2), (2, 1))) == DraftSpec(window=16, branching=3, tree_depth=2)
+    chosen, steps = choose_fresh_drafts(target, "sjd_ac", DraftSpec(window=4), **args)
+    assert set(steps) == {"uniform", "left", "above"} and all(v >= 1 for v in steps.values())
+    assert steps[chosen] == min(steps.values())
+    best, tried = tune_draft(target, "sjd_ac", windows=(2, 8), costs={1: 1.0, 3: 1.0, 9: 1.0}, **args)
+    probe_choice, _ = choose_fresh_drafts(target, "sjd_ac", probe_shape("sjd_ac", (2, 8)), **args)
+    assert {t.draft.init for t in tried} == {probe_choice}
+    _, tried = tune_draft(target, "sjd_ac", windows=(2, 8), costs={1: 1.0, 3: 1.0, 9: 1.0}, inits=("above",), **args)
+    assert {t.draft.init for t in tried} == {"above"}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the messages of a machine without a GPU")

@@ -232,3 +232,16 @@ def test_train_cli_dispatches_by_subcommand():
     with pytest.raises(SystemExit) as exit_info:
         train.main(["no-such-model"])
     assert exit_info.value.code == 2
+
+
+def test_left_copies_are_the_prior_the_reference_shapes_want(shipped):
+    """Flat shapes on a plain background repeat codes along rows: copying the left neighbour
+    as the fresh draft needs far fewer forwards than a uniform guess, and the tuner sees it."""
+    from raydec.api import load_pipeline
+    from raydec.config import DraftSpec
+    from raydec.tune_t2i import choose_fresh_drafts
+
+    target = load_pipeline("reference", "t2i", dtype=torch.float32)
+    prompts = [make_sample(HELD_OUT_SEED_START + 900 + i).prompt for i in range(2)]
+    chosen, steps = choose_fresh_drafts(target, "sjd", DraftSpec(window=16), prompts, [0, 1], target.default_sampling())
+    assert chosen == "left" and steps["left"] < 0.75 * steps["uniform"], steps
