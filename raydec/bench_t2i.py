@@ -179,7 +179,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
             configs[method] = method_config(method, args, sampling, length)
     tried, priors = [], []
     if args.window == "auto" or args.init == "auto":
-        args.tune_prompts = args.tune_prompts or max(4, args.batch)
+        args.tune_prompts = args.tune_prompts or max(4, 2 * args.batch)  # two batches: one slow row decides less
         tuned, tried, priors = tuned_configs(target, methods, args, sampling, length)
         configs.update(tuned)
     if priors:
@@ -349,7 +349,8 @@ def add_t2i_parser(subparsers) -> None:
         help="draft nodes per step (L - 1), or 'auto': tune window and tree per method from the measured cost curve",
     )
     parser.add_argument(
-        "--tune-prompts", type=int, default=None, help="--window auto: calibration prompts (default: max(4, --batch))"
+        "--tune-prompts", type=int, default=None,
+        help="--init / --window auto: calibration prompts (default: max(4, 2 x --batch))",
     )
     parser.add_argument(
         "--tune-windows", type=_windows_arg, default=None,

@@ -52,10 +52,11 @@ def default_method() -> str:
 
 
 def demo_decode(method: str) -> dict:
-    """The demo's text-to-image decode config. SJD-PAC gets the proactive tree that
-    ``raydec bench t2i --dtype float32`` tuned for the reference Janus on a 2-core CPU."""
+    """The demo's text-to-image decode config. SJD-PAC gets the window, proactive tree and
+    fresh-draft prior (left copies: the reference shapes repeat codes along rows) that
+    ``raydec bench t2i`` tuned for the reference Janus on a 2-core CPU."""
     if method == "sjd_pac":
-        return {"method": method, "draft": {"window": 16, "branching": 2, "tree_depth": 1}}
+        return {"method": method, "draft": {"window": 32, "branching": 2, "tree_depth": 1, "init": "left"}}
     return {"method": method}
 
 
