@@ -172,6 +172,21 @@ def test_drafted_methods_greedy_equal_ar(request, name, method):
     assert sum(o.stats.target_forwards for o in drafted) <= sum(o.stats.target_forwards for o in ar)
 
 
+@pytest.mark.parametrize("name", ["janus", "emu3"])
+@pytest.mark.parametrize("init", ["left", "above"])
+def test_spatial_prior_drafts_greedy_equal_ar(request, name, init):
+    """The fresh-draft priors the tuner may pick, through api's proposer (grid width from the
+    layout; Emu3's rows end in forced end-of-line tokens): still AR's tokens at temperature 0."""
+    target = request.getfixturevalue(name)
+    greedy = SamplingConfig(temperature=0.0, cfg_scale=3.0, cfg_space=target.default_sampling().cfg_space)
+    draft = PAC_DRAFT.model_copy(update={"init": init})
+    proposer = api._make_proposer(DecodeConfig(method="sjd_pac", draft=draft), target)
+    assert proposer.init == init and proposer.grid_width == target.layout_grid[1]
+    ar = decode(target, ARProposer(), greedy, PROMPTS, [0, 1, 2])
+    drafted = decode(target, proposer, greedy, PROMPTS, [0, 1, 2], draft)
+    assert [o.tokens for o in drafted] == [o.tokens for o in ar]
+
+
 def test_emu3_layout_tokens_exactly_at_row_ends(emu3):
     """(c) end-of-line after every row, eof / end-of-image / eos at the end, visual tokens elsewhere."""
     height, width = emu3.grid_shape
