@@ -126,7 +126,7 @@ def probe_shape(
 ) -> DraftSpec:
     """The shape a fresh-draft prior is chosen at: the first candidate of the median window."""
     middle = sorted(windows)[len(windows) // 2]
-    return next(iter(candidate_shapes(method, [middle], trees) or [DraftSpec(window=middle)]))
+    return (candidate_shapes(method, [middle], trees) or [DraftSpec(window=middle)])[0]
 
 
 def choose_fresh_drafts(
@@ -141,6 +141,8 @@ def choose_fresh_drafts(
 ) -> tuple[str, dict[str, float]]:
     """The fresh-draft prior of ``method`` needing the fewest target forwards per batch at
     ``probe`` on the calibration prompts, and the forwards of each (ties keep the earlier)."""
+    if not inits:
+        raise ValueError(f"inits: expected at least one of {FRESH_DRAFTS}, got none")
     length = int(target.num_image_tokens)
     steps = {}
     for init in inits:
@@ -207,13 +209,15 @@ def tune_draft(
     """The best draft shape of ``method`` for ``target`` at ``batch``, and every candidate tried.
 
     prompts / seeds: calibration prompts (a few, at least ``batch``; keep them apart from
-    evaluation prompts). inits: fresh-draft priors to choose from first (one: use it). costs: a cost curve already measured at this batch (keys: window + 1,
-    and 1). one_token_seconds: the absolute seconds behind ``costs[1]``; with it whole decode
+    evaluation prompts). inits: fresh-draft priors to choose from first (just one: use it).
+    costs: a cost curve already measured at this batch (keys: window + 1, and 1). one_token_seconds: the absolute seconds behind ``costs[1]``; with it whole decode
     steps are timed (``ar_step`` = step(ar) is measured when not given). Without it (a cost
     curve from elsewhere) the prediction counts forwards only.
     """
     if method not in ("sjd", "sjd_ac", "sjd_pac"):
         raise ValueError(f"method={method!r}: only the Jacobi methods sjd, sjd_ac, sjd_pac have a draft shape to tune")
+    if not inits:
+        raise ValueError(f"inits: expected at least one of {FRESH_DRAFTS}, got none")
     init = inits[0]
     if len(inits) > 1:
         init, _ = choose_fresh_drafts(target, method, probe_shape(method, windows, trees), prompts, seeds, sampling, batch, inits)

@@ -145,6 +145,10 @@ def test_tune_draft_chooses_the_fresh_draft_prior_first(tmp_path):
     assert {t.draft.init for t in tried} == {probe_choice}
     _, tried = tune_draft(target, "sjd_ac", windows=(2, 8), costs={1: 1.0, 3: 1.0, 9: 1.0}, inits=("above",), **args)
     assert {t.draft.init for t in tried} == {"above"}
+    with pytest.raises(ValueError, match="inits: expected at least one"):
+        tune_draft(target, "sjd_ac", windows=(2, 8), costs={1: 1.0, 3: 1.0, 9: 1.0}, inits=(), **args)
+    with pytest.raises(ValueError, match="init"):  # pydantic names the field and the value
+        choose_fresh_drafts(target, "sjd_ac", DraftSpec(window=4), inits=("diagonal",), **args)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the messages of a machine without a GPU")
