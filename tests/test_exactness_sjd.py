@@ -171,3 +171,39 @@ def test_pd_duplicate_candidates_fail(markov):
     samples = sample_engine(markov, DuplicateCandidatesPD(config.draft, "sjd_pac", "left"), config, [[2]], list(range(SAMPLES)), 5000)
     report = compare_to_law(samples, markov_law(markov, [2], length, SAMPLING))
     assert not report.passed, str(report)
+
+
+@pytest.mark.parametrize(
+    "init,expected_a,expected_b",
+    [
+        # row A: committed [1, 2, 3]; row B: committed [5] with one pending draft (2)
+        ("left", [3, 4, 5, 5], [2, 2, 2, 4]),   # A: copy 3, forced 4, 4 is no image id -> random 5, copy 5
+        ("above", [2, 4, 2, 5], [2, 5, 2, 4]),  # grid width 2: A copies 2, forced 4, copies 2, 4 -> random 5
+    ],
+)
+def test_spatial_prior_fresh_drafts_on_hand_made_rows(init, expected_a, expected_b):
+    """Fresh drafts copy the token 1 (left) / grid-width (above) places back, from the committed
+    tokens or from earlier window slots, with a one-hot Q; a forced token wins; a copy that is not
+    an allowed id falls back to the row's uniform draw, with Q uniform over the allowed ids."""
+    from raydec.spec.proposers.base import DecodeState
+
+    vocab = 6
+    allowed = torch.tensor([True, True, True, True, False, True])  # 4 only where forced (an end-of-row token)
+    constraint = VocabConstraint(allowed=allowed, forced=lambda index: torch.where(index % 5 == 4, 4, -1))
+    proposer = JacobiProposer(DraftSpec(window=4, init=init), "sjd", init, grid_width=2)
+    pending_q = torch.tensor([[0.25, 0.25, 0.25, 0.25, 0.0, 0.0]], dtype=torch.float64)
+    proposer.pending_tokens, proposer.pending_proposals = {7: torch.tensor([2])}, {7: pending_q}
+    state = DecodeState([3, 7], [[1, 2, 3], [5]], [torch.Generator(), torch.Generator()], vocab, constraint, torch.float64)
+    uniforms = torch.tensor([[0.5, 0.5, 0.9, 0.9], [0.5, 0.5, 0.5, 0.5]], dtype=torch.float64)  # 0.9 -> id 5
+    tokens, proposals = proposer._fill_window(state, uniforms)
+    assert tokens.tolist() == [expected_a, expected_b]
+    uniform_q = allowed.double() / allowed.sum()
+    for row, expected in enumerate((expected_a, expected_b)):
+        for slot, token in enumerate(expected):
+            q = proposals[row, slot]
+            if row == 1 and slot == 0:
+                assert torch.equal(q, pending_q[0])  # a carried draft keeps its recorded Q
+            elif row == 0 and slot == (2 if init == "left" else 3):
+                assert torch.equal(q, uniform_q)  # the fallback draw
+            else:
+                assert torch.equal(q, torch.nn.functional.one_hot(torch.tensor(token), vocab).double())

@@ -251,21 +251,15 @@ class JacobiProposer(Proposer):
         allowed_ids = allowed.nonzero().flatten()
         uniform_q = allowed.to(proposals.dtype) / len(allowed_ids)
         lengths = torch.tensor([len(g) for g in state.generated])                  # [B]
-        width = int(lengths.max())
         gen_index = lengths.unsqueeze(1) - 1 + torch.arange(1, slots + 1).unsqueeze(0)   # [B, S]
         forced = None
         if constraint is not None and constraint.forced is not None:
             forced = constraint.forced(gen_index).cpu()
         offset = {"left": 1, "above": self.grid_width or 0}.get(self.init, 0)
-        if offset:  # spatial priors copy committed tokens
-            committed = torch.zeros(batch, width, dtype=torch.long)
-            for row, generated in enumerate(state.generated):
-                committed[row, : len(generated)] = torch.tensor(generated)
-        rows = torch.arange(batch)
         # a uniform allowed id: the floor(u * n)-th of the n allowed ids
         random_tokens = allowed_ids[(uniforms * len(allowed_ids)).long().clamp(max=len(allowed_ids) - 1)]  # [B, S]
+        fresh = have.unsqueeze(1) <= torch.arange(slots)                                  # [B, S]
         if not offset:  # no slot copies another: every fresh slot at once
-            fresh = have.unsqueeze(1) <= torch.arange(slots)                              # [B, S]
             if forced is None:
                 tokens[fresh], proposals[fresh] = random_tokens[fresh], uniform_q
                 return tokens, proposals
@@ -274,26 +268,37 @@ class JacobiProposer(Proposer):
             q = torch.where(q_one_hot.unsqueeze(-1), torch.nn.functional.one_hot(token, vocab).to(proposals.dtype), uniform_q)
             tokens[fresh], proposals[fresh] = token[fresh], q[fresh]
             return tokens, proposals
-        for slot in range(int(have.min()), slots):  # slots below every row's pending count are filled
-            fresh = have <= slot
-            token, q_one_hot = random_tokens[:, slot], torch.zeros(batch, dtype=torch.bool)
-            if offset:
-                source = gen_index[:, slot] - offset                                      # generated index
-                in_committed = (source >= 0) & (source < lengths)
-                window_slot = source - lengths                                            # 0-based slot index
-                in_window = (window_slot >= 0) & (window_slot < slot)
-                copied = torch.where(in_committed, committed[rows, source.clamp(0, width - 1)],
-                                     tokens[rows, window_slot.clamp(0, slots - 1)])
-                usable = (in_committed | in_window) & allowed[copied]
-                token = torch.where(usable, copied, token)
-                q_one_hot = usable
+        # Spatial priors: slot s copies the token `offset` places before it, i.e. committed token
+        # L - offset + s while s < offset, else window slot s - offset (already filled, so blocks of
+        # `offset` slots go in order). A copy that is not an allowed id falls back to the random draw.
+        tail = torch.zeros(batch, offset, dtype=torch.long)     # the last `offset` committed tokens,
+        tail_valid = torch.zeros(batch, offset, dtype=torch.bool)  # right-aligned
+        for row, generated in enumerate(state.generated):
+            recent = generated[-offset:]
+            if recent:
+                tail[row, offset - len(recent) :] = torch.tensor(recent)
+                tail_valid[row, offset - len(recent) :] = True
+        q_one_hot = torch.zeros(batch, slots, dtype=torch.bool)
+        first_fresh = int(have.min())
+        for lo in range(0, slots, offset):
+            hi = min(lo + offset, slots)
+            if hi <= first_fresh:
+                continue
+            if lo < offset:
+                copied, usable = tail[:, : hi - lo], tail_valid[:, : hi - lo]
+            else:
+                copied, usable = tokens[:, lo - offset : hi - offset], torch.ones(batch, hi - lo, dtype=torch.bool)
+            usable = usable & allowed[copied]
+            token = torch.where(usable, copied, random_tokens[:, lo:hi])
+            one_hot = usable
             if forced is not None:
-                is_forced = forced[:, slot] >= 0
-                token = torch.where(is_forced, forced[:, slot], token)
-                q_one_hot = q_one_hot | is_forced
-            one_hot = torch.zeros(batch, vocab, dtype=proposals.dtype)
-            one_hot[rows, token] = 1.0
-            q = torch.where(q_one_hot.unsqueeze(1), one_hot, uniform_q.expand(batch, vocab))
-            tokens[fresh, slot] = token[fresh]
-            proposals[fresh, slot] = q[fresh]
+                is_forced = forced[:, lo:hi] >= 0
+                token = torch.where(is_forced, forced[:, lo:hi], token)
+                one_hot = one_hot | is_forced
+            tokens[:, lo:hi] = torch.where(fresh[:, lo:hi], token, tokens[:, lo:hi])
+            q_one_hot[:, lo:hi] = one_hot
+        q = torch.where(
+            q_one_hot[fresh].unsqueeze(-1), torch.nn.functional.one_hot(tokens[fresh], vocab).to(proposals.dtype), uniform_q
+        )
+        proposals[fresh] = q
         return tokens, proposals
