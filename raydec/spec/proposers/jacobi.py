@@ -16,7 +16,8 @@ it is distributed as (dense ``[V]``; one-hot for deterministic spatial-prior dra
 
 Fresh drafts: a uniform random allowed token with Q = uniform over the allowed ids, or a
 spatial prior (the token to the left / above in the image grid) with Q one-hot; forced layout
-tokens (e.g. Emu3 end-of-line) are drafted as themselves.
+tokens (e.g. Emu3 end-of-line) are drafted as themselves. Which prior pays depends on the
+model's images: ``raydec.tune_t2i.choose_fresh_drafts`` counts forwards to pick one.
 
 Everything is vectorised over the batch; each row draws a fixed number of uniforms per step
 from its own generator, so its output never depends on the other rows.
