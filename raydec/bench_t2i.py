@@ -262,7 +262,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
     print_table(f"bench t2i: {args.model}, {measured} prompts, batch {args.batch}, {args.dtype}, {device}", header, rows)
     print("drafts: " + ", ".join(
         f"{m} window {c.draft.window}" + (f" K {c.draft.branching} D-1 {c.draft.tree_depth}" if c.draft.tree_depth else "") + f" ({c.draft.init})"
-        for m, c in configs.items() if c.method != "ar" and c.draft is not None
+        for m, c in configs.items() if c.method != "ar"
     ))
     print("forward cost relative to a 1-token forward: " + ", ".join(f"{n} tokens {c:.2f}x" for n, c in cost.items()))
     return {

@@ -216,10 +216,9 @@ def tune_draft(
     """
     if method not in ("sjd", "sjd_ac", "sjd_pac"):
         raise ValueError(f"method={method!r}: only the Jacobi methods sjd, sjd_ac, sjd_pac have a draft shape to tune")
-    if not inits:
-        raise ValueError(f"inits: expected at least one of {FRESH_DRAFTS}, got none")
-    init = inits[0]
-    if len(inits) > 1:
+    if len(inits) == 1:
+        init = inits[0]
+    else:  # refuses an empty list
         init, _ = choose_fresh_drafts(target, method, probe_shape(method, windows, trees), prompts, seeds, sampling, batch, inits)
     shapes = [DraftSpec(**{**shape.model_dump(), "init": init}) for shape in candidate_shapes(method, windows, trees)]
     length = int(target.num_image_tokens)
