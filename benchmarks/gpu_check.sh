@@ -15,12 +15,15 @@
 #   PACK=FILE.tgz        re-archive OUT_DIR after every stage (a device run returns few files)
 #   TUNE_WINDOWS=16,32   windows --window auto tries (default 16,32,64,96: wide windows are
 #                        cheap on a GPU; fewer shapes keep tuning short)
+#   LIMIT_SCALE=0.5      multiplies each stage's hard time limit (default 1.0; the whole run's
+#                        limits add up to 1170 s at 1.0), to fit a short device lease
 set -u
 out=${1:?usage: gpu_check.sh OUT_DIR [SCALE]}
 scale=${2:-1.0}
 py=${PY:-python3}
 device=${DEVICE:-cuda}
 windows=${TUNE_WINDOWS:-16,32,64,96}
+limit_scale=${LIMIT_SCALE:-1.0}
 mkdir -p "$out"
 
 pack() {
@@ -30,7 +33,7 @@ pack() {
 seconds() { $py -c "print(round($1 * $scale, 3))"; }
 
 run() {  # run NAME LIMIT_S ARGS...: one bench under a time limit, its JSON as OUT_DIR/NAME.json
-  local name=$1 limit=$2; shift 2
+  local name=$1 limit; limit=$($py -c "print(max(10, round($2 * $limit_scale)))"); shift 2
   local start=$SECONDS
   echo "=== $name (limit ${limit}s): raydec bench $*"
   PYTHONUNBUFFERED=1 timeout "$limit" $py -m raydec.cli bench "$@" --device "$device" --json "$out/$name.json" 2>&1 \
@@ -54,6 +57,6 @@ run t2i_b8 240 t2i --methods ar,sjd,sjd_ac,sjd_pac --prompts 64 --batch 8 --tune
   --max-seconds "$(seconds 60)" --plots "$out/plots_b8"
 run engine 120 engine --prompts 6 --new-tokens 128
 echo "=== profile"
-PYTHONUNBUFFERED=1 timeout 90 $py benchmarks/profile_decode.py --device "$device" --out "$out/profile" --top 25 \
+PYTHONUNBUFFERED=1 timeout "$($py -c "print(max(10, round(90 * $limit_scale)))")" $py benchmarks/profile_decode.py --device "$device" --out "$out/profile" --top 25 \
   2>&1 | grep -av "Loading weights" > "$out/profile.log"; echo "=== profile: exit $?"; pack
 echo "=== done"
