@@ -25,6 +25,8 @@ device=${DEVICE:-cuda}
 windows=${TUNE_WINDOWS:-16,32,64,96}
 limit_scale=${LIMIT_SCALE:-1.0}
 mkdir -p "$out"
+# raydec from this checkout, installed or not (a device machine gets the tree, not the venv)
+export PYTHONPATH="$(cd "$(dirname "$0")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 
 pack() {
   if [ -n "${PACK:-}" ]; then tar czf "$PACK" -C "$out" . 2>/dev/null; fi

@@ -2,7 +2,7 @@
 
     python benchmarks/profile_decode.py --device cuda --out DIR
 
-Prints the top functions by own time for each run and writes the full stats (pstats files)
+Prints the top functions by own time, then raydec's by time with callees, for each run and writes the full stats (pstats files)
 to DIR. On a GPU, time inside ``Tensor.cpu`` / ``tolist`` / ``item`` is mostly waiting for
 queued kernels; the rest is the host-side Python of the engine, proposers and verifier.
 """
@@ -21,10 +21,12 @@ import torch
 def _report(profile: cProfile.Profile, title: str, out: Path, top: int) -> None:
     path = out / f"{title}.pstats"
     profile.dump_stats(str(path))
-    text = io.StringIO()
-    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(top)
-    print(f"\n===== {title} (own time, top {top}; full stats in {path})")
-    print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:6000])
+    for order, what in (("tottime", "own time"), ("cumulative", "time with callees, raydec's functions")):
+        text = io.StringIO()
+        stats = pstats.Stats(profile, stream=text).sort_stats(order)
+        stats.print_stats(*((top,) if order == "tottime" else ("raydec", top)))
+        print(f"\n===== {title} ({what}, top {top}; full stats in {path})")
+        print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:6000])
 
 
 def main() -> None:
@@ -56,7 +58,7 @@ def main() -> None:
 
     t2i = load_pipeline("reference", "t2i", dtype=dtype, device=place)
     prompts = [make_sample(HELD_OUT_SEED_START + i).prompt for i in range(args.prompts)]
-    for method, draft in (("ar", None), ("sjd_pac", DraftSpec(window=32, branching=3, tree_depth=1))):
+    for method, draft in (("ar", None), ("sjd_pac", DraftSpec(window=96, branching=3, tree_depth=1, init="left"))):
         decode = DecodeConfig(method=method, draft=draft) if draft else DecodeConfig(method=method)
         run = lambda items, seeds: generate_images(items, model=t2i, decode=decode, seeds=seeds, batch_size=1)  # noqa: E731
         _profiled(run, prompts, f"t2i_{method}", args)

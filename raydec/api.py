@@ -209,8 +209,8 @@ def _image_decode_config(decode: DecodeConfig | None, target: Any) -> DecodeConf
 # -- generation ------------------------------------------------------------------------------
 
 
-def _decode_batches(engine: Engine, requests: list[RowRequest], batch_size: int, device: Any, on_finish: Callable[[int, Any], None]) -> list[Any]:
-    """Decode ``requests`` at most ``batch_size`` rows at a time.
+def continuous_batching(device: Any) -> bool:
+    """Whether batched decoding on ``device`` gives a finished row's place to the next request.
 
     On an accelerator a decode step costs about the same for 1 or ``batch_size`` rows, so a
     finished row's place goes to the next request (continuous batching) instead of the batch
@@ -219,7 +219,13 @@ def _decode_batches(engine: Engine, requests: list[RowRequest], batch_size: int,
     adds prefills and cache copies (measured: no gain at batch 8 on the reference Janus):
     there, requests run in consecutive batches.
     """
-    if torch.device(device).type != "cpu":
+    return torch.device(device).type != "cpu"
+
+
+def _decode_batches(engine: Engine, requests: list[RowRequest], batch_size: int, device: Any, on_finish: Callable[[int, Any], None]) -> list[Any]:
+    """Decode ``requests`` at most ``batch_size`` rows at a time, continuously batched where
+    :func:`continuous_batching` says so, else in consecutive batches."""
+    if continuous_batching(device):
         return engine.generate(requests, max_batch=batch_size, on_finish=on_finish)
     outputs = []
     for start in range(0, len(requests), batch_size):

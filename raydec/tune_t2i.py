@@ -7,8 +7,9 @@ tuning, we measure instead of guessing:
     cost(n)     seconds of one target forward over n new tokens / a one-token forward's,
                 at the batch size that will be served
     steps(c)    target forwards per batch for candidate shape c, counted on a few
-                calibration prompts (disjoint from any benchmark's); AR takes N, the
-                number of image tokens (prefill included)
+                calibration prompts (disjoint from any benchmark's): the slowest row's
+                under consecutive batches, the rows' mean under continuous batching; AR
+                takes N, the number of image tokens (prefill included)
     step(c)     seconds of one whole decode step of shape c (forward, drafting, verification,
                 bookkeeping) / a one-token forward's, timed on the calibration runs and
                 smoothed by a least-squares line over the window sizes; step(ar) likewise
@@ -58,7 +59,7 @@ class TunedShape:
 
     method: str
     draft: DraftSpec
-    steps_per_batch: float  # mean target forwards per batch (prefill included)
+    steps_per_batch: float  # mean target forwards per batch (prefill included; see calibration_run)
     window_cost: float  # cost(window + 1) / cost(1)
     predicted_speedup: float
     step_cost: float = 0.0  # step(c): one decode step (fitted) / a one-token forward
@@ -158,11 +159,17 @@ def calibration_run(
 ) -> tuple[float, float]:
     """Decode the calibration prompts with ``config``: (target forwards per batch, seconds per forward).
 
-    A batch lasts as long as its slowest row; its forwards are that row's.
+    Consecutive batches (a CPU, or batch 1): a batch lasts as long as its slowest row, so its
+    forwards are that row's. Continuous batching (an accelerator): a finished row's place is
+    refilled, so a full batch advances all its rows each step and ``batch`` images take their
+    rows' mean forwards; the slowest row of a calibration run says little about a long queue.
     """
-    from raydec.api import generate_images
+    from raydec.api import continuous_batching, generate_images
 
     results = generate_images(prompts, model=target, decode=config, seeds=seeds, batch_size=batch)
+    if batch > 1 and continuous_batching(target.device):
+        forwards = [r.target_forwards for r in results]  # latency_s: from the row's admission
+        return float(np.mean(forwards)), sum(r.latency_s for r in results) / sum(forwards)
     batches = [results[i : i + batch] for i in range(0, len(results), batch)]
     steps = [max(r.target_forwards for r in rows) for rows in batches]
     seconds = [max(r.latency_s for r in rows) for rows in batches]
