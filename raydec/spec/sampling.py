@@ -160,7 +160,8 @@ def sample_with_uniform(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Ten
     """
     cumulative = probs.cumsum(dim=-1)
     threshold = (1.0 - uniform.to(cumulative.dtype)) * cumulative[..., -1]
-    index = (cumulative < threshold.unsqueeze(-1)).sum(dim=-1)
+    # the cumulative mass never decreases: the count of entries below the threshold is a binary search
+    index = torch.searchsorted(cumulative, threshold.unsqueeze(-1).contiguous()).squeeze(-1)
     return index.clamp(max=probs.shape[-1] - 1)
 
 

@@ -76,7 +76,7 @@ def effective_proposal(q: torch.Tensor, removed: torch.Tensor | None) -> torch.T
 
 
 def acceptance_probability(p: torch.Tensor, q: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-    """min(1, p(x) / q(x)).  p, q: [B, V]; token: [B]  -> [B]"""
+    """min(1, p(x) / q(x)).  p, q: [..., V]; token: [...]  -> [...]"""
     p_x = p.gather(-1, token.unsqueeze(-1)).squeeze(-1)
     q_x = q.gather(-1, token.unsqueeze(-1)).squeeze(-1)
     return torch.where(q_x > 0, (p_x / q_x.clamp_min(_RESIDUAL_EPS)).clamp(max=1.0), (p_x > 0).to(p.dtype))

@@ -131,6 +131,9 @@ class JacobiProposer(Proposer):
             torch.zeros(1, width, dtype=torch.long), torch.zeros(1, width, dtype=torch.bool), torch.zeros(1, 0, 1),
         ).ancestor_mask()[0]
         self._eye = identity_mask(width)
+        parents = self.layout.spine[:-1]  # the node whose P predicts each spine slot: a slice where they run in order
+        contiguous = bool((parents == torch.arange(int(parents[0]), int(parents[0]) + len(parents))).all())
+        self._spine_parents = slice(int(parents[0]), int(parents[0]) + len(parents)) if contiguous else parents
         self.pending_tokens: dict[int, torch.Tensor] = {}     # row id -> [n]
         self.pending_proposals: dict[int, torch.Tensor] = {}  # row id -> [n, V]
         self._last: dict[str, torch.Tensor] = {}
@@ -185,8 +188,7 @@ class JacobiProposer(Proposer):
         """Carry the untested spine slots over to the next window (see module docstring)."""
         batch, slots = state.batch_size, self.spine_slots
         uniforms = torch.stack([torch.rand(2 * slots, generator=g, dtype=torch.float64) for g in state.generators]).view(batch, slots, 2)
-        spine = self.layout.spine                                                      # [S + 1]
-        p = target_probs[:, spine[:-1]]                                                # P_{j-1}: [B, S, V]
+        p = target_probs[:, self._spine_parents]                                       # P_{j-1}: [B, S, V]
         tokens, recorded = self._couple(p, self._last["tokens"], self._last["proposals"].to(p.dtype), uniforms)
         new_root_slot = (result.num_accepted + 1).tolist()                             # [B]
         self.pending_tokens, self.pending_proposals = {}, {}  # rows no longer decoding drop out
@@ -205,11 +207,11 @@ class JacobiProposer(Proposer):
         """
         if self.variant == "sjd":
             return sample_with_uniform(p, uniforms[..., 0]), p
-        flat_p, flat_q = p.reshape(-1, p.shape[-1]), old_q.reshape(-1, p.shape[-1])
-        keep_prob = acceptance_probability(flat_p, flat_q, old_tokens.reshape(-1)).view(old_tokens.shape)
-        keep = uniforms[..., 0].to(p.dtype) < keep_prob
-        fresh = sample_with_uniform(residual(flat_p, flat_q).view(p.shape), uniforms[..., 1])
-        return torch.where(keep, old_tokens, fresh), p
+        keep = uniforms[..., 0].to(p.dtype) < acceptance_probability(p, old_q, old_tokens)  # [B, S]
+        rows, slots = (~keep).nonzero(as_tuple=True)  # the residual only where the old draft fails
+        tokens = old_tokens.clone()
+        tokens[rows, slots] = sample_with_uniform(residual(p[rows, slots], old_q[rows, slots]), uniforms[rows, slots, 1])
+        return tokens, p
 
     def _extra_candidates(self, q: torch.Tensor, first: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K - 1 more tokens per row without replacement from q, excluding ``first``.
@@ -264,14 +266,17 @@ class JacobiProposer(Proposer):
             if forced is None:
                 tokens[fresh], proposals[fresh] = random_tokens[fresh], uniform_q
                 return tokens, proposals
-            q_one_hot = forced >= 0
-            token = torch.where(q_one_hot, forced, random_tokens)
-            q = torch.where(q_one_hot.unsqueeze(-1), torch.nn.functional.one_hot(token, vocab).to(proposals.dtype), uniform_q)
-            tokens[fresh], proposals[fresh] = token[fresh], q[fresh]
+            is_forced = forced >= 0
+            tokens = torch.where(fresh, torch.where(is_forced, forced, random_tokens), tokens)
+            _set_fresh_proposals(proposals, tokens, fresh & is_forced, fresh & ~is_forced, uniform_q)
             return tokens, proposals
-        # Spatial priors: slot s copies the token `offset` places before it, i.e. committed token
-        # L - offset + s while s < offset, else window slot s - offset (already filled, so blocks of
-        # `offset` slots go in order). A copy that is not an allowed id falls back to the random draw.
+        # Spatial priors: slot s copies the token `offset` places before it: committed token
+        # L - offset + s while s < offset, else window slot s - offset. A copy that is not an allowed
+        # id falls back to the random draw. On the sequence [last `offset` committed | window], index
+        # i copies i - offset, so the copies run along chains of stride `offset` and every slot takes
+        # the token of the last *source* on its chain: a committed token, a pending or forced draft,
+        # or a fallback. A fallback follows a committed / pending / forced token that is not allowed
+        # (or missing); copies and fallbacks are allowed ids, so nothing else falls back.
         tail = torch.zeros(batch, offset, dtype=torch.long)     # the last `offset` committed tokens,
         tail_valid = torch.zeros(batch, offset, dtype=torch.bool)  # right-aligned
         for row, generated in enumerate(state.generated):
@@ -279,27 +284,35 @@ class JacobiProposer(Proposer):
             if recent:
                 tail[row, offset - len(recent) :] = torch.tensor(recent)
                 tail_valid[row, offset - len(recent) :] = True
-        q_one_hot = torch.zeros(batch, slots, dtype=torch.bool)
-        first_fresh = int(have.min())
-        for lo in range(0, slots, offset):
-            hi = min(lo + offset, slots)
-            if hi <= first_fresh:
-                continue
-            if lo < offset:
-                copied, usable = tail[:, : hi - lo], tail_valid[:, : hi - lo]
-            else:
-                copied, usable = tokens[:, lo - offset : hi - offset], torch.ones(batch, hi - lo, dtype=torch.bool)
-            usable = usable & allowed[copied]
-            token = torch.where(usable, copied, random_tokens[:, lo:hi])
-            one_hot = usable
-            if forced is not None:
-                is_forced = forced[:, lo:hi] >= 0
-                token = torch.where(is_forced, forced[:, lo:hi], token)
-                one_hot = one_hot | is_forced
-            tokens[:, lo:hi] = torch.where(fresh[:, lo:hi], token, tokens[:, lo:hi])
-            q_one_hot[:, lo:hi] = one_hot
-        q = torch.where(
-            q_one_hot[fresh].unsqueeze(-1), torch.nn.functional.one_hot(tokens[fresh], vocab).to(proposals.dtype), uniform_q
-        )
-        proposals[fresh] = q
+        is_forced = fresh & (forced >= 0) if forced is not None else torch.zeros_like(fresh)
+        window = torch.where(is_forced, forced, tokens) if forced is not None else tokens   # [B, S]
+        fixed = ~fresh | is_forced                                                          # [B, S]
+        # slot s copies sequence index s: a tail token, or window slot s - offset
+        copied_fixed = torch.cat([torch.ones(batch, offset, dtype=torch.bool), fixed], dim=1)[:, :slots]
+        copied_ok = torch.cat([tail_valid & allowed[tail], allowed[window]], dim=1)[:, :slots]
+        fallback = fresh & ~is_forced & copied_fixed & ~copied_ok                           # [B, S]
+        window = torch.where(fallback, random_tokens, window)
+        # forward fill along each chain: sequence index i = step * offset + residue
+        steps = -(-(offset + slots) // offset)
+        pad = steps * offset - offset - slots
+        sequence = torch.cat([tail, window, torch.zeros(batch, pad, dtype=torch.long)], dim=1).view(batch, steps, offset)
+        source = torch.cat(
+            [torch.ones(batch, offset, dtype=torch.bool), fixed | fallback, torch.zeros(batch, pad, dtype=torch.bool)], dim=1
+        ).view(batch, steps, offset)
+        step = torch.arange(steps).view(1, steps, 1)
+        last_source = torch.where(source, step, -1).cummax(dim=1).values                   # >= 0: step 0 is the tail
+        filled = sequence.gather(1, last_source).view(batch, -1)[:, offset : offset + slots]
+        tokens = torch.where(fresh, filled, tokens)
+        _set_fresh_proposals(proposals, tokens, fresh & ~fallback, fresh & fallback, uniform_q)  # copies, forced: one-hot
         return tokens, proposals
+
+
+def _set_fresh_proposals(
+    proposals: torch.Tensor, tokens: torch.Tensor, one_hot: torch.Tensor, uniform: torch.Tensor, uniform_q: torch.Tensor
+) -> None:
+    """Q of fresh slots, in place in ``proposals`` ([B, S, V], zero at those slots): one-hot at the
+    slot's token where ``one_hot`` ([B, S]), ``uniform_q`` ([V]) where ``uniform``. A one-hot Q is one
+    write per slot, not a vocabulary-wide row."""
+    rows, slots = one_hot.nonzero(as_tuple=True)
+    proposals[rows, slots, tokens[rows, slots]] = 1.0
+    proposals[uniform] = uniform_q
