@@ -207,3 +207,22 @@ def test_spatial_prior_fresh_drafts_on_hand_made_rows(init, expected_a, expected
                 assert torch.equal(q, uniform_q)  # the fallback draw
             else:
                 assert torch.equal(q, torch.nn.functional.one_hot(torch.tensor(token), vocab).double())
+
+
+def test_adaptive_continuation_couples_drafts_on_hand_made_slots():
+    """AC keeps a slot's old draft when u < P(d) / Q(d) and otherwise draws from
+    norm(max(0, P - Q)); plain SJD redraws every slot from P. Either way Q := P."""
+    p = torch.tensor([[[0.5, 0.5, 0.0, 0.0], [0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4]]], dtype=torch.float64)
+    old_q = torch.tensor([[[1.0, 0.0, 0.0, 0.0], [0.25] * 4, [0.25] * 4, [0.25] * 4]], dtype=torch.float64)
+    old_tokens = torch.tensor([[0, 3, 0, 0]])
+    # acceptance: 0.5, 1 (0.4 / 0.25 capped), 0.4, 0.4
+    uniforms = torch.tensor([[[0.7, 0.5], [0.99, 0.5], [0.3, 0.5], [0.85, 0.8]]], dtype=torch.float64)
+    ac = JacobiProposer(DraftSpec(window=4), "sjd_ac", "uniform")
+    tokens, recorded = ac._couple(p, old_tokens, old_q, uniforms)
+    # slot 0: rejected, the residual is all on token 1; slots 1, 2 keep; slot 3: residual [0, 0, .25, .75], u 0.8 -> 2
+    assert tokens.tolist() == [[1, 3, 0, 2]]
+    assert recorded is p
+    sjd = JacobiProposer(DraftSpec(window=4), "sjd", "uniform")
+    tokens, recorded = sjd._couple(p, old_tokens, old_q, uniforms)
+    # fresh draws from P with u[..., 0]: the first token whose cumulative mass reaches 1 - u
+    assert tokens.tolist() == [[0, 0, 3, 1]] and recorded is p
