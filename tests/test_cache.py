@@ -23,7 +23,7 @@ def filled_cache(rows: int, prompt: int, compaction: str) -> RaggedCache:
     return cache
 
 
-def test_commit_keeps_accepted_slots_as_holes_free_tail():
+def test_commit_keeps_accepted_slots_and_crops_the_unused_tail():
     cache = filled_cache(rows=2, prompt=3, compaction="never")
     cache.kv.update(kv(2, 5, start=3), -kv(2, 5, start=3), 0)  # a 5-node window: slots 3..7
     keep = torch.tensor([[True, False, True, False, False],     # root and node 2 (a tree path)

@@ -131,7 +131,7 @@ class JacobiProposer(Proposer):
             torch.zeros(1, width, dtype=torch.long), torch.zeros(1, width, dtype=torch.bool), torch.zeros(1, 0, 1),
         ).ancestor_mask()[0]
         self._eye = identity_mask(width)
-        parents = self.layout.spine[:-1]  # the node whose P predicts each spine slot: a slice where they run in order
+        parents = self.layout.spine[:-1]  # the node whose P predicts each spine slot (a slice if they run in order)
         contiguous = bool((parents == torch.arange(int(parents[0]), int(parents[0]) + len(parents))).all())
         self._spine_parents = slice(int(parents[0]), int(parents[0]) + len(parents)) if contiguous else parents
         self.pending_tokens: dict[int, torch.Tensor] = {}     # row id -> [n]
