@@ -262,13 +262,11 @@ class JacobiProposer(Proposer):
         # a uniform allowed id: the floor(u * n)-th of the n allowed ids
         random_tokens = allowed_ids[(uniforms * len(allowed_ids)).long().clamp(max=len(allowed_ids) - 1)]  # [B, S]
         fresh = have.unsqueeze(1) <= torch.arange(slots)                                  # [B, S]
+        is_forced = fresh & (forced >= 0) if forced is not None else torch.zeros_like(fresh)
+        window = torch.where(is_forced, forced, tokens) if forced is not None else tokens   # [B, S]
         if not offset:  # no slot copies another: every fresh slot at once
-            if forced is None:
-                tokens[fresh], proposals[fresh] = random_tokens[fresh], uniform_q
-                return tokens, proposals
-            is_forced = forced >= 0
-            tokens = torch.where(fresh, torch.where(is_forced, forced, random_tokens), tokens)
-            _set_fresh_proposals(proposals, tokens, fresh & is_forced, fresh & ~is_forced, uniform_q)
+            tokens = torch.where(fresh & ~is_forced, random_tokens, window)
+            _set_fresh_proposals(proposals, tokens, is_forced, fresh & ~is_forced, uniform_q)
             return tokens, proposals
         # Spatial priors: slot s copies the token `offset` places before it: committed token
         # L - offset + s while s < offset, else window slot s - offset. A copy that is not an allowed
@@ -284,8 +282,6 @@ class JacobiProposer(Proposer):
             if recent:
                 tail[row, offset - len(recent) :] = torch.tensor(recent)
                 tail_valid[row, offset - len(recent) :] = True
-        is_forced = fresh & (forced >= 0) if forced is not None else torch.zeros_like(fresh)
-        window = torch.where(is_forced, forced, tokens) if forced is not None else tokens   # [B, S]
         fixed = ~fresh | is_forced                                                          # [B, S]
         # slot s copies sequence index s: a tail token, or window slot s - offset
         copied_fixed = torch.cat([torch.ones(batch, offset, dtype=torch.bool), fixed], dim=1)[:, :slots]
