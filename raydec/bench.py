@@ -46,6 +46,22 @@ def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
 
 
+def parse_methods(text: str, known: tuple[str, ...]) -> list[str]:
+    """``--methods``: a comma-separated subset of ``known`` that includes the "ar" baseline."""
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in known]
+    if unknown:
+        raise SystemExit(f"--methods: unknown {', '.join(unknown)} (choose from {', '.join(known)})")
+    if "ar" not in methods:
+        raise SystemExit(f"--methods {text!r}: add 'ar'; every speedup is measured against it in the same run")
+    return methods
+
+
+def ratio_cell(entry: dict, key: str) -> str:
+    """A table cell for an optional ratio: '-' when its baseline was not run."""
+    return f"{entry[key]:.2f}" if key in entry else "-"
+
+
 def resolve_device(name: str) -> str:
     """``--device``: "cpu", "cuda", "cuda:N" or "auto" (cuda when torch sees a GPU, else cpu)."""
     if name == "auto":

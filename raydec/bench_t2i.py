@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raydec.bench import print_table, resolve_device, synchronize
+from raydec.bench import parse_methods, print_table, ratio_cell, resolve_device, synchronize
 from raydec.config import DecodeConfig, DraftSpec
 from raydec.models.base import decoding_attention
 from raydec.tune_t2i import window_cost
@@ -162,10 +162,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = sorted(set(methods) - set(ALL_METHODS))
-    if unknown or "ar" not in methods:
-        raise SystemExit(f"--methods: unknown {unknown} (choose from {ALL_METHODS}; 'ar' is required as the baseline)")
+    methods = parse_methods(args.methods, ALL_METHODS)
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     device = resolve_device(args.device)
     target = load_pipeline(args.model, "t2i", dtype=dtype, device=None if device == "cpu" else device)
@@ -253,7 +250,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
     plots = _plots(records, target.layout_grid, args.plots)
     header = ["method", "step compr.", "latency x AR", "latency x hf", "tokens/fwd", "judge", "judge vs AR (p KS/MW)", "img/s"]
     rows = [
-        [m, f"{e['step_compression']:.2f}", f"{e['latency_speedup']:.2f}", f"{e.get('latency_speedup_vs_hf', float('nan')):.2f}",
+        [m, f"{e['step_compression']:.2f}", f"{e['latency_speedup']:.2f}", ratio_cell(e, "latency_speedup_vs_hf"),
          f"{e['mean_accepted']:.2f}", f"{e['judge_score']:.3f}",
          f"{e['judge_mean_diff']:+.3f} ({e['judge_ks_p']:.2f}/{e['judge_mw_p']:.2f})" if "judge_ks_p" in e else "-",
          f"{e['images_per_second']:.3f}"]

@@ -162,6 +162,18 @@ def test_device_option_resolves_auto_and_names_what_is_missing():
         resolve_device("gpu0")
 
 
+def test_methods_option_names_unknown_methods_and_asks_for_the_ar_baseline():
+    from raydec.bench import parse_methods, ratio_cell
+
+    known = ("ar", "hf", "sjd")
+    assert parse_methods(" ar, sjd ,", known) == ["ar", "sjd"]
+    with pytest.raises(SystemExit, match=r"--methods: unknown sdj, eagle \(choose from ar, hf, sjd\)"):
+        parse_methods("ar,sdj,eagle", known)
+    with pytest.raises(SystemExit, match="--methods 'hf,sjd': add 'ar'"):
+        parse_methods("hf,sjd", known)
+    assert ratio_cell({"x": 2.345}, "x") == "2.35" and ratio_cell({}, "x") == "-"
+
+
 def test_tune_windows_option_parses_a_list_and_rejects_nonsense():
     import argparse
 
