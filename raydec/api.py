@@ -209,23 +209,28 @@ def _image_decode_config(decode: DecodeConfig | None, target: Any) -> DecodeConf
 # -- generation ------------------------------------------------------------------------------
 
 
-def continuous_batching(device: Any) -> bool:
-    """Whether batched decoding on ``device`` gives a finished row's place to the next request.
+def continuous_batching(device: Any, batching: str = "auto") -> bool:
+    """Whether batched decoding on ``device`` gives a finished row's place to the next request
+    (``DecodeConfig.batching``: "continuous", "consecutive", or "auto" to decide by device).
 
     On an accelerator a decode step costs about the same for 1 or ``batch_size`` rows, so a
     finished row's place goes to the next request (continuous batching) instead of the batch
     draining to its slowest row; drafted rows finish many steps apart. On a CPU a step costs
     in proportion to its rows, so a draining batch already gets cheaper and refilling only
     adds prefills and cache copies (measured: no gain at batch 8 on the reference Janus):
-    there, requests run in consecutive batches.
+    there, "auto" runs requests in consecutive batches.
     """
-    return torch.device(device).type != "cpu"
+    if batching == "auto":
+        return torch.device(device).type != "cpu"
+    if batching not in ("continuous", "consecutive"):
+        raise ValueError(f"batching: expected 'auto', 'continuous' or 'consecutive', got {batching!r}")
+    return batching == "continuous"
 
 
-def _decode_batches(engine: Engine, requests: list[RowRequest], batch_size: int, device: Any, on_finish: Callable[[int, Any], None]) -> list[Any]:
-    """Decode ``requests`` at most ``batch_size`` rows at a time, continuously batched where
-    :func:`continuous_batching` says so, else in consecutive batches."""
-    if continuous_batching(device):
+def _decode_batches(engine: Engine, requests: list[RowRequest], batch_size: int, continuous: bool, on_finish: Callable[[int, Any], None]) -> list[Any]:
+    """Decode ``requests`` at most ``batch_size`` rows at a time: continuously batched, or in
+    consecutive batches."""
+    if continuous:
         return engine.generate(requests, max_batch=batch_size, on_finish=on_finish)
     outputs = []
     for start in range(0, len(requests), batch_size):
@@ -293,7 +298,8 @@ def generate_images(
             target, _make_proposer(config, target), config,
             constraint=target.vocab_constraint(), eos_token_ids=target.eos_token_ids,
         )
-        outputs = _decode_batches(engine, requests, batch_size, target.device, _progress(bar, len(requests), f"generate_images ({config.method})"))
+        continuous = continuous_batching(target.device, config.batching)
+        outputs = _decode_batches(engine, requests, batch_size, continuous, _progress(bar, len(requests), f"generate_images ({config.method})"))
         for start in range(0, len(requests), batch_size):
             batch, chunk = requests[start : start + batch_size], outputs[start : start + batch_size]
             images = target.decode_tokens(torch.tensor([output.tokens for output in chunk], dtype=torch.long))
@@ -441,7 +447,8 @@ def caption_images(
         bar = tqdm(total=len(requests), desc=f"caption_images ({config.method})", unit="image")
     try:
         engine = Engine(target, _make_proposer(config, target, model), config, eos_token_ids=target.eos_token_ids)
-        outputs = _decode_batches(engine, requests, batch_size, target.device, _progress(bar, len(requests), f"caption_images ({config.method})"))
+        continuous = continuous_batching(target.device, config.batching)
+        outputs = _decode_batches(engine, requests, batch_size, continuous, _progress(bar, len(requests), f"caption_images ({config.method})"))
         for request, output in zip(requests, outputs):
             text_tokens = [t for t in output.tokens if t not in eos]
             lengths = output.stats.accepted_lengths

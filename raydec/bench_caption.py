@@ -138,7 +138,7 @@ def _draft_path(args: argparse.Namespace, method: str) -> str:
 
 
 def bench_caption(args: argparse.Namespace) -> dict:
-    from raydec.api import caption_images, draft_dtype, load_pipeline
+    from raydec.api import caption_images, continuous_batching, draft_dtype, load_pipeline
     from raydec.models.hf_vlm import VlmPrompt
     from raydec.models.registry import REFERENCE_DRAFT_DIRS
     from raydec.reference.judge import score_caption
@@ -160,6 +160,7 @@ def bench_caption(args: argparse.Namespace) -> dict:
             method="ar" if m in ("ar", "hf", "hf_assisted") else m, max_new_tokens=args.max_new_tokens,
             sampling=sampling, draft_tree=tree,
             draft_model=_draft_path(args, m) if m in ("eagle", "vispec") else None, draft_dtype=args.draft_dtype,
+            batching=args.batching,
         )
         for m in methods
     }
@@ -238,8 +239,9 @@ def bench_caption(args: argparse.Namespace) -> dict:
          f"{e['overhead_per_step_vs_target_forward']:.2f}" if "overhead_per_step_vs_target_forward" in e else "-"]
         for m, e in summary.items()
     ]
+    batching = "continuous" if continuous_batching(device, args.batching) else "consecutive"
     print_table(
-        f"bench caption: {args.model}, {measured} images, batch {args.batch}, {args.dtype} (drafts {str(small_dtype).replace('torch.', '')}), "
+        f"bench caption: {args.model}, {measured} images, batch {args.batch} ({batching}), {args.dtype} (drafts {str(small_dtype).replace('torch.', '')}), "
         f"{device}, temperature {args.temperature}, draft tree depth {tree.depth} top_k {tree.top_k} total {tree.total_tokens}",
         header, rows,
     )
@@ -252,7 +254,7 @@ def bench_caption(args: argparse.Namespace) -> dict:
         "draft_tree": tree.model_dump(),
         "captions_identical_to_ar": identical,
         "config": {m: c.model_dump() for m, c in configs.items()},
-        "images": measured, "images_requested": args.images, "batch": args.batch, "dtype": args.dtype,
+        "images": measured, "images_requested": args.images, "batch": args.batch, "batching": batching, "dtype": args.dtype,
         "draft_dtype": str(small_dtype).replace("torch.", ""), "temperature": args.temperature, "device": device,
         "device_name": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
         "model": str(args.model), "prompt": args.prompt,
@@ -272,6 +274,10 @@ def add_caption_parser(subparsers) -> None:
     )
     parser.add_argument("--prompt", default="describe the image .")
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument(
+        "--batching", choices=["auto", "continuous", "consecutive"], default="auto",
+        help="DecodeConfig.batching of ar / eagle / vispec: auto is continuous on a GPU and consecutive on a CPU",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--max-new-tokens", type=int, default=128)

@@ -49,9 +49,9 @@ def fixed_draft(method: str, args: argparse.Namespace, init: str = "uniform") ->
 def method_config(method: str, args: argparse.Namespace, sampling: Any, length: int) -> DecodeConfig:
     """The decode config of one method with a fixed draft shape and prior from the CLI."""
     if method == "ar":
-        return DecodeConfig(method="ar", max_new_tokens=length, sampling=sampling)
+        return DecodeConfig(method="ar", max_new_tokens=length, sampling=sampling, batching=args.batching)
     draft = fixed_draft(method, args, args.init)
-    return DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft)
+    return DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft, batching=args.batching)
 
 
 def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sampling: Any, length: int) -> tuple[dict, list, list]:
@@ -74,23 +74,23 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
         sizes = sorted({1} | {s.window + 1 for m in jacobi for s in candidate_shapes(m, windows)})
         seconds = forward_seconds(target, prompts[0], sizes, batch=args.batch)
         costs = relative_costs(seconds)
-        ar_step = ar_step_cost(target, prompts, seeds, sampling, args.batch, seconds[1])
+        ar_step = ar_step_cost(target, prompts, seeds, sampling, args.batch, seconds[1], args.batching)
     configs, tried, priors = {}, [], []
     for method in jacobi:
         init = args.init
         if init == "auto":
             probe = probe_shape(method, windows) if tune_shape else fixed_draft(method, args)
-            init, steps = choose_fresh_drafts(target, method, probe, prompts, seeds, sampling, args.batch)
+            init, steps = choose_fresh_drafts(target, method, probe, prompts, seeds, sampling, args.batch, batching=args.batching)
             priors.append((method, probe, steps, init))
         if tune_shape:
             best, shapes = tune_draft(
                 target, method, prompts, seeds, sampling, args.batch, windows=windows,
-                costs=costs, one_token_seconds=seconds[1], ar_step=ar_step, inits=(init,),
+                costs=costs, one_token_seconds=seconds[1], ar_step=ar_step, inits=(init,), batching=args.batching,
             )
             draft, tried = best.draft, tried + shapes
         else:
             draft = fixed_draft(method, args, init)
-        configs[method] = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft)
+        configs[method] = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft, batching=args.batching)
     return configs, tried, priors
 
 
@@ -156,7 +156,7 @@ def _plots(records: dict[str, MethodRecord], grid: tuple[int, int], out_dir: Pat
 
 
 def bench_t2i(args: argparse.Namespace) -> dict:
-    from raydec.api import generate_images, load_pipeline
+    from raydec.api import continuous_batching, generate_images, load_pipeline
     from raydec.reference.judge import score_image
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
 
@@ -216,7 +216,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
                 images = target.decode_tokens(torch.tensor(tokens))
                 record.forwards += [len(t) for t in tokens]
                 record.tokens += [len(t) for t in tokens]
-            else:  # up to --batch rows at once (continuous batching on a GPU)
+            else:  # up to --batch rows at once (--batching: continuous on a GPU by default)
                 synchronize(device)
                 begin = time.perf_counter()
                 results = generate_images(batch_prompts, model=target, decode=configs[method], seeds=batch_seeds, batch_size=args.batch)
@@ -256,7 +256,8 @@ def bench_t2i(args: argparse.Namespace) -> dict:
          f"{e['images_per_second']:.3f}"]
         for m, e in summary.items()
     ]
-    print_table(f"bench t2i: {args.model}, {measured} prompts, batch {args.batch}, {args.dtype}, {device}", header, rows)
+    batching = "continuous" if continuous_batching(device, args.batching) else "consecutive"
+    print_table(f"bench t2i: {args.model}, {measured} prompts, batch {args.batch} ({batching}), {args.dtype}, {device}", header, rows)
     print("drafts: " + ", ".join(
         f"{m} window {c.draft.window}" + (f" K {c.draft.branching} D-1 {c.draft.tree_depth}" if c.draft.tree_depth else "") + f" ({c.draft.init})"
         for m, c in configs.items() if c.method != "ar"
@@ -275,7 +276,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
              "predicted_speedup": t.predicted_speedup}
             for t in tried
         ],
-        "prompts": measured, "prompts_requested": args.prompts, "batch": args.batch, "chunk": chunk, "dtype": args.dtype, "device": device,
+        "prompts": measured, "prompts_requested": args.prompts, "batch": args.batch, "batching": batching, "chunk": chunk, "dtype": args.dtype, "device": device,
         "device_name": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu", "model": str(args.model),
         "plots": [str(p) for p in plots],
     }
@@ -334,9 +335,14 @@ def add_t2i_parser(subparsers) -> None:
     parser.add_argument("--batch", type=int, default=1, help="rows decoding together")
     parser.add_argument(
         "--chunk", type=int, default=None,
-        help="prompts per generate_images call; methods interleave chunk by chunk. On a GPU a finished row's "
-        "place goes to the chunk's next prompt (continuous batching); on a CPU a chunk runs as consecutive "
-        "batches (default: 1 at --batch 1, else 4 x --batch)",
+        help="prompts per generate_images call; methods interleave chunk by chunk. Under continuous batching a "
+        "finished row's place goes to the chunk's next prompt; consecutive batches drain to their slowest row "
+        "(default: 1 at --batch 1, else 4 x --batch)",
+    )
+    parser.add_argument(
+        "--batching", choices=["auto", "continuous", "consecutive"], default="auto",
+        help="DecodeConfig.batching of every engine method (and of the tuner's calibration): auto is continuous "
+        "on a GPU and consecutive on a CPU; 'consecutive' on a GPU measures the draining-batch baseline",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")

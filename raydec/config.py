@@ -108,6 +108,13 @@ class DecodeConfig(StrictModel):
     compaction: Literal["auto", "always", "never"] = Field(
         "auto", description="When the ragged KV cache drops rejected slots physically."
     )
+    batching: Literal["auto", "continuous", "consecutive"] = Field(
+        "auto",
+        description="How generate_images / caption_images keep batch_size rows decoding. continuous: a finished "
+        "row's place goes to the next request at once; consecutive: a batch drains to its slowest row before the "
+        "next starts; auto: continuous on an accelerator (a step costs about the same for 1 or 8 rows), "
+        "consecutive on a CPU (a step costs in proportion to its rows). A row's output law never depends on it.",
+    )
     draft_tree: DraftTreeSpec | None = Field(
         None, description="Draft-model tree (vispec, eagle); None: DraftTreeSpec.for_temperature(sampling.temperature)."
     )

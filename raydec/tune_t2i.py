@@ -139,16 +139,18 @@ def choose_fresh_drafts(
     sampling: SamplingConfig,
     batch: int = 1,
     inits: Sequence[str] = FRESH_DRAFTS,
+    batching: str = "auto",
 ) -> tuple[str, dict[str, float]]:
     """The fresh-draft prior of ``method`` needing the fewest target forwards per batch at
-    ``probe`` on the calibration prompts, and the forwards of each (ties keep the earlier)."""
+    ``probe`` on the calibration prompts, and the forwards of each (ties keep the earlier).
+    batching: ``DecodeConfig.batching`` of the runs being tuned for."""
     if not inits:
         raise ValueError(f"inits: expected at least one of {FRESH_DRAFTS}, got none")
     length = int(target.num_image_tokens)
     steps = {}
     for init in inits:
         draft = DraftSpec(**{**probe.model_dump(), "init": init})
-        config = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft)
+        config = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft, batching=batching)
         steps[init], _ = calibration_run(target, config, prompts, seeds, batch)
         logger.info("tune %s fresh drafts %r at %s: %.1f steps per batch", method, init, probe, steps[init])
     return min(inits, key=lambda init: steps[init]), steps
@@ -159,15 +161,16 @@ def calibration_run(
 ) -> tuple[float, float]:
     """Decode the calibration prompts with ``config``: (target forwards per batch, seconds per forward).
 
-    Consecutive batches (a CPU, or batch 1): a batch lasts as long as its slowest row, so its
-    forwards are that row's. Continuous batching (an accelerator): a finished row's place is
-    refilled, so a full batch advances all its rows each step and ``batch`` images take their
-    rows' mean forwards; the slowest row of a calibration run says little about a long queue.
+    Consecutive batches (``config.batching``; "auto": a CPU): a batch lasts as long as its
+    slowest row, so its forwards are that row's. Continuous batching ("auto": an accelerator): a
+    finished row's place is refilled, so a full batch advances all its rows each step and
+    ``batch`` images take their rows' mean forwards; the slowest row of a calibration run says
+    little about a long queue.
     """
     from raydec.api import continuous_batching, generate_images
 
     results = generate_images(prompts, model=target, decode=config, seeds=seeds, batch_size=batch)
-    if batch > 1 and continuous_batching(target.device):
+    if batch > 1 and continuous_batching(target.device, config.batching):
         forwards = [r.target_forwards for r in results]  # latency_s: from the row's admission
         return float(np.mean(forwards)), sum(r.latency_s for r in results) / sum(forwards)
     batches = [results[i : i + batch] for i in range(0, len(results), batch)]
@@ -177,10 +180,11 @@ def calibration_run(
 
 
 def ar_step_cost(
-    target: Any, prompts: Sequence[str], seeds: Sequence[int], sampling: SamplingConfig, batch: int, one_token_seconds: float
+    target: Any, prompts: Sequence[str], seeds: Sequence[int], sampling: SamplingConfig, batch: int, one_token_seconds: float,
+    batching: str = "auto",
 ) -> float:
     """step(ar): seconds of one AR decode step / a one-token forward's."""
-    config = DecodeConfig(method="ar", max_new_tokens=int(target.num_image_tokens), sampling=sampling)
+    config = DecodeConfig(method="ar", max_new_tokens=int(target.num_image_tokens), sampling=sampling, batching=batching)
     _, per_step = calibration_run(target, config, prompts, seeds, batch)
     return per_step / one_token_seconds
 
@@ -212,6 +216,7 @@ def tune_draft(
     one_token_seconds: float | None = None,
     ar_step: float | None = None,
     inits: Sequence[str] = FRESH_DRAFTS,
+    batching: str = "auto",
 ) -> tuple[TunedShape, list[TunedShape]]:
     """The best draft shape of ``method`` for ``target`` at ``batch``, and every candidate tried.
 
@@ -219,14 +224,16 @@ def tune_draft(
     evaluation prompts). inits: fresh-draft priors to choose from first (just one: use it).
     costs: a cost curve already measured at this batch (keys: window + 1, and 1). one_token_seconds: the absolute seconds behind ``costs[1]``; with it whole decode
     steps are timed (``ar_step`` = step(ar) is measured when not given). Without it (a cost
-    curve from elsewhere) the prediction counts forwards only.
+    curve from elsewhere) the prediction counts forwards only. batching: ``DecodeConfig.batching``
+    of the runs being tuned for (it decides whether a batch's forwards are its slowest row's or
+    its rows' mean).
     """
     if method not in ("sjd", "sjd_ac", "sjd_pac"):
         raise ValueError(f"method={method!r}: only the Jacobi methods sjd, sjd_ac, sjd_pac have a draft shape to tune")
     if len(inits) == 1:
         init = inits[0]
     else:  # refuses an empty list
-        init, _ = choose_fresh_drafts(target, method, probe_shape(method, windows, trees), prompts, seeds, sampling, batch, inits)
+        init, _ = choose_fresh_drafts(target, method, probe_shape(method, windows, trees), prompts, seeds, sampling, batch, inits, batching)
     shapes = [DraftSpec(**{**shape.model_dump(), "init": init}) for shape in candidate_shapes(method, windows, trees)]
     length = int(target.num_image_tokens)
     if costs is None or any(s.window + 1 not in costs for s in shapes):
@@ -234,10 +241,10 @@ def tune_draft(
         one_token_seconds, costs = seconds[1], relative_costs(seconds)
     timed = one_token_seconds is not None
     if timed and ar_step is None:
-        ar_step = ar_step_cost(target, prompts, seeds, sampling, batch, one_token_seconds)
+        ar_step = ar_step_cost(target, prompts, seeds, sampling, batch, one_token_seconds, batching)
     counted, measured = [], []  # steps per batch; measured step(c)
     for draft in shapes:
-        config = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft)
+        config = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft, batching=batching)
         steps, per_step = calibration_run(target, config, prompts, seeds, batch)
         counted.append(steps)
         measured.append(per_step / one_token_seconds if timed else costs[draft.window + 1])

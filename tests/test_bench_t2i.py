@@ -197,10 +197,9 @@ def test_bench_t2i_max_seconds_stops_after_a_whole_chunk(tmp_path):
     assert (result["prompts"], result["prompts_requested"], result["chunk"]) == (3, 5, 3)
 
 
-def test_calibration_counts_the_slowest_row_or_the_mean_as_batches_are_run(tmp_path, monkeypatch):
+def test_calibration_counts_the_slowest_row_or_the_mean_as_batches_are_run(tmp_path):
     """Consecutive batches last as long as their slowest row; under continuous batching (an
-    accelerator's) a finished row's place is refilled, so a batch's images take the mean."""
-    import raydec.api
+    accelerator's by default) a finished row's place is refilled, so a batch's images take the mean."""
     from raydec.api import generate_images, load_pipeline
     from raydec.config import DecodeConfig, DraftSpec
     from raydec.tune_t2i import calibration_run
@@ -212,11 +211,10 @@ def test_calibration_counts_the_slowest_row_or_the_mean_as_batches_are_run(tmp_p
     prompts, seeds = ["a red circle", "a blue square", "a green circle", "a red square"], [0, 1, 2, 3]
     forwards = [r.target_forwards for r in generate_images(prompts, model=target, decode=config, seeds=seeds, batch_size=2)]
     assert len(set(forwards)) > 1  # rows finish apart, so the two counts differ
-    steps, per_step = calibration_run(target, config, prompts, seeds, batch=2)
+    steps, per_step = calibration_run(target, config, prompts, seeds, batch=2)  # auto: consecutive on a CPU
     assert steps == pytest.approx(np.mean([max(forwards[0:2]), max(forwards[2:4])])) and per_step > 0
 
-    calls = []
-    monkeypatch.setattr(raydec.api, "continuous_batching", lambda device: calls.append(device) or True)
-    steps, per_step = calibration_run(target, config, prompts, seeds, batch=2)
-    assert calls and per_step > 0
+    continuous = config.model_copy(update={"batching": "continuous"})
+    steps, per_step = calibration_run(target, continuous, prompts, seeds, batch=2)
+    assert per_step > 0
     assert steps == pytest.approx(np.mean(forwards))  # a row's tokens, hence its forwards, never depend on the batch

@@ -240,6 +240,25 @@ def test_generate_images_end_to_end(janus_path):
     assert all(r.num_tokens == 16 and r.mean_accepted == pytest.approx(16 / r.target_forwards) for r in drafted)
 
 
+def test_generate_images_batching_refills_rows_without_changing_them(janus_path):
+    """batching="continuous" gives a finished row's place to the next prompt (the default on
+    an accelerator); each row's sampled image equals the one from consecutive batches."""
+    pipeline = api.load_pipeline(janus_path)
+    prompts, seeds = PROMPTS + PROMPTS[:2], [3, 4, 5, 6, 7]
+    assert api.continuous_batching("cpu") is False and api.continuous_batching("cpu", "continuous") is True
+    assert api.continuous_batching("cuda") is True and api.continuous_batching("cuda", "consecutive") is False
+    by_mode = {}
+    for batching in ("consecutive", "continuous"):
+        decode = DecodeConfig(method="sjd_pac", draft=PAC_DRAFT, batching=batching)
+        by_mode[batching] = api.generate_images(prompts, model=pipeline, decode=decode, seeds=seeds, batch_size=2)
+    assert [r.tokens for r in by_mode["continuous"]] == [r.tokens for r in by_mode["consecutive"]]
+    assert [r.target_forwards for r in by_mode["continuous"]] == [r.target_forwards for r in by_mode["consecutive"]]
+    with pytest.raises(ValueError, match="batching"):
+        DecodeConfig(batching="sometimes")
+    with pytest.raises(ValueError, match="batching: expected 'auto', 'continuous' or 'consecutive', got 'sometimes'"):
+        api.continuous_batching("cpu", "sometimes")
+
+
 def test_generate_images_validation(janus):
     assert api.generate_images([], model="reference") == []
     with pytest.raises(ValueError, match=r"prompts\[1\].*'  '"):
