@@ -113,7 +113,8 @@ class DecodeConfig(StrictModel):
         description="How generate_images / caption_images keep batch_size rows decoding. continuous: a finished "
         "row's place goes to the next request at once; consecutive: a batch drains to its slowest row before the "
         "next starts; auto: continuous on an accelerator (a step costs about the same for 1 or 8 rows), "
-        "consecutive on a CPU (a step costs in proportion to its rows). A row's output law never depends on it.",
+        "consecutive on a CPU (a step costs in proportion to its rows). It changes speed, not outputs: each row's "
+        "randomness is its own.",
     )
     draft_tree: DraftTreeSpec | None = Field(
         None, description="Draft-model tree (vispec, eagle); None: DraftTreeSpec.for_temperature(sampling.temperature)."
