@@ -17,6 +17,8 @@
 #                        cheap on a GPU; fewer shapes keep tuning short)
 #   LIMIT_SCALE=0.5      multiplies each stage's hard time limit (default 1.0; the whole run's
 #                        limits add up to 1170 s at 1.0), to fit a short device lease
+#   DRAIN=1              after the batch-8 stage, the same with --batching consecutive: the
+#                        draining-batch baseline continuous batching replaces (limit 240 s more)
 set -u
 out=${1:?usage: gpu_check.sh OUT_DIR [SCALE]}
 scale=${2:-1.0}
@@ -57,6 +59,10 @@ run t2i_b1 360 t2i --methods ar,hf,sjd,sjd_ac,sjd_pac --prompts 200 --batch 1 --
 run caption_t1 120 caption --methods ar,hf_assisted,eagle,vispec --temperature 1 --images 60 --max-seconds "$(seconds 40)"
 run t2i_b8 240 t2i --methods ar,sjd,sjd_ac,sjd_pac --prompts 128 --batch 8 --chunk 64 --tune-windows "$windows" \
   --max-seconds "$(seconds 60)" --plots "$out/plots_b8"  # chunks of 64: less of the time is a chunk's drain
+if [ "${DRAIN:-0}" = 1 ]; then
+  run t2i_b8_drain 240 t2i --methods ar,sjd,sjd_ac,sjd_pac --prompts 128 --batch 8 --chunk 64 --tune-windows "$windows" \
+    --batching consecutive --max-seconds "$(seconds 60)"
+fi
 run engine 120 engine --prompts 6 --new-tokens 128
 echo "=== profile"
 PYTHONUNBUFFERED=1 timeout "$($py -c "print(max(10, round(90 * $limit_scale)))")" $py benchmarks/profile_decode.py --device "$device" --out "$out/profile" --top 25 \
