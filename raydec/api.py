@@ -14,6 +14,7 @@ checkpoint folder, or an already loaded target.
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -167,6 +168,35 @@ def _make_proposer(decode: DecodeConfig, target: Any, model: str | Path | Any = 
 # -- validation ------------------------------------------------------------------------------
 
 
+SEED_LIMIT = 2**63  # seeds are in [0, 2**63), as a job's
+
+
+def _check_seeds(seeds: Sequence[int] | None, count: int, rows: str) -> None:
+    """One integer seed in [0, 2**63) per row, or None (each row's index)."""
+    if seeds is None:
+        return
+    if isinstance(seeds, (str, bytes)) or not hasattr(seeds, "__len__"):
+        raise TypeError(f"seeds must be a list of integers (one per row), got {type(seeds).__name__}: {seeds!r}")
+    if len(seeds) != count:
+        raise ValueError(f"seeds has {len(seeds)} entries but {rows} has {count}")
+    for index, seed in enumerate(seeds):
+        try:
+            value = operator.index(seed)  # ints (numpy's too), not floats or strings
+        except TypeError:
+            raise TypeError(f"seeds[{index}] must be an integer, got {type(seed).__name__}: {seed!r}") from None
+        if isinstance(seed, bool) or not 0 <= value < SEED_LIMIT:
+            raise ValueError(f"seeds[{index}] must be an integer in [0, 2**63), got {seed!r}")
+
+
+def _as_decode_config(decode: DecodeConfig | dict | None) -> DecodeConfig | None:
+    """``decode`` as a DecodeConfig: one, a dict of its fields (validated), or None."""
+    if decode is None or isinstance(decode, DecodeConfig):
+        return decode
+    if isinstance(decode, dict):
+        return DecodeConfig.model_validate(decode)
+    raise TypeError(f"decode must be a raydec.config.DecodeConfig or a dict of its fields, got {type(decode).__name__}: {decode!r}")
+
+
 def _check_inputs(
     prompts: Sequence[str], seeds: Sequence[int] | None, negative_prompts: Sequence[str | None] | None, batch_size: int
 ) -> None:
@@ -177,8 +207,7 @@ def _check_inputs(
             raise TypeError(f"prompts[{index}] must be a string, got {type(prompt).__name__}: {prompt!r}")
         if not prompt.strip():
             raise ValueError(f"prompts[{index}] is empty or blank: {prompt!r}")
-    if seeds is not None and len(seeds) != len(prompts):
-        raise ValueError(f"seeds has {len(seeds)} entries but prompts has {len(prompts)}")
+    _check_seeds(seeds, len(prompts), "prompts")
     if negative_prompts is not None:
         if len(negative_prompts) != len(prompts):
             raise ValueError(f"negative_prompts has {len(negative_prompts)} entries but prompts has {len(prompts)}")
@@ -258,7 +287,7 @@ def _progress(bar: Any, total: int, what: str) -> Callable[[int, Any], None]:
 def generate_images(
     prompts: Sequence[str],
     model: str | Path | Any = "reference",
-    decode: DecodeConfig | None = None,
+    decode: DecodeConfig | dict | None = None,
     seeds: Sequence[int] | None = None,
     negative_prompts: Sequence[str | None] | None = None,
     batch_size: int = 8,
@@ -267,12 +296,13 @@ def generate_images(
     """Generate one image per prompt.
 
     model: "reference", a local checkpoint folder, or a target from ``load_pipeline``.
-    decode: method and sampling; unset ``sampling`` takes the checkpoint's generation_config,
-    and the length is always the model's image layout. seeds: one per prompt (default: the
-    prompt's index); a row's image depends only on its prompt, seed and config, never on the
-    batch. negative_prompts: per prompt (None entries allowed), the CFG unconditional text.
+    decode: method and sampling (a DecodeConfig, or a dict of its fields); unset ``sampling``
+    takes the checkpoint's generation_config, and the length is always the model's image layout.
+    seeds: one per prompt, integers in [0, 2**63) (default: the prompt's index); a row's image
+    depends only on its prompt, seed and config, never on the batch. negative_prompts: per prompt (None entries allowed), the CFG unconditional text.
     """
     _check_inputs(prompts, seeds, negative_prompts, batch_size)
+    decode = _as_decode_config(decode)
     if len(prompts) == 0:
         return []
     target = load_pipeline(model, kind="t2i")
@@ -399,7 +429,7 @@ def caption_images(
     images: Sequence[Any],
     prompt: str | Sequence[str] = DEFAULT_CAPTION_PROMPT,
     model: str | Path | Any = "reference",
-    decode: DecodeConfig | None = None,
+    decode: DecodeConfig | dict | None = None,
     seeds: Sequence[int] | None = None,
     batch_size: int = 8,
     progress: bool = False,
@@ -409,9 +439,10 @@ def caption_images(
     images: per row a PIL image, image bytes, a path, or a list of them (several images in one
     prompt). prompt: one question for every row or one per row. model: "reference", a local
     LLaVA / LLaVA-NeXT / Qwen2-VL / Qwen2.5-VL folder, or a target from ``load_pipeline``.
-    decode: method ar | vispec | eagle (``decode.draft_model`` names the draft; the reference
-    VLM ships its own), sampling (unset: the checkpoint's generation_config), max_new_tokens
-    (unset: 128). A row's caption depends only on its inputs, seed and config.
+    decode (a DecodeConfig, or a dict of its fields): method ar | vispec | eagle
+    (``decode.draft_model`` names the draft; the reference VLM ships its own), sampling (unset:
+    the checkpoint's generation_config), max_new_tokens (unset: 128). seeds: one per image,
+    integers in [0, 2**63). A row's caption depends only on its inputs, seed and config.
     """
     from raydec.models.hf_vlm import VlmPrompt
 
@@ -423,8 +454,8 @@ def caption_images(
     for index, question in enumerate(questions):
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"prompt[{index}] must be a non-empty string, got {question!r}")
-    if seeds is not None and len(seeds) != len(images):
-        raise ValueError(f"seeds has {len(seeds)} entries but images has {len(images)}")
+    _check_seeds(seeds, len(images), "images")
+    decode = _as_decode_config(decode)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if len(images) == 0:

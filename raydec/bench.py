@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -46,6 +47,59 @@ def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
 
 
+def count_arg(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``minimum`` (argparse names the option in its error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+positive_int = count_arg(1)
+non_negative_int = count_arg(0)
+
+
+def json_path_arg(text: str) -> Path:
+    """An argparse ``type`` for ``--json``: checked before a long run, not after it."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; name a file, e.g. {str(path / 'bench.json')!r}")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise argparse.ArgumentTypeError(f"{text!r}: {str(parent)!r} is a file, not a folder")
+            break
+    return path
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run the chosen bench; bad option values that only its configs can judge exit with their names."""
+    from pydantic import ValidationError
+
+    try:
+        result = args.bench(args)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = ".".join(str(part) for part in error["loc"])
+            problems.append(f"{exc.title}.{field}: {error['msg']} (got {error.get('input')!r})" if field else f"{exc.title}: {error['msg']}")
+        raise SystemExit(f"raydec bench {args.which}: bad option value: {'; '.join(problems)}") from None
+    except FileNotFoundError as exc:
+        raise SystemExit(f"raydec bench {args.which}: {exc}") from None
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
 def parse_methods(text: str, known: tuple[str, ...]) -> list[str]:
     """``--methods``: a comma-separated subset of ``known`` that includes the "ar" baseline."""
     methods = [m.strip() for m in text.split(",") if m.strip()]
@@ -66,12 +120,12 @@ def resolve_device(name: str) -> str:
     """``--device``: "cpu", "cuda", "cuda:N" or "auto" (cuda when torch sees a GPU, else cpu)."""
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", name):
+        raise SystemExit(f"--device: expected cpu, cuda, cuda:N or auto, got {name!r}")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(f"--device {name}: torch {torch.__version__} sees no CUDA device (a CPU-only build, or no GPU)")
-    try:
-        torch.device(name)
-    except RuntimeError:
-        raise SystemExit(f"--device: expected cpu, cuda, cuda:N or auto, got {name!r}") from None
+    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+        raise SystemExit(f"--device {name}: torch sees {torch.cuda.device_count()} CUDA device(s), numbered from 0")
     return name
 
 
@@ -217,14 +271,14 @@ def bench_engine(args: argparse.Namespace) -> dict:
 
 def add_engine_parser(subparsers) -> None:
     parser = subparsers.add_parser("engine", help="engine AR vs HF generate; oracle proposer vs AR")
-    parser.add_argument("--prompts", type=int, default=6, help="number of prompts (batch 1 each)")
-    parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt")
-    parser.add_argument("--window", type=int, default=16, help="oracle draft window")
+    parser.add_argument("--prompts", type=positive_int, default=6, help="number of prompts (batch 1 each)")
+    parser.add_argument("--new-tokens", type=positive_int, default=128, help="tokens generated per prompt")
+    parser.add_argument("--window", type=positive_int, default=16, help="oracle draft window")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (cuda when torch sees a GPU)")
     parser.add_argument("--size", choices=["default", "small"], default="default", help="default ~60M params; small for smoke tests")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
-    parser.add_argument("--json", type=Path, default=None, help="write results here")
+    parser.add_argument("--threads", type=non_negative_int, default=0, help="torch threads (0 = torch default)")
+    parser.add_argument("--json", type=json_path_arg, default=None, help="write results here")
     parser.set_defaults(bench=bench_engine)
 
 
@@ -245,9 +299,4 @@ def main(argv: list[str] | None = None) -> int:
     add_caption_parser(subparsers)
     subparsers.add_parser("pipeline", help="Ray Data pipeline vs the engine in one process (see `raydec bench pipeline -h`)")
     args = parser.parse_args(argv)
-    result = args.bench(args)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.json}")
-    return 0
+    return run_bench(args)

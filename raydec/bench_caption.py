@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from raydec.bench import parse_methods, print_table, ratio_cell, resolve_device, synchronize
+from raydec.bench import (
+    json_path_arg, non_negative_int, parse_methods, positive_int, print_table, ratio_cell, resolve_device, synchronize,
+)
 from raydec.config import DecodeConfig, DraftTreeSpec, SamplingConfig
 from raydec.models.base import decoding_attention
 
@@ -151,10 +153,10 @@ def bench_caption(args: argparse.Namespace) -> dict:
         raise SystemExit("--methods hf_assisted: Hugging Face assisted generation runs at --batch 1 only")
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     device = resolve_device(args.device)
-    target = load_pipeline(args.model, "vlm", dtype=dtype, device=None if device == "cpu" else device)
-    sampling = SamplingConfig(temperature=args.temperature)
+    sampling = SamplingConfig(temperature=args.temperature)  # validated before any model loads
     shape = {k: v for k, v in (("depth", args.depth), ("top_k", args.top_k), ("total_tokens", args.total_tokens)) if v is not None}
-    tree = DraftTreeSpec(**{**DraftTreeSpec.for_temperature(args.temperature).model_dump(), **shape})  # validated
+    tree = DraftTreeSpec(**{**DraftTreeSpec.for_temperature(args.temperature).model_dump(), **shape})
+    target = load_pipeline(args.model, "vlm", dtype=dtype, device=None if device == "cpu" else device)
     configs = {
         m: DecodeConfig(
             method="ar" if m in ("ar", "hf", "hf_assisted") else m, max_new_tokens=args.max_new_tokens,
@@ -265,22 +267,22 @@ def add_caption_parser(subparsers) -> None:
     parser = subparsers.add_parser("caption", help="AR / HF / HF assisted / EAGLE-2 / ViSpec on a VLM")
     parser.add_argument("--model", default="reference", help='"reference" or a local LLaVA / LLaVA-NeXT / Qwen2(.5)-VL folder')
     parser.add_argument("--methods", default="ar,hf_assisted,eagle,vispec", help="comma-separated subset of " + ",".join(ALL_METHODS))
-    parser.add_argument("--images", type=int, default=200, help="held-out shapes images")
-    parser.add_argument("--offset", type=int, default=0, help="first held-out image index")
+    parser.add_argument("--images", type=positive_int, default=200, help="held-out shapes images")
+    parser.add_argument("--offset", type=non_negative_int, default=0, help="first held-out image index")
     parser.add_argument(
         "--max-seconds", type=float, default=None,
         help="stop taking new images once the measured loop has run this long; every method finishes the "
         "batch it is on, so all methods see the same images",
     )
     parser.add_argument("--prompt", default="describe the image .")
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--batch", type=positive_int, default=1)
     parser.add_argument(
         "--batching", choices=["auto", "continuous", "consecutive"], default="auto",
         help="DecodeConfig.batching of ar / eagle / vispec: auto is continuous on a GPU and consecutive on a CPU",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (cuda when torch sees a GPU)")
     parser.add_argument(
@@ -288,12 +290,12 @@ def add_caption_parser(subparsers) -> None:
         help="precision of the eagle / vispec drafts and the hf_assisted assistant (auto: float32 on a CPU, "
         "--dtype on a GPU)",
     )
-    parser.add_argument("--depth", type=int, default=None, help="draft tree depth (default: DraftTreeSpec.for_temperature)")
-    parser.add_argument("--top-k", type=int, default=None, help="draft tree top-k (default: as --depth)")
-    parser.add_argument("--total-tokens", type=int, default=None, help="draft tree size, root included (default: as --depth)")
+    parser.add_argument("--depth", type=positive_int, default=None, help="draft tree depth (default: DraftTreeSpec.for_temperature)")
+    parser.add_argument("--top-k", type=positive_int, default=None, help="draft tree top-k (default: as --depth)")
+    parser.add_argument("--total-tokens", type=positive_int, default=None, help="draft tree size, root included (default: as --depth)")
     parser.add_argument("--vispec-draft", type=Path, default=None, help="ViSpec draft folder (default: the shipped one)")
     parser.add_argument("--eagle-draft", type=Path, default=None, help="EAGLE draft folder (default: the shipped one)")
     parser.add_argument("--assistant", type=Path, default=None, help="assistant model folder for hf_assisted")
-    parser.add_argument("--threads", type=int, default=0)
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--threads", type=non_negative_int, default=0, help="torch threads (0 = torch default)")
+    parser.add_argument("--json", type=json_path_arg, default=None)
     parser.set_defaults(bench=bench_caption)

@@ -49,7 +49,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from raydec.bench import print_table
+from raydec.bench import json_path_arg, non_negative_int, positive_int, print_table, run_bench
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,16 @@ def _shard_marks(output: Path) -> List[tuple[float, int]]:
         done += rows
         marks.append((mtime, done))
     return marks
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
 
 
 def _decode_config(args: argparse.Namespace) -> Any:
@@ -266,11 +276,11 @@ def bench_pipeline(args: argparse.Namespace) -> dict:
 
     if args.rows < 1 or args.rounds < 1:
         raise SystemExit("--rows and --rounds must be >= 1")
+    decode = _decode_config(args)  # bad draft options fail here, before any folder or model
     torch.set_num_threads(args.threads)
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="raydec_bench_pipeline_"))
     work.mkdir(parents=True, exist_ok=True)
     prompts = work / "prompts.parquet"
-    _write_prompts(prompts, args.rows, args.seed)
 
     def job_for(round_index: int) -> Any:
         output = work / f"out_{round_index}"
@@ -278,17 +288,18 @@ def bench_pipeline(args: argparse.Namespace) -> dict:
         return JobConfig(
             task="t2i", model=str(args.model), dtype=args.dtype,
             input={"path": str(prompts)}, output={"path": str(output)},
-            decode=_decode_config(args),
+            decode=decode,
             pool={"workers": 1, "batch_size": args.batch_size, "cpus_per_worker": args.cpus_per_worker,
                   "torch_threads": args.threads},
         )
 
-    job = job_for(0)
-    rows = load_rows(job.input, "t2i")
     direct_rounds: List[Dict[str, Any]] = []
     pipeline_rounds: List[Dict[str, Any]] = []
     ray_start_s, ray_was_running = None, ray.is_initialized()
     try:
+        _write_prompts(prompts, args.rows, args.seed)
+        job = job_for(0)  # a bad pool option fails here; the finally still removes the folder
+        rows = load_rows(job.input, "t2i")
         for round_index in range(args.rounds):
             job = job_for(round_index)
             # Alternate the order (D P, P D, D P, ...) so drift in machine load hits both sides alike.
@@ -426,32 +437,25 @@ def add_pipeline_parser(subparsers) -> None:
     parser = subparsers.add_parser("pipeline", help="Ray Data pipeline (1 worker) vs the engine direct: rows/s")
     parser.add_argument("--model", default="reference", help='"reference" or a local Janus / Emu3 checkpoint folder')
     parser.add_argument("--method", choices=["ar", "sjd", "sjd_ac", "sjd_pac"], default="ar")
-    parser.add_argument("--rows", type=int, default=48, help="held-out shapes prompts (same rows on both sides)")
-    parser.add_argument("--rounds", type=int, default=2, help="direct / pipeline runs each, order alternating")
-    parser.add_argument("--batch-size", type=int, default=8, help="rows per engine call / actor call")
+    parser.add_argument("--rows", type=positive_int, default=48, help="held-out shapes prompts (same rows on both sides)")
+    parser.add_argument("--rounds", type=positive_int, default=2, help="direct / pipeline runs each, order alternating")
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="rows per engine call / actor call")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float64"], default="float32")
-    parser.add_argument("--window", type=int, default=16, help="sjd*: draft nodes per step")
-    parser.add_argument("--branching", type=int, default=2, help="sjd_pac: candidates per tree level")
-    parser.add_argument("--tree-depth", type=int, default=2, help="sjd_pac: tree levels")
-    parser.add_argument("--cpus-per-worker", type=float, default=0.5, help="Ray CPUs reserved by the actor")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads, direct and in the actor")
-    parser.add_argument("--seed", type=int, default=0, help="row i gets seed SEED + i")
+    parser.add_argument("--window", type=positive_int, default=16, help="sjd*: draft nodes per step")
+    parser.add_argument("--branching", type=positive_int, default=2, help="sjd_pac: candidates per tree level")
+    parser.add_argument("--tree-depth", type=non_negative_int, default=2, help="sjd_pac: tree levels")
+    parser.add_argument("--cpus-per-worker", type=_positive_float, default=0.5, help="Ray CPUs reserved by the actor")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads, direct and in the actor")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="row i gets seed SEED + i")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep the prompts and pipeline outputs here")
-    parser.add_argument("--json", type=Path, default=None, help="write results here")
+    parser.add_argument("--json", type=json_path_arg, default=None, help="write results here")
     parser.set_defaults(bench=bench_pipeline)
 
 
 def main(argv: list[str] | None = None) -> int:
     """`raydec bench pipeline ...` (the same --json handling as `raydec bench`)."""
-    import json
-
     parser = argparse.ArgumentParser(prog="raydec bench", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="which", required=True)
     add_pipeline_parser(subparsers)
     args = parser.parse_args(argv)
-    result = args.bench(args)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.json}")
-    return 0
+    return run_bench(args)

@@ -20,7 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from raydec.bench import parse_methods, print_table, ratio_cell, resolve_device, synchronize
+from raydec.bench import (
+    json_path_arg, non_negative_int, parse_methods, positive_int, print_table, ratio_cell, resolve_device, synchronize,
+)
 from raydec.config import DecodeConfig, DraftSpec
 from raydec.models.base import decoding_attention
 from raydec.tune_t2i import window_cost
@@ -44,6 +46,23 @@ def fixed_draft(method: str, args: argparse.Namespace, init: str = "uniform") ->
     """The draft shape from the CLI (``--window N``, ``--branching``, ``--tree-depth``)."""
     tree = dict(branching=args.branching, tree_depth=args.tree_depth) if method == "sjd_pac" else {}
     return DraftSpec(window=int(args.window), init=init, **tree)
+
+
+def _check_fixed_drafts(methods: list[str], args: argparse.Namespace) -> None:
+    """A fixed ``--window`` must hold each method's draft; say so before any model loads."""
+    from pydantic import ValidationError
+
+    if args.window == "auto":
+        return
+    for method in methods:
+        if method in ("sjd", "sjd_ac", "sjd_pac"):
+            try:
+                fixed_draft(method, args, "uniform" if args.init == "auto" else args.init)
+            except ValidationError as exc:
+                raise SystemExit(
+                    f"--window {args.window} --branching {args.branching} --tree-depth {args.tree_depth}: no valid {method} "
+                    f"draft ({exc.errors()[0]['msg']}); widen --window or lower --branching / --tree-depth"
+                ) from None
 
 
 def method_config(method: str, args: argparse.Namespace, sampling: Any, length: int) -> DecodeConfig:
@@ -163,6 +182,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     methods = parse_methods(args.methods, ALL_METHODS)
+    _check_fixed_drafts(methods, args)
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     device = resolve_device(args.device)
     target = load_pipeline(args.model, "t2i", dtype=dtype, device=None if device == "cpu" else device)
@@ -306,9 +326,12 @@ def _window_arg(value: str) -> str | int:
     if value == "auto":
         return value
     try:
-        return int(value)
+        window = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--window: expected a positive integer or 'auto', got {value!r}") from None
+        window = 0
+    if window < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}")
+    return window
 
 
 def _windows_arg(value: str) -> tuple[int, ...]:
@@ -325,16 +348,16 @@ def add_t2i_parser(subparsers) -> None:
     parser = subparsers.add_parser("t2i", help="AR / HF / SJD / SJD+AC / SJD-PAC on a text-to-image model")
     parser.add_argument("--model", default="reference", help='"reference" or a local Janus / Emu3 checkpoint folder')
     parser.add_argument("--methods", default=",".join(ALL_METHODS), help="comma-separated subset of " + ",".join(ALL_METHODS))
-    parser.add_argument("--prompts", type=int, default=200, help="held-out shapes prompts")
-    parser.add_argument("--offset", type=int, default=0, help="first held-out prompt index")
+    parser.add_argument("--prompts", type=positive_int, default=200, help="held-out shapes prompts")
+    parser.add_argument("--offset", type=non_negative_int, default=0, help="first held-out prompt index")
     parser.add_argument(
         "--max-seconds", type=float, default=None,
         help="stop taking new prompts once the measured loop (after tuning) has run this long; every method "
         "finishes the batch it is on, so all methods see the same prompts",
     )
-    parser.add_argument("--batch", type=int, default=1, help="rows decoding together")
+    parser.add_argument("--batch", type=positive_int, default=1, help="rows decoding together")
     parser.add_argument(
-        "--chunk", type=int, default=None,
+        "--chunk", type=positive_int, default=None,
         help="prompts per generate_images call; methods interleave chunk by chunk. Under continuous batching a "
         "finished row's place goes to the chunk's next prompt; consecutive batches drain to their slowest row "
         "(default: 1 at --batch 1, else 4 x --batch)",
@@ -344,7 +367,7 @@ def add_t2i_parser(subparsers) -> None:
         help="DecodeConfig.batching of every engine method (and of the tuner's calibration): auto is continuous "
         "on a GPU and consecutive on a CPU; 'consecutive' on a GPU measures the draining-batch baseline",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (cuda when torch sees a GPU)")
     parser.add_argument(
@@ -352,7 +375,7 @@ def add_t2i_parser(subparsers) -> None:
         help="draft nodes per step (L - 1), or 'auto': tune window and tree per method from the measured cost curve",
     )
     parser.add_argument(
-        "--tune-prompts", type=int, default=None,
+        "--tune-prompts", type=positive_int, default=None,
         help="--init / --window auto: calibration prompts (default: max(4, 2 x --batch))",
     )
     parser.add_argument(
@@ -360,14 +383,14 @@ def add_t2i_parser(subparsers) -> None:
         help="--window auto: comma-separated windows to try (default 8,16,32,48; on a GPU, where a wide window "
         "costs about as much as a narrow one, add larger ones such as 64,96)",
     )
-    parser.add_argument("--branching", type=int, default=3, help="sjd_pac with a fixed --window: candidates per level (K)")
-    parser.add_argument("--tree-depth", type=int, default=2, help="sjd_pac with a fixed --window: tree levels (D - 1)")
+    parser.add_argument("--branching", type=positive_int, default=3, help="sjd_pac with a fixed --window: candidates per level (K)")
+    parser.add_argument("--tree-depth", type=non_negative_int, default=2, help="sjd_pac with a fixed --window: tree levels (D - 1)")
     parser.add_argument(
         "--init", choices=["auto", "uniform", "left", "above"], default="auto",
         help="fresh drafts (slots never predicted): uniform over image ids, a copy of the token to the left / above, "
         "or 'auto': per method, the one needing the fewest forwards on the calibration prompts",
     )
-    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--threads", type=non_negative_int, default=0, help="torch threads (0 = torch default)")
     parser.add_argument("--plots", type=Path, default=Path("bench_out"), help="folder for the PNG plots")
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--json", type=json_path_arg, default=None)
     parser.set_defaults(bench=bench_t2i)

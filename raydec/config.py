@@ -85,6 +85,17 @@ class DraftTreeSpec(StrictModel):
     top_k: int = Field(2, ge=1, le=64, description="Children per expanded node, and nodes expanded per level.")
     total_tokens: int = Field(12, ge=2, le=512, description="Tree size the target verifies, root included.")
 
+    @model_validator(mode="after")
+    def _tree_can_grow_to_total(self) -> "DraftTreeSpec":
+        # level 1 holds top_k candidates, every later level top_k * top_k; the tree keeps the best
+        candidates = self.top_k + (self.depth - 1) * self.top_k * self.top_k
+        if self.total_tokens - 1 > candidates:
+            raise ValueError(
+                f"total_tokens={self.total_tokens}: a tree of depth={self.depth}, top_k={self.top_k} has at most "
+                f"{candidates} candidates besides the root, so at most total_tokens={candidates + 1}"
+            )
+        return self
+
     @classmethod
     def for_temperature(cls, temperature: float) -> "DraftTreeSpec":
         """The default tree for greedy decoding (temperature 0) or for sampling."""

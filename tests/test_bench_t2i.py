@@ -174,6 +174,44 @@ def test_methods_option_names_unknown_methods_and_asks_for_the_ar_baseline():
     assert ratio_cell({"x": 2.345}, "x") == "2.35" and ratio_cell({}, "x") == "-"
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["t2i", "--prompts", "0"], "argument --prompts: expected an integer >= 1, got 0"),
+        (["t2i", "--window", "-4"], "argument --window: expected a positive integer or 'auto', got '-4'"),
+        (["t2i", "--batch", "two"], "argument --batch: expected an integer >= 1, got 'two'"),
+        (["caption", "--threads", "-1"], "argument --threads: expected an integer >= 0, got -1"),
+        (["engine", "--new-tokens", "0"], "argument --new-tokens: expected an integer >= 1, got 0"),
+        (["pipeline", "--cpus-per-worker", "0"], "argument --cpus-per-worker: expected a number > 0, got '0'"),
+    ],
+)
+def test_bench_options_reject_bad_counts_naming_the_option(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        bench_main(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_bench_checks_option_values_before_loading_a_model(tmp_path, capsys):
+    """Values only a config can judge, and an unwritable --json, fail before the long run."""
+    with pytest.raises(SystemExit):
+        bench_main(["t2i", "--json", str(tmp_path)])
+    assert f"argument --json: {str(tmp_path)!r} is a folder" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit):
+        bench_main(["caption", "--json", str(tmp_path / "file" / "x.json")])
+    assert "is a file, not a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"--window 8 --branching 3 --tree-depth 2: no valid sjd_pac draft .*widen --window"):
+        bench_main(["t2i", "--methods", "ar,sjd_pac", "--window", "8", "--init", "left", "--model", str(tmp_path / "none")])
+    with pytest.raises(SystemExit, match=r"bad option value: SamplingConfig.temperature: .* \(got -1.0\)"):
+        bench_main(["caption", "--temperature", "-1", "--model", str(tmp_path / "none")])
+    with pytest.raises(SystemExit, match=r"DraftTreeSpec: .*total_tokens=200: a tree of depth=6, top_k=2 has at most 22"):
+        bench_main(["caption", "--depth", "6", "--top-k", "2", "--total-tokens", "200", "--model", str(tmp_path / "none")])
+    with pytest.raises(SystemExit, match=f"no text-to-image checkpoint at {tmp_path / 'none'}"):
+        bench_main(["t2i", "--methods", "ar", "--model", str(tmp_path / "none")])
+    with pytest.raises(SystemExit, match="--device: expected cpu, cuda, cuda:N or auto, got 'mps'"):
+        bench_main(["t2i", "--device", "mps", "--model", str(tmp_path / "none")])
+
+
 def test_tune_windows_option_parses_a_list_and_rejects_nonsense():
     import argparse
 

@@ -249,7 +249,7 @@ def test_generate_images_batching_refills_rows_without_changing_them(janus_path)
     assert api.continuous_batching("cuda") is True and api.continuous_batching("cuda", "consecutive") is False
     by_mode = {}
     for batching in ("consecutive", "continuous"):
-        decode = DecodeConfig(method="sjd_pac", draft=PAC_DRAFT, batching=batching)
+        decode = {"method": "sjd_pac", "draft": PAC_DRAFT.model_dump(), "batching": batching}  # a dict is validated into a DecodeConfig
         by_mode[batching] = api.generate_images(prompts, model=pipeline, decode=decode, seeds=seeds, batch_size=2)
     assert [r.tokens for r in by_mode["continuous"]] == [r.tokens for r in by_mode["consecutive"]]
     assert [r.target_forwards for r in by_mode["continuous"]] == [r.target_forwards for r in by_mode["consecutive"]]
@@ -277,6 +277,19 @@ def test_generate_images_validation(janus):
         api.generate_images(["a"], model=janus, decode=DecodeConfig(max_new_tokens=10))
     with pytest.raises(ValueError, match="vispec"):
         api.generate_images(["a"], model=janus, decode=DecodeConfig(method="vispec"))
+    for seeds, error, message in (
+        ([1.7], TypeError, r"seeds\[0\] must be an integer, got float: 1.7"),
+        (["abc"], TypeError, r"seeds\[0\] must be an integer, got str"),
+        ([-1], ValueError, r"seeds\[0\] must be an integer in \[0, 2\*\*63\), got -1"),
+        ([2**70], ValueError, r"seeds\[0\] must be an integer in \[0, 2\*\*63\)"),
+        (7, TypeError, "seeds must be a list of integers"),
+    ):
+        with pytest.raises(error, match=message):
+            api.generate_images(["a"], model=janus, seeds=seeds)
+    with pytest.raises(TypeError, match="decode must be a raydec.config.DecodeConfig or a dict of its fields, got str: 'sjd'"):
+        api.generate_images(["a"], model=janus, decode="sjd")
+    with pytest.raises(ValueError, match="method"):
+        api.generate_images(["a"], model=janus, decode={"method": "sjd_pca"})
 
 
 # -- the sampling law itself -------------------------------------------------------------------
