@@ -417,7 +417,7 @@ def _caption_decode_config(decode: DecodeConfig | None, target: Any) -> DecodeCo
     if decode.method not in CAPTION_METHODS:
         raise ValueError(f"decode.method={decode.method!r} is not a captioning method (use {', '.join(CAPTION_METHODS)})")
     if decode.sampling.uses_cfg:
-        raise ValueError("decode.sampling.cfg_scale must be 1 for captioning (no classifier-free guidance)")
+        raise ValueError(f"decode.sampling.cfg_scale: {decode.sampling.cfg_scale} must be 1 for captioning (no classifier-free guidance)")
     if "sampling" not in decode.model_fields_set:
         decode = decode.model_copy(update={"sampling": default})
     if "max_new_tokens" not in decode.model_fields_set:

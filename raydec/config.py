@@ -105,6 +105,8 @@ class DraftTreeSpec(StrictModel):
 #: captioning methods with a draft network (EAGLE-2 dynamic trees); "ar" captions without one
 DRAFT_METHODS = ("vispec", "eagle")
 CAPTION_METHODS = ("ar",) + DRAFT_METHODS
+#: text-to-image methods: AR and the speculative Jacobi family
+IMAGE_METHODS = ("ar", "sjd", "sjd_ac", "sjd_pac")
 
 
 class DecodeConfig(StrictModel):
@@ -131,7 +133,7 @@ class DecodeConfig(StrictModel):
         None, description="Draft-model tree (vispec, eagle); None: DraftTreeSpec.for_temperature(sampling.temperature)."
     )
     draft_model: str | None = Field(
-        None, description="Draft checkpoint folder for vispec / eagle; None picks the one shipped with the target."
+        None, min_length=1, description="Draft checkpoint folder for vispec / eagle; None picks the one shipped with the target."
     )
     draft_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",

@@ -150,7 +150,7 @@ def test_shipped_job_configs_validate_and_gpu_requests_fall_back_to_cpu(caplog):
     assert "running on CPU" in caplog.text
 
 
-def test_bad_configs_fail_fast_before_any_model_loads(tmp_path, prompts_file):
+def test_bad_configs_fail_fast_before_any_model_loads(tmp_path, prompts_file, tiny_janus):
     missing_model = str(tmp_path / "no-such-model")  # loading it would fail differently
     no_prompt = tmp_path / "no_prompt.parquet"
     pq.write_table(pa.table({"id": ["a"], "text": ["a red circle ."]}), no_prompt)
@@ -170,7 +170,28 @@ def test_bad_configs_fail_fast_before_any_model_loads(tmp_path, prompts_file):
         preflight(job)
     with pytest.raises(ModelNotFoundError, match="no-such-model"):
         run_job(make_job(missing_model, str(prompts_file), str(tmp_path / "out3")))
+    with pytest.raises(ValueError, match="decode.method: 'vispec' is not a text-to-image method"):
+        preflight(make_job(tiny_janus, str(prompts_file), str(tmp_path / "out4"), decode={"method": "vispec"}))
     assert not (tmp_path / "out1" / "results").exists()
+
+
+def test_job_entrypoint_reports_bad_configs_in_one_line_before_ray_starts(tmp_path, prompts_file, tiny_janus):
+    from raydec.runtime.entrypoint import job_main
+
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        f"task: t2i\nmodel: {tiny_janus}\ninput:\n  path: {prompts_file}\noutput:\n  path: {tmp_path / 'out'}\n"
+        "decode:\n  method: eagle\n"
+    )
+    with pytest.raises(SystemExit, match=rf"^{config}: decode.method: 'eagle' is not a text-to-image method"):
+        job_main("t2i", "test", ["--config", str(config)])
+    with pytest.raises(SystemExit, match=r"path\n.*at least 1 character"):  # an empty override is validated, not ignored
+        job_main("t2i", "test", ["--config", str(config), "--input", ""])
+    with pytest.raises(SystemExit, match=r"^task: 't2i' in .*this entrypoint runs 'caption' jobs"):
+        job_main("caption", "test", ["--config", str(config)])
+    with pytest.raises(SystemExit, match=str(tmp_path / "missing.yaml")):
+        job_main("t2i", "test", ["--config", str(tmp_path / "missing.yaml")])
+    assert not (tmp_path / "out" / "results").exists()  # nothing ran
 
 
 def test_rerun_after_lost_shards_redoes_only_missing_rows(baseline, tmp_path):

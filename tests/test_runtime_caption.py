@@ -139,6 +139,8 @@ def test_caption_configs_fail_fast(tiny_llava, images_file, tmp_path):
         preflight(caption_job(tiny_llava["model"], str(images_file), str(tmp_path / "o"), method="eagle"))
     with pytest.raises(ValueError, match="not a captioning method"):
         preflight(caption_job(tiny_llava["model"], str(images_file), str(tmp_path / "o"), method="sjd_pac"))
+    with pytest.raises(ValueError, match="decode.sampling.cfg_scale: 3.0 must be 1 for captioning"):
+        preflight(caption_job(tiny_llava["model"], str(images_file), str(tmp_path / "o"), decode={"sampling": {"temperature": 0.0, "cfg_scale": 3.0}}))
     no_images = tmp_path / "no_images.parquet"
     pq.write_table(pa.table({"id": ["x"], "text": ["hello"]}), no_images)
     with pytest.raises(Exception, match="image"):

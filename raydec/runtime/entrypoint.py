@@ -23,14 +23,17 @@ def job_main(task: str, description: str, argv: list[str] | None = None) -> int:
     parser.add_argument("--output", help="override output.path (relative paths land in the job's working dir)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    job = JobConfig.from_yaml(args.config)
-    if args.input:
-        job.input = job.input.model_copy(update={"path": args.input})
-    if args.output:
-        job.output = job.output.model_copy(update={"path": args.output})
-    if job.task != task:
-        raise SystemExit(f"task: {job.task!r} in {args.config}; this entrypoint runs {task!r} jobs")
-    files = preflight(job)
+    try:  # a bad config, input, output or model: one clear message, before Ray starts
+        job = JobConfig.from_yaml(args.config)
+        if args.input is not None:
+            job.input.path = args.input  # validated on assignment, as in the YAML
+        if args.output is not None:
+            job.output.path = args.output
+        if job.task != task:
+            raise SystemExit(f"task: {job.task!r} in {args.config}; this entrypoint runs {task!r} jobs")
+        files = preflight(job)
+    except ValueError as exc:  # config, dataset, output, model and resume errors are ValueErrors
+        raise SystemExit(f"{args.config}: {exc}") from None
     connect_ray()
     report = run_job(job, files)
     logging.getLogger(f"{task}_batch").info("done: %s", report)

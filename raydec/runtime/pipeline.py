@@ -33,7 +33,7 @@ from raydec.io import (
     read_results,
     write_manifest,
 )
-from raydec.config import CAPTION_METHODS, DRAFT_METHODS, DraftTreeSpec, SamplingConfig
+from raydec.config import CAPTION_METHODS, DRAFT_METHODS, IMAGE_METHODS, DraftTreeSpec, SamplingConfig
 from raydec.runtime.cluster import connect_ray
 from raydec.runtime.config import JobConfig
 from raydec.runtime.processors import PROCESSORS
@@ -192,6 +192,8 @@ def check_model(job: JobConfig) -> None:
         raise ModelNotFoundError(
             f"model: {job.model!r} is a {model_type!r} checkpoint; text-to-image supports {sorted(T2I_LOADERS)}"
         )
+    if job.decode.method not in IMAGE_METHODS:
+        raise ValueError(f"decode.method: {job.decode.method!r} is not a text-to-image method (use {', '.join(IMAGE_METHODS)})")
 
 
 def _check_caption_model(job: JobConfig) -> None:
@@ -210,6 +212,8 @@ def _check_caption_model(job: JobConfig) -> None:
     method = job.decode.method
     if method not in CAPTION_METHODS:
         raise ValueError(f"decode.method: {method!r} is not a captioning method (use {', '.join(CAPTION_METHODS)})")
+    if job.decode.sampling.cfg_scale != 1:
+        raise ValueError(f"decode.sampling.cfg_scale: {job.decode.sampling.cfg_scale} must be 1 for captioning (no classifier-free guidance)")
     if method != "ar":
         try:
             draft = resolve_draft_path(job.model, method, job.decode.draft_model)
