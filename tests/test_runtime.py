@@ -172,6 +172,8 @@ def test_bad_configs_fail_fast_before_any_model_loads(tmp_path, prompts_file, ti
         run_job(make_job(missing_model, str(prompts_file), str(tmp_path / "out3")))
     with pytest.raises(ValueError, match="decode.method: 'vispec' is not a text-to-image method"):
         preflight(make_job(tiny_janus, str(prompts_file), str(tmp_path / "out4"), decode={"method": "vispec"}))
+    with pytest.raises(ValueError, match="decode.max_new_tokens: 7 set, but an image's length is the model's image layout"):
+        preflight(make_job(tiny_janus, str(prompts_file), str(tmp_path / "out4"), decode={"method": "ar", "max_new_tokens": 7}))
     assert not (tmp_path / "out1" / "results").exists()
 
 

@@ -194,6 +194,11 @@ def check_model(job: JobConfig) -> None:
         )
     if job.decode.method not in IMAGE_METHODS:
         raise ValueError(f"decode.method: {job.decode.method!r} is not a text-to-image method (use {', '.join(IMAGE_METHODS)})")
+    if "max_new_tokens" in job.decode.model_fields_set:
+        raise ValueError(
+            f"decode.max_new_tokens: {job.decode.max_new_tokens} set, but an image's length is the model's image layout; "
+            "leave it unset in text-to-image jobs"
+        )
 
 
 def _check_caption_model(job: JobConfig) -> None:
