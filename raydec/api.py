@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import torch
 from PIL import Image
 
-from raydec.config import CAPTION_METHODS, DRAFT_METHODS, DecodeConfig
+from raydec.config import CAPTION_METHODS, DRAFT_METHODS, IMAGE_METHODS, DecodeConfig
 from raydec.models.image_gen import ImagePrompt
 from raydec.spec.engine import Engine, RowRequest
 from raydec.spec.proposers.base import Proposer
@@ -299,7 +299,8 @@ def generate_images(
     decode: method and sampling (a DecodeConfig, or a dict of its fields); unset ``sampling``
     takes the checkpoint's generation_config, and the length is always the model's image layout.
     seeds: one per prompt, integers in [0, 2**63) (default: the prompt's index); a row's image
-    depends only on its prompt, seed and config, never on the batch. negative_prompts: per prompt (None entries allowed), the CFG unconditional text.
+    depends only on its prompt, seed and config, never on the batch. negative_prompts: per
+    prompt (None entries allowed), the CFG unconditional text.
     """
     _check_inputs(prompts, seeds, negative_prompts, batch_size)
     decode = _as_decode_config(decode)
@@ -307,8 +308,8 @@ def generate_images(
         return []
     target = load_pipeline(model, kind="t2i")
     config = _image_decode_config(decode, target)
-    if config.method in DRAFT_METHODS:
-        raise ValueError(f"decode.method={config.method!r} is a captioning method; text-to-image uses ar, sjd, sjd_ac, sjd_pac")
+    if config.method not in IMAGE_METHODS:
+        raise ValueError(f"decode.method={config.method!r} is not a text-to-image method (use {', '.join(IMAGE_METHODS)})")
     if negative_prompts is not None and not config.sampling.uses_cfg:
         logger.warning("negative_prompts given but cfg_scale=1 (no CFG): they are ignored")
     seeds = list(seeds) if seeds is not None else list(range(len(prompts)))
