@@ -218,6 +218,17 @@ def test_unknown_config_keys_are_rejected():
         S3Config(endpoint_url="127.0.0.1:9000")
 
 
+def test_locations_are_local_paths_or_s3_buckets():
+    assert OutputConfig(path="s3://bucket/out").path == "s3://bucket/out" and InputConfig(path="data/*.parquet").path
+    with pytest.raises(ValidationError, match=r"path\n.*'gs://bucket/x': unsupported scheme gs://"):
+        OutputConfig(path="gs://bucket/x")
+    with pytest.raises(ValidationError, match=r"path\n.*'s3://': no bucket name"):
+        InputConfig(path="s3://")
+    config = InputConfig(path="x.parquet")
+    with pytest.raises(ValidationError, match="unsupported scheme https://"):  # an override is checked as well
+        config.path = "https://example.com/x.parquet"
+
+
 def test_s3_config_falls_back_to_aws_env(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
     monkeypatch.setenv("AWS_REGION", "eu-west-3")

@@ -97,6 +97,17 @@ class S3Config(BaseModel):
         )
 
 
+def _check_location(value: str) -> str:
+    """A local path or ``s3://bucket[/prefix]``: other schemes and a missing bucket are errors."""
+    scheme, separator, rest = value.partition("://")
+    if separator:
+        if scheme != "s3":
+            raise ValueError(f"{value!r}: unsupported scheme {scheme}:// (use a local path or s3://bucket/prefix)")
+        if not rest.split("/", 1)[0]:
+            raise ValueError(f"{value!r}: no bucket name (use s3://bucket/prefix)")
+    return value
+
+
 class InputConfig(BaseModel):
     """Where a job's rows come from and how their columns are named and checked."""
 
@@ -129,6 +140,11 @@ class InputConfig(BaseModel):
     seed: int = Field(0, ge=0, lt=2**63, description="Job seed from which rows without a seed derive theirs.")
     s3: S3Config = Field(default_factory=S3Config, description="S3 access for s3:// inputs and image URIs.")
 
+    @field_validator("path")
+    @classmethod
+    def _path_is_local_or_s3(cls, value: str) -> str:
+        return _check_location(value)
+
 
 class OutputConfig(BaseModel):
     """Where a job writes images, result shards and its manifest."""
@@ -143,3 +159,8 @@ class OutputConfig(BaseModel):
     image_format: Literal["png"] = Field("png", description="Encoding of generated images.")
     shard_size: int = Field(256, ge=1, le=1_000_000, description="Result rows per Parquet shard.")
     s3: S3Config = Field(default_factory=S3Config, description="S3 access for s3:// outputs.")
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_local_or_s3(cls, value: str) -> str:
+        return _check_location(value)
