@@ -126,8 +126,8 @@ class DecodeConfig(StrictModel):
         description="How generate_images / caption_images keep batch_size rows decoding. continuous: a finished "
         "row's place goes to the next request at once; consecutive: a batch drains to its slowest row before the "
         "next starts; auto: continuous on an accelerator (a step costs about the same for 1 or 8 rows), "
-        "consecutive on a CPU (a step costs in proportion to its rows). It changes speed, not outputs: each row's "
-        "randomness is its own.",
+        "consecutive on a CPU (a step costs in proportion to its rows). It changes speed, not the output law: each "
+        "row's randomness is its own (in low precision, batched kernels may round a row differently).",
     )
     draft_tree: DraftTreeSpec | None = Field(
         None, description="Draft-model tree (vispec, eagle); None: DraftTreeSpec.for_temperature(sampling.temperature)."
