@@ -165,11 +165,12 @@ def test_bad_configs_fail_fast_before_any_model_loads(tmp_path, prompts_file, ti
         JobConfig.from_yaml(config)
     unreachable = {"endpoint_url": "http://127.0.0.1:9", "access_key_id": "x", "secret_access_key": "y",
                    "connect_timeout_s": 0.5, "max_attempts": 1}
-    job = make_job(missing_model, str(prompts_file), "s3://bucket/out", output={"s3": unreachable})
+    job = make_job(tiny_janus, str(prompts_file), "s3://bucket/out", output={"s3": unreachable})
     with pytest.raises(OutputNotWritableError, match="s3://bucket/out"):
         preflight(job)
     with pytest.raises(ModelNotFoundError, match="no-such-model"):
         run_job(make_job(missing_model, str(prompts_file), str(tmp_path / "out3")))
+    assert not (tmp_path / "out3").exists()  # a job that cannot run leaves no output behind
     with pytest.raises(ValueError, match="decode.method: 'vispec' is not a text-to-image method"):
         preflight(make_job(tiny_janus, str(prompts_file), str(tmp_path / "out4"), decode={"method": "vispec"}))
     with pytest.raises(ValueError, match="decode.max_new_tokens: 7 set, but an image's length is the model's image layout"):
@@ -193,7 +194,7 @@ def test_job_entrypoint_reports_bad_configs_in_one_line_before_ray_starts(tmp_pa
         job_main("caption", "test", ["--config", str(config)])
     with pytest.raises(SystemExit, match=str(tmp_path / "missing.yaml")):
         job_main("t2i", "test", ["--config", str(tmp_path / "missing.yaml")])
-    assert not (tmp_path / "out" / "results").exists()  # nothing ran
+    assert not (tmp_path / "out").exists()  # nothing ran, nothing was created
 
 
 def test_rerun_after_lost_shards_redoes_only_missing_rows(baseline, tmp_path):

@@ -229,13 +229,13 @@ def _check_caption_model(job: JobConfig) -> None:
 
 
 def preflight(job: JobConfig) -> List[InputFile]:
-    """Fail fast before any model loads: task supported, input columns present, output writable,
-    checkpoint present."""
+    """Fail fast before any model loads: task supported, input columns present, checkpoint
+    present and fit for the task, output writable (the first check that touches the output)."""
     if job.task not in PROCESSORS:
         raise ValueError(f"task: {job.task!r} is not available in this build (available: {sorted(PROCESSORS)})")
     files = check_dataset(job.input, job.task)
-    check_output_writable(job.output)
     check_model(job)
+    check_output_writable(job.output)
     check_resume_compatible(job)
     logger.info("preflight ok: %d input file(s), output %s writable, model %s", len(files), job.output.path, job.model)
     return files
