@@ -75,6 +75,9 @@ def main() -> None:
             p_swapped = predictions(prompt, index, swapped)
             distances.append(0.5 * float((p[k] - p_swapped[k]).abs().sum()))
             next_random.append(bool(entropy[k] > args.entropy))
+    if not distances:
+        print(f"neighbour dependence: {args.model}: no slot above {args.entropy} nats in {len(prompts)} AR images; nothing to swap")
+        return
     tv = torch.tensor(distances)
     print(f"neighbour dependence: {args.model}, {len(prompts)} AR images, {len(tv)} random tokens swapped; "
           f"random slots (H > {args.entropy} nats) {100 * sum(random_share) / len(random_share):.0f}% of each image on average")
