@@ -1,4 +1,4 @@
-"""The measurement scripts under benchmarks/ run end to end (tiny Janus, a few prompts)."""
+"""The measurement scripts under benchmarks/ run end to end (tiny or small models, a few prompts)."""
 
 from __future__ import annotations
 
@@ -48,3 +48,23 @@ def test_neighbour_dependence_reports_total_variations(janus_folder, monkeypatch
     assert "2 AR images, 4 random tokens swapped" in out
     mean = float(re.search(r"all +n= +4 +TV mean (\d\.\d+)", out).group(1))
     assert 0.0 <= mean <= 1.0
+
+
+def test_host_work_splits_a_step_by_part(monkeypatch, capsys):
+    script = _script("host_work")
+    monkeypatch.setattr(sys, "argv", ["host_work.py", "--codebook", "512"])
+    script.main()
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if re.match(r"\s+[18]\s+\d+\s+sjd", line)]
+    assert [(r[0], r[2]) for r in rows] == [(b, m) for b in ("1", "8") for m in ("sjd", "sjd_ac", "sjd_pac")]
+    for row in rows:  # steps, ms per step, then each part's ms: every part within the step
+        steps, step_ms, parts = int(row[3]), float(row[4]), [float(v) for v in row[5:]]
+        assert steps > 0 and step_ms > 0 and len(parts) == 6 and all(0 <= part <= step_ms for part in parts)
+
+
+def test_profile_decode_writes_stats_for_both_methods(tmp_path, monkeypatch, capsys):
+    script = _script("profile_decode")
+    argv = ["profile_decode.py", "--device", "cpu", "--images", "1", "--prompts", "1", "--top", "5", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", argv)
+    script.main()
+    assert sorted(p.name for p in tmp_path.glob("*.pstats")) == ["caption_ar.pstats", "caption_vispec.pstats", "t2i_ar.pstats", "t2i_sjd_pac.pstats"]
+    assert capsys.readouterr().out.count("=====") == 8  # own time and raydec's cumulative, per run
