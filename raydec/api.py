@@ -22,14 +22,13 @@ from typing import Any, Callable, Sequence
 import torch
 from PIL import Image
 
-from raydec.config import CAPTION_METHODS, DRAFT_METHODS, IMAGE_METHODS, DecodeConfig
+from raydec.config import CAPTION_METHODS, DRAFT_METHODS, IMAGE_METHODS, JACOBI_METHODS, DecodeConfig
 from raydec.models.image_gen import ImagePrompt
 from raydec.spec.engine import Engine, RowRequest
 from raydec.spec.proposers.base import Proposer
 
 logger = logging.getLogger(__name__)
 
-JACOBI_METHODS = ("sjd", "sjd_ac", "sjd_pac")
 DEFAULT_CAPTION_PROMPT = "describe the image ."
 _PIPELINES: dict[tuple[str, str, str, str], Any] = {}
 

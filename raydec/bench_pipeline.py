@@ -50,6 +50,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from raydec.bench import json_path_arg, non_negative_int, positive_int, print_table, run_bench
+from raydec.config import IMAGE_METHODS
 
 logger = logging.getLogger(__name__)
 
@@ -274,8 +275,6 @@ def bench_pipeline(args: argparse.Namespace) -> dict:
     from raydec.io import load_rows
     from raydec.runtime import JobConfig, connect_ray
 
-    if args.rows < 1 or args.rounds < 1:
-        raise SystemExit("--rows and --rounds must be >= 1")
     decode = _decode_config(args)  # bad draft options fail here, before any folder or model
     torch.set_num_threads(args.threads)
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="raydec_bench_pipeline_"))
@@ -436,7 +435,7 @@ def _print(result: dict) -> None:
 def add_pipeline_parser(subparsers) -> None:
     parser = subparsers.add_parser("pipeline", help="Ray Data pipeline (1 worker) vs the engine direct: rows/s")
     parser.add_argument("--model", default="reference", help='"reference" or a local Janus / Emu3 checkpoint folder')
-    parser.add_argument("--method", choices=["ar", "sjd", "sjd_ac", "sjd_pac"], default="ar")
+    parser.add_argument("--method", choices=IMAGE_METHODS, default="ar")
     parser.add_argument("--rows", type=positive_int, default=48, help="held-out shapes prompts (same rows on both sides)")
     parser.add_argument("--rounds", type=positive_int, default=2, help="direct / pipeline runs each, order alternating")
     parser.add_argument("--batch-size", type=positive_int, default=8, help="rows per engine call / actor call")

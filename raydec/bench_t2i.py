@@ -23,13 +23,13 @@ import torch
 from raydec.bench import (
     json_path_arg, non_negative_int, parse_methods, positive_int, print_table, ratio_cell, resolve_device, synchronize,
 )
-from raydec.config import DecodeConfig, DraftSpec
+from raydec.config import JACOBI_METHODS, DecodeConfig, DraftSpec
 from raydec.models.base import decoding_attention
 from raydec.tune_t2i import window_cost
 
 logger = logging.getLogger(__name__)
 
-ALL_METHODS = ("ar", "hf", "sjd", "sjd_ac", "sjd_pac")
+ALL_METHODS = ("ar", "hf") + JACOBI_METHODS
 TUNE_OFFSET = 500_000  # calibration prompts: held-out seeds far from any benchmark's
 
 
@@ -55,7 +55,7 @@ def _check_fixed_drafts(methods: list[str], args: argparse.Namespace) -> None:
     if args.window == "auto":
         return
     for method in methods:
-        if method in ("sjd", "sjd_ac", "sjd_pac"):
+        if method in JACOBI_METHODS:
             try:
                 fixed_draft(method, args, "uniform" if args.init == "auto" else args.init)
             except ValidationError as exc:
@@ -84,7 +84,7 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
         relative_costs, tune_draft,
     )
 
-    jacobi = [m for m in methods if m in ("sjd", "sjd_ac", "sjd_pac")]
+    jacobi = [m for m in methods if m in JACOBI_METHODS]
     prompts = [make_sample(HELD_OUT_SEED_START + TUNE_OFFSET + i).prompt for i in range(args.tune_prompts)]
     seeds = [args.seed + TUNE_OFFSET + i for i in range(args.tune_prompts)]
     windows = args.tune_windows or DEFAULT_WINDOWS

@@ -105,8 +105,9 @@ class DraftTreeSpec(StrictModel):
 #: captioning methods with a draft network (EAGLE-2 dynamic trees); "ar" captions without one
 DRAFT_METHODS = ("vispec", "eagle")
 CAPTION_METHODS = ("ar",) + DRAFT_METHODS
-#: text-to-image methods: AR and the speculative Jacobi family
-IMAGE_METHODS = ("ar", "sjd", "sjd_ac", "sjd_pac")
+#: the speculative Jacobi family (no draft model); text-to-image runs these or plain AR
+JACOBI_METHODS = ("sjd", "sjd_ac", "sjd_pac")
+IMAGE_METHODS = ("ar",) + JACOBI_METHODS
 
 
 class DecodeConfig(StrictModel):

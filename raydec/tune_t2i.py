@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from raydec.bench import synchronize
-from raydec.config import DecodeConfig, DraftSpec, SamplingConfig, full_tree_nodes
+from raydec.config import JACOBI_METHODS, DecodeConfig, DraftSpec, SamplingConfig, full_tree_nodes
 from raydec.models.base import decoding_attention
 
 logger = logging.getLogger(__name__)
@@ -228,7 +228,7 @@ def tune_draft(
     of the runs being tuned for (it decides whether a batch's forwards are its slowest row's or
     its rows' mean).
     """
-    if method not in ("sjd", "sjd_ac", "sjd_pac"):
+    if method not in JACOBI_METHODS:
         raise ValueError(f"method={method!r}: only the Jacobi methods sjd, sjd_ac, sjd_pac have a draft shape to tune")
     if len(inits) == 1:
         init = inits[0]
