@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
@@ -68,3 +69,20 @@ def test_profile_decode_writes_stats_for_both_methods(tmp_path, monkeypatch, cap
     script.main()
     assert sorted(p.name for p in tmp_path.glob("*.pstats")) == ["caption_ar.pstats", "caption_vispec.pstats", "t2i_ar.pstats", "t2i_sjd_pac.pstats"]
     assert capsys.readouterr().out.count("=====") == 8  # own time and raydec's cumulative, per run
+
+
+def test_texture_dependence_prints_and_writes_the_table(tmp_path, capsys):
+    script = _script("texture_dependence")
+    out_json = tmp_path / "textures.json"
+    result = script.main(["--betas", "0", "2", "--sequences", "2", "--length", "64", "--window", "16", "--json", str(out_json)])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if re.match(r"\s*\d\.\d\d\s", line)]
+    assert [r[0] for r in rows] == ["0.00", "2.00"]
+    assert json.loads(out_json.read_text())["textures"] == result["textures"]
+    independent, dependent = result["textures"]
+    assert independent["neighbour_tv"] == pytest.approx(0.0) and dependent["neighbour_tv"] > 0.5
+    for row in result["textures"]:  # at least one token per forward, at most the window
+        assert all(1.0 <= v <= 16.0 for v in row["tokens_per_forward"].values())
+    with pytest.raises(SystemExit):
+        script.main(["--betas", "-1"])
+    with pytest.raises(SystemExit):
+        script.main(["--levels", "1"])

@@ -1,7 +1,7 @@
 """Toy targets whose output law is computable exactly, for the exactness harness.
 
-- ``MarkovTarget``: a random first-order Markov chain over a small vocabulary, exposed through
-  the real adapter protocol (it ignores the KV cache: logits depend on the last token only).
+- ``random_markov``: a random first-order Markov chain over a small vocabulary
+  (``raydec.reference.textures.MarkovChainTarget``, the real adapter protocol).
 - ``tiny_llama``: a real ``LlamaForCausalLM`` with random weights, vocabulary <= 8, saved with
   ``save_pretrained`` and loaded back by path; its law over short sequences is enumerated.
 """
@@ -10,47 +10,15 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from raydec.config import SamplingConfig
-from raydec.models.base import ForwardOutput, PromptInputs
 from raydec.models.causal_lm import CausalLMTarget, CfgPrompt
+from raydec.reference.textures import MarkovChainTarget as MarkovTarget
 from raydec.spec.sampling import VocabConstraint, process_logits, sample_with_uniform
-
-
-class MarkovTarget:
-    """P(x_t | x_<t) = softmax(logits[x_{t-1}]). Prompts are token lists; no CFG."""
-
-    def __init__(self, logits: torch.Tensor) -> None:
-        self.logits = logits.to(torch.float64)  # [V, V]
-
-    @property
-    def vocab_size(self) -> int:
-        return self.logits.shape[0]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return torch.float64
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cpu")
-
-    def prompt_inputs(self, prompt: Any, unconditional: bool = False) -> PromptInputs:
-        if unconditional:
-            raise ValueError("MarkovTarget has no unconditional prompt")
-        return PromptInputs(input_ids=torch.as_tensor(list(prompt), dtype=torch.long))
-
-    def embed_prompt_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.one_hot(input_ids, self.vocab_size).to(torch.float64)
-
-    def forward(self, inputs_embeds, output_tokens, position_ids, attention_mask, cache, want_hidden=False) -> ForwardOutput:
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_prompt_tokens(output_tokens)
-        return ForwardOutput(logits=inputs_embeds @ self.logits)
 
 
 def random_markov(vocab: int, seed: int, sharpness: float = 1.5) -> MarkovTarget:
