@@ -86,3 +86,19 @@ def test_texture_dependence_prints_and_writes_the_table(tmp_path, capsys):
         script.main(["--betas", "-1"])
     with pytest.raises(SystemExit):
         script.main(["--levels", "1"])
+
+
+def test_caption_position_buckets_every_decode_forward(tmp_path, capsys):
+    script = _script("caption_position")
+    # forwards start at 1, 4, 5 (first answer) and 1 (second): buckets 0-3 and 4-7
+    assert script.by_position([[3, 1, 5], [2]], bucket=4) == {0: (2.5, 2), 4: (3.0, 2)}
+    out_json = tmp_path / "position.json"
+    result = script.main(["--images", "2", "--max-new-tokens", "24", "--json", str(out_json)])
+    assert "tokens per forward by answer position: reference, 2 images" in capsys.readouterr().out
+    assert json.loads(out_json.read_text())["buckets"] == result["buckets"]
+    for row in result["buckets"]:  # a decode forward commits 1 .. depth + 1 tokens
+        for method in ("eagle", "vispec"):
+            if row[method] is not None:
+                assert 1.0 <= row[method]["tokens_per_forward"] <= 7.0 and row[method]["forwards"] >= 1
+    with pytest.raises(SystemExit):
+        script.main(["--methods", "ar"])
