@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=48)
     parser.add_argument("--init", default="left", choices=("uniform", "left", "above"))
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument("--by-background", action="store_true", help="also split each shape's figures by the prompt's background")
     args = parser.parse_args()
 
     from raydec.api import generate_images, load_pipeline
@@ -40,7 +41,8 @@ def main() -> None:
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
 
     target = load_pipeline(args.model, "t2i", dtype=getattr(torch, args.dtype))
-    prompts = [make_sample(HELD_OUT_SEED_START + i).prompt for i in range(args.prompts)]
+    samples = [make_sample(HELD_OUT_SEED_START + i) for i in range(args.prompts)]
+    prompts = [sample.prompt for sample in samples]
     seeds = list(range(args.prompts))
     print(f"draft shapes: {args.model}, {args.prompts} prompts, batch 1, {args.dtype}, {args.init} fresh drafts")
     print(f"{'method':8} {'window':>6} {'K':>3} {'D-1':>3} {'forwards/image':>15} {'step compression':>17}")
@@ -51,6 +53,12 @@ def main() -> None:
         tokens = sum(r.num_tokens for r in results)
         print(f"{method:8} {shape['window']:>6} {shape['branching']:>3} {shape['tree_depth']:>3} "
               f"{forwards / len(results):>15.2f} {tokens / forwards:>17.2f}", flush=True)
+        if args.by_background:
+            for background in sorted({sample.background for sample in samples}):
+                rows = [r for r, sample in zip(results, samples) if sample.background == background]
+                forwards = sum(r.target_forwards for r in rows)
+                print(f"{'':8} {'':>6} {'':>3} {'':>3} {forwards / len(rows):>15.2f} {sum(r.num_tokens for r in rows) / forwards:>17.2f}"
+                      f"   {background} background, {len(rows)} prompts", flush=True)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,13 @@ def janus_folder(tmp_path_factory) -> str:
 
 def test_draft_shapes_counts_forwards_per_shape(janus_folder, monkeypatch, capsys):
     script = _script("draft_shapes")
-    monkeypatch.setattr(sys, "argv", ["draft_shapes.py", "--model", janus_folder, "--prompts", "2", "--dtype", "float32", "sjd:8", "sjd_pac:8:2:1"])
+    monkeypatch.setattr(sys, "argv", ["draft_shapes.py", "--model", janus_folder, "--prompts", "2", "--dtype", "float32", "--by-background", "sjd:8", "sjd_pac:8:2:1"])
     script.main()
-    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("sjd")]
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("sjd")]
+    split = [line.split() for line in out.splitlines() if "background," in line]  # forwards, compression, name, ...
+    assert len(split) >= 2 and sum(int(r[4]) for r in split) == 2 * 2  # every prompt once per shape
+    assert all(1.0 <= float(r[1]) <= 9.0 for r in split)
     assert [(r[0], r[1], r[2], r[3]) for r in rows] == [("sjd", "8", "1", "0"), ("sjd_pac", "8", "2", "1")]
     for row in rows:  # forwards per image, then tokens per forward: at least one token each
         forwards, compression = float(row[4]), float(row[5])
