@@ -20,12 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from raydec.bench import json_path_arg, positive_int
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
 
 
 def by_position(accepted: list[list[int]], bucket: int) -> dict[int, tuple[float, int]]:
@@ -54,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=positive_int, default=128)
     parser.add_argument("--prompt", default=None, help="the question (default: the caption prompt)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    parser.add_argument("--json", type=Path, default=None, help="also write the table here")
+    parser.add_argument("--json", type=json_path_arg, default=None, help="also write the table here")
     args = parser.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods or any(m not in ("eagle", "vispec") for m in methods):

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from raydec.bench import json_path_arg, positive_int
+
 METHODS = ("sjd", "sjd_ac", "sjd_pac")
 
 
@@ -29,12 +31,6 @@ def non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value
 
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
 
 
 def tokens_per_forward(target, method: str, args) -> float:
@@ -60,7 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--branching", type=positive_int, default=3, help="sjd_pac: K")
     parser.add_argument("--tree-depth", type=positive_int, default=1, help="sjd_pac: D-1")
     parser.add_argument("--init", default="left", choices=("uniform", "left"), help="fresh drafts")
-    parser.add_argument("--json", type=Path, default=None, help="also write the table here")
+    parser.add_argument("--json", type=json_path_arg, default=None, help="also write the table here")
     args = parser.parse_args(argv)
     if args.levels < 2:
         parser.error(f"--levels: a texture needs at least 2 values, got {args.levels}")

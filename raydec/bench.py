@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import re
 import statistics
 import time
@@ -64,6 +65,17 @@ def count_arg(minimum: int) -> Callable[[str], int]:
 
 positive_int = count_arg(1)
 non_negative_int = count_arg(0)
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type``: a finite number > 0 (a time budget, a CPU share)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
 
 
 def json_path_arg(text: str) -> Path:

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from raydec.bench import (
-    json_path_arg, non_negative_int, parse_methods, positive_int, print_table, ratio_cell, resolve_device, synchronize,
+    json_path_arg, non_negative_int, parse_methods, positive_int, positive_float, print_table, ratio_cell, resolve_device,
+    synchronize,
 )
 from raydec.config import DecodeConfig, DraftTreeSpec, SamplingConfig
 from raydec.models.base import decoding_attention
@@ -270,7 +271,7 @@ def add_caption_parser(subparsers) -> None:
     parser.add_argument("--images", type=positive_int, default=200, help="held-out shapes images")
     parser.add_argument("--offset", type=non_negative_int, default=0, help="first held-out image index")
     parser.add_argument(
-        "--max-seconds", type=float, default=None,
+        "--max-seconds", type=positive_float, default=None,
         help="stop taking new images once the measured loop has run this long; every method finishes the "
         "batch it is on, so all methods see the same images",
     )

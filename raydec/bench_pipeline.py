@@ -49,7 +49,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from raydec.bench import json_path_arg, non_negative_int, positive_int, print_table, run_bench
+from raydec.bench import json_path_arg, non_negative_int, positive_float, positive_int, print_table, run_bench
 from raydec.config import IMAGE_METHODS
 
 logger = logging.getLogger(__name__)
@@ -70,16 +70,6 @@ def _shard_marks(output: Path) -> List[tuple[float, int]]:
         done += rows
         marks.append((mtime, done))
     return marks
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
 
 
 def _decode_config(args: argparse.Namespace) -> Any:
@@ -443,7 +433,7 @@ def add_pipeline_parser(subparsers) -> None:
     parser.add_argument("--window", type=positive_int, default=16, help="sjd*: draft nodes per step")
     parser.add_argument("--branching", type=positive_int, default=2, help="sjd_pac: candidates per tree level")
     parser.add_argument("--tree-depth", type=non_negative_int, default=2, help="sjd_pac: tree levels")
-    parser.add_argument("--cpus-per-worker", type=_positive_float, default=0.5, help="Ray CPUs reserved by the actor")
+    parser.add_argument("--cpus-per-worker", type=positive_float, default=0.5, help="Ray CPUs reserved by the actor")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch threads, direct and in the actor")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="row i gets seed SEED + i")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep the prompts and pipeline outputs here")

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from raydec.bench import (
-    json_path_arg, non_negative_int, parse_methods, positive_int, print_table, ratio_cell, resolve_device, synchronize,
+    json_path_arg, non_negative_int, parse_methods, positive_int, positive_float, print_table, ratio_cell, resolve_device,
+    synchronize,
 )
 from raydec.config import JACOBI_METHODS, DecodeConfig, DraftSpec
 from raydec.models.base import decoding_attention
@@ -351,7 +352,7 @@ def add_t2i_parser(subparsers) -> None:
     parser.add_argument("--prompts", type=positive_int, default=200, help="held-out shapes prompts")
     parser.add_argument("--offset", type=non_negative_int, default=0, help="first held-out prompt index")
     parser.add_argument(
-        "--max-seconds", type=float, default=None,
+        "--max-seconds", type=positive_float, default=None,
         help="stop taking new prompts once the measured loop (after tuning) has run this long; every method "
         "finishes the batch it is on, so all methods see the same prompts",
     )

@@ -9,13 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-
-class StrictModel(BaseModel):
-    """Base for all raydec configs: unknown keys are errors, values are validated on assignment."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+from raydec.validation import StrictModel  # noqa: F401  (the base of every config here and elsewhere)
 
 
 class SamplingConfig(StrictModel):

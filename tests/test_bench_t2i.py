@@ -183,6 +183,8 @@ def test_methods_option_names_unknown_methods_and_asks_for_the_ar_baseline():
         (["caption", "--threads", "-1"], "argument --threads: expected an integer >= 0, got -1"),
         (["engine", "--new-tokens", "0"], "argument --new-tokens: expected an integer >= 1, got 0"),
         (["pipeline", "--cpus-per-worker", "0"], "argument --cpus-per-worker: expected a number > 0, got '0'"),
+        (["t2i", "--max-seconds", "-5"], "argument --max-seconds: expected a number > 0, got '-5'"),
+        (["caption", "--max-seconds", "nan"], "argument --max-seconds: expected a number > 0, got 'nan'"),
     ],
 )
 def test_bench_options_reject_bad_counts_naming_the_option(argv, message, capsys):

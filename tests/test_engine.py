@@ -225,6 +225,24 @@ def test_config_rejects_unknown_keys_and_bad_values():
         DecodeConfig(draft=DraftSpec(window=4, branching=3, tree_depth=2))
 
 
+def test_config_numbers_refuse_booleans():
+    """Pydantic reads True as 1: `window: true` in a job file must not become a 1-token window."""
+    from raydec.runtime.config import PoolConfig
+
+    for make, field in [
+        (lambda: DraftSpec(window=True), "window"),
+        (lambda: SamplingConfig(temperature=False), "temperature"),
+        (lambda: DecodeConfig.model_validate({"max_new_tokens": True}), "max_new_tokens"),
+        (lambda: PoolConfig(workers=True), "workers"),
+    ]:
+        with pytest.raises(ValueError, match=rf"{field}\n.*expected a number, got the boolean"):
+            make()
+    spec = DraftSpec(window=8)
+    with pytest.raises(ValueError, match="boolean"):  # on assignment too
+        spec.branching = True
+    assert DraftSpec(window=8, branching=2, tree_depth=1).window == 8 and SamplingConfig(temperature=1).temperature == 1.0
+
+
 def test_gpu_decoding_excludes_cudnn_attention_and_restores_the_flags():
     """cuDNN's attention builds a graph per new sequence length: a decode loop on a GPU must
     not use it. The policy is scoped: flags come back on exit, and the CPU is left alone."""

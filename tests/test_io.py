@@ -216,6 +216,8 @@ def test_unknown_config_keys_are_rejected():
         S3Config.model_validate({"endpoint": "http://x"})
     with pytest.raises(ValidationError, match="http:// or https://"):
         S3Config(endpoint_url="127.0.0.1:9000")
+    with pytest.raises(ValidationError, match=r"shard_size\n.*boolean"):
+        OutputConfig(path="out", shard_size=True)
 
 
 def test_locations_are_local_paths_or_s3_buckets():

@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from raydec.validation import StrictModel
 
 InputFormat = Literal["parquet", "jsonl", "csv"]
 """File formats the dataset readers understand."""
@@ -39,14 +41,13 @@ def _first_env(*names: str) -> Optional[str]:
     return None
 
 
-class S3Config(BaseModel):
+class S3Config(StrictModel):
     """How to reach S3 (or an S3-compatible endpoint such as moto or MinIO).
 
     Unset fields fall back to the standard AWS environment variables when the config is
     used (see `resolved()`), so secrets need not appear in job files.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     endpoint_url: Optional[str] = Field(
         None,
@@ -108,10 +109,9 @@ def _check_location(value: str) -> str:
     return value
 
 
-class InputConfig(BaseModel):
+class InputConfig(StrictModel):
     """Where a job's rows come from and how their columns are named and checked."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     path: str = Field(
         ...,
@@ -146,10 +146,9 @@ class InputConfig(BaseModel):
         return _check_location(value)
 
 
-class OutputConfig(BaseModel):
+class OutputConfig(StrictModel):
     """Where a job writes images, result shards and its manifest."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     path: str = Field(
         ...,
