@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from raydec.validation import StrictModel  # noqa: F401  (the base of every config here and elsewhere)
+from raydec.validation import StrictModel
 
 
 class SamplingConfig(StrictModel):

@@ -48,7 +48,6 @@ class S3Config(StrictModel):
     used (see `resolved()`), so secrets need not appear in job files.
     """
 
-
     endpoint_url: Optional[str] = Field(
         None,
         description="S3 endpoint such as http://127.0.0.1:9000; default AWS_ENDPOINT_URL_S3 / "
@@ -112,7 +111,6 @@ def _check_location(value: str) -> str:
 class InputConfig(StrictModel):
     """Where a job's rows come from and how their columns are named and checked."""
 
-
     path: str = Field(
         ...,
         min_length=1,
@@ -148,7 +146,6 @@ class InputConfig(StrictModel):
 
 class OutputConfig(StrictModel):
     """Where a job writes images, result shards and its manifest."""
-
 
     path: str = Field(
         ...,
