@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -106,3 +107,21 @@ def test_caption_position_buckets_every_decode_forward(tmp_path, capsys):
                 assert 1.0 <= row[method]["tokens_per_forward"] <= 7.0 and row[method]["forwards"] >= 1
     with pytest.raises(SystemExit):
         script.main(["--methods", "ar"])
+
+
+def test_draft_image_ablation_hides_images_only_inside_its_block(tmp_path, capsys):
+    from raydec.models.vispec_draft import VispecDraft
+
+    script = _script("draft_image_ablation")
+    original = VispecDraft.build_sequence
+    embeds, features = torch.randn(5, 4), torch.randn(5, 4)
+    token_image, positions = torch.tensor([-1, 0, 0, -1, -1]), torch.arange(5)
+    with script.blind_drafts():
+        sequence = VispecDraft.build_sequence(None, embeds, features, token_image, positions)
+    assert VispecDraft.build_sequence is original
+    assert sequence.positions.tolist() == [0, 3, 4] and torch.equal(sequence.features, features[[0, 3, 4]])
+    assert sequence.global_index.tolist() == [-1, -1, -1] and sequence.globals_.shape == (0, 4)
+    result = script.main(["--images", "2", "--max-new-tokens", "16", "--json", str(tmp_path / "ablation.json")])
+    assert "draft image ablation: reference VLM, 2 images" in capsys.readouterr().out
+    for row in result["tokens_per_forward"].values():
+        assert 1.0 <= row["blind"] <= 7.0 and 1.0 <= row["sees_image"] <= 7.0
