@@ -14,13 +14,11 @@ the figures do not depend on the machine.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from raydec.bench import json_path_arg, positive_int
+from raydec.bench import json_path_arg, positive_int, write_json
 
 
 
@@ -93,11 +91,9 @@ def main(argv: list[str] | None = None) -> dict:
             text += f" {row['ratio']:>14.2f}"
         rows.append(row)
         print(f"{f'{b}-{b + args.bucket - 1}':>10} {text}")
-    result = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    result = {"settings": vars(args),
               "mean_answer_tokens": lengths, "buckets": rows}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+    write_json(args.json, result)
     return result
 
 

@@ -13,13 +13,11 @@ seeing the image is worth to that draft. Outputs stay lossless either way: only 
 from __future__ import annotations
 
 import argparse
-import json
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 
-from raydec.bench import json_path_arg, positive_int
+from raydec.bench import json_path_arg, positive_int, write_json
 
 
 @contextmanager
@@ -82,10 +80,8 @@ def main(argv: list[str] | None = None) -> dict:
             blind = tokens_per_forward(method)
         table[method] = {"sees_image": sees, "blind": blind, "ratio": blind / sees}
         print(f"{method:8} {sees:>10.2f} {blind:>8.2f} {blind / sees:>10.2f}", flush=True)
-    result = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "tokens_per_forward": table}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+    result = {"settings": vars(args), "tokens_per_forward": table}
+    write_json(args.json, result)
     return result
 
 

@@ -14,13 +14,11 @@ counts step compression). Forwards only: the figures do not depend on the machin
 from __future__ import annotations
 
 import argparse
-import json
 import math
-from pathlib import Path
 
 import torch
 
-from raydec.bench import json_path_arg, positive_int
+from raydec.bench import count_arg, json_path_arg, positive_int, write_json
 
 METHODS = ("sjd", "sjd_ac", "sjd_pac")
 
@@ -30,7 +28,6 @@ def non_negative_float(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value
-
 
 
 def tokens_per_forward(target, method: str, args) -> float:
@@ -49,7 +46,7 @@ def tokens_per_forward(target, method: str, args) -> float:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--betas", type=non_negative_float, nargs="+", default=[0.0, 0.5, 1.0, 2.0])
-    parser.add_argument("--levels", type=positive_int, default=3, help="values a textured token takes (the shapes world: 3)")
+    parser.add_argument("--levels", type=count_arg(2), default=3, help="values a textured token takes (the shapes world: 3)")
     parser.add_argument("--length", type=positive_int, default=256, help="tokens per sequence (a reference image: 256)")
     parser.add_argument("--sequences", type=positive_int, default=16)
     parser.add_argument("--window", type=positive_int, default=32)
@@ -58,8 +55,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--init", default="left", choices=("uniform", "left"), help="fresh drafts")
     parser.add_argument("--json", type=json_path_arg, default=None, help="also write the table here")
     args = parser.parse_args(argv)
-    if args.levels < 2:
-        parser.error(f"--levels: a texture needs at least 2 values, got {args.levels}")
 
     from raydec.reference.textures import neighbour_tv, potts_texture
 
@@ -77,10 +72,8 @@ def main(argv: list[str] | None = None) -> dict:
         table.append(row)
         print(f"{beta:>5.2f} {repeat:>9.2f} {row['neighbour_tv']:>12.3f} " + " ".join(f"{per_method[m]:>8.2f}" for m in METHODS)
               + f" {row['ac_vs_sjd']:>7.2f} {row['pac_vs_sjd']:>7.2f}", flush=True)
-    result = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "textures": table}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+    result = {"settings": vars(args), "textures": table}
+    write_json(args.json, result)
     return result
 
 

@@ -106,10 +106,18 @@ def run_bench(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         raise SystemExit(f"raydec bench {args.which}: {exc}") from None
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+        write_json(args.json, result)
         print(f"wrote {args.json}")
     return 0
+
+
+def write_json(path: Path | None, result: dict) -> None:
+    """A bench result as indented JSON, folders made as needed (paths and other objects as text);
+    nothing when ``path`` is None."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str))
 
 
 def parse_methods(text: str, known: tuple[str, ...]) -> list[str]:
