@@ -194,3 +194,43 @@ def test_other_image_sizes() -> None:
     small = make_sample(5)
     assert big.image.shape == (128, 128, 3) and big.prompt == small.prompt
     assert shapes.to_pil(big.image).size == (128, 128)
+
+
+# ----------------------------------------------------------------------------- texture
+
+
+def test_runs_texture_changes_only_the_random_blocks() -> None:
+    """Same scene and text; flat regions identical; random blocks keep their values but repeat
+    their left neighbour far more often than independent draws do."""
+    repeats = {"iid": [], "runs": []}
+    for seed in range(HELD_OUT_SEED_START, HELD_OUT_SEED_START + 120):
+        iid, runs = make_sample(seed), make_sample(seed, texture="runs")
+        assert (iid.prompt, iid.description, iid.objects) == (runs.prompt, runs.description, runs.objects)
+        assert runs.texture == "runs" and iid.texture == "iid"
+        assert _digest(make_sample(seed, texture="runs")) == _digest(runs)
+        if not any(o.fill == "speckled" for o in iid.objects) and iid.background != "noisy":
+            assert iid.image.tobytes() == runs.image.tobytes()  # nothing random to draw
+        for texture, sample in (("iid", iid), ("runs", runs)):
+            if sample.background != "noisy":
+                continue
+            pixel = sample.image[::4, ::4].astype(int)  # [16, 16, 3] one pixel per block
+            grey = pixel[..., 0]
+            mask = random_block_mask(sample) & (pixel == pixel[..., :1]).all(-1)  # random ground blocks
+            pair = mask[:, 1:] & mask[:, :-1]
+            repeats[texture].append((grey[:, 1:] == grey[:, :-1])[pair])
+            assert set(np.unique(grey[mask])) <= set(shapes.background_levels(sample.background_color))
+    iid_rate, runs_rate = (float(np.concatenate(repeats[t]).mean()) for t in ("iid", "runs"))
+    expected = shapes.RUNS_STAY + (1 - shapes.RUNS_STAY) / 3
+    assert abs(iid_rate - 1 / 3) < 0.04
+    assert abs(runs_rate - expected) < 0.04, (runs_rate, expected)
+
+
+def test_random_levels_statistics_and_bad_texture() -> None:
+    rng = np.random.default_rng(0)
+    grids = np.stack([shapes.random_levels(rng, "runs") for _ in range(400)])  # [400, 16, 16]
+    assert grids.min() == 0 and grids.max() == 2
+    assert (grids[:, :, 0] == grids[:, :, 1]).mean() == pytest.approx(shapes.RUNS_STAY + (1 - shapes.RUNS_STAY) / 3, abs=0.03)
+    assert np.bincount(grids.ravel(), minlength=3) / grids.size == pytest.approx([1 / 3] * 3, abs=0.02)
+    for bad in ("runs ", "RUNS", ""):
+        with pytest.raises(ValueError, match="texture"):
+            make_sample(0, texture=bad)

@@ -20,6 +20,12 @@ The world
   vertical, light at the top) or "noisy" (flat above a random horizon block row, 3-8, and
   below it every block takes a random one of three levels: sky and textured ground).
   Randomness therefore lives at the scale of one block, never per pixel.
+* Texture (``texture=``): how the random blocks of speckles and noisy ground are drawn.
+  ``"iid"`` (the default): each block independently. ``"runs"``: in raster order each block
+  keeps its left neighbour's value with probability ``RUNS_STAY`` and otherwise draws afresh
+  (so it repeats the left block with probability ``RUNS_STAY + (1 - RUNS_STAY) / 3``), as a
+  photograph's texture depends on its neighbours. The draw of the scene and the text do not
+  depend on the texture: only the random blocks differ.
 
 Text and tokenisation
 ---------------------
@@ -71,6 +77,9 @@ NOISE_HORIZON_ROWS = tuple(range(3, 9))
 
 _RENDER_STREAM = 1  # render randomness: default_rng([seed, 1])
 _TEXT_STREAM = 2  # description randomness: default_rng([seed, 2])
+# "runs" texture: a random block keeps its left neighbour's value with this probability.
+RUNS_STAY = 0.55
+TEXTURES = ("iid", "runs")
 _SPECKLE_MAX_BASE_SHARE = (3, 5)  # a speckled object shows its full colour on at most 3/5 of it
 
 RandomSource = Union[np.random.Generator, random.Random]
@@ -98,6 +107,7 @@ class ShapesSample:
     background_color: str
     prompt: str
     description: str
+    texture: str = "iid"
 
 
 # ----------------------------------------------------------------------------- geometry
@@ -168,8 +178,32 @@ def _blocks_to_pixels(block_values: np.ndarray, block: int) -> np.ndarray:
     return np.repeat(np.repeat(block_values, block, axis=0), block, axis=1)
 
 
+def check_texture(texture: str) -> str:
+    """``texture`` if it names a known texture, else a ValueError naming it."""
+    if texture not in TEXTURES:
+        raise ValueError(f"texture must be one of {TEXTURES}, got {texture!r}")
+    return texture
+
+
+def random_levels(rng: np.random.Generator, texture: str, levels: int = 3) -> np.ndarray:
+    """``[16, 16]`` int64 grid of random values in ``[0, levels)`` with the given texture.
+
+    "iid": independent uniform draws. "runs": in each row a block keeps its left neighbour's
+    value with probability ``RUNS_STAY`` (a fresh uniform draw otherwise; the first block of a
+    row is always fresh), so values come in horizontal runs of mean length ~1 / (1 - P(repeat)).
+    """
+    fresh = rng.integers(0, levels, size=(GRID_BLOCKS, GRID_BLOCKS))
+    if check_texture(texture) == "iid":
+        return fresh
+    keep = rng.random(size=(GRID_BLOCKS, GRID_BLOCKS)) < RUNS_STAY
+    grid = fresh.copy()
+    for col in range(1, GRID_BLOCKS):
+        grid[:, col] = np.where(keep[:, col], grid[:, col - 1], fresh[:, col])
+    return grid
+
+
 def _render_background(
-    kind: str, color: str, rng: np.random.Generator, size: int
+    kind: str, color: str, rng: np.random.Generator, size: int, texture: str = "iid"
 ) -> tuple[np.ndarray, np.ndarray]:
     """Background grey levels ``[size, size]`` int64 and its random-pixel mask ``[size, size]`` bool."""
     level = BACKGROUND_COLORS[color]
@@ -183,7 +217,7 @@ def _render_background(
     if kind == "noisy":  # flat "sky" above a random horizon, block noise ("ground") below it
         block = size // GRID_BLOCKS
         levels = np.array(background_levels(color), dtype=np.int64)
-        choice = rng.integers(0, 3, size=(GRID_BLOCKS, GRID_BLOCKS))
+        choice = random_levels(rng, texture)
         horizon = NOISE_HORIZON_ROWS[0] + int(rng.integers(0, len(NOISE_HORIZON_ROWS)))
         choice[:horizon] = 0
         random_mask[horizon * block :] = True
@@ -191,7 +225,7 @@ def _render_background(
     raise ValueError(f"unknown background {kind!r}; expected one of {BACKGROUNDS}")
 
 
-def _speckle_choice(mask: np.ndarray, rng: np.random.Generator, block: int) -> np.ndarray:
+def _speckle_choice(mask: np.ndarray, rng: np.random.Generator, block: int, texture: str = "iid") -> np.ndarray:
     """Per-pixel shade index (0..2) of a speckled object; redrawn until visibly speckled.
 
     Accepted when the full shade covers at most 3/5 of the object and two shades appear.
@@ -199,7 +233,7 @@ def _speckle_choice(mask: np.ndarray, rng: np.random.Generator, block: int) -> n
     total = int(mask.sum())
     num, den = _SPECKLE_MAX_BASE_SHARE
     for _ in range(64):
-        choice = _blocks_to_pixels(rng.integers(0, 3, size=(GRID_BLOCKS, GRID_BLOCKS)), block)
+        choice = _blocks_to_pixels(random_levels(rng, texture), block)
         counts = np.bincount(choice[mask], minlength=3)
         if den * int(counts[0]) <= num * total and int((counts > 0).sum()) >= 2:
             return choice
@@ -208,7 +242,7 @@ def _speckle_choice(mask: np.ndarray, rng: np.random.Generator, block: int) -> n
 
 
 def _render_object(
-    image: np.ndarray, random_mask: np.ndarray, obj: ShapeObject, rng: np.random.Generator
+    image: np.ndarray, random_mask: np.ndarray, obj: ShapeObject, rng: np.random.Generator, texture: str = "iid"
 ) -> None:
     """Paint one object into ``image`` ``[H, W, 3]`` and mark speckled pixels in ``random_mask``."""
     size = image.shape[0]
@@ -225,36 +259,47 @@ def _render_object(
         image[mask] = np.broadcast_to(colors, (size, size, 3))[mask]
     elif obj.fill == "speckled":
         shades = np.array(speckle_shades(obj.color), dtype=np.int64)
-        image[mask] = shades[_speckle_choice(mask, rng, block)][mask]
+        image[mask] = shades[_speckle_choice(mask, rng, block, texture)][mask]
     else:
         raise ValueError(f"unknown fill {obj.fill!r}; expected one of {FILLS}")
 
 
 def _render_with_random_mask(
-    objects: Sequence[ShapeObject], background: str, background_color: str, seed: int, image_size: int
+    objects: Sequence[ShapeObject],
+    background: str,
+    background_color: str,
+    seed: int,
+    image_size: int,
+    texture: str = "iid",
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(image [H, W, 3] uint8, random-pixel mask [H, W] bool)``."""
     block_size(image_size)
+    check_texture(texture)
     rng = np.random.default_rng([seed, _RENDER_STREAM])
-    grey, random_mask = _render_background(background, background_color, rng, image_size)
+    grey, random_mask = _render_background(background, background_color, rng, image_size, texture)
     image = np.repeat(grey[..., None], 3, axis=2)
     for obj in objects:
-        _render_object(image, random_mask, obj, rng)
+        _render_object(image, random_mask, obj, rng, texture)
     return np.clip(image, 0, 255).astype(np.uint8), random_mask
 
 
 def render(
-    objects: Sequence[ShapeObject], background: str, background_color: str, seed: int, image_size: int = 64
+    objects: Sequence[ShapeObject],
+    background: str,
+    background_color: str,
+    seed: int,
+    image_size: int = 64,
+    texture: str = "iid",
 ) -> np.ndarray:
     """Render a scene to ``[image_size, image_size, 3]`` uint8; ``seed`` drives noise and speckles."""
-    return _render_with_random_mask(objects, background, background_color, seed, image_size)[0]
+    return _render_with_random_mask(objects, background, background_color, seed, image_size, texture)[0]
 
 
 def random_block_mask(sample: ShapesSample) -> np.ndarray:
     """``[16, 16]`` bool: blocks whose pixels are mostly randomly drawn (speckles, noisy background)."""
     size = sample.image.shape[0]
     _, random_mask = _render_with_random_mask(
-        sample.objects, sample.background, sample.background_color, sample.seed, size
+        sample.objects, sample.background, sample.background_color, sample.seed, size, sample.texture
     )
     block = block_size(size)
     counts = random_mask.reshape(GRID_BLOCKS, block, GRID_BLOCKS, block).sum(axis=(1, 3))
@@ -310,15 +355,18 @@ def random_scene(rng: RandomSource) -> tuple[tuple[ShapeObject, ...], str, str]:
     return objects, _pick(rng, BACKGROUNDS), _pick(rng, tuple(BACKGROUND_COLORS))
 
 
-def make_sample(seed: int, image_size: int = 64) -> ShapesSample:
-    """The sample of ``seed`` (a non-negative integer): same seed, same bytes, everywhere."""
+def make_sample(seed: int, image_size: int = 64, texture: str = "iid") -> ShapesSample:
+    """The sample of ``seed`` (a non-negative integer): same seed, same bytes, everywhere.
+
+    ``texture`` changes only how speckles and noisy ground are drawn (see the module doc).
+    """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     seed = int(seed)
     objects, background, background_color = random_scene(np.random.default_rng(seed))
     return ShapesSample(
         seed=seed,
-        image=render(objects, background, background_color, seed, image_size),
+        image=render(objects, background, background_color, seed, image_size, texture),
         objects=objects,
         background=background,
         background_color=background_color,
@@ -326,6 +374,7 @@ def make_sample(seed: int, image_size: int = 64) -> ShapesSample:
         description=describe(
             objects, background, background_color, np.random.default_rng([seed, _TEXT_STREAM])
         ),
+        texture=texture,
     )
 
 
