@@ -244,4 +244,28 @@ def test_left_copies_are_the_prior_the_reference_shapes_want(shipped):
     target = load_pipeline("reference", "t2i", dtype=torch.float32)
     prompts = [make_sample(HELD_OUT_SEED_START + 900 + i).prompt for i in range(2)]
     chosen, steps = choose_fresh_drafts(target, "sjd", DraftSpec(window=16), prompts, [0, 1], target.default_sampling())
-    assert chosen == "left" and steps["left"] < 0.75 * steps["uniform"], steps
+    assert chosen in ("left", "above") and steps[chosen] == min(steps.values()), steps
+    assert steps[chosen] < 0.75 * steps["uniform"], steps
+
+
+def test_continuing_refuses_another_tokenisation_and_bad_folders(shipped, tmp_path):
+    """``init_from`` keeps the shipped VQ-VAE, so the block codes must be the ones it learned:
+    a k-means fitted on too few images is another tokenisation and is refused by name."""
+    from raydec.reference.janus_t2i_train import BlockCodes, T2ISettings, block_codes, check_tokenisation, train_t2i
+
+    model, _ = shipped
+    images = np.stack([make_sample(seed).image for seed in range(8)])  # training seeds
+    pixels = jt.images_to_pixels(torch.from_numpy(images))
+    own_ids = jt.vq_encode(model.model.vqmodel, pixels).numpy()
+    centroids = torch.zeros(512, 48)
+    assert check_tokenisation(model, images, BlockCodes(centroids, own_ids)) == 1.0
+    settings = T2ISettings(work_dir=tmp_path, num_images=8, vq_kmeans_images=8, vq_kmeans_iterations=1, texture="runs")
+    other = block_codes(images, 512, settings)
+    with pytest.raises(ValueError, match="init_from model's VQ encoder agrees with the block codes on 0"):
+        check_tokenisation(model, images, other)
+    with pytest.raises(ValueError, match="init_from='/nonexistent'"):
+        train_t2i(T2ISettings(work_dir=tmp_path, init_from="/nonexistent", num_images=8), stages=("lm",))
+    with pytest.raises(ValueError, match="no vq stage"):
+        train_t2i(T2ISettings(work_dir=tmp_path, init_from=WEIGHTS), stages=("vq",))
+    with pytest.raises(ValueError, match="texture"):
+        train_t2i(T2ISettings(work_dir=tmp_path, texture="speckle"))

@@ -8,6 +8,12 @@ work directory, never in the repository), trains the language model + generation
 the generation config, a loss-curve PNG and ``training_log.json``.
 Checkpoints go to the work directory every few hundred steps; ``resume=True`` continues
 from the last one after a crash.
+
+``settings.texture`` picks the world's texture (:mod:`raydec.reference.shapes`); the block
+codes (the tokenisation) are always fitted on the default "iid" images, whose blocks take the
+same values, so one VQ-VAE serves both textures. ``settings.init_from`` continues the language
+model of a saved folder on new data (its VQ-VAE is kept as is): how the "runs" weights were
+made from the "iid" ones.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from raydec.reference.shapes import (
     GRID_BLOCKS,
     HELD_OUT_SEED_START,
     SHAPES,
+    check_texture,
     make_sample,
     object_box,
     vocabulary,
@@ -85,24 +92,29 @@ class T2ISettings:
     max_minutes: float = 0.0
     threads: int = 1
     resume: bool = False
+    # The world's texture ("iid" or "runs", see raydec.reference.shapes).
+    texture: str = "iid"
+    # A saved T2I folder: continue its language model (the VQ-VAE is kept; no VQ stage).
+    init_from: Path | None = None
     arch: jt.T2IArchitecture = field(default_factory=jt.T2IArchitecture)
 
 
 # ----------------------------------------------------------------------------- data
 
 
-def render_dataset(num_images: int, work_dir: Path) -> tuple[np.ndarray, list[str]]:
+def render_dataset(num_images: int, work_dir: Path, texture: str = "iid") -> tuple[np.ndarray, list[str]]:
     """Images ``[N, 64, 64, 3]`` uint8 and prompts of training seeds ``0 .. N-1`` (cached)."""
     if num_images > HELD_OUT_SEED_START:
         raise ValueError(f"num_images={num_images} would reach held-out seeds >= {HELD_OUT_SEED_START}")
-    image_file = work_dir / f"images_{num_images}.npy"
+    suffix = "" if check_texture(texture) == "iid" else f"_{texture}"
+    image_file = work_dir / f"images_{num_images}{suffix}.npy"
     prompt_file = work_dir / f"prompts_{num_images}.json"
     if image_file.exists() and prompt_file.exists():
         return np.load(image_file), json.loads(prompt_file.read_text())
     images = np.empty((num_images, jt.IMAGE_SIZE, jt.IMAGE_SIZE, 3), dtype=np.uint8)
     prompts: list[str] = []
-    for seed in tqdm(range(num_images), desc="render shapes", mininterval=2):
-        sample = make_sample(seed)
+    for seed in tqdm(range(num_images), desc=f"render shapes ({texture})", mininterval=2):
+        sample = make_sample(seed, texture=texture)
         images[seed] = sample.image
         prompts.append(sample.prompt)
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -270,17 +282,26 @@ class BlockCodes:
 
 
 def block_codes(images: np.ndarray, codes: int, settings: T2ISettings) -> BlockCodes:
-    """k-means centroids of ``vq_kmeans_images`` training images and every image's ids (cached)."""
+    """k-means centroids of ``vq_kmeans_images`` training images and every image's ids (cached).
+
+    The centroids always come from the "iid" rendering of the sampled seeds, so every texture
+    shares one tokenisation (their blocks take the same values; only their arrangement differs).
+    """
+    suffix = "" if settings.texture == "iid" else f"_{settings.texture}"
     cache = settings.work_dir / (
         f"block_codes_n{images.shape[0]}_k{codes}_s{settings.seed}"
-        f"_m{settings.vq_kmeans_images}_i{settings.vq_kmeans_iterations}.npz"
+        f"_m{settings.vq_kmeans_images}_i{settings.vq_kmeans_iterations}{suffix}.npz"
     )
     if cache.exists():
         cached = np.load(cache)
         return BlockCodes(torch.from_numpy(cached["centroids"]), cached["ids"])
     gen = torch.Generator().manual_seed(settings.seed + 3)
     sample = torch.randperm(images.shape[0], generator=gen)[: settings.vq_kmeans_images].sort().values.numpy()
-    centroids = block_centroids(images[sample], codes, settings.vq_kmeans_iterations, gen)
+    if settings.texture == "iid":
+        fit_images = images[sample]
+    else:
+        fit_images = np.stack([make_sample(int(seed)).image for seed in sample])
+    centroids = block_centroids(fit_images, codes, settings.vq_kmeans_iterations, gen)
     ids = block_ids(images, centroids)
     np.savez(cache, centroids=centroids.numpy(), ids=ids)
     return BlockCodes(centroids, ids)
@@ -416,8 +437,9 @@ def train_lm(model, tokenizer, prompts: list[str], codes: BlockCodes, settings: 
         p.requires_grad_(False)
     for p in model.model.vision_model.parameters():
         p.requires_grad_(False)
-    with torch.no_grad():  # start the image-token embeddings where the VQ codebook starts
-        model.model.generation_embeddings.weight.copy_(codes.codebook(vq.config.embed_dim, settings.seed))
+    if settings.init_from is None:
+        with torch.no_grad():  # start the image-token embeddings where the VQ codebook starts
+            model.model.generation_embeddings.weight.copy_(codes.codebook(vq.config.embed_dim, settings.seed))
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
@@ -532,13 +554,44 @@ def _settings_json(settings: T2ISettings) -> dict:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in data.items()}
 
 
+def check_tokenisation(model, images: np.ndarray, codes: BlockCodes, count: int = 32, floor: float = 0.9) -> float:
+    """Share of blocks the model's VQ encoder maps to the block codes' ids (first ``count``
+    images); a ValueError below ``floor``: continuing a model on another tokenisation would
+    teach it the wrong codes."""
+    pixels = jt.images_to_pixels(torch.from_numpy(images[:count]))
+    ids = jt.vq_encode(model.model.vqmodel, pixels)  # [count, 256]
+    agreement = float((ids.numpy() == codes.ids[:count]).mean())
+    if agreement < floor:
+        raise ValueError(
+            f"init_from model's VQ encoder agrees with the block codes on {agreement:.3f} of blocks "
+            f"(need >= {floor}): it was trained on another tokenisation (seed, k-means settings)"
+        )
+    return agreement
+
+
+def _load_init(settings: T2ISettings):
+    """The saved model to continue, in float32 and training-ready."""
+    from transformers import JanusForConditionalGeneration
+
+    folder = Path(settings.init_from)
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"init_from={str(folder)!r} is not a saved T2I folder (no config.json)")
+    return JanusForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+
+
 def train_t2i(settings: T2ISettings, stages: Sequence[str] = ("vq", "lm")) -> Path:
     """Retrain the reference T2I Janus from scratch and save it to ``settings.out_dir``.
 
     ``stages`` may name one of ``"vq"`` / ``"lm"``: that stage trains to its checkpoint in
     the work directory and nothing is saved (two processes can then use two cores); a later
     run of both stages with ``resume=True`` finds them finished and assembles the model.
+    With ``settings.init_from`` there is no VQ stage: the saved model's VQ-VAE is kept and its
+    language model continues on ``settings.texture``'s images.
     """
+    check_texture(settings.texture)
+    continuing = settings.init_from is not None
+    if continuing and set(stages) == {"vq"}:
+        raise ValueError("init_from keeps the saved VQ-VAE: there is no vq stage to train")
     torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed)
     settings.work_dir.mkdir(parents=True, exist_ok=True)
@@ -546,21 +599,27 @@ def train_t2i(settings: T2ISettings, stages: Sequence[str] = ("vq", "lm")) -> Pa
     deadline = started + settings.max_minutes * 60 if settings.max_minutes else 0.0
     tokenizer = jt.build_tokenizer(vocabulary())
     processor = jt.build_processor(tokenizer)
-    model = jt.build_model(jt.build_config(tokenizer, settings.arch), settings.seed)
+    if continuing:
+        model = _load_init(settings)
+    else:
+        model = jt.build_model(jt.build_config(tokenizer, settings.arch), settings.seed)
     logger.info(
         "parameters: total %d, language model %d, VQ %d",
         jt.count_parameters(model),
         jt.count_parameters(model.model.language_model),
         jt.count_parameters(model.model.vqmodel),
     )
-    images, prompts = render_dataset(settings.num_images, settings.work_dir)
+    images, prompts = render_dataset(settings.num_images, settings.work_dir, settings.texture)
     codes_started = time.time()
     codes = block_codes(images, settings.arch.vq_num_embeddings, settings)
     codes_seconds = time.time() - codes_started
+    if continuing:
+        logger.info("init_from VQ encoder agrees with the block codes on %.3f of blocks", check_tokenisation(model, images, codes))
     # The stages are independent given the block codes. The LM checkpoint holds the whole
     # model, so the LM stage runs first and the VQ's own checkpoint is loaded over it.
     lm_losses, lm_seconds = train_lm(model, tokenizer, prompts, codes, settings, deadline) if "lm" in stages else ([], 0)
-    vq_losses, vq_seconds = train_vq(model, images, codes, settings, deadline) if "vq" in stages else ([], 0)
+    train_vq_stage = "vq" in stages and not continuing
+    vq_losses, vq_seconds = train_vq(model, images, codes, settings, deadline) if train_vq_stage else ([], 0)
     if set(stages) != {"vq", "lm"}:
         logger.info("stage(s) %s done; run again with --resume (all stages) to assemble the model", ",".join(stages))
         return settings.work_dir
@@ -573,6 +632,7 @@ def train_t2i(settings: T2ISettings, stages: Sequence[str] = ("vq", "lm")) -> Pa
     model.save_pretrained(out)
     processor.save_pretrained(out)
     plot_losses(vq_losses, lm_losses, out / "loss_curve.png")
+    mean100 = lambda rows, key: float(np.mean([r[key] for r in rows[-100:]])) if rows else None  # noqa: E731
     log = {
         "settings": _settings_json(settings),
         "parameters": {
@@ -583,10 +643,13 @@ def train_t2i(settings: T2ISettings, stages: Sequence[str] = ("vq", "lm")) -> Pa
         "vq_steps_done": len(vq_losses),
         "lm_steps_done": len(lm_losses),
         "seconds": {"block_codes": codes_seconds, "vq": vq_seconds, "lm": lm_seconds},
-        "final_vq_recon_loss_mean100": float(np.mean([r["recon"] for r in vq_losses[-100:]])),
-        "final_lm_loss_mean100": float(np.mean([r["loss"] for r in lm_losses[-100:]])),
-        "final_vq_code_accuracy_mean100": float(np.mean([r["code_accuracy"] for r in vq_losses[-100:]])),
+        "final_vq_recon_loss_mean100": mean100(vq_losses, "recon"),
+        "final_lm_loss_mean100": mean100(lm_losses, "loss"),
+        "final_vq_code_accuracy_mean100": mean100(vq_losses, "code_accuracy"),
     }
+    if continuing:
+        init_log = Path(settings.init_from) / "training_log.json"
+        log["init_from"] = json.loads(init_log.read_text()) if init_log.is_file() else str(settings.init_from)
     (out / "training_log.json").write_text(json.dumps(log, indent=2))
     logger.info("saved the reference T2I model to %s (%.1f min)", out, (time.time() - started) / 60)
     return out

@@ -54,6 +54,7 @@ def add_t2i_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lm-steps", type=int, default=d.lm_steps, help="language-model optimizer steps")
     parser.add_argument("--lm-batch-size", type=int, default=d.lm_batch_size)
     parser.add_argument("--lm-lr", type=float, default=d.lm_lr)
+    parser.add_argument("--lm-warmup", type=int, default=d.lm_warmup, help="LM learning-rate warm-up steps")
     parser.add_argument(
         "--lm-object-weight", type=float, default=d.lm_object_weight, help="LM loss weight of object-box tokens"
     )
@@ -78,6 +79,18 @@ def add_t2i_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-minutes", type=float, default=d.max_minutes, help="stop early after this (0: off)")
     parser.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoints in --work-dir")
+    parser.add_argument(
+        "--texture",
+        choices=["iid", "runs"],
+        default=d.texture,
+        help="how speckles and noisy ground are drawn (raydec.reference.shapes): independent blocks or horizontal runs",
+    )
+    parser.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="a saved T2I folder whose language model to continue (its VQ-VAE is kept; no VQ stage)",
+    )
     parser.add_argument(
         "--stage",
         choices=["all", "vq", "lm"],
@@ -112,6 +125,7 @@ def train_t2i_from_args(args: argparse.Namespace) -> Path:
         lm_steps=args.lm_steps,
         lm_batch_size=args.lm_batch_size,
         lm_lr=args.lm_lr,
+        lm_warmup=args.lm_warmup,
         lm_object_weight=args.lm_object_weight,
         lm_object_weight_from=args.lm_object_weight_from,
         lm_attribute_weight=args.lm_attribute_weight,
@@ -121,6 +135,8 @@ def train_t2i_from_args(args: argparse.Namespace) -> Path:
         max_minutes=args.max_minutes,
         threads=args.threads,
         resume=args.resume,
+        texture=args.texture,
+        init_from=args.init_from,
         arch=arch,
     )
     return train_t2i(settings, stages=("vq", "lm") if args.stage == "all" else (args.stage,))
