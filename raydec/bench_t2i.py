@@ -78,7 +78,7 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
     """``--init auto`` / ``--window auto``: each Jacobi method's fresh-draft prior chosen by
     :func:`choose_fresh_drafts`, then its draft shape by :func:`tune_draft`, on ``--tune-prompts``
     calibration prompts (held-out seeds far from the benchmark's).
-    -> (configs, shapes tried, [(method, probe shape, forwards per batch of each prior, chosen)])"""
+    -> (configs, shapes tried, [(method, probe shape, forwards per image of each prior, chosen)])"""
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
     from raydec.tune_t2i import (
         DEFAULT_WINDOWS, ar_step_cost, candidate_shapes, choose_fresh_drafts, forward_seconds, probe_shape,
@@ -202,7 +202,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
         configs.update(tuned)
     if priors:
         print_table(
-            f"fresh-draft priors tried at batch {args.batch} on {args.tune_prompts} calibration prompts (target forwards per batch)",
+            f"fresh-draft priors tried at batch {args.batch} on {args.tune_prompts} calibration prompts (target forwards per image)",
             ["method", "probe window", "K", "D-1"] + list(priors[0][2]) + ["chosen"],
             [[m, probe.window, probe.branching, probe.tree_depth] + [f"{v:.1f}" for v in steps.values()] + [init]
              for m, probe, steps, init in priors],

@@ -25,7 +25,8 @@ step timing (a cost curve given from elsewhere) ``step(c) = cost(window + 1)``, 
 
 Before the shapes, the fresh-draft prior (``DraftSpec.init``: what a never-predicted slot is
 guessed as) is chosen by counting forwards at one probe shape: a prior moves acceptance, not
-the cost of a step. Copying the left neighbour wins where images hold runs of one code (flat
+the cost of a step, so the rows' mean forwards decide (every row measures acceptance; the
+slowest row of a batch is one image). Copying the left neighbour wins where images hold runs of one code (flat
 regions; the reference shapes), a uniform guess where neighbouring codes rarely repeat.
 Decoding stays lossless whatever the shape and prior: they only move speed.
 """
@@ -141,8 +142,12 @@ def choose_fresh_drafts(
     inits: Sequence[str] = FRESH_DRAFTS,
     batching: str = "auto",
 ) -> tuple[str, dict[str, float]]:
-    """The fresh-draft prior of ``method`` needing the fewest target forwards per batch at
+    """The fresh-draft prior of ``method`` needing the fewest target forwards per image at
     ``probe`` on the calibration prompts, and the forwards of each (ties keep the earlier).
+
+    A prior moves acceptance, which every row measures: the rows' mean forwards, not the
+    slowest row's. At batch 8 the slowest of eight rows on two calibration batches is one
+    unlucky image, and chose a prior that needed more forwards on the mean row.
     batching: ``DecodeConfig.batching`` of the runs being tuned for."""
     if not inits:
         raise ValueError(f"inits: expected at least one of {FRESH_DRAFTS}, got none")
@@ -151,9 +156,17 @@ def choose_fresh_drafts(
     for init in inits:
         draft = DraftSpec(**{**probe.model_dump(), "init": init})
         config = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft, batching=batching)
-        steps[init], _ = calibration_run(target, config, prompts, seeds, batch)
-        logger.info("tune %s fresh drafts %r at %s: %.1f steps per batch", method, init, probe, steps[init])
+        rows = calibration_rows(target, config, prompts, seeds, batch)
+        steps[init] = float(np.mean([r.target_forwards for r in rows]))
+        logger.info("tune %s fresh drafts %r at %s: %.1f forwards per image", method, init, probe, steps[init])
     return min(inits, key=lambda init: steps[init]), steps
+
+
+def calibration_rows(target: Any, config: DecodeConfig, prompts: Sequence[str], seeds: Sequence[int], batch: int) -> list:
+    """Decode the calibration prompts with ``config`` at ``batch``: one result per image."""
+    from raydec.api import generate_images
+
+    return generate_images(prompts, model=target, decode=config, seeds=seeds, batch_size=batch)
 
 
 def calibration_run(
@@ -167,9 +180,9 @@ def calibration_run(
     ``batch`` images take their rows' mean forwards; the slowest row of a calibration run says
     little about a long queue.
     """
-    from raydec.api import continuous_batching, generate_images
+    from raydec.api import continuous_batching
 
-    results = generate_images(prompts, model=target, decode=config, seeds=seeds, batch_size=batch)
+    results = calibration_rows(target, config, prompts, seeds, batch)
     if batch > 1 and continuous_batching(target.device, config.batching):
         forwards = [r.target_forwards for r in results]  # latency_s: from the row's admission
         return float(np.mean(forwards)), sum(r.latency_s for r in results) / sum(forwards)

@@ -151,6 +151,28 @@ def test_tune_draft_chooses_the_fresh_draft_prior_first(tmp_path):
         choose_fresh_drafts(target, "sjd_ac", DraftSpec(window=4), inits=("diagonal",), **args)
 
 
+def test_fresh_drafts_are_chosen_by_the_rows_mean_forwards_at_batch_2(tmp_path):
+    """A prior moves acceptance, which every row measures: at batch > 1 its figure is the rows'
+    mean forwards, while a shape's steps per batch stay the slowest row's (consecutive batches)."""
+    from raydec.api import load_pipeline
+    from raydec.config import DecodeConfig, DraftSpec
+    from raydec.tune_t2i import calibration_rows, calibration_run, choose_fresh_drafts
+    from tests.tiny_models import build_tiny_janus
+
+    target = load_pipeline(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
+    prompts, seeds = ["a red circle", "a blue square", "a green cross", "a big red circle"], [0, 1, 2, 3]
+    sampling = target.default_sampling()
+    _, steps = choose_fresh_drafts(target, "sjd", DraftSpec(window=4), prompts, seeds, sampling, batch=2, inits=("uniform",))
+    config = DecodeConfig(
+        method="sjd", max_new_tokens=int(target.num_image_tokens), sampling=sampling, draft=DraftSpec(window=4, init="uniform")
+    )
+    forwards = [r.target_forwards for r in calibration_rows(target, config, prompts, seeds, 2)]
+    assert steps["uniform"] == pytest.approx(np.mean(forwards))
+    per_batch, _ = calibration_run(target, config, prompts, seeds, 2)  # CPU: consecutive batches
+    assert per_batch == pytest.approx(np.mean([max(forwards[0:2]), max(forwards[2:4])]))
+    assert per_batch >= steps["uniform"]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the messages of a machine without a GPU")
 def test_device_option_resolves_auto_and_names_what_is_missing():
     from raydec.bench import resolve_device
