@@ -4,6 +4,7 @@ and its VQ tokenizer keeps the shapes readable by the judge."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -272,3 +273,34 @@ def test_continuing_refuses_another_tokenisation_and_bad_folders(shipped, tmp_pa
         train_t2i(T2ISettings(work_dir=tmp_path, init_from=WEIGHTS), stages=("vq",))
     with pytest.raises(ValueError, match="texture"):
         train_t2i(T2ISettings(work_dir=tmp_path, texture="speckle"))
+
+
+def test_default_recipe_trains_iid_then_continues_on_runs(tmp_path):
+    """The shipped recipe end to end at toy size: phase one on "iid" images (VQ + LM) saved to
+    ``work_dir/iid_model``; phase two continues that LM on "runs" images with the same block
+    codes and saves the folder; ``resume`` then finds both phases done."""
+    import json
+
+    from transformers import JanusForConditionalGeneration
+
+    from raydec.reference.janus_t2i_train import T2ISettings, train_t2i
+
+    settings = T2ISettings(
+        out_dir=tmp_path / "out", work_dir=tmp_path / "work", num_images=8, vq_steps=2, vq_kmeans_images=8,
+        vq_kmeans_iterations=1, lm_steps=2, lm_batch_size=2, texture_steps=2, checkpoint_every=1,
+    )  # fmt: skip
+    assert settings.texture == "runs" and settings.texture_steps > 0  # the shipped recipe's defaults
+    out = train_t2i(settings)
+    log = json.loads((out / "training_log.json").read_text())
+    assert log["settings"]["texture"] == "runs" and log["lm_steps_done"] == 2 and log["vq_steps_done"] == 0
+    assert log["settings"]["lm_lr"] == settings.texture_lr and log["settings"]["lm_attribute_from"] == 0
+    assert log["init_from"]["settings"]["texture"] == "iid" and log["init_from"]["vq_steps_done"] == 2
+    iid = JanusForConditionalGeneration.from_pretrained(settings.work_dir / "iid_model")
+    runs = JanusForConditionalGeneration.from_pretrained(out)
+    iid_state, runs_state = iid.state_dict(), runs.state_dict()
+    assert all(torch.equal(v, runs_state[k]) for k, v in iid_state.items() if ".vqmodel." in k)  # VQ kept
+    assert not torch.equal(iid_state["model.generation_head.vision_head.weight"], runs_state["model.generation_head.vision_head.weight"])
+    codes = sorted(settings.work_dir.glob("block_codes_*.npz"))
+    assert len(codes) == 2 and np.array_equal(np.load(codes[0])["centroids"], np.load(codes[1])["centroids"])
+    again = json.loads((train_t2i(replace(settings, resume=True)) / "training_log.json").read_text())
+    assert again["lm_steps_done"] == 2 and again["init_from"] == log["init_from"]

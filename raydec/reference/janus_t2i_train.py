@@ -10,10 +10,11 @@ Checkpoints go to the work directory every few hundred steps; ``resume=True`` co
 from the last one after a crash.
 
 ``settings.texture`` picks the world's texture (:mod:`raydec.reference.shapes`); the block
-codes (the tokenisation) are always fitted on the default "iid" images, whose blocks take the
-same values, so one VQ-VAE serves both textures. ``settings.init_from`` continues the language
-model of a saved folder on new data (its VQ-VAE is kept as is): how the "runs" weights were
-made from the "iid" ones.
+codes (the tokenisation) are always fitted on the "iid" images, whose blocks take the same
+values, so one VQ-VAE serves both textures. The default recipe (the shipped weights) has two
+phases: the whole model trains on "iid" images, then its language model continues for
+``texture_steps`` on "runs" images. ``settings.init_from`` runs the second phase alone from a
+saved folder (its VQ-VAE is kept as is).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -92,8 +93,12 @@ class T2ISettings:
     max_minutes: float = 0.0
     threads: int = 1
     resume: bool = False
-    # The world's texture ("iid" or "runs", see raydec.reference.shapes).
-    texture: str = "iid"
+    # The world's texture ("iid" or "runs", see raydec.reference.shapes). Not "iid" and
+    # texture_steps > 0: train on "iid" first, then continue the LM texture_steps on it.
+    texture: str = "runs"
+    texture_steps: int = 1000
+    texture_lr: float = 5e-4
+    texture_warmup: int = 50
     # A saved T2I folder: continue its language model (the VQ-VAE is kept; no VQ stage).
     init_from: Path | None = None
     arch: jt.T2IArchitecture = field(default_factory=jt.T2IArchitecture)
@@ -295,6 +300,12 @@ def block_codes(images: np.ndarray, codes: int, settings: T2ISettings) -> BlockC
     if cache.exists():
         cached = np.load(cache)
         return BlockCodes(torch.from_numpy(cached["centroids"]), cached["ids"])
+    iid_cache = cache.with_name(cache.name.replace(suffix, "")) if suffix else cache
+    if iid_cache.exists():  # the same centroids: only the ids of this texture's images are new
+        centroids = torch.from_numpy(np.load(iid_cache)["centroids"])
+        ids = block_ids(images, centroids)
+        np.savez(cache, centroids=centroids.numpy(), ids=ids)
+        return BlockCodes(centroids, ids)
     gen = torch.Generator().manual_seed(settings.seed + 3)
     sample = torch.randperm(images.shape[0], generator=gen)[: settings.vq_kmeans_images].sort().values.numpy()
     if settings.texture == "iid":
@@ -459,7 +470,7 @@ def train_lm(model, tokenizer, prompts: list[str], codes: BlockCodes, settings: 
             probe.bias.zero_()
         probe_optimizer = torch.optim.AdamW(probe.parameters(), lr=settings.lm_lr, betas=(0.9, 0.95), weight_decay=0.0)
         modules.update(attribute_probe=probe, attribute_optimizer=probe_optimizer)
-    ckpt = settings.work_dir / "lm_checkpoint.pt"
+    ckpt = settings.work_dir / ("lm_checkpoint.pt" if settings.init_from is None else f"lm_checkpoint_{settings.texture}.pt")
     gen = torch.Generator().manual_seed(settings.seed + 2)
     start, losses, spent, began = 0, [], 0.0, time.time()
     if settings.resume and ckpt.exists():
@@ -585,9 +596,39 @@ def train_t2i(settings: T2ISettings, stages: Sequence[str] = ("vq", "lm")) -> Pa
     ``stages`` may name one of ``"vq"`` / ``"lm"``: that stage trains to its checkpoint in
     the work directory and nothing is saved (two processes can then use two cores); a later
     run of both stages with ``resume=True`` finds them finished and assembles the model.
-    With ``settings.init_from`` there is no VQ stage: the saved model's VQ-VAE is kept and its
-    language model continues on ``settings.texture``'s images.
+
+    With a texture other than "iid" and ``texture_steps > 0`` (the default) that is phase one,
+    on "iid" images, saved to ``work_dir / "iid_model"``; phase two continues its language
+    model for ``texture_steps`` on the texture's images (lr ``texture_lr``, object weight and
+    attribute probe from its first step) and saves to ``out_dir``. With ``settings.init_from``
+    only phase two runs, from that folder.
     """
+    check_texture(settings.texture)
+    if settings.init_from is not None:
+        return _train_phase(_phase_two(settings, settings.init_from), stages)
+    if settings.texture == "iid" or settings.texture_steps == 0:
+        return _train_phase(settings, stages)
+    iid_dir = settings.work_dir / "iid_model"
+    if not (settings.resume and (iid_dir / "config.json").is_file()):
+        done = _train_phase(replace(settings, texture="iid", out_dir=iid_dir), stages)
+        if set(stages) != {"vq", "lm"}:
+            return done
+    return _train_phase(_phase_two(settings, iid_dir), ("vq", "lm"), check_codes=False)  # this run's codes
+
+
+def _phase_two(settings: T2ISettings, init_from: Path) -> T2ISettings:
+    """The settings of the LM continuation on ``settings.texture``'s images."""
+    logger.info("the language model of %s continues %d steps on %r images", init_from, settings.texture_steps, settings.texture)
+    return replace(
+        settings, init_from=Path(init_from), lm_steps=settings.texture_steps, lm_lr=settings.texture_lr,
+        lm_warmup=settings.texture_warmup, lm_object_weight_from=0, lm_attribute_from=0,
+    )  # fmt: skip
+
+
+def _train_phase(settings: T2ISettings, stages: Sequence[str], check_codes: bool = True) -> Path:
+    """One training run: from scratch on ``settings.texture``, or (``init_from``) the LM
+    continued from a saved folder. ``check_codes``: verify the folder's VQ encoder agrees with
+    the block codes (off when this run made both)."""
     check_texture(settings.texture)
     continuing = settings.init_from is not None
     if continuing and set(stages) == {"vq"}:
@@ -613,7 +654,7 @@ def train_t2i(settings: T2ISettings, stages: Sequence[str] = ("vq", "lm")) -> Pa
     codes_started = time.time()
     codes = block_codes(images, settings.arch.vq_num_embeddings, settings)
     codes_seconds = time.time() - codes_started
-    if continuing:
+    if continuing and check_codes:
         logger.info("init_from VQ encoder agrees with the block codes on %.3f of blocks", check_tokenisation(model, images, codes))
     # The stages are independent given the block codes. The LM checkpoint holds the whole
     # model, so the LM stage runs first and the VQ's own checkpoint is loaded over it.

@@ -83,13 +83,17 @@ def add_t2i_arguments(parser: argparse.ArgumentParser) -> None:
         "--texture",
         choices=["iid", "runs"],
         default=d.texture,
-        help="how speckles and noisy ground are drawn (raydec.reference.shapes): independent blocks or horizontal runs",
+        help="how speckles and noisy ground are drawn (raydec.reference.shapes): independent blocks or horizontal runs; "
+        "not iid: train on iid, then continue the LM --texture-steps on this texture",
     )
+    parser.add_argument("--texture-steps", type=int, default=d.texture_steps, help="LM steps of the texture phase (0: none)")
+    parser.add_argument("--texture-lr", type=float, default=d.texture_lr)
+    parser.add_argument("--texture-warmup", type=int, default=d.texture_warmup)
     parser.add_argument(
         "--init-from",
         type=Path,
         default=None,
-        help="a saved T2I folder whose language model to continue (its VQ-VAE is kept; no VQ stage)",
+        help="a saved T2I folder: run only the texture phase, continuing its language model (its VQ-VAE is kept)",
     )
     parser.add_argument(
         "--stage",
@@ -136,6 +140,9 @@ def train_t2i_from_args(args: argparse.Namespace) -> Path:
         threads=args.threads,
         resume=args.resume,
         texture=args.texture,
+        texture_steps=args.texture_steps,
+        texture_lr=args.texture_lr,
+        texture_warmup=args.texture_warmup,
         init_from=args.init_from,
         arch=arch,
     )
