@@ -4,8 +4,9 @@
 
 Each texture is a first-order chain over ``--levels`` values in which a token repeats its left
 neighbour with weight e^beta (``raydec.reference.textures.potts_texture``): beta = 0 draws every
-token independently, as the shapes world draws its speckles and noisy ground; larger beta makes
-the next token depend on the last, as a photograph's texture does. The real engine and
+token independently, as the shapes world's "iid" texture draws its speckles and noisy ground;
+larger beta makes the next token depend on the last, as a photograph's texture does (the
+"runs" texture of the shipped T2I model repeats with probability 0.7: beta = ln 4.67 = 1.54). The real engine and
 proposers decode ``--sequences`` sequences of ``--length`` tokens per method, same seeds, and the
 table gives tokens committed per target forward (the prefill counted, as ``raydec bench t2i``
 counts step compression). Forwards only: the figures do not depend on the machine.

@@ -1,9 +1,10 @@
 """Exact toy textures: image tokens drawn by a first-order Markov chain whose neighbour
 dependence is set by hand.
 
-The shapes world draws every random block (a speckle's shade, a noisy ground's level)
-independently of its neighbours given its region. Photographs do not: a texture's next patch
-depends on the last. SJD's adaptive continuation and proactive drafting exist for that
+The shapes world's default ("iid") texture draws every random block (a speckle's shade, a
+noisy ground's level) independently of its neighbours given its region. Photographs do not: a
+texture's next patch depends on the last (the world's "runs" texture, which the shipped T2I
+model draws, is the chain below with 3 levels and a repeat probability of 0.7, beta = ln 4.67). SJD's adaptive continuation and proactive drafting exist for that
 dependence, so how much they gain over SJD is a property of the images. These chains let a
 benchmark dial it in with no training, on the real engine and proposers:
 
@@ -11,7 +12,7 @@ benchmark dial it in with no training, on the real engine and proposers:
   ``P(x_t | x_<t) = softmax(logits[x_{t-1}])``, so its output law is known exactly (the
   exactness harness uses it too);
 - ``potts_texture(levels, beta)``: a token repeats its left neighbour with weight ``e^beta``
-  against 1 for each other level. ``beta = 0`` is the shapes world's speckle; the larger
+  against 1 for each other level. ``beta = 0`` is the "iid" speckle; the larger
   ``beta``, the more the next token depends on the last;
 - ``neighbour_tv(target)``: the mean total variation between the next token's law after two
   different left neighbours, the quantity ``benchmarks/neighbour_dependence.py`` measures on
