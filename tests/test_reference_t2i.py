@@ -117,9 +117,9 @@ def test_unconditional_rows_match_generate_layout(shipped):
     assert torch.equal(uncond, expected)
 
 
-def _round_trip(model, count: int = 500) -> tuple[list, np.ndarray]:
+def _round_trip(model, count: int = 500, texture: str = "iid") -> tuple[list, np.ndarray]:
     """Ground-truth samples of held-out seeds (the judge test's 500) and their VQ round trips (uint8)."""
-    samples = [make_sample(HELD_OUT_SEED_START + i) for i in range(count)]
+    samples = [make_sample(HELD_OUT_SEED_START + i, texture=texture) for i in range(count)]
     pixels = jt.images_to_pixels(torch.from_numpy(np.stack([s.image for s in samples])))
     with torch.no_grad():
         ids = jt.vq_encode(model.model.vqmodel, pixels)
@@ -140,12 +140,14 @@ def test_stock_vq_paths_equal_the_training_forwards(shipped):
         assert torch.allclose(vq.decode(ids), jt.decode_codes(vq, ids.view(-1, side, side)), atol=1e-4)
 
 
-def test_vq_round_trip_keeps_judge_accuracy(shipped):
-    """Issue 3: >= 0.9 judge accuracy after encode -> decode on the judge test's 500 images."""
+@pytest.mark.parametrize("texture", ["iid", "runs"])
+def test_vq_round_trip_keeps_judge_accuracy(shipped, texture):
+    """Issue 3: >= 0.9 judge accuracy after encode -> decode on the judge test's 500 images
+    (measured 0.948 iid, 0.946 runs: one VQ-VAE serves both textures)."""
     from raydec.reference.judge import score_image
 
     model, _ = shipped
-    samples, decoded = _round_trip(model)
+    samples, decoded = _round_trip(model, texture=texture)
     truth = np.mean([score_image(s.image, s.prompt) for s in samples])
     round_trip = np.mean([score_image(img, s.prompt) for img, s in zip(decoded, samples)])
     assert truth >= 0.95 and round_trip >= 0.9, (truth, round_trip)

@@ -144,10 +144,10 @@ def attribute_accuracy_by_kind(images: Sequence[np.ndarray], prompts: Sequence[s
 
 
 @torch.no_grad()
-def vq_round_trip(model, num_images: int, offset: int = 0, batch_size: int = 50) -> dict:
-    """Judge score of held-out ground-truth images after VQ encode -> stock ``decode``."""
+def vq_round_trip(model, num_images: int, offset: int = 0, batch_size: int = 50, texture: str = "runs") -> dict:
+    """Judge score of held-out ground-truth images (drawn with ``texture``) after VQ encode -> stock ``decode``."""
     vq = model.model.vqmodel.eval()
-    samples = [make_sample(HELD_OUT_SEED_START + offset + i) for i in range(num_images)]
+    samples = [make_sample(HELD_OUT_SEED_START + offset + i, texture=texture) for i in range(num_images)]
     truth, decoded = [], []
     for begin in range(0, num_images, batch_size):
         batch = samples[begin : begin + batch_size]
@@ -174,13 +174,13 @@ def replace_words(prompt: str, kind: str) -> str:
 
 
 @torch.no_grad()
-def word_sensitivity(model, processor, num_images: int, offset: int = 0) -> dict:
+def word_sensitivity(model, processor, num_images: int, offset: int = 0, texture: str = "runs") -> dict:
     """KL(pred(prompt) || pred(prompt with one kind of word replaced)) over the image tokens of
     held-out images (their own VQ ids, teacher-forced): mean over all tokens, mean over the
     tokens of object boxes, and the largest, per kind of word. Zero means the words are ignored."""
     from raydec.reference.janus_t2i_train import object_token_mask
 
-    samples = [make_sample(HELD_OUT_SEED_START + offset + i) for i in range(num_images)]
+    samples = [make_sample(HELD_OUT_SEED_START + offset + i, texture=texture) for i in range(num_images)]
     ids = jt.vq_encode(model.model.vqmodel, jt.images_to_pixels(torch.from_numpy(np.stack([s.image for s in samples]))))
     on_object = torch.from_numpy(np.stack([object_token_mask(s.prompt) for s in samples]))  # [B, N]
 
@@ -226,6 +226,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--word-sensitivity", action="store_true", help="measure how much each kind of prompt word moves the predictions"
     )
+    parser.add_argument(
+        "--texture",
+        choices=["iid", "runs"],
+        default="runs",
+        help="texture of the ground-truth images --round-trip and --word-sensitivity use (the shipped model draws runs)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--grid", type=Path, default=None, help="write a PNG grid of samples here")
     args = parser.parse_args(argv)
@@ -241,13 +247,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         model = JanusForConditionalGeneration.from_pretrained(args.weights, local_files_only=True).eval()
         processor = JanusProcessor.from_pretrained(args.weights, local_files_only=True)
     if args.word_sensitivity:
-        sensitivity = word_sensitivity(model, processor, args.prompts, args.offset)
+        sensitivity = word_sensitivity(model, processor, args.prompts, args.offset, args.texture)
         print(json.dumps(sensitivity, indent=2))
         if args.json is not None:
             args.json.write_text(json.dumps(sensitivity, indent=2))
         return
     if args.round_trip:
-        result = vq_round_trip(model, args.prompts, args.offset, args.batch_size)
+        result = vq_round_trip(model, args.prompts, args.offset, args.batch_size, args.texture)
         result["scores"] = []
     else:
         result = evaluate_t2i(
