@@ -26,8 +26,9 @@ step timing (a cost curve given from elsewhere) ``step(c) = cost(window + 1)``, 
 Before the shapes, the fresh-draft prior (``DraftSpec.init``: what a never-predicted slot is
 guessed as) is chosen by counting forwards at one probe shape: a prior moves acceptance, not
 the cost of a step, so the rows' mean forwards decide (every row measures acceptance; the
-slowest row of a batch is one image). Copying the left neighbour wins where images hold runs of one code (flat
-regions; the reference shapes), a uniform guess where neighbouring codes rarely repeat.
+slowest row of a batch is one image). Copying the left neighbour wins where images hold runs
+of one code (flat regions and runs textures; the reference shapes), a uniform guess where
+neighbouring codes rarely repeat.
 Decoding stays lossless whatever the shape and prior: they only move speed.
 """
 

@@ -3,9 +3,10 @@ dependence is set by hand.
 
 The shapes world's default ("iid") texture draws every random block (a speckle's shade, a
 noisy ground's level) independently of its neighbours given its region. Photographs do not: a
-texture's next patch depends on the last (the world's "runs" texture, which the shipped T2I
-model draws, is the chain below with 3 levels and a repeat probability of 0.7, beta = ln 4.67). SJD's adaptive continuation and proactive drafting exist for that
-dependence, so how much they gain over SJD is a property of the images. These chains let a
+texture's next patch depends on the last. (The world's "runs" texture, which the shipped T2I
+model draws, is the chain below with 3 levels and a repeat probability of 0.7: beta = ln 4.67.)
+SJD's adaptive continuation and proactive drafting exist for that dependence, so how much they
+gain over SJD is a property of the images. These chains let a
 benchmark dial it in with no training, on the real engine and proposers:
 
 - ``MarkovChainTarget`` speaks the adapter protocol (``raydec.models.base``):
