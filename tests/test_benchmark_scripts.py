@@ -109,6 +109,30 @@ def test_caption_position_buckets_every_decode_forward(tmp_path, capsys):
         script.main(["--methods", "ar"])
 
 
+def test_caption_misses_sorts_corrections_and_bounds_a_perfect_image_reader(tmp_path, capsys):
+    script = _script("caption_misses")
+    # an answer of 10 tokens (position 0: the prefill's); a step committing depth + 1 tokens had no miss
+    assert script.miss_positions([3, 7], depth=6, length=10) == [3]  # the 7-token step hit the depth cap
+    assert script.miss_positions([2, 2, 5], depth=6, length=10) == [2, 4, 9]
+    assert script.replay_forwards(10, {2, 4, 9}, depth=6) == 3
+    assert script.replay_forwards(10, set(), depth=6) == 2  # 1-7, then 8-9
+    words = ["<bos>", "a", "red", "circle", "on", "a", "grey", "background", ".", "there"]
+    table = script.tally([(words, [2, 2, 5])], depth=6)  # misses at "red" (colour), "on", "there" (other)
+    assert table["misses"] == {"colour": 1, "other": 2} and table["tokens"]["colour"] == 1
+    assert table["forwards"] == table["replayed_forwards"] == 3
+    assert table["oracle_forwards"] == script.replay_forwards(10, {4, 9}, depth=6) == 2  # the colour miss repaired
+    out_json = tmp_path / "misses.json"
+    result = script.main(["--images", "2", "--max-new-tokens", "24", "--json", str(out_json)])
+    assert "caption draft misses by word kind: reference, 2 images" in capsys.readouterr().out
+    assert json.loads(out_json.read_text())["methods"] == result["methods"]
+    for table in result["methods"].values():
+        assert table["replayed_forwards"] == table["forwards"] >= table["oracle_forwards"] >= 1
+    with pytest.raises(SystemExit):
+        script.main(["--methods", "ar"])
+    with pytest.raises(SystemExit):
+        script.main(["--depth", "0"])
+
+
 def test_draft_image_ablation_hides_images_only_inside_its_block(tmp_path, capsys):
     from raydec.models.vispec_draft import VispecDraft
 

@@ -71,6 +71,18 @@ def test_accuracy_on_runs_textured_ground_truth() -> None:
     assert noisy and all(parse_image(s.image).background == "noisy" for s in noisy)
 
 
+def test_word_kind_names_what_the_parser_reads() -> None:
+    from raydec.reference.judge import WORD_KINDS, word_kind
+
+    assert [word_kind(w) for w in ("red", "crosses", "spotted", "little", "upper", "middle", "gray", "grainy", "two")] == [
+        "colour", "shape", "fill", "size", "position", "position", "background", "background", "count"
+    ]
+    assert {word_kind(w) for w in ("there", "is", "a", ".", "with", "the")} == {"other"}
+    sample = make_sample(HELD_OUT_SEED_START + 3)
+    kinds = {word_kind(w) for w in shapes.words(sample.description)}
+    assert kinds <= set(WORD_KINDS) and {"colour", "shape", "fill", "other"} <= kinds
+
+
 def test_accuracy_after_blur_and_quantisation(held_out: list[shapes.ShapesSample]) -> None:
     accuracy = _accuracy(held_out, lambda s: blur_and_quantise(s.image))
     logger.info("judge attribute accuracy, 3x3 blur + 16 levels: %.4f", accuracy)

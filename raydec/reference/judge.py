@@ -308,6 +308,22 @@ _SENTENCE_ENDS = {".", "?", "!"}
 _MAX_TEXT_OBJECTS = 8  # mentions beyond this are ignored (keeps matching cheap)
 
 
+WORD_KINDS = ("colour", "shape", "fill", "size", "position", "background", "count", "other")
+
+
+def word_kind(word: str) -> str:
+    """Which scene attribute a text token names (one of ``WORD_KINDS``; "other": phrasing).
+
+    The same word lists the caption parser reads, so "other" words are those no image can decide.
+    """
+    kinds = (
+        ("colour", _COLOR_WORDS), ("shape", _SHAPE_WORDS), ("fill", _FILL_WORDS), ("size", _SIZE_WORDS),
+        ("position", {**_VERTICAL_WORDS, **_HORIZONTAL_WORDS, **dict.fromkeys(_CENTER_WORDS)}),
+        ("background", {**_BACKGROUND_COLOR_WORDS, **_BACKGROUND_WORDS}), ("count", _COUNT_WORDS),
+    )  # fmt: skip
+    return next((kind for kind, words in kinds if word in words), "other")
+
+
 def _position_of(vertical: Optional[str], horizontal: Optional[str], center: bool) -> Optional[str]:
     """Combine position keywords ("upper" + "left" -> "top left"); None if nothing was said."""
     if vertical and horizontal:

@@ -1,0 +1,137 @@
+"""Where each caption draft misses, by word kind, and what a draft that read the image perfectly could gain.
+
+    python benchmarks/caption_misses.py --images 60
+
+A decode step ends where the draft's chain first disagrees with the target (or at the tree's
+depth); the token the target commits there is the draft's miss. This decodes the same
+held-out shapes images greedily with each ``--methods`` draft and sorts the misses by the word
+kind of the missed token (``raydec.reference.judge.word_kind``): scene attributes an image
+decides (colour, shape, fill, size, position, background, count) or phrasing ("other").
+
+The **attribute oracle** replays each draft's own answers with every attribute miss turned
+into a hit: steps then end only at the phrasing words that draft missed, or at the depth cap.
+That is an upper bound on what any vision module could add to that draft on this testbed
+at this tree (it also assumes the chain after a repaired miss stays right). Replaying with all
+misses kept must give the measured forwards, and the table shows both. Greedy decoding only:
+the figures do not depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+import numpy as np
+import torch
+
+from raydec.bench import json_path_arg, positive_int, write_json
+
+
+def miss_positions(accepted_lengths: list[int], depth: int, length: int) -> list[int]:
+    """Answer positions of the target's corrections: each decode step that committed fewer than
+    ``depth + 1`` tokens ended at a miss. Positions count from the prefill's token (0), so the
+    first decode step starts at 1."""
+    misses, start = [], 1
+    for committed in accepted_lengths:
+        end = start + committed - 1  # the step's last (bonus) token
+        if committed - 1 < depth and end < length:
+            misses.append(end)
+        start += committed
+    return misses
+
+
+def replay_forwards(length: int, misses: set[int], depth: int) -> int:
+    """Decode steps for an answer of ``length`` tokens (prefill token included) if steps end
+    exactly at ``misses`` or after ``depth + 1`` tokens."""
+    forwards, pos = 0, 1
+    while pos < length:
+        forwards += 1
+        stop = next((p for p in range(pos, min(pos + depth + 1, length)) if p in misses), None)
+        pos = stop + 1 if stop is not None else pos + depth + 1
+    return forwards
+
+
+def tally(answers: list[tuple[list[str], list[int]]], depth: int) -> dict:
+    """Per word kind: answer tokens and misses; decode forwards measured, replayed, and with
+    the attribute misses repaired. answers: (words, accepted lengths) per answer."""
+    from raydec.reference.judge import word_kind
+
+    tokens, misses = Counter(), Counter()
+    measured = replayed = oracle = 0
+    for words, lengths in answers:
+        tokens.update(word_kind(w) for w in words[1:])
+        positions = miss_positions(lengths, depth, len(words))
+        misses.update(word_kind(words[p]) for p in positions)
+        measured += len(lengths)
+        replayed += replay_forwards(len(words), set(positions), depth)
+        oracle += replay_forwards(len(words), {p for p in positions if word_kind(words[p]) == "other"}, depth)
+    committed = sum(len(words) - 1 for words, _ in answers)
+    return {
+        "tokens": dict(tokens), "misses": dict(misses), "forwards": measured, "replayed_forwards": replayed,
+        "oracle_forwards": oracle, "tokens_per_forward": committed / max(1, measured),
+        "oracle_tokens_per_forward": committed / max(1, oracle),
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from raydec.config import SamplingConfig
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="reference")
+    parser.add_argument("--methods", default="eagle,vispec", help="comma-separated drafted methods (eagle, vispec)")
+    parser.add_argument("--images", type=positive_int, default=60)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128)
+    parser.add_argument("--depth", type=positive_int, default=None, help="draft tree depth (default: the T=0 tree)")
+    parser.add_argument("--top-k", type=positive_int, default=None)
+    parser.add_argument("--total-tokens", type=positive_int, default=None)
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument("--json", type=json_path_arg, default=None, help="also write the table here")
+    args = parser.parse_args(argv)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not methods or any(m not in ("eagle", "vispec") for m in methods):
+        parser.error(f"--methods: expected eagle and/or vispec, got {args.methods!r}")
+
+    from raydec.api import DEFAULT_CAPTION_PROMPT, caption_images, load_pipeline
+    from raydec.config import DecodeConfig, DraftTreeSpec
+    from raydec.models.registry import REFERENCE_DRAFT_DIRS
+    from raydec.reference.judge import WORD_KINDS
+    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
+
+    target = load_pipeline(args.model, "vlm", dtype=getattr(torch, args.dtype))
+    tokenizer = target.processor.tokenizer
+    images = [to_pil(make_sample(HELD_OUT_SEED_START + i).image) for i in range(args.images)]
+    default = DraftTreeSpec.for_temperature(0.0)
+    shape = {"depth": args.depth, "top_k": args.top_k, "total_tokens": args.total_tokens}
+    try:
+        tree = DraftTreeSpec(**{**default.model_dump(), **{k: v for k, v in shape.items() if v is not None}})
+    except ValueError as error:
+        parser.error(f"draft tree: {error}")
+    tables = {}
+    for method in methods:
+        decode = DecodeConfig(method=method, sampling=SamplingConfig(temperature=0.0), draft_tree=tree,
+                              max_new_tokens=args.max_new_tokens,
+                              draft_model=str(REFERENCE_DRAFT_DIRS[method]) if args.model == "reference" else None)
+        results = caption_images(images, prompt=DEFAULT_CAPTION_PROMPT, model=target, decode=decode,
+                                 seeds=list(range(args.images)), batch_size=1)
+        answers = [(tokenizer.convert_ids_to_tokens(r.tokens), r.accepted_lengths) for r in results]
+        tables[method] = tally(answers, tree.depth)
+    print(f"caption draft misses by word kind: {args.model}, {args.images} images, greedy, "
+          f"tree depth {tree.depth} top_k {tree.top_k} total {tree.total_tokens}")
+    # tokens: the first method's answers; each rate is over that method's own answers
+    print(f"{'word kind':>10} {'tokens':>7} " + " ".join(f"{m + ' misses (rate)':>22}" for m in methods))
+    for kind in WORD_KINDS:
+        count = tables[methods[0]]["tokens"].get(kind, 0)
+        cells = " ".join(f"{t['misses'].get(kind, 0):>13} ({t['misses'].get(kind, 0) / max(1, t['tokens'].get(kind, 0)):.3f})"
+                         for t in tables.values())
+        print(f"{kind:>10} {count:>7} {cells}")
+    for method, t in tables.items():
+        print(f"{method}: decode forwards {t['forwards']} (replayed from its misses {t['replayed_forwards']}), "
+              f"tokens per decode forward {t['tokens_per_forward']:.2f}; attribute oracle {t['oracle_forwards']} forwards, "
+              f"{t['oracle_tokens_per_forward']:.2f} ({t['forwards'] / max(1, t['oracle_forwards']):.2f}x)")
+    result = {"settings": vars(args), "tree": tree.model_dump(), "methods": tables}
+    write_json(args.json, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
