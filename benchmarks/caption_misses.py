@@ -24,7 +24,7 @@ from collections import Counter
 import numpy as np
 import torch
 
-from raydec.bench import json_path_arg, positive_int, write_json
+from raydec.bench import json_path_arg, parse_methods, positive_int, write_json
 
 
 def miss_positions(accepted_lengths: list[int], depth: int, length: int) -> list[int]:
@@ -87,13 +87,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--json", type=json_path_arg, default=None, help="also write the table here")
     args = parser.parse_args(argv)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if not methods or any(m not in ("eagle", "vispec") for m in methods):
-        parser.error(f"--methods: expected eagle and/or vispec, got {args.methods!r}")
+    methods = parse_methods(args.methods, ("eagle", "vispec"), baseline=None)
 
     from raydec.api import DEFAULT_CAPTION_PROMPT, caption_images, load_pipeline
     from raydec.config import DecodeConfig, DraftTreeSpec
-    from raydec.models.registry import REFERENCE_DRAFT_DIRS
     from raydec.reference.judge import WORD_KINDS
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
 
@@ -109,8 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
     tables = {}
     for method in methods:
         decode = DecodeConfig(method=method, sampling=SamplingConfig(temperature=0.0), draft_tree=tree,
-                              max_new_tokens=args.max_new_tokens,
-                              draft_model=str(REFERENCE_DRAFT_DIRS[method]) if args.model == "reference" else None)
+                              max_new_tokens=args.max_new_tokens)
         results = caption_images(images, prompt=DEFAULT_CAPTION_PROMPT, model=target, decode=decode,
                                  seeds=list(range(args.images)), batch_size=1)
         answers = [(tokenizer.convert_ids_to_tokens(r.tokens), r.accepted_lengths) for r in results]

@@ -18,7 +18,7 @@ import argparse
 import numpy as np
 import torch
 
-from raydec.bench import json_path_arg, positive_int, write_json
+from raydec.bench import json_path_arg, parse_methods, positive_int, write_json
 
 
 
@@ -50,9 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--json", type=json_path_arg, default=None, help="also write the table here")
     args = parser.parse_args(argv)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if not methods or any(m not in ("eagle", "vispec") for m in methods):
-        parser.error(f"--methods: expected eagle and/or vispec, got {args.methods!r}")
+    methods = parse_methods(args.methods, ("eagle", "vispec"), baseline=None)
     try:
         sampling = SamplingConfig(temperature=args.temperature)
     except ValueError as error:
@@ -60,7 +58,6 @@ def main(argv: list[str] | None = None) -> dict:
 
     from raydec.api import DEFAULT_CAPTION_PROMPT, caption_images, load_pipeline
     from raydec.config import DecodeConfig, DraftTreeSpec
-    from raydec.models.registry import REFERENCE_DRAFT_DIRS
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
 
     target = load_pipeline(args.model, "vlm", dtype=getattr(torch, args.dtype))
@@ -70,8 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     prompt = args.prompt or DEFAULT_CAPTION_PROMPT
     tables, lengths = {}, {}
     for method in methods:
-        decode = DecodeConfig(method=method, sampling=sampling, draft_tree=tree, max_new_tokens=args.max_new_tokens,
-                              draft_model=str(REFERENCE_DRAFT_DIRS[method]) if args.model == "reference" else None)
+        decode = DecodeConfig(method=method, sampling=sampling, draft_tree=tree, max_new_tokens=args.max_new_tokens)
         results = caption_images(images, prompt=prompt, model=target, decode=decode, seeds=seeds, batch_size=1)
         tables[method] = by_position([r.accepted_lengths for r in results], args.bucket)
         lengths[method] = float(np.mean([r.num_tokens for r in results]))

@@ -56,7 +56,6 @@ def main(argv: list[str] | None = None) -> dict:
 
     from raydec.api import caption_images, load_pipeline
     from raydec.config import DecodeConfig, DraftTreeSpec
-    from raydec.models.registry import REFERENCE_DRAFT_DIRS
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
 
     target = load_pipeline("reference", "vlm", dtype=getattr(torch, args.dtype))
@@ -65,8 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     tree = DraftTreeSpec.for_temperature(args.temperature)
 
     def tokens_per_forward(method: str) -> float:
-        decode = DecodeConfig(method=method, sampling=sampling, draft_tree=tree, max_new_tokens=args.max_new_tokens,
-                              draft_model=str(REFERENCE_DRAFT_DIRS[method]))
+        decode = DecodeConfig(method=method, sampling=sampling, draft_tree=tree, max_new_tokens=args.max_new_tokens)
         results = caption_images(images, model=target, decode=decode, seeds=seeds, batch_size=1)
         return sum(r.num_tokens for r in results) / sum(r.target_forwards for r in results)
 

@@ -120,14 +120,16 @@ def write_json(path: Path | None, result: dict) -> None:
     path.write_text(json.dumps(result, indent=2, default=str))
 
 
-def parse_methods(text: str, known: tuple[str, ...]) -> list[str]:
-    """``--methods``: a comma-separated subset of ``known`` that includes the "ar" baseline."""
+def parse_methods(text: str, known: tuple[str, ...], baseline: str | None = "ar") -> list[str]:
+    """``--methods``: a non-empty comma-separated subset of ``known`` that includes ``baseline``
+    (the "ar" every speedup is measured against; None: no baseline needed)."""
     methods = [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in methods if m not in known]
-    if unknown:
-        raise SystemExit(f"--methods: unknown {', '.join(unknown)} (choose from {', '.join(known)})")
-    if "ar" not in methods:
-        raise SystemExit(f"--methods {text!r}: add 'ar'; every speedup is measured against it in the same run")
+    if unknown or not methods:
+        what = f"unknown {', '.join(unknown)}" if unknown else "none given"
+        raise SystemExit(f"--methods: {what} (choose from {', '.join(known)})")
+    if baseline is not None and baseline not in methods:
+        raise SystemExit(f"--methods {text!r}: add {baseline!r}; every speedup is measured against it in the same run")
     return methods
 
 

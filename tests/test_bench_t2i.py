@@ -193,6 +193,9 @@ def test_methods_option_names_unknown_methods_and_asks_for_the_ar_baseline():
         parse_methods("ar,sdj,eagle", known)
     with pytest.raises(SystemExit, match="--methods 'hf,sjd': add 'ar'"):
         parse_methods("hf,sjd", known)
+    assert parse_methods("vispec,eagle", ("eagle", "vispec"), baseline=None) == ["vispec", "eagle"]  # draft studies
+    with pytest.raises(SystemExit, match=r"--methods: none given \(choose from eagle, vispec\)"):
+        parse_methods(" , ", ("eagle", "vispec"), baseline=None)
     assert ratio_cell({"x": 2.345}, "x") == "2.35" and ratio_cell({}, "x") == "-"
 
 
