@@ -63,7 +63,8 @@ def test_processor_round_trip(vlm) -> None:
     inputs = processor(text=[prompt_text()], images=[sample.image], return_tensors="pt")
     input_ids = inputs["input_ids"][0]
     n_image = int((input_ids == model.config.image_token_id).sum())
-    assert n_image == model.config.image_seq_length == 64
+    patch = model.config.vision_config.patch_size
+    assert n_image == model.config.image_seq_length == (64 // patch) ** 2
     assert input_ids[0] == tokenizer.bos_token_id
     text = tokenizer.decode(input_ids[input_ids != model.config.image_token_id], skip_special_tokens=False)
     assert text.split()[-1] == "ASSISTANT:" and DESCRIBE_INSTRUCTION in text

@@ -241,6 +241,8 @@ def add_vlm_arguments(parser: argparse.ArgumentParser) -> None:
                        help="stop after this many steps of the phase, keeping the --vlm-steps schedule (0: off)")
     group.add_argument("--vlm-init-from", type=Path, default=None, help="continue from this saved checkpoint")
     group.add_argument("--vlm-first-step", type=int, default=0, help="global step of this phase's first batch")
+    group.add_argument("--vlm-refine-patches", type=int, default=0,
+                       help="with --vlm-init-from: make its image patches this many times finer first (0: off)")
     group.add_argument("--vlm-recipe", type=Path, default=None,
                        help="retrain from scratch by replaying every phase recorded in this train_log.json "
                             "(e.g. raydec/reference/weights/vlm/train_log.json); other training flags are ignored")
@@ -294,5 +296,6 @@ def train_vlm(args: Any = None) -> Path:
         bf16=_get(args, "vlm_bf16", False),
         init_from=_get(args, "vlm_init_from", None),
         first_step=_get(args, "vlm_first_step", 0),
+        refine_patches=_get(args, "vlm_refine_patches", 0),
     )
     return run_training(settings, sizes)

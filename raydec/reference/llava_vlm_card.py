@@ -61,6 +61,8 @@ def _commands(log: dict[str, Any]) -> list[str]:
             flags += f" --vlm-stop-after {phase['stop_after']}"
         if phase.get("init_from", "None") != "None":
             flags += f" \\\n    --vlm-init-from {_relative(phase['init_from'])} --vlm-first-step {phase['first_step']}"
+        if int(phase.get("refine_patches", 0)) > 0:
+            flags += f" --vlm-refine-patches {phase['refine_patches']}"
         lines.append(f"python -m raydec.reference.train vlm {flags}")
     return lines
 
@@ -97,7 +99,7 @@ def write_model_card(out_dir: Path, evaluation: dict[str, Any] | None = None) ->
         "  separate tokens (same as `shapes.words`), `<bos>` prepended; special tokens `<pad> <bos> <eos> <unk>",
         "  <image> USER: ASSISTANT:`.",
         "- Processor: `LlavaProcessor` + `CLIPImageProcessorPil` at 64x64 (no crop; rescale to [0, 1], normalise",
-        "  with mean 0.5 / std 0.5); each `<image>` expands to 64 image tokens.",
+        f"  with mean 0.5 / std 0.5); each `<image>` expands to {config['image_seq_length']} image tokens.",
         "- Chat format: `USER: <image> describe the image . ASSISTANT:` -> description + `<eos>`; questions",
         "  such as `USER: <image> what colour is the circle? ASSISTANT:` -> `red` + `<eos>`.",
         "",

@@ -79,17 +79,18 @@ def patch_attribute_targets(sample: ShapesSample, patch_size: int = 8) -> np.nda
     return targets
 
 
-def make_example(seed: int, question_share: float, focus_questions: bool = False) -> Example:
+def make_example(seed: int, question_share: float, focus_questions: bool = False, patch_size: int = 8) -> Example:
     """The training example of ``seed``: a description, or (with ``question_share``) one question.
 
     With ``focus_questions`` the question is drawn only from those whose answer is an object's
-    colour, shape or fill (the attributes that need object-level grounding).
+    colour, shape or fill (the attributes that need object-level grounding). ``patch_size`` is
+    the vision tower's, for the patch-word targets.
     """
     if seed >= HELD_OUT_SEED_START:
         raise ValueError(f"training seed {seed} is in the held-out range (>= {HELD_OUT_SEED_START})")
     sample = make_sample(seed)
     rng = random.Random(seed * 7919 + 17)
-    patches = patch_attribute_targets(sample)
+    patches = patch_attribute_targets(sample, patch_size)
     if rng.random() < question_share:
         pairs = question_answers(sample, rng)
         if focus_questions:
@@ -143,4 +144,5 @@ def training_batch(step: int, batch_size: int, processor: LlavaProcessor, questi
                    focus_questions: bool = False) -> dict[str, torch.Tensor]:
     """The batch of optimizer step ``step`` (deterministic)."""
     seeds = range(step * batch_size, (step + 1) * batch_size)
-    return collate([make_example(seed, question_share, focus_questions) for seed in seeds], processor)
+    patch_size = processor.patch_size
+    return collate([make_example(seed, question_share, focus_questions, patch_size) for seed in seeds], processor)

@@ -59,6 +59,9 @@ class TrainSettings:
     threads: int = 1
     bf16: bool = False
     init_from: Path | None = None  # continue from a saved checkpoint (a second phase) instead of from scratch
+    # Make the init_from model's image patches this many times finer before training (0: off);
+    # see raydec.reference.llava_vlm_refine.
+    refine_patches: int = 0
     first_step: int = 0  # data offset: this phase's step s uses the batch of global step first_step + s
 
 
@@ -223,7 +226,15 @@ def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
         log.stopped_early = False
         logger.info("continuing from %s (%d steps done) at global step %d", settings.init_from, log.steps_done,
                     settings.first_step)
+        if settings.refine_patches:
+            from raydec.reference.llava_vlm_refine import refine_patches
+
+            model, processor = refine_patches(model, processor, settings.refine_patches)
+            logger.info("refined image patches by %d: %d image tokens per image", settings.refine_patches,
+                        model.config.image_seq_length)
     else:
+        if settings.refine_patches:
+            raise ValueError("refine_patches needs init_from (a trained model to refine)")
         processor = build_processor(vocabulary(), sizes)
         model = build_model(processor, sizes, settings.seed)
         log = TrainLog(settings=settings_record, sizes=asdict(sizes), phases=[settings_record])
