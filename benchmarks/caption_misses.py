@@ -85,12 +85,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--top-k", type=positive_int, default=None)
     parser.add_argument("--total-tokens", type=positive_int, default=None)
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument("--vispec-draft", default=None, help="ViSpec draft folder (default: the one shipped with --model)")
+    parser.add_argument("--eagle-draft", default=None, help="EAGLE draft folder (default: the one shipped with --model)")
     parser.add_argument("--json", type=json_path_arg, default=None, help="also write the table here")
     args = parser.parse_args(argv)
     methods = parse_methods(args.methods, ("eagle", "vispec"), baseline=None)
 
     from raydec.api import DEFAULT_CAPTION_PROMPT, caption_images, load_pipeline
     from raydec.config import DecodeConfig, DraftTreeSpec
+    from raydec.models.registry import resolve_draft_path
     from raydec.reference.judge import WORD_KINDS
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
 
@@ -105,8 +108,9 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"draft tree: {error}")
     tables = {}
     for method in methods:
+        draft = resolve_draft_path(args.model, method, getattr(args, f"{method}_draft"))
         decode = DecodeConfig(method=method, sampling=SamplingConfig(temperature=0.0), draft_tree=tree,
-                              max_new_tokens=args.max_new_tokens)
+                              max_new_tokens=args.max_new_tokens, draft_model=str(draft))
         results = caption_images(images, prompt=DEFAULT_CAPTION_PROMPT, model=target, decode=decode,
                                  seeds=list(range(args.images)), batch_size=1)
         answers = [(tokenizer.convert_ids_to_tokens(r.tokens), r.accepted_lengths) for r in results]

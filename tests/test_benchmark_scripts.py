@@ -127,6 +127,11 @@ def test_caption_misses_sorts_corrections_and_bounds_a_perfect_image_reader(tmp_
     assert json.loads(out_json.read_text())["methods"] == result["methods"]
     for table in result["methods"].values():
         assert table["replayed_forwards"] == table["forwards"] >= table["oracle_forwards"] >= 1
+    from raydec.models.registry import REFERENCE_DRAFT_DIRS  # a named draft folder is the one decoded with
+
+    named = script.main(["--images", "2", "--max-new-tokens", "24", "--methods", "eagle", "--eagle-draft",
+                         str(REFERENCE_DRAFT_DIRS["eagle"])])
+    assert named["methods"]["eagle"] == result["methods"]["eagle"]
     with pytest.raises(SystemExit):
         script.main(["--methods", "ar"])
     with pytest.raises(SystemExit):
