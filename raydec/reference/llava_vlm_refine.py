@@ -77,13 +77,6 @@ def refine_patches(
         raise RuntimeError(f"refined state does not match: missing {missing}, unexpected {unexpected}")
     refined.generation_config = copy.deepcopy(model.generation_config)
     refined.to(model.dtype)
-    refined_processor = LlavaProcessor(
-        image_processor=processor.image_processor,
-        tokenizer=processor.tokenizer,
-        patch_size=vision.patch_size,
-        vision_feature_select_strategy=processor.vision_feature_select_strategy,
-        num_additional_image_tokens=processor.num_additional_image_tokens,
-        chat_template=processor.chat_template,
-        image_token=processor.image_token,
-    )
+    refined_processor = copy.deepcopy(processor)  # same tokenizer and image processor
+    refined_processor.patch_size = vision.patch_size  # each <image> expands to the new token count
     return refined, refined_processor
