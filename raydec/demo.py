@@ -243,7 +243,7 @@ def _write_sheet(job, caption_job, contact_sheet) -> Path:
             text += f" -> {captions_by_id[row['id']]}"
         texts.append(text)
     title = f"raydec demo: {job.model} ({job.decode.method})" + (f"; captions {caption_job.decode.method}" if caption_job else "")
-    sheet = contact_sheet(images, texts, title=title, caption_lines=10)
+    sheet = contact_sheet(images, texts, title=title)
     path = Path(job.output.path) / "contact_sheet.png"
     sheet.save(path)
     return path

@@ -377,3 +377,24 @@ def test_resume_identity_resolves_the_draft_tree_only_where_one_is_built():
     assert _differs(identity("vispec", old_tree)["decode"], identity("vispec", None)["decode"])
     assert identity("vispec", None)["decode"]["draft_tree"] == {"depth": 6, "top_k": 2, "total_tokens": 12}
     assert not _differs(identity("vispec", {"depth": 6, "top_k": 2, "total_tokens": 12})["decode"], identity("vispec", None)["decode"])
+
+
+def test_contact_sheet_fits_whole_captions_and_marks_cut_ones():
+    from PIL import Image
+
+    from raydec.runtime.contact_sheet import contact_sheet, wrap_text
+
+    caption = " ".join(f"word{i}" for i in range(40))  # about 9 lines at 26 characters
+    whole = wrap_text(caption, 26)
+    assert " ".join(whole) == caption and len(whole) > 6
+    cut = wrap_text(caption, 26, max_lines=2)
+    assert len(cut) == 2 and cut[0] == whole[0] and cut[1].endswith("...") and len(cut[1]) <= 26
+
+    tile = Image.new("RGB", (8, 8), "red")
+    short_sheet = contact_sheet([tile, None], ["short", "also short"])
+    long_sheet = contact_sheet([tile, None], ["short", caption])
+    # the cell grows by one line height per extra line of the longest caption
+    assert long_sheet.height - short_sheet.height == 12 * (len(whole) - 1)
+    assert contact_sheet([tile], [caption], caption_lines=2).height == short_sheet.height + 12
+    with pytest.raises(ValueError, match="caption_lines"):
+        contact_sheet([tile], [caption], caption_lines=0)
