@@ -130,18 +130,16 @@ def decoder_window_forward(
     return ForwardOutput(logits=head(hidden), hidden=hidden if want_hidden else None)
 
 
-class SharedVocabularyForward:
-    """The embedding and window forward of adapters whose output tokens are the model's own
-    text vocabulary (causal LMs, VLMs). Subclasses set ``model``, ``window_decoder`` (the HF
-    decoder stack) and ``window_head`` (the output head)."""
+class WindowForward:
+    """The window forward every adapter shares. Subclasses set ``window_decoder`` (the HF
+    decoder stack) and ``window_head`` (the output head) and say how output tokens embed."""
 
-    model: torch.nn.Module
     window_decoder: torch.nn.Module
     window_head: torch.nn.Module
 
-    def embed_prompt_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        embedding = self.model.get_input_embeddings()
-        return embedding(input_ids.to(embedding.weight.device))
+    def embed_output_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Embeddings of output-space ids. [M, N] -> [M, N, H]"""
+        raise NotImplementedError
 
     @torch.inference_mode()
     def forward(
@@ -153,11 +151,26 @@ class SharedVocabularyForward:
         cache: Any,
         want_hidden: bool = False,
     ) -> ForwardOutput:
+        # inputs_embeds [M, N, H] | output_tokens [M, N]; mask [M, 1, N, S+N] -> logits [M, N, V]
         if inputs_embeds is None:
-            inputs_embeds = self.embed_prompt_tokens(output_tokens)
+            inputs_embeds = self.embed_output_tokens(output_tokens)
         return decoder_window_forward(
             self.window_decoder, self.window_head, inputs_embeds, position_ids, attention_mask, cache, want_hidden
         )
+
+
+class SharedVocabularyForward(WindowForward):
+    """Adapters whose output tokens are the model's own text vocabulary (causal LMs, VLMs).
+    Subclasses set ``model``, ``window_decoder`` and ``window_head``."""
+
+    model: torch.nn.Module
+
+    def embed_prompt_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        embedding = self.model.get_input_embeddings()
+        return embedding(input_ids.to(embedding.weight.device))
+
+    def embed_output_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embed_prompt_tokens(tokens)
 
 
 def stack_prompts(prompts: Sequence[PromptInputs]) -> list[PromptInputs]:

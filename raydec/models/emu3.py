@@ -31,7 +31,7 @@ import torch
 from PIL import Image
 
 from raydec.config import SamplingConfig
-from raydec.models.base import ForwardOutput, PromptInputs, decoder_window_forward
+from raydec.models.base import PromptInputs, WindowForward
 from raydec.models.image_gen import pixels_to_pil, prompt_texts, sampling_from_generation_config
 from raydec.spec.sampling import VocabConstraint
 
@@ -73,7 +73,7 @@ class Emu3Layout:
         return forced
 
 
-class Emu3T2ITarget:
+class Emu3T2ITarget(WindowForward):
     """``Emu3ForConditionalGeneration`` as a ``DecodingTarget`` over its full vocabulary.
 
     ratio / image_area: the processor's generation size knobs (``"1:1"``, pixels); None keeps
@@ -82,6 +82,8 @@ class Emu3T2ITarget:
 
     def __init__(self, model: torch.nn.Module, processor: Any, ratio: str | None = None, image_area: int | None = None) -> None:
         self.model = model.eval()
+        self.window_decoder = model.model.text_model
+        self.window_head = model.lm_head
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.ratio = ratio or processor.ratio
@@ -153,24 +155,6 @@ class Emu3T2ITarget:
     def embed_output_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         # [M, N] vocabulary ids (visual and layout tokens share the text embeddings) -> [M, N, H]
         return self.embed_prompt_tokens(tokens)
-
-    @torch.inference_mode()
-    def forward(
-        self,
-        inputs_embeds: torch.Tensor | None,
-        output_tokens: torch.Tensor | None,
-        position_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        cache: Any,
-        want_hidden: bool = False,
-    ) -> ForwardOutput:
-        # inputs_embeds [M, N, H] | output_tokens [M, N]; mask [M, 1, N, S+N] -> logits [M, N, V]
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_output_tokens(output_tokens)
-        return decoder_window_forward(
-            self.model.model.text_model, self.model.lm_head,
-            inputs_embeds, position_ids, attention_mask, cache, want_hidden,
-        )
 
     # -- ImageGenerator ----------------------------------------------------------------------
 

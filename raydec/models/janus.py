@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 
 from raydec.config import SamplingConfig
-from raydec.models.base import ForwardOutput, PromptInputs, decoder_window_forward
+from raydec.models.base import PromptInputs, WindowForward
 from raydec.models.image_gen import pixels_to_pil, prompt_texts, sampling_from_generation_config
 from raydec.spec.sampling import VocabConstraint
 
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 HF_DEFAULT_GUIDANCE = 5.0
 
 
-class JanusT2ITarget:
+class JanusT2ITarget(WindowForward):
     """``JanusForConditionalGeneration`` as a ``DecodingTarget`` over VQ codebook ids.
 
     use_chat_template: wrap prompts in the processor's chat template (None: when it has one).
@@ -46,6 +46,8 @@ class JanusT2ITarget:
 
     def __init__(self, model: torch.nn.Module, processor: Any, use_chat_template: bool | None = None) -> None:
         self.model = model.eval()
+        self.window_decoder = model.model.language_model
+        self.window_head = model.model.generation_head  # codebook logits
         self.processor = processor
         self.tokenizer = processor.tokenizer
         has_template = getattr(processor, "chat_template", None) is not None
@@ -125,24 +127,6 @@ class JanusT2ITarget:
     def embed_output_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         # [M, N] codebook ids -> [M, N, H]
         return self.model.prepare_embeddings_for_image_generation(tokens.to(self.device))
-
-    @torch.inference_mode()
-    def forward(
-        self,
-        inputs_embeds: torch.Tensor | None,
-        output_tokens: torch.Tensor | None,
-        position_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        cache: Any,
-        want_hidden: bool = False,
-    ) -> ForwardOutput:
-        # inputs_embeds [M, N, H] | output_tokens [M, N]; mask [M, 1, N, S+N] -> logits [M, N, codebook]
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_output_tokens(output_tokens)
-        return decoder_window_forward(
-            self.model.model.language_model, self.model.model.generation_head,
-            inputs_embeds, position_ids, attention_mask, cache, want_hidden,
-        )
 
     # -- ImageGenerator ----------------------------------------------------------------------
 
