@@ -163,6 +163,79 @@ def test_malformed_jsonl_line_is_one_bad_row(tmp_path):
     assert "line 2" in rows[1]["error"] and "not valid JSON" in rows[1]["error"]
 
 
+def test_jsonl_lines_end_at_newline_only_and_any_unparsable_line_is_one_bad_row(tmp_path):
+    path = tmp_path / "p.jsonl"
+    lines = [
+        json.dumps({"id": "sep", "prompt": "a cat\u2028on a mat"}, ensure_ascii=False),  # U+2028 inside a string
+        '{"id": "big", "prompt": "x", "seed": ' + "9" * 5000 + "}",  # past Python's int-conversion limit
+        "[" * 100_000 + "]" * 100_000,  # nesting too deep for the parser
+        '{"id": "crlf", "prompt": "y"}\r',
+    ]
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode() + b"\n\xff\xfe\n")
+    rows = load_rows(InputConfig(path=str(path)), "t2i")
+    assert [r["id"] for r in rows] == ["sep", "p.jsonl#1", "p.jsonl#2", "crlf", "p.jsonl#4"]
+    assert rows[0]["error"] is None and rows[0]["prompt"] == "a cat\u2028on a mat"  # the BOM is not an error
+    assert rows[1]["error"] == "row: line 2 of p.jsonl cannot be parsed (ValueError)"
+    assert rows[2]["error"] == "row: line 3 of p.jsonl cannot be parsed (RecursionError)"
+    assert rows[3]["error"] is None
+    assert rows[4]["error"] == "row: line 5 of p.jsonl is not UTF-8 (byte 0)"
+
+
+def test_csv_line_with_wrong_column_count_is_one_bad_row_in_its_place(tmp_path):
+    path = tmp_path / "p.csv"
+    path.write_text("id,prompt\na,a cat\nb,a dog,extra\nc,a cow\n")
+    rows = load_rows(InputConfig(path=str(path)), "t2i")
+    assert [r["id"] for r in rows] == ["a", "p.csv#1", "c"]
+    assert rows[1]["error"] == "row: line 3 of p.csv has the wrong number of columns ('b,a dog,extra')"
+    assert rows[0]["error"] is None and rows[2]["error"] is None
+
+
+def test_odd_ids_and_seeds_are_row_errors_not_crashes():
+    cfg = InputConfig(path="unused")
+    rows = [
+        {"id": {"k": 1}, "prompt": "fine"},
+        {"id": "superscript", "prompt": "fine", "seed": "\u00b2"},  # isdigit() but not int()
+        {"id": "long", "prompt": "fine", "seed": "9" * 5000},
+        {"id": "padded", "prompt": "fine", "seed": " 0007 "},
+    ]
+    out = validate_t2i_rows(rows, cfg, file_key="f.jsonl")
+    assert out[0]["error"] == "id: {'k': 1} is not a string or integer" and out[0]["id"] == "f.jsonl#0"
+    assert out[1]["error"] == "seed: '\u00b2' is not an integer"
+    assert out[2]["error"].startswith("seed: '99999") and out[2]["error"].endswith("is outside [0, 2**63)")
+    assert out[3]["error"] is None and out[3]["seed"] == 7
+
+
+def test_decompression_bomb_is_a_row_error(tmp_path):
+    bomb = io.BytesIO()
+    Image.new("1", (20_000, 20_000)).save(bomb, format="PNG")  # 400M pixels, a few KB of PNG
+    _write(str(tmp_path / "c.parquet"), [{"id": "bomb", "image": bomb.getvalue()}, {"id": "ok", "image": _png()}],
+           "parquet")
+    out = {r["id"]: r for r in load_rows(InputConfig(path=str(tmp_path / "c.parquet")), "caption")}
+    assert out["bomb"]["error"].startswith("image: corrupt bytes") and "exceeds limit" in out["bomb"]["error"]
+    assert out["ok"]["error"] is None
+
+
+def test_16_bit_images_are_scaled_and_float_images_refused():
+    sixteen = io.BytesIO()
+    Image.fromarray(np.full((4, 4), 1000, np.uint16)).save(sixteen, format="PNG")
+    assert decode_image(sixteen.getvalue()).getpixel((0, 0)) == (4, 4, 4)  # 1000 / 257, not clipped to white
+    floating = io.BytesIO()
+    Image.fromarray(np.full((4, 4), 0.5, np.float32)).save(floating, format="TIFF")
+    with pytest.raises(ImageError, match=r"image: float pixels \(PIL mode 'F'\) have no fixed range"):
+        decode_image(floating.getvalue())
+
+
+def test_a_named_id_or_seed_column_must_exist(tmp_path):
+    path = _write(str(tmp_path / "p.jsonl"), [{"id": "x", "prompt": "a", "seed": 1}], "jsonl")
+    with pytest.raises(DatasetSchemaError, match=r"input.id_column: column 'ID' is in none of the 1 input file"):
+        check_dataset(InputConfig(path=path, id_column="ID"), "t2i")
+    with pytest.raises(DatasetSchemaError, match=r"input.seed_column: column 'Seed'.*unset it to derive seeds"):
+        check_dataset(InputConfig(path=path, seed_column="Seed"), "t2i")
+    assert check_dataset(InputConfig(path=path, id_column="id"), "t2i")
+    with pytest.raises(ValidationError, match="id_column"):
+        InputConfig(path=path, id_column="")
+
+
 def test_bad_caption_rows_get_errors(tmp_path, s3_config, s3_bucket):
     good = tmp_path / "good.png"
     good.write_bytes(_png((0, 255, 0)))
@@ -216,6 +289,8 @@ def test_unknown_config_keys_are_rejected():
         S3Config.model_validate({"endpoint": "http://x"})
     with pytest.raises(ValidationError, match="http:// or https://"):
         S3Config(endpoint_url="127.0.0.1:9000")
+    with pytest.raises(ValidationError, match="names no host"):
+        S3Config(endpoint_url="http://")
     with pytest.raises(ValidationError, match=r"shard_size\n.*boolean"):
         OutputConfig(path="out", shard_size=True)
 
@@ -226,6 +301,8 @@ def test_locations_are_local_paths_or_s3_buckets():
         OutputConfig(path="gs://bucket/x")
     with pytest.raises(ValidationError, match=r"path\n.*'s3://': no bucket name"):
         InputConfig(path="s3://")
+    with pytest.raises(ValidationError, match=r"'s3:/bucket/out': an S3 location is written s3://bucket/prefix"):
+        OutputConfig(path="s3:/bucket/out")
     config = InputConfig(path="x.parquet")
     with pytest.raises(ValidationError, match="unsupported scheme https://"):  # an override is checked as well
         config.path = "https://example.com/x.parquet"

@@ -178,6 +178,26 @@ def test_bad_configs_fail_fast_before_any_model_loads(tmp_path, prompts_file, ti
     assert not (tmp_path / "out1" / "results").exists()
 
 
+def test_output_inside_the_input_is_refused(tmp_path):
+    from pydantic import ValidationError
+
+    def job(input_path, output_path):
+        return JobConfig(model="reference", input={"path": input_path}, output={"path": output_path})
+
+    data = tmp_path / "data"
+    for input_path, output_path in [
+        (str(data), str(data / "out")),  # a re-run would list out/results/*.parquet as input
+        (str(data), str(data)),
+        (f"{data}/*.parquet", str(data / "out")),
+        ("s3://bucket/prompts", "s3://bucket/prompts/out/"),
+    ]:
+        with pytest.raises(ValidationError, match=r"output.path: .* lies inside input.path"):
+            job(input_path, output_path)
+    assert job(str(data / "prompts.parquet"), str(data / "out"))  # a single file lists nothing below it
+    assert job(str(data / "results"), str(data / "captions"))  # the demo's caption job
+    assert job("s3://bucket/prompts", "s3://bucket/prompts-out")
+
+
 def test_job_entrypoint_reports_bad_configs_in_one_line_before_ray_starts(tmp_path, prompts_file, tiny_janus):
     from raydec.runtime.entrypoint import job_main
 

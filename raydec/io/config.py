@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from typing import Literal, Optional
+from urllib.parse import urlparse
 
 from pydantic import Field, field_validator
 
@@ -80,6 +81,8 @@ class S3Config(StrictModel):
     def _endpoint_has_scheme(cls, value: Optional[str]) -> Optional[str]:
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError(f"endpoint_url: {value!r} must start with http:// or https://")
+        if value is not None and not urlparse(value).netloc:
+            raise ValueError(f"endpoint_url: {value!r} names no host (e.g. http://127.0.0.1:9000)")
         return value.rstrip("/") if value else value
 
     def resolved(self) -> "S3Config":
@@ -100,6 +103,8 @@ class S3Config(StrictModel):
 def _check_location(value: str) -> str:
     """A local path or ``s3://bucket[/prefix]``: other schemes and a missing bucket are errors."""
     scheme, separator, rest = value.partition("://")
+    if not separator and value.lower().startswith("s3:"):
+        raise ValueError(f"{value!r}: an S3 location is written s3://bucket/prefix")
     if separator:
         if scheme != "s3":
             raise ValueError(f"{value!r}: unsupported scheme {scheme}:// (use a local path or s3://bucket/prefix)")
@@ -122,14 +127,24 @@ class InputConfig(StrictModel):
         description="File format; inferred from each file's extension when unset. When set, folders "
         "and globs keep files with that format's extension or none.",
     )
-    id_column: str = Field("id", description="Column holding the row id; derived from file and row when absent.")
-    prompt_column: str = Field("prompt", description="Text-to-image prompt / captioning instruction column.")
-    negative_prompt_column: str = Field("negative_prompt", description="Optional negative prompt column (t2i).")
-    seed_column: str = Field(
-        "seed", description="Optional per-row seed column; derived from id and `seed` when absent."
+    id_column: str = Field(
+        "id", min_length=1, description="Column holding the row id; derived from file and row when absent."
     )
-    image_column: str = Field("image", description="Captioning: column of encoded image bytes.")
-    image_uri_column: str = Field("image_uri", description="Captioning: column of local paths or s3:// URIs.")
+    prompt_column: str = Field(
+        "prompt", min_length=1, description="Text-to-image prompt / captioning instruction column."
+    )
+    negative_prompt_column: str = Field(
+        "negative_prompt", min_length=1, description="Optional negative prompt column (t2i)."
+    )
+    seed_column: str = Field(
+        "seed", min_length=1, description="Optional per-row seed column; derived from id and `seed` when absent."
+    )
+    image_column: str = Field(
+        "image", min_length=1, description="Captioning: column of encoded image bytes."
+    )
+    image_uri_column: str = Field(
+        "image_uri", min_length=1, description="Captioning: column of local paths or s3:// URIs."
+    )
     max_prompt_words: int = Field(256, ge=1, le=100_000, description="Longer prompts become row errors.")
     max_prompt_chars: int = Field(4096, ge=1, le=1_000_000, description="Longer prompts become row errors.")
     max_image_bytes: int = Field(

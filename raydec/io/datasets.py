@@ -28,6 +28,7 @@ from raydec.io.filesystem import describe_endpoint, is_s3_uri, resolve_filesyste
 from raydec.io.validation import (
     derive_row_id,
     derive_seed,
+    short_repr,
     validate_caption_rows,
     validate_t2i_rows,
 )
@@ -35,7 +36,8 @@ from raydec.io.validation import (
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "InputFile", "infer_format", "list_input_files", "read_table", "read_rows", "input_columns",
+    "InputFile", "infer_format", "listing_root", "list_input_files", "read_table", "read_rows",
+    "input_columns",
     "check_schema", "check_dataset", "iter_validated_batches", "load_rows",
     "validate_t2i_rows", "validate_caption_rows", "derive_row_id", "derive_seed",
 ]
@@ -125,15 +127,20 @@ def _list(fs: pafs.FileSystem, base: str, where: str) -> List[pafs.FileInfo]:
         raise IOConfigError(f"input.path: cannot list {where}: {exc}") from None
 
 
+def listing_root(path: str) -> str:
+    """The folder (or file) an input path lists below: a glob's fixed prefix, else the path."""
+    glob_match = _GLOB_CHARS.search(path)
+    return path[: glob_match.start()].rsplit("/", 1)[0] if glob_match else path
+
+
 def list_input_files(cfg: InputConfig) -> List[InputFile]:
     """All input files for `cfg.path`, sorted, with formats inferred; raises if none match."""
     fs, path = resolve_filesystem(cfg.path, cfg.s3)
     where = f"{cfg.path} (endpoint {describe_endpoint(cfg.s3)})" if is_s3_uri(cfg.path) else cfg.path
     candidates: List[Tuple[str, str]] = []  # (fs path, key relative to root)
     explicit_single = False  # the path names one file
-    glob_match = _GLOB_CHARS.search(path)
-    if glob_match:
-        root = path[: glob_match.start()].rsplit("/", 1)[0]
+    if _GLOB_CHARS.search(path):
+        root = listing_root(path)
         regex = _glob_regex(path[len(root) + 1:])
         for info in _list(fs, root, where):
             relative = info.path[len(root) + 1:]
@@ -178,6 +185,40 @@ def _csv_convert_options(cfg: InputConfig) -> pacsv.ConvertOptions:
     return pacsv.ConvertOptions(column_types={name: pa.string() for name in text_columns})
 
 
+def _read_csv(stream: Any, cfg: InputConfig) -> Tuple[pa.Table, List[Tuple[Optional[int], str]]]:
+    """(table of the well-formed rows, [(line number or None, text)] of lines with the wrong
+    number of columns): one bad line becomes one bad row, as in JSON lines."""
+    bad_lines: List[Tuple[Optional[int], str]] = []
+
+    def skip_and_record(row: Any) -> str:
+        bad_lines.append((row.number, row.text))
+        return "skip"
+
+    table = pacsv.read_csv(
+        stream,
+        read_options=pacsv.ReadOptions(use_threads=False),  # single-threaded: bad lines keep their numbers
+        parse_options=pacsv.ParseOptions(invalid_row_handler=skip_and_record),
+        convert_options=_csv_convert_options(cfg),
+    )
+    return table, bad_lines
+
+
+def _read_csv_rows(file: InputFile, cfg: InputConfig) -> List[Dict[str, Any]]:
+    """CSV rows as dicts; a line with the wrong number of columns takes its place as a bad row."""
+    fs, path = resolve_filesystem(file.uri, cfg.s3)
+    try:
+        with fs.open_input_stream(path) as stream:
+            table, bad_lines = _read_csv(stream, cfg)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise IOConfigError(f"input: cannot read {file.uri} as csv: {exc}") from None
+    rows = table.to_pylist()
+    for number, text in bad_lines:  # ascending line numbers; line 1 is the header
+        where = f"line {number} of {file.key}" if number is not None else f"a line of {file.key}"
+        error = {"__parse_error__": f"row: {where} has the wrong number of columns ({short_repr(text)})"}
+        rows.insert(len(rows) if number is None else min(max(number - 2, 0), len(rows)), error)
+    return rows
+
+
 def read_table(file: InputFile, cfg: InputConfig) -> pa.Table:
     """Read one input file as an Arrow table."""
     fs, path = resolve_filesystem(file.uri, cfg.s3)
@@ -186,30 +227,43 @@ def read_table(file: InputFile, cfg: InputConfig) -> pa.Table:
             return pq.read_table(path, filesystem=fs)
         with fs.open_input_stream(path) as stream:
             if file.format == "csv":
-                return pacsv.read_csv(stream, convert_options=_csv_convert_options(cfg))
+                return _read_csv(stream, cfg)[0]
             return pajson.read_json(stream)
     except (OSError, pa.ArrowInvalid) as exc:
         raise IOConfigError(f"input: cannot read {file.uri} as {file.format}: {exc}") from None
 
 
 def _read_jsonl_rows(file: InputFile, cfg: InputConfig) -> List[Dict[str, Any]]:
-    """Parse JSON lines one by one, so one malformed line becomes one bad row."""
+    """Parse JSON lines one by one, so one malformed line becomes one bad row.
+
+    Lines end at "\n" only: U+2028 and friends may stand unescaped inside JSON strings.
+    """
     fs, path = resolve_filesystem(file.uri, cfg.s3)
     try:
         with fs.open_input_stream(path) as stream:
-            text = stream.read().decode("utf-8", errors="replace")
+            data = stream.read()
     except OSError as exc:
         raise IOConfigError(f"input: cannot read {file.uri}: {exc}") from None
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark
+        data = data[3:]
     rows: List[Dict[str, Any]] = []
-    for line_number, line in enumerate(text.splitlines(), start=1):
+    for line_number, raw in enumerate(data.split(b"\n"), start=1):
+        where = f"line {line_number} of {file.key}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            rows.append({"__parse_error__": f"row: {where} is not UTF-8 (byte {exc.start})"})
+            continue
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            row = {"__parse_error__": f"row: line {line_number} of {file.key} is not valid JSON ({exc.msg})"}
+            row = {"__parse_error__": f"row: {where} is not valid JSON ({exc.msg})"}
+        except (ValueError, RecursionError) as exc:  # e.g. a 5,000-digit number, nesting too deep
+            row = {"__parse_error__": f"row: {where} cannot be parsed ({type(exc).__name__})"}
         if not isinstance(row, dict):
-            row = {"__parse_error__": f"row: line {line_number} of {file.key} is a {type(row).__name__}, not an object"}
+            row = {"__parse_error__": f"row: {where} is a {type(row).__name__}, not an object"}
         rows.append(row)
     return rows
 
@@ -218,6 +272,8 @@ def read_rows(file: InputFile, cfg: InputConfig) -> List[Dict[str, Any]]:
     """Read one input file as a list of dicts (unvalidated)."""
     if file.format == "jsonl":
         return _read_jsonl_rows(file, cfg)
+    if file.format == "csv":
+        return _read_csv_rows(file, cfg)
     return read_table(file, cfg).to_pylist()
 
 
@@ -258,8 +314,18 @@ def check_schema(columns: Sequence[str], task: Task, cfg: InputConfig, where: st
 def check_dataset(cfg: InputConfig, task: Task) -> List[InputFile]:
     """List the input files and check every file's columns for `task`; fails fast."""
     files = list_input_files(cfg)
+    named_optional = {f: getattr(cfg, f) for f in ("id_column", "seed_column") if f in cfg.model_fields_set}
+    seen: set = set()
     for file in files:
-        check_schema(input_columns(file, cfg), task, cfg, file.uri)
+        columns = input_columns(file, cfg)
+        check_schema(columns, task, cfg, file.uri)
+        seen.update(columns)
+    for field, column in named_optional.items():
+        if column not in seen:  # a typo here would silently derive every id or seed instead
+            raise DatasetSchemaError(
+                f"input.{field}: column {column!r} is in none of the {len(files)} input file(s) "
+                f"(found columns: {sorted(seen)}); unset it to derive {field[:-7]}s"
+            )
     return files
 
 

@@ -63,6 +63,21 @@ def pil_reason(exc: BaseException) -> str:
     return re.sub(r"<[^<>]* at 0x[0-9a-f]+>", "the data", str(exc))
 
 
+SIXTEEN_BIT_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N")
+"""Integer grey modes PIL gives 16-bit images; ``convert("RGB")`` would clip them, not scale."""
+
+
+def to_rgb(image: Image.Image, *, field: str = "image") -> Image.Image:
+    """An 8-bit RGB copy of any PIL image. 16-bit grey is scaled (65535 -> 255), not clipped;
+    float pixels (mode 'F') have no fixed range and are refused with an ImageError."""
+    if image.mode in SIXTEEN_BIT_MODES:
+        grey = np.asarray(image, dtype=np.float64) / 257.0  # [H, W]
+        return Image.fromarray(np.clip(np.rint(grey), 0, 255).astype(np.uint8), mode="L").convert("RGB")
+    if image.mode == "F":
+        raise ImageError(f"{field}: float pixels (PIL mode 'F') have no fixed range; convert the image to 8-bit first")
+    return image.convert("RGB")
+
+
 def decode_image(data: bytes, *, field: str = "image", mode: Optional[str] = "RGB") -> Image.Image:
     """Decode encoded image bytes (PNG, JPEG, ...) into a fully loaded PIL image.
 
@@ -75,7 +90,9 @@ def decode_image(data: bytes, *, field: str = "image", mode: Optional[str] = "RG
     try:
         with Image.open(io.BytesIO(bytes(data))) as opened:
             opened.load()
-            image = opened.convert(mode) if mode else opened.copy()
+            image = (to_rgb(opened, field=field) if mode == "RGB" else opened.convert(mode)) if mode else opened.copy()
+    except ImageError:
+        raise
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         head = bytes(data[:8])
         raise ImageError(f"{field}: corrupt bytes ({len(data)} bytes starting {head!r}: {pil_reason(exc)})") from None

@@ -33,7 +33,7 @@ def derive_seed(row_id: str, job_seed: int) -> int:
     return int.from_bytes(digest, "big") % SEED_LIMIT
 
 
-def _short(value: Any, limit: int = 60) -> str:
+def short_repr(value: Any, limit: int = 60) -> str:
     """repr() of a value, cut to `limit` characters for error messages."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -47,8 +47,8 @@ def _normalise_id(value: Any) -> Tuple[Optional[str], Optional[str]]:
     """(id, error). A null id yields (None, None): the caller derives one."""
     if _is_null(value):
         return None, None
-    if isinstance(value, bool) or isinstance(value, (bytes, bytearray)):
-        return None, f"id: {_short(value)} is not a string or integer"
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return None, f"id: {short_repr(value)} is not a string or integer"
     if isinstance(value, float):
         if not value.is_integer():
             return None, f"id: {value!r} is not a string or integer"
@@ -72,11 +72,15 @@ def _normalise_seed(value: Any) -> Tuple[Optional[int], Optional[str]]:
             return None, f"seed: {value!r} is not an integer"
         value = int(value)
     if isinstance(value, str):
-        if not value.strip().isdigit():
-            return None, f"seed: {_short(value)} is not an integer"
-        value = int(value.strip())
+        digits = value.strip()
+        # isascii: int() rejects digits such as '²' that isdigit() accepts; 19 digits hold any seed
+        if not (digits.isascii() and digits.isdigit()):
+            return None, f"seed: {short_repr(value)} is not an integer"
+        if len(digits.lstrip("0")) > len(str(SEED_LIMIT)):
+            return None, f"seed: {short_repr(value)} is outside [0, 2**63)"
+        value = int(digits)
     if not isinstance(value, int):
-        return None, f"seed: {_short(value)} is not an integer"
+        return None, f"seed: {short_repr(value)} is not an integer"
     if not 0 <= value < SEED_LIMIT:
         return None, f"seed: {value} is outside [0, 2**63)"
     return value, None
@@ -87,7 +91,7 @@ def _text_errors(field: str, value: Any, cfg: InputConfig, *, required: bool) ->
     if _is_null(value):
         return None, ([f"{field}: missing (null)"] if required else [])
     if not isinstance(value, str):
-        return None, [f"{field}: {_short(value)} is a {type(value).__name__}, not a string"]
+        return None, [f"{field}: {short_repr(value)} is a {type(value).__name__}, not a string"]
     if not value.strip():
         return None, ([f"{field}: empty"] if required else [])
     errors: List[str] = []
@@ -146,7 +150,7 @@ def validate_t2i_rows(
 def _image_bytes_error(value: Any, cfg: InputConfig) -> Optional[str]:
     """Cheap checks on inline image bytes: type, size and a recognisable header."""
     if not isinstance(value, (bytes, bytearray, memoryview)):
-        return f"image: {_short(value)} is a {type(value).__name__}, not bytes"
+        return f"image: {short_repr(value)} is a {type(value).__name__}, not bytes"
     if len(value) == 0:
         return "image: empty bytes"
     if len(value) > cfg.max_image_bytes:
@@ -154,18 +158,18 @@ def _image_bytes_error(value: Any, cfg: InputConfig) -> Optional[str]:
     try:
         with Image.open(io.BytesIO(bytes(value))):
             pass
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         return f"image: corrupt bytes ({len(value)} bytes starting {bytes(value[:8])!r}: {pil_reason(exc)})"
     return None
 
 
 def _image_uri_error(value: Any) -> Optional[str]:
     if not isinstance(value, str):
-        return f"image_uri: {_short(value)} is a {type(value).__name__}, not a string"
+        return f"image_uri: {short_repr(value)} is a {type(value).__name__}, not a string"
     if not value.strip():
         return "image_uri: empty"
     if "://" in value and not value.startswith(("s3://", "file://")):
-        return f"image_uri: {_short(value)} has an unsupported scheme (use a local path or s3://)"
+        return f"image_uri: {short_repr(value)} has an unsupported scheme (use a local path or s3://)"
     return None
 
 

@@ -6,6 +6,7 @@ errors that name the key, so a typo fails before any model loads.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal, Optional, Union
 
@@ -14,6 +15,8 @@ from pydantic import Field, ValidationError, model_validator
 
 from raydec.config import DecodeConfig, StrictModel
 from raydec.io.config import InputConfig, IOConfigError, OutputConfig
+from raydec.io.datasets import listing_root
+from raydec.io.filesystem import is_s3_uri
 
 DType = Literal["float32", "float64", "bfloat16", "float16"]
 """Model weight / compute dtypes a job may ask for."""
@@ -71,6 +74,17 @@ class JobConfig(StrictModel):
             self.input = self.input.model_copy(update={"seed": self.seed})
         return self
 
+    @model_validator(mode="after")
+    def _output_outside_input(self) -> "JobConfig":
+        inside = _location(self.output.path)
+        root = _location(listing_root(self.input.path))
+        if inside == root or inside.startswith(root.rstrip("/") + "/"):
+            raise ValueError(
+                f"output.path: {self.output.path!r} lies inside input.path {self.input.path!r}; a re-run would "
+                f"read the job's own results and manifest as input rows (write the output elsewhere)"
+            )
+        return self
+
     @property
     def job_seed(self) -> int:
         """The seed rows without their own seed derive theirs from."""
@@ -92,6 +106,13 @@ class JobConfig(StrictModel):
             return cls.model_validate(data)
         except ValidationError as exc:
             raise IOConfigError(f"config: {path} is invalid:\n{_describe(exc)}") from None
+
+
+def _location(path: str) -> str:
+    """A comparable form of a local path (absolute, links resolved) or an s3:// URI."""
+    if is_s3_uri(path):
+        return path.rstrip("/")
+    return os.path.realpath(os.path.expanduser(path))
 
 
 def _describe(exc: ValidationError) -> str:
