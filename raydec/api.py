@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CAPTION_PROMPT = "describe the image ."
 _PIPELINES: dict[tuple[str, str, str, str], Any] = {}
+# kind -> (an attribute every loaded target of that kind has, its name in errors)
+_KIND_MARKERS = {"t2i": ("num_image_tokens", "text-to-image"), "vlm": ("format_prompt", "vision-language")}
 
 
 @dataclass
@@ -65,7 +67,12 @@ def load_pipeline(
     "cuda" (None: CPU). On a CPU the linear layers compute through row-major fp32 GEMMs
     (same weights and outputs, faster for few-row windows; see ``models.cpu_matmul``).
     """
+    if kind not in _KIND_MARKERS:
+        raise ValueError(f"load_pipeline: unknown kind={kind!r} (use 't2i' or 'vlm')")
     if not isinstance(model, (str, Path)):
+        marker, what = _KIND_MARKERS[kind]
+        if not hasattr(model, marker):
+            raise ValueError(f"model: a loaded {type(model).__name__} is not a {what} target (load one with kind={kind!r})")
         return model
     from raydec.models import registry
     from raydec.models.cpu_matmul import route_if_cpu
@@ -81,8 +88,6 @@ def load_pipeline(
         key = (kind, str(registry.resolve_vlm_path(model).resolve()), str(dtype), str(device or "cpu"))
         if key not in _PIPELINES:
             _PIPELINES[key] = registry.load_vlm_target(model, dtype=dtype, device=device)
-    else:
-        raise ValueError(f"load_pipeline: unknown kind={kind!r} (use 't2i' or 'vlm')")
     target = _PIPELINES[key]
     if not getattr(target, "cpu_matmul", False):
         target.cpu_matmul = route_if_cpu(target.model, device, dtype)
@@ -114,12 +119,13 @@ def load_draft(
     key = ("draft", str(path.resolve()), str(dtype or target.dtype), str(id(target)))
     if key not in _PIPELINES:
         draft = VispecDraft.from_pretrained(path, target=target, dtype=dtype)
-        expected = "vision" if method == "vispec" else "text-only"
-        if draft.config.vision != (method == "vispec"):
-            raise ValueError(f"decode.method={method!r} needs a {expected} draft; {path} holds the other kind")
         route_if_cpu(draft.prepare_inference(), target.device, next(draft.parameters()).dtype)
         _PIPELINES[key] = draft
-    return _PIPELINES[key]
+    draft = _PIPELINES[key]
+    if draft.config.vision != (method == "vispec"):  # checked on every call: the cache key has no method
+        expected = "vision" if method == "vispec" else "text-only"
+        raise ValueError(f"decode.method={method!r} needs a {expected} draft; {path} holds the other kind")
+    return draft
 
 
 # -- proposers -------------------------------------------------------------------------------
@@ -213,6 +219,12 @@ def _check_inputs(
         for index, negative in enumerate(negative_prompts):
             if negative is not None and not isinstance(negative, str):
                 raise TypeError(f"negative_prompts[{index}] must be a string or None, got {negative!r}")
+    _check_batch_size(batch_size)
+
+
+def _check_batch_size(batch_size: Any) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise TypeError(f"batch_size must be an integer >= 1, got {type(batch_size).__name__}: {batch_size!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
 
@@ -379,22 +391,28 @@ def _as_image_list(item: Any, index: int) -> list[Image.Image]:
     """One row's images: a PIL image, a path, bytes, or a list of those."""
     from io import BytesIO
 
+    from raydec.io.images import ImageError, to_rgb
+
     items = list(item) if isinstance(item, (list, tuple)) else [item]
     if not items:
         raise ValueError(f"images[{index}] is an empty list")
     images = []
     for image in items:
         if isinstance(image, Image.Image):
-            images.append(image.convert("RGB"))
+            images.append(to_rgb(image, field=f"images[{index}]"))
         elif isinstance(image, (bytes, bytearray)):
             try:
-                images.append(Image.open(BytesIO(image)).convert("RGB"))
+                images.append(to_rgb(Image.open(BytesIO(image)), field=f"images[{index}]"))
+            except ImageError:
+                raise
             except Exception as error:  # PIL raises several types for corrupt data
                 raise ValueError(f"images[{index}]: cannot decode image bytes ({error})") from error
         elif isinstance(image, (str, Path)):
             try:
-                images.append(Image.open(image).convert("RGB"))
-            except (OSError, ValueError) as error:
+                images.append(to_rgb(Image.open(image), field=f"images[{index}]"))
+            except ImageError:
+                raise
+            except (OSError, ValueError, Image.DecompressionBombError) as error:
                 raise ValueError(f"images[{index}]: cannot open image {str(image)!r} ({error})") from error
         else:
             raise TypeError(f"images[{index}] must be a PIL image, bytes, a path, or a list of them; got {type(image).__name__}")
@@ -448,6 +466,8 @@ def caption_images(
 
     if isinstance(images, (str, bytes, Image.Image)):
         raise TypeError("images must be a list (one entry per row)")
+    if not isinstance(prompt, (str, list, tuple)):
+        raise TypeError(f"prompt must be a string or a list of strings (one per row), got {type(prompt).__name__}")
     questions = [prompt] * len(images) if isinstance(prompt, str) else list(prompt)
     if len(questions) != len(images):
         raise ValueError(f"prompt has {len(questions)} entries but images has {len(images)}")
@@ -456,8 +476,7 @@ def caption_images(
             raise ValueError(f"prompt[{index}] must be a non-empty string, got {question!r}")
     _check_seeds(seeds, len(images), "images")
     decode = _as_decode_config(decode)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    _check_batch_size(batch_size)
     if len(images) == 0:
         return []
     rows = [_as_image_list(item, i) for i, item in enumerate(images)]

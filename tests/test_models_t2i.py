@@ -271,6 +271,12 @@ def test_generate_images_validation(janus):
         api.generate_images(["a", "b"], model=janus, negative_prompts=["x"])
     with pytest.raises(ValueError, match="batch_size"):
         api.generate_images(["a"], model=janus, batch_size=0)
+    with pytest.raises(TypeError, match="batch_size must be an integer >= 1, got float: 2.5"):
+        api.generate_images(["a"], model=janus, batch_size=2.5)
+    with pytest.raises(ValueError, match="model: a loaded .* is not a vision-language target"):
+        api.load_pipeline(janus, kind="vlm")
+    with pytest.raises(ValueError, match="unknown kind='nonsense'"):
+        api.load_pipeline(janus, kind="nonsense")
     with pytest.raises(TypeError, match="list of strings"):
         api.generate_images("a red circle", model=janus)
     with pytest.raises(ValueError, match="max_new_tokens=10"):

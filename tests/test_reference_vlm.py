@@ -103,3 +103,43 @@ def test_greedy_captions_of_200_held_out_images_score_at_least_0_9(vlm) -> None:
     result = evaluate_captions(model, processor, n=200, batch_size=50, progress=False)  # ~10 s
     assert len(result.captions) == 200 and all(result.captions)
     assert result.accuracy >= 0.9, f"judge accuracy {result.accuracy:.4f} on 200 held-out images"
+
+
+def test_caption_images_refuses_bad_input_by_name_and_reads_16_bit_images() -> None:
+    from PIL import Image
+
+    from raydec import api
+    from raydec.reference.shapes import make_sample, to_pil
+
+    target = api.load_pipeline("reference", kind="vlm")
+    image = to_pil(make_sample(1_000_000).image)
+    greedy = {"method": "ar", "max_new_tokens": 4, "sampling": {"temperature": 0.0}}
+    with pytest.raises(TypeError, match="batch_size must be an integer >= 1, got str: '2'"):
+        api.caption_images([image], model=target, batch_size="2")
+    for prompt in (None, b"hi"):
+        with pytest.raises(TypeError, match="prompt must be a string or a list of strings"):
+            api.caption_images([image], prompt=prompt, model=target)
+    with pytest.raises(ValueError, match="model: a loaded VisionLanguageTarget is not a text-to-image target"):
+        api.generate_images(["a red circle"], model=target)
+    with pytest.raises(ValueError, match=r"images\[0\]: float pixels \(PIL mode 'F'\)"):
+        api.caption_images([Image.fromarray(np.full((8, 8), 0.5, np.float32))], model=target, decode=greedy)
+    # a 16-bit grey image is scaled to 8 bits, not clipped to white: it captions as its 8-bit twin
+    grey8 = np.asarray(image.convert("L"))
+    grey16 = Image.fromarray(grey8.astype(np.uint16) * 257)
+    assert grey16.mode.startswith("I")
+    twins = api.caption_images([grey16, Image.fromarray(grey8, mode="L")], model=target, decode=greedy)
+    assert twins[0].tokens == twins[1].tokens
+
+
+def test_a_draft_of_the_wrong_kind_is_refused_even_when_cached() -> None:
+    from raydec import api
+    from raydec.models.registry import resolve_draft_path
+    from raydec.reference.shapes import make_sample, to_pil
+
+    target = api.load_pipeline("reference", kind="vlm")
+    vision_draft = str(resolve_draft_path("reference", "vispec", None))
+    image = to_pil(make_sample(1_000_000).image)
+    decode = {"max_new_tokens": 4, "sampling": {"temperature": 0.0}, "draft_model": vision_draft}
+    api.caption_images([image], model=target, decode={**decode, "method": "vispec"})  # loads and caches it
+    with pytest.raises(ValueError, match="decode.method='eagle' needs a text-only draft"):
+        api.caption_images([image], model=target, decode={**decode, "method": "eagle"})
