@@ -253,6 +253,24 @@ def test_rerun_after_lost_shards_redoes_only_missing_rows(baseline, tmp_path):
     assert len(read_results(rerun.output)) == 6
 
 
+def test_a_job_names_itself_in_its_manifest_before_it_writes_error_rows(tiny_janus, tmp_path, monkeypatch):
+    from raydec.runtime import pipeline
+
+    only_bad = tmp_path / "bad.jsonl"
+    only_bad.write_text('{"id": "a", "prompt": ""}\n{not json\n')  # no row reaches a model
+    job = make_job(tiny_janus, str(only_bad), str(tmp_path / "out"))
+
+    def driver_dies(*args, **kwargs):
+        raise KeyboardInterrupt("driver killed after the error rows were written")
+
+    monkeypatch.setattr(pipeline, "_verify", driver_dies)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(job)
+    assert len(read_results(job.output)) == 2 and read_manifest(job.output)["status"] == "running"
+    with pytest.raises(ResumeMismatchError, match="seed"):  # the error rows are on record as this job's
+        preflight(make_job(tiny_janus, str(only_bad), str(tmp_path / "out"), seed=8))
+
+
 def test_resume_is_refused_once_the_model_folder_holds_other_weights(tiny_janus, prompts_file, tmp_path):
     from safetensors.torch import load_file, save_file
 

@@ -333,10 +333,11 @@ def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobRepor
     report.timings["prepare_s"] = time.perf_counter() - started
     if good:
         connect_ray()  # no-op when Ray is up; else RAY_ADDRESS, else a local cluster
-    _write_validation_errors(job, bad)
     weights = job_weights(job)
-    if good:  # on record before any row is written, so an interrupted job's output still names its job
-        _manifest(job, report, weights, status="running")
+    # on record before any row (error rows included) is written, so an interrupted job's output
+    # still names its job and a resume with another config is refused
+    _manifest(job, report, weights, status="running")
+    _write_validation_errors(job, bad)
     generate_started = time.perf_counter()
     _run_pool(job, good, report)
     report.timings["generate_s"] = time.perf_counter() - generate_started
