@@ -14,6 +14,8 @@ import logging
 import shlex
 import sys
 
+from pydantic import ValidationError
+
 from raydec.train.config import DraftJobConfig
 from raydec.train.pipeline import run_draft_job
 
@@ -26,10 +28,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     job = DraftJobConfig.from_yaml(args.config)
-    if args.samples:
-        job.data = job.data.model_copy(update={"num_samples": args.samples})
-    if args.steps:
-        job.drafts = [d.model_copy(update={"steps": args.steps}) for d in job.drafts]
+    values = job.model_dump()
+    if args.samples is not None:
+        values["data"]["num_samples"] = args.samples
+    if args.steps is not None:
+        for draft in values["drafts"]:
+            draft["steps"] = args.steps
+    try:  # overrides are checked like the file (a 0 or negative count is an error, not ignored)
+        job = DraftJobConfig.model_validate(values)
+    except ValidationError as error:
+        parser.error(f"bad override: {error}")
     command = "python jobs/train_vispec.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     result = run_draft_job(job, command=command)
     print(json.dumps(result, indent=2, default=str))

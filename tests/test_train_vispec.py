@@ -211,3 +211,88 @@ def test_trained_draft_loads_and_decodes(trained: dict[int, dict], target) -> No
         images, model=target, decode=DecodeConfig(method="vispec", draft_model=str(path), max_new_tokens=8, sampling=greedy)
     )
     assert [r.tokens for r in spec] == [r.tokens for r in ar]
+
+
+# -- bad configs and inputs fail by name, before any data generation or training -------------
+
+
+def test_train_configs_refuse_nonsense_by_name(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from raydec.train.config import DraftJobConfig, EvalConfig
+
+    for betas, message in (((1.5, 0.9), r"betas\[0\]: 1.5 must be a number in \[0, 1\)"),
+                           ((True, 0.9), r"betas\[0\]: True must be a number"),
+                           ((0.9, -0.1), r"betas\[1\]: -0.1")):
+        with pytest.raises(ValidationError, match=message):
+            DraftTrainConfig(betas=betas)
+    with pytest.raises(ValidationError, match="drafts"):
+        DraftJobConfig(drafts=[])
+    same_folder = [DraftTrainConfig(name="a", output_dir=tmp_path / "x"), DraftTrainConfig(name="b", output_dir=tmp_path / "x")]
+    with pytest.raises(ValidationError, match=r"drafts\[1\].output_dir: .* is another draft's too"):
+        DraftJobConfig(drafts=same_folder)
+    two_vispec = [DraftTrainConfig(name="a", output_dir=tmp_path / "a"), DraftTrainConfig(name="b", output_dir=tmp_path / "b")]
+    assert DraftJobConfig(drafts=two_vispec)  # fine to train, but not to evaluate: one draft per method
+    with pytest.raises(ValidationError, match=r"drafts\[1\]: a second vispec draft"):
+        DraftJobConfig(drafts=two_vispec, evaluate=EvalConfig())
+
+
+def test_job_overrides_are_validated_like_the_file(capsys) -> None:
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("train_vispec_job", root / "jobs" / "train_vispec.py")
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    config = str(root / "jobs" / "configs" / "train_vispec_reference.yaml")
+    for flag in (["--steps", "0"], ["--samples", "-5"]):
+        with pytest.raises(SystemExit):
+            job.main(["--config", config, *flag])
+        assert "bad override" in capsys.readouterr().err
+
+
+def test_draft_inputs_are_checked_before_ray_starts(dataset: Path, tiny_folder: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from raydec.train.datagen import read_manifest
+    from raydec.train.trainer import check_draft_inputs
+
+    config = _train_config(dataset, tmp_path / "draft", 1)
+    assert check_draft_inputs(config) == str(tiny_folder)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    with pytest.raises(NotADirectoryError, match=r"output_dir: .*a_file' is a file"):
+        check_draft_inputs(config.model_copy(update={"output_dir": a_file / "draft"}))
+    wider = build_tiny_llava(tmp_path / "wider")
+    config_json = json.loads((wider / "config.json").read_text())
+    config_json["text_config"]["hidden_size"] = 96
+    (wider / "config.json").write_text(json.dumps(config_json))
+    with pytest.raises(ValueError, match="has hidden_size 96, the data .* hidden_size 64"):
+        check_draft_inputs(config.model_copy(update={"target": str(wider)}))
+    retrained = tmp_path / "retrained"
+    shutil.copytree(tiny_folder, retrained)
+    weights = load_file(str(retrained / "model.safetensors"))
+    name = next(iter(weights))
+    weights[name] = weights[name] + 1.0
+    save_file(weights, str(retrained / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="made by other target weights"):
+        check_draft_inputs(config.model_copy(update={"target": str(retrained)}))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "manifest.json").write_text(json.dumps({"config": {}, "counts": {}}))  # e.g. a batch job's output
+    with pytest.raises(ValueError, match="is not a raydec draft dataset"):
+        read_manifest(other)
+
+
+def test_model_card_snippet_names_the_draft_it_describes(tmp_path: Path) -> None:
+    from raydec.models.registry import REFERENCE_DRAFT_DIRS, REFERENCE_VLM_DIR
+    from raydec.train.card import _usage
+
+    assert _usage(str(REFERENCE_VLM_DIR), "vispec", REFERENCE_DRAFT_DIRS["vispec"]) == (
+        "reference", "the reference LLaVA (`raydec/reference/weights/vlm`)", "")
+    model, _, draft = _usage(str(REFERENCE_VLM_DIR), "eagle", tmp_path / "eagle")
+    assert model == "reference" and draft == f", draft_model={str(tmp_path / 'eagle')!r}"
+    model, name, draft = _usage("/models/my-llava", "vispec", tmp_path / "v")
+    assert model == "/models/my-llava" and "my-llava" in name and "draft_model" in draft

@@ -24,6 +24,17 @@ def _table(acceptance: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _usage(target: str, method: str, output_dir: Path) -> tuple[str, str, str]:
+    """(model argument, the target's name in prose, draft_model argument) of the card's snippet:
+    the shipped drafts of the reference VLM need no draft_model, any other draft does."""
+    from raydec.models.registry import REFERENCE_DRAFT_DIRS, REFERENCE_VLM_DIR
+
+    if Path(target).resolve() != REFERENCE_VLM_DIR.resolve():
+        return target, f"the VLM at `{target}`", f", draft_model={str(output_dir)!r}"
+    shipped = output_dir.resolve() == REFERENCE_DRAFT_DIRS[method].resolve()
+    return "reference", "the reference LLaVA (`raydec/reference/weights/vlm`)", "" if shipped else f", draft_model={str(output_dir)!r}"
+
+
 def write_model_card(
     draft: DraftTrainConfig, summary: dict[str, Any], manifest: dict[str, Any], acceptance: dict[str, dict[str, Any]],
     evaluation: EvalConfig, command: str, parallel: bool = False, notes: str = "",
@@ -35,16 +46,17 @@ def write_model_card(
         if draft.vision else "text-only EAGLE-2 draft (no vision modules; the ablation)"
     )
     tree = evaluation.draft_tree
+    model, model_name, draft_arg = _usage(manifest["target"], method, Path(draft.output_dir))
     lines = [
-        f"# raydec reference VLM draft: {method}",
+        f"# raydec VLM draft: {method}",
         "",
-        f"A {kind} for the reference LLaVA (`raydec/reference/weights/vlm`). Only the draft's own weights are",
+        f"A {kind} for {model_name}. Only the draft's own weights are",
         "stored; the target's token embedding and lm_head are attached at load time:",
         "",
         "```python",
         "from raydec.api import caption_images",
         "from raydec.config import DecodeConfig",
-        f'caption_images(images, model="reference", decode=DecodeConfig(method="{method}"))',
+        f'caption_images(images, model={model!r}, decode=DecodeConfig(method="{method}"{draft_arg}))',
         "```",
         "",
         "## Training",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from raydec.config import DraftTreeSpec, StrictModel
 
@@ -19,6 +19,8 @@ HELD_OUT_SEED_START = 1_000_000
 #: the reference VLM's captioning prompt; it knows only its training prompts, so no "answer at
 #: length" instruction is appended (it has never seen one and would answer worse)
 DEFAULT_PROMPT = "describe the image ."
+#: the decode method a draft serves
+METHOD_OF_VISION = {True: "vispec", False: "eagle"}
 
 
 class DataGenConfig(StrictModel):
@@ -94,6 +96,15 @@ class DraftTrainConfig(StrictModel):
         "machine the schedule still ends when the time cap stops the run.",
     )
 
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _betas_in_unit_interval(cls, value: object) -> object:
+        if isinstance(value, (list, tuple)):
+            for index, beta in enumerate(value):
+                if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < 1:
+                    raise ValueError(f"betas[{index}]: {beta!r} must be a number in [0, 1)")
+        return value
+
     @model_validator(mode="after")
     def _divisible(self) -> "DraftTrainConfig":
         if self.batch_size % self.num_workers:
@@ -117,9 +128,22 @@ class DraftJobConfig(StrictModel):
     """A whole job: generate data (unless present), train each draft, optionally evaluate and write cards."""
 
     data: DataGenConfig = Field(default_factory=DataGenConfig)
-    drafts: list[DraftTrainConfig] = Field(default_factory=lambda: [DraftTrainConfig()])
+    drafts: list[DraftTrainConfig] = Field(default_factory=lambda: [DraftTrainConfig()], min_length=1)
     parallel: bool = Field(False, description="Train the drafts concurrently (each on its own workers).")
     evaluate: EvalConfig | None = Field(None, description="Measure acceptance and write MODEL_CARD.md files.")
+
+    @model_validator(mode="after")
+    def _distinct_drafts(self) -> "DraftJobConfig":
+        outputs = [Path(d.output_dir).expanduser().resolve() for d in self.drafts]
+        for index, output in enumerate(outputs):
+            if output in outputs[:index]:
+                raise ValueError(f"drafts[{index}].output_dir: {str(self.drafts[index].output_dir)!r} is another draft's too")
+        if self.evaluate is not None:  # the evaluation measures one draft per method
+            kinds = [METHOD_OF_VISION[d.vision] for d in self.drafts]
+            for index, kind in enumerate(kinds):
+                if kind in kinds[:index]:
+                    raise ValueError(f"drafts[{index}]: a second {kind} draft; evaluate measures one per method")
+        return self
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "DraftJobConfig":

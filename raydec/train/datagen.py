@@ -141,10 +141,20 @@ CONTENT_FIELDS = ("target", "num_samples", "seed_start", "prompt", "max_new_toke
 
 
 def read_manifest(data_dir: str | Path) -> dict[str, Any]:
+    """The manifest of a draft dataset; a folder that holds none, another kind or no samples is an error."""
     path = Path(data_dir) / MANIFEST_NAME
     if not path.is_file():
         raise FileNotFoundError(f"no draft dataset at {data_dir}: {MANIFEST_NAME} not found (generate it first)")
-    return json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as error:
+        raise ValueError(f"data_dir: {path} is not valid JSON ({error})") from None
+    kind = manifest.get("format") if isinstance(manifest, dict) else None
+    if kind != DATA_FORMAT:
+        raise ValueError(f"data_dir: {path} is not a raydec draft dataset (format {kind!r}, expected {DATA_FORMAT!r})")
+    if not manifest.get("num_samples") or not manifest.get("shards"):
+        raise ValueError(f"data_dir: the draft dataset at {data_dir} holds no samples ({manifest.get('num_samples')!r})")
+    return manifest
 
 
 def generate_dataset(config: DataGenConfig) -> dict[str, Any]:
@@ -158,7 +168,10 @@ def generate_dataset(config: DataGenConfig) -> dict[str, Any]:
     from raydec.models.registry import resolve_vlm_path, weights_fingerprint
     from raydec.runtime.cluster import connect_ray
 
+    from raydec.train.trainer import check_folder
+
     out = Path(config.output_dir)
+    check_folder(out, "data.output_dir")
     target_path = resolve_vlm_path(config.target)
     identity = {**config.model_dump(mode="json", include=set(CONTENT_FIELDS)), "target_weights": weights_fingerprint(target_path)}
     if (out / MANIFEST_NAME).is_file() and not config.overwrite:

@@ -8,11 +8,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from raydec.train.config import DraftJobConfig
+from raydec.train.config import METHOD_OF_VISION, DraftJobConfig
 
 logger = logging.getLogger(__name__)
-
-METHOD_OF = {True: "vispec", False: "eagle"}
 
 
 def run_draft_job(job: DraftJobConfig, command: str = "") -> dict[str, Any]:
@@ -20,9 +18,12 @@ def run_draft_job(job: DraftJobConfig, command: str = "") -> dict[str, Any]:
     from raydec.train.card import write_model_card
     from raydec.train.datagen import generate_dataset, read_manifest
     from raydec.train.evaluate import measure_acceptance
-    from raydec.train.trainer import train_draft
+    from raydec.train.trainer import check_folder, train_draft
 
     drafts = job.resolved_drafts()
+    check_folder(job.data.output_dir, "data.output_dir")
+    for index, draft in enumerate(drafts):  # before hours of data generation, not after
+        check_folder(draft.output_dir, f"drafts[{index}].output_dir")
     uses_job_data = any(d.data_dir == job.data.output_dir for d in drafts)
     manifest = generate_dataset(job.data) if uses_job_data else read_manifest(drafts[0].data_dir)
     from raydec.runtime.cluster import connect_ray
@@ -37,7 +38,7 @@ def run_draft_job(job: DraftJobConfig, command: str = "") -> dict[str, Any]:
     logger.info("trained %d draft(s) in %.0f s", len(drafts), time.time() - start)
     acceptance: dict[str, Any] = {}
     if job.evaluate is not None:
-        paths = {METHOD_OF[d.vision]: d.output_dir for d in drafts}
+        paths = {METHOD_OF_VISION[d.vision]: d.output_dir for d in drafts}
         acceptance = measure_acceptance(manifest["target"], paths, job.evaluate)
         for draft, summary in zip(drafts, summaries):
             write_model_card(draft, summary, manifest, acceptance, job.evaluate, command, parallel=job.parallel)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from raydec.train.card import CARD_NAME
 from raydec.train.config import DraftTrainConfig
 
 logger = logging.getLogger(__name__)
@@ -164,6 +165,48 @@ def _report(draft: Any, log: list[dict[str, Any]], config: DraftTrainConfig, ran
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
 
 
+def check_folder(path: str | Path, field: str) -> None:
+    """A folder to write: absent or a directory (a file in its place fails here, not after training)."""
+    path = Path(path)
+    for place in (path, *path.parents):
+        if place.exists():
+            if not place.is_dir():
+                raise NotADirectoryError(f"{field}: {str(place)!r} is a file, not a folder")
+            return
+
+
+def check_draft_inputs(config: DraftTrainConfig) -> str:
+    """Check a draft's data and target before Ray starts; returns the target to train against.
+
+    The dataset must be a raydec draft dataset with samples, of the target's width and, where the
+    manifest records them, made by the target's current weights.
+    """
+    from raydec.models.registry import resolve_vlm_path, weights_fingerprint
+    from raydec.train.datagen import read_manifest
+
+    if config.data_dir is None:
+        raise ValueError(f"draft {config.name!r}: data_dir is not set")
+    check_folder(config.output_dir, f"draft {config.name!r}: output_dir")
+    manifest = read_manifest(config.data_dir)
+    target = str(config.target or manifest["target"])
+    target_path = resolve_vlm_path(target)
+    text_config = json.loads((target_path / "config.json").read_text())
+    text_config = text_config.get("text_config", text_config)
+    width = int(text_config["hidden_size"])
+    if width != int(manifest["hidden_size"]):
+        raise ValueError(
+            f"draft {config.name!r}: target {target} has hidden_size {width}, the data at {config.data_dir} "
+            f"was made by a target of hidden_size {manifest['hidden_size']}"
+        )
+    made_by = (manifest.get("identity") or {}).get("target_weights")
+    if made_by is not None and made_by != weights_fingerprint(target_path):
+        raise ValueError(
+            f"draft {config.name!r}: the data at {config.data_dir} was made by other target weights ({made_by}) "
+            f"than {target} holds now ({weights_fingerprint(target_path)}); regenerate the data"
+        )
+    return target
+
+
 def train_draft(config: DraftTrainConfig) -> dict[str, Any]:
     """Train one draft with a ``TorchTrainer`` and save it to ``config.output_dir``.
 
@@ -173,12 +216,8 @@ def train_draft(config: DraftTrainConfig) -> dict[str, Any]:
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from raydec.runtime.cluster import connect_ray
-    from raydec.train.datagen import read_manifest
 
-    if config.data_dir is None:
-        raise ValueError(f"draft {config.name!r}: data_dir is not set")
-    manifest = read_manifest(config.data_dir)
-    target = config.target or manifest["target"]
+    target = check_draft_inputs(config)
     out = Path(config.output_dir)
     work = Path(config.work_dir) if config.work_dir else out.parent / "_ray_train"
     connect_ray()
@@ -197,6 +236,7 @@ def train_draft(config: DraftTrainConfig) -> dict[str, Any]:
     if result.checkpoint is None:
         raise RuntimeError(f"draft {config.name!r}: training reported no checkpoint ({result.error})")
     out.mkdir(parents=True, exist_ok=True)
+    (out / CARD_NAME).unlink(missing_ok=True)  # a card of earlier weights would describe these
     with result.checkpoint.as_directory() as folder:
         for name in ("draft_config.json", "model.safetensors", LOG_NAME):
             shutil.copy2(Path(folder) / name, out / name)
