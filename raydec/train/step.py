@@ -10,7 +10,8 @@ distribution of x_{t+2}, ``softmax(lm_head(hidden[t+1]))``, where x_{t+2} is a g
 Self-rollout (``mtp_steps``): pass k > 0 feeds the previous pass's outputs, shifted right by one,
 as the features of the generated pairs (t >= L, those a tree node reads at inference), against
 the same targets; gradients flow through all passes. Uniform noise of width ``feature_noise``
-is added to the target features of the first pass. Noise draws come from a per-sample
+is added to the target features once, before the first pass, so later passes read the same noisy
+features wherever they do not roll out (the prompt pairs). Noise draws come from a per-sample
 generator seeded by (seed, step, sample seed), so a step's loss does not depend on how the
 batch is split over workers.
 """
