@@ -1,4 +1,4 @@
-"""The small public Python API used by notebooks, jobs and Serve.
+"""The small public Python API used by notebooks, jobs and the benches.
 
     from raydec.api import generate_images, caption_images
     results = generate_images(["a red circle on the left"], model="reference")
@@ -41,7 +41,7 @@ class ImageResult:
 
     target_forwards: target forwards for this row (prefill included); num_tokens: generated
     tokens (layout tokens included); mean_accepted: tokens per target forward; latency_s: time
-    from the start of the row's batch until the row finished decoding (VQ decoding excluded).
+    from the row's prefill until it finished decoding (VQ decoding excluded).
     """
 
     image: Image.Image

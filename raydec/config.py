@@ -1,4 +1,4 @@
-"""Typed configuration shared by the engine, jobs, the CLI and Serve.
+"""Typed configuration shared by the engine, the public API, jobs and the CLI.
 
 Every user-facing knob is a pydantic field with a default, a range and a one-line
 description. Unknown keys are errors (``extra="forbid"``), so a typo in a YAML file fails
@@ -130,7 +130,9 @@ class DecodeConfig(StrictModel):
         None, description="Draft-model tree (vispec, eagle); None: DraftTreeSpec.for_temperature(sampling.temperature)."
     )
     draft_model: str | None = Field(
-        None, min_length=1, description="Draft checkpoint folder for vispec / eagle; None picks the one shipped with the target."
+        None, min_length=1,
+        description="Draft checkpoint folder for vispec / eagle; None: the reference VLM's shipped draft "
+        "(other targets must set it).",
     )
     draft_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
