@@ -148,6 +148,44 @@ def test_shipped_job_configs_validate_and_gpu_requests_fall_back_to_cpu(caplog):
     assert _remote_args(gpu_job, cluster_gpus=1.0)["num_gpus"] == 0.25
     assert "num_gpus" not in _remote_args(gpu_job, cluster_gpus=0.0)
     assert "running on CPU" in caplog.text
+    whole_gpu = gpu_job.model_copy(update={"pool": gpu_job.pool.model_copy(update={"gpus_per_worker": 1.0, "workers": 4})})
+    with pytest.raises(IOConfigError, match=r"pool.gpus_per_worker=1.0: no node of the Ray cluster has more than 0.5 GPU"):
+        _remote_args(whole_gpu, cluster_gpus=1.0, node_gpus=0.5)  # an actor that could never start
+    assert _remote_args(whole_gpu, cluster_gpus=2.0, node_gpus=1.0)["num_gpus"] == 1.0
+    assert "2 actor(s) run, the rest wait for GPUs" in caplog.text
+    with pytest.raises(ValueError, match="gpus_per_worker"):  # one actor's model runs on one GPU
+        make_job("reference", "p.parquet", "out", pool={"gpus_per_worker": 2})
+
+
+def test_device_failures_fail_the_batch_and_row_failures_become_error_rows(caplog):
+    import torch
+
+    from raydec.runtime.processors import _device
+    from raydec.runtime.worker import GenerationWorker, is_device_failure
+
+    assert is_device_failure(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert is_device_failure(RuntimeError("CUDA error: device-side assert triggered"))
+    assert not is_device_failure(ValueError("prompt[0]: too long")) and not is_device_failure(RuntimeError("shape mismatch"))
+
+    class Failing:  # the batch-level error routing only: a real out-of-memory needs a GPU
+        method = "ar"
+
+        def __init__(self, exc):
+            self.exc = exc
+
+        def __call__(self, rows):
+            raise self.exc
+
+    worker = object.__new__(GenerationWorker)
+    worker.worker_id = "test"
+    rows = [{"id": "a", "prompt": "a cat", "seed": 1}]
+    worker.processor = Failing(torch.cuda.OutOfMemoryError("CUDA out of memory"))
+    with pytest.raises(torch.cuda.OutOfMemoryError):  # Ray retries the batch; nothing is recorded as the row's
+        worker._process(rows)
+    worker.processor = Failing(ValueError("bad row"))
+    assert worker._process(rows)[0]["error"] == "ValueError: bad row"
+    gpu_job = make_job("reference", "p.parquet", "out", pool={"gpus_per_worker": 0.5})
+    assert _device(gpu_job) == "cpu" and "this actor has no GPU" in caplog.text  # Ray assigned none here
 
 
 def test_bad_configs_fail_fast_before_any_model_loads(tmp_path, prompts_file, tiny_janus):

@@ -27,7 +27,8 @@ class PoolConfig(StrictModel):
 
     workers: int = Field(1, ge=1, le=4096, description="Actors in the pool, each loading the model once.")
     gpus_per_worker: float = Field(
-        0.0, ge=0.0, le=64.0, description="GPUs per actor (fractional shares a GPU); 0 runs on CPU."
+        0.0, ge=0.0, le=1.0,
+        description="GPUs per actor, at most 1 (an actor's model runs on one GPU; fractional shares one); 0 runs on CPU.",
     )
     cpus_per_worker: float = Field(
         0.5, gt=0.0, le=256.0,

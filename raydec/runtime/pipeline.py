@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from raydec.io import (
     InputFile,
+    IOConfigError,
     ResultWriter,
     check_dataset,
     check_output_writable,
@@ -33,6 +34,7 @@ from raydec.io import (
     read_results,
     write_manifest,
 )
+from raydec.io.filesystem import is_s3_uri
 from raydec.config import CAPTION_METHODS, DRAFT_METHODS, IMAGE_METHODS, DraftTreeSpec, SamplingConfig
 from raydec.runtime.cluster import connect_ray
 from raydec.runtime.config import JobConfig
@@ -264,21 +266,57 @@ def _dataset(job: JobConfig, rows: List[Dict[str, Any]]) -> Any:
     return ray.data.from_items(items, override_num_blocks=blocks)
 
 
-def _remote_args(job: JobConfig, cluster_gpus: float) -> Dict[str, Any]:
+def _remote_args(job: JobConfig, cluster_gpus: float, node_gpus: Optional[float] = None) -> Dict[str, Any]:
     """Resources and fault tolerance of the pool's actors.
 
     GPUs requested on a cluster without any fall back to CPU actors (with a warning) rather
-    than waiting forever for a GPU that will not come.
+    than waiting forever for a GPU that will not come; so does nothing else: a request no node
+    can hold (``node_gpus``: the most GPUs of any one node) is an error, a pool the cluster can
+    only partly hold a warning.
     """
     pool = job.pool
     args: Dict[str, Any] = dict(
         num_cpus=pool.cpus_per_worker, max_restarts=pool.max_restarts, max_task_retries=pool.max_task_retries,
     )
+    node_gpus = cluster_gpus if node_gpus is None else node_gpus
     if pool.gpus_per_worker > 0 and cluster_gpus > 0:
+        if pool.gpus_per_worker > node_gpus:
+            raise IOConfigError(
+                f"pool.gpus_per_worker={pool.gpus_per_worker}: no node of the Ray cluster has more than "
+                f"{node_gpus:g} GPU(s), so no actor could ever start"
+            )
+        fit = int(cluster_gpus // pool.gpus_per_worker)
+        if fit < pool.workers:
+            logger.warning(
+                "pool.workers=%d x gpus_per_worker=%s needs %g GPU(s); the cluster has %g: %d actor(s) run, "
+                "the rest wait for GPUs", pool.workers, pool.gpus_per_worker,
+                pool.workers * pool.gpus_per_worker, cluster_gpus, fit,
+            )
         args["num_gpus"] = pool.gpus_per_worker
     elif pool.gpus_per_worker > 0:
         logger.warning("pool.gpus_per_worker=%s but the Ray cluster has no GPU: running on CPU", pool.gpus_per_worker)
     return args
+
+
+def _cluster_gpus() -> tuple[float, float]:
+    """(GPUs in the cluster, the most GPUs of any one alive node)."""
+    import ray
+
+    per_node = [float(n.get("Resources", {}).get("GPU", 0.0)) for n in ray.nodes() if n.get("Alive")]
+    return float(ray.cluster_resources().get("GPU", 0.0)), max(per_node, default=0.0)
+
+
+def _warn_if_output_is_node_local(job: JobConfig) -> None:
+    """A local output on a multi-node cluster is only one output if every node mounts it."""
+    import ray
+
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    if nodes > 1 and not is_s3_uri(job.output.path):
+        logger.warning(
+            "output.path %s is a local path on a %d-node cluster: every node writes where it runs, so unless "
+            "that path is a filesystem all nodes share, results end up split (use s3:// or shared storage)",
+            job.output.path, nodes,
+        )
 
 
 def _run_pool(job: JobConfig, rows: List[Dict[str, Any]], report: JobReport) -> None:
@@ -298,7 +336,7 @@ def _run_pool(job: JobConfig, rows: List[Dict[str, Any]], report: JobReport) -> 
             batch_size=job.pool.batch_size,
             batch_format="pyarrow",
             compute=ray.data.ActorPoolStrategy(size=min(job.pool.workers, math.ceil(len(rows) / job.pool.batch_size))),
-            **_remote_args(job, ray.cluster_resources().get("GPU", 0.0)),
+            **_remote_args(job, *_cluster_gpus()),
         )
     workers = set()
     for batch in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
@@ -333,6 +371,7 @@ def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobRepor
     report.timings["prepare_s"] = time.perf_counter() - started
     if good:
         connect_ray()  # no-op when Ray is up; else RAY_ADDRESS, else a local cluster
+        _warn_if_output_is_node_local(job)
     weights = job_weights(job)
     # on record before any row (error rows included) is written, so an interrupted job's output
     # still names its job and a resume with another config is refused
@@ -342,6 +381,8 @@ def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobRepor
     _run_pool(job, good, report)
     report.timings["generate_s"] = time.perf_counter() - generate_started
     _verify(job, rows, report)
+    if report.processed and report.processing_errors == report.processed:
+        logger.warning("every one of the %d row(s) this run decoded failed: see the worker logs", report.processed)
     report.timings["total_s"] = time.perf_counter() - started
     _manifest(job, report, weights, status="complete" if report.complete else "incomplete")
     if not report.complete:

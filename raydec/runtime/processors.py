@@ -45,14 +45,30 @@ def _torch_dtype(name: str) -> Any:
 
 
 def _device(job: JobConfig) -> str:
-    """'cuda' when the actor was given a GPU and torch sees one, else 'cpu'."""
+    """'cuda' when Ray gave this actor a GPU (it then sets CUDA_VISIBLE_DEVICES to it) and torch
+    sees one, else 'cpu'. A GPU torch can see but Ray did not assign is never used: another
+    actor may own it."""
     import torch
 
-    if job.pool.gpus_per_worker > 0 and torch.cuda.is_available():
+    if job.pool.gpus_per_worker <= 0:
+        return "cpu"
+    if assigned_gpu_ids() and torch.cuda.is_available():
         return "cuda"
-    if job.pool.gpus_per_worker > 0:
-        logger.warning("pool.gpus_per_worker=%s but torch sees no GPU: running on CPU", job.pool.gpus_per_worker)
+    logger.warning(
+        "pool.gpus_per_worker=%s but this actor has no GPU (Ray assigned %s, torch sees %d): running on CPU",
+        job.pool.gpus_per_worker, assigned_gpu_ids() or "none", torch.cuda.device_count(),
+    )
     return "cpu"
+
+
+def assigned_gpu_ids() -> list:
+    """The GPU ids Ray assigned to the current worker ([] outside Ray or without a GPU)."""
+    try:
+        import ray
+
+        return list(ray.get_gpu_ids()) if ray.is_initialized() else []
+    except Exception:  # not in a Ray worker
+        return []
 
 
 def _call_with_supported(function: Callable[..., Any], /, **kwargs: Any) -> Any:

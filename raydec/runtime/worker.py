@@ -58,6 +58,16 @@ def maybe_kill(fault: FaultInjection | None, rows_before: int, rows_now: int) ->
     os._exit(1)
 
 
+def is_device_failure(exc: BaseException) -> bool:
+    """An accelerator failure (out of memory, a device-side assert, a lost device): it says nothing
+    about the rows, so it must not become their error results (a resume would skip them)."""
+    import torch
+
+    if isinstance(exc, torch.cuda.OutOfMemoryError) or type(exc).__name__ == "AcceleratorError":
+        return True
+    return isinstance(exc, RuntimeError) and any(word in str(exc) for word in ("CUDA error", "CUDA out of memory", "cuDNN error"))
+
+
 class GenerationWorker:
     """Callable class for `Dataset.map_batches`: loads the model in `__init__`, once per actor."""
 
@@ -87,6 +97,9 @@ class GenerationWorker:
         try:
             results = self.processor(rows)
         except Exception as exc:
+            if is_device_failure(exc):  # not the rows' fault: fail the batch so Ray retries it, record nothing
+                logger.error("worker %s: device failure on a batch of %d row(s): %s", self.worker_id, len(rows), exc)
+                raise
             logger.exception("worker %s: batch of %d row(s) failed", self.worker_id, len(rows))
             return [failed_result(row, self.processor.method, f"{type(exc).__name__}: {exc}") for row in rows]
         missing = {row["id"] for row in rows} - {result["id"] for result in results}
