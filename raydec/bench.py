@@ -91,6 +91,17 @@ def json_path_arg(text: str) -> Path:
     return path
 
 
+def folder_path_arg(text: str) -> Path:
+    """An argparse ``type`` for an output folder (``--plots``): checked before a long run, not after it."""
+    path = Path(text)
+    for place in (path, *path.parents):
+        if place.exists():
+            if not place.is_dir():
+                raise argparse.ArgumentTypeError(f"{text!r}: {str(place)!r} is a file, not a folder")
+            break
+    return path
+
+
 def run_bench(args: argparse.Namespace) -> int:
     """Run the chosen bench; bad option values that only its configs can judge exit with their names."""
     from pydantic import ValidationError
@@ -128,6 +139,9 @@ def parse_methods(text: str, known: tuple[str, ...], baseline: str | None = "ar"
     if unknown or not methods:
         what = f"unknown {', '.join(unknown)}" if unknown else "none given"
         raise SystemExit(f"--methods: {what} (choose from {', '.join(known)})")
+    repeated = sorted({m for m in methods if methods.count(m) > 1})
+    if repeated:  # a repeat would run twice into one record and skew every ratio against it
+        raise SystemExit(f"--methods {text!r}: {', '.join(repeated)} named more than once")
     if baseline is not None and baseline not in methods:
         raise SystemExit(f"--methods {text!r}: add {baseline!r}; every speedup is measured against it in the same run")
     return methods

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from raydec.bench import (
-    json_path_arg, non_negative_int, parse_methods, positive_int, positive_float, print_table, ratio_cell, resolve_device,
-    synchronize,
+    folder_path_arg, json_path_arg, non_negative_int, parse_methods, positive_int, positive_float, print_table,
+    ratio_cell, resolve_device, synchronize,
 )
 from raydec.config import JACOBI_METHODS, DecodeConfig, DraftSpec
 from raydec.models.base import decoding_attention
@@ -392,6 +392,6 @@ def add_t2i_parser(subparsers) -> None:
         "or 'auto': per method, the one needing the fewest forwards on the calibration prompts",
     )
     parser.add_argument("--threads", type=non_negative_int, default=0, help="torch threads (0 = torch default)")
-    parser.add_argument("--plots", type=Path, default=Path("bench_out"), help="folder for the PNG plots")
+    parser.add_argument("--plots", type=folder_path_arg, default=Path("bench_out"), help="folder for the PNG plots")
     parser.add_argument("--json", type=json_path_arg, default=None)
     parser.set_defaults(bench=bench_t2i)

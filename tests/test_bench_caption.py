@@ -44,3 +44,14 @@ def test_bench_caption_max_seconds_stops_every_method_at_the_same_image(tmp_path
     result = json.loads(out.read_text())
     assert (result["images"], result["images_requested"]) == (1, 3)
     assert result["captions_identical_to_ar"] == {"ar": 1, "hf": 1}
+
+
+def test_bench_caption_hf_captions_every_image_of_a_batch(tmp_path):
+    out = tmp_path / "caption.json"
+    assert bench_main([
+        "caption", "--methods", "ar,hf", "--images", "2", "--batch", "2", "--dtype", "float32", "--max-new-tokens", "8",
+        "--json", str(out),
+    ]) == 0
+    result = json.loads(out.read_text())
+    assert result["captions_identical_to_ar"] == {"ar": 2, "hf": 2}  # hf used to caption only the first image
+    assert result["methods"]["hf"]["tokens"] == result["methods"]["ar"]["tokens"]

@@ -196,6 +196,8 @@ def test_methods_option_names_unknown_methods_and_asks_for_the_ar_baseline():
     assert parse_methods("vispec,eagle", ("eagle", "vispec"), baseline=None) == ["vispec", "eagle"]  # draft studies
     with pytest.raises(SystemExit, match=r"--methods: none given \(choose from eagle, vispec\)"):
         parse_methods(" , ", ("eagle", "vispec"), baseline=None)
+    with pytest.raises(SystemExit, match="--methods 'ar,sjd,ar': ar named more than once"):
+        parse_methods("ar,sjd,ar", known)  # it would run twice into one record
     assert ratio_cell({"x": 2.345}, "x") == "2.35" and ratio_cell({}, "x") == "-"
 
 
@@ -210,6 +212,7 @@ def test_methods_option_names_unknown_methods_and_asks_for_the_ar_baseline():
         (["pipeline", "--cpus-per-worker", "0"], "argument --cpus-per-worker: expected a number > 0, got '0'"),
         (["t2i", "--max-seconds", "-5"], "argument --max-seconds: expected a number > 0, got '-5'"),
         (["caption", "--max-seconds", "nan"], "argument --max-seconds: expected a number > 0, got 'nan'"),
+        (["t2i", "--plots", __file__], f"argument --plots: {__file__!r}: {__file__!r} is a file, not a folder"),
     ],
 )
 def test_bench_options_reject_bad_counts_naming_the_option(argv, message, capsys):
