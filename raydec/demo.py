@@ -8,7 +8,8 @@ It writes examples/prompts.parquet (held-out shapes prompts) if missing, starts 
    shipped) -> out/captions/results/, out/captions/manifest.json
 
 and writes out/contact_sheet.png (image, prompt, caption). Last, it times both methods
-against plain AR on a few of the same rows in this process and prints the speedups. A re-run
+against plain AR on the job's first few rows (their prompts, seeds and written images) in this
+process and prints the speedups. A re-run
 resumes: rows already in out/ are skipped (use --fresh to start over); an out/ written with
 another model or decode config is refused rather than mixed.
 """
@@ -75,18 +76,23 @@ def reference_ready(model: str) -> bool:
 
 
 def _parse(argv: List[str]) -> argparse.Namespace:
+    from raydec.bench import non_negative_int, positive_int
+
     parser = argparse.ArgumentParser(prog="raydec demo", description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=Path, default=EXAMPLE_PROMPTS, help="input Parquet (created if missing)")
     parser.add_argument("--out", type=Path, default=Path("out"), help="output folder")
     parser.add_argument("--model", default="reference", help="'reference' or a Janus checkpoint folder")
     parser.add_argument("--method", default=None, help="decode method (default: sjd_pac if available, else ar)")
-    parser.add_argument("--workers", type=int, default=2, help="actors in the pool")
-    parser.add_argument("--batch-size", type=int, default=8, help="rows per actor call")
-    parser.add_argument("--rows", type=int, default=DEMO_ROWS, help="rows when creating --prompts")
+    parser.add_argument("--workers", type=positive_int, default=2, help="actors in the pool")
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="rows per actor call")
+    parser.add_argument("--rows", type=positive_int, default=DEMO_ROWS, help="rows when creating --prompts")
     parser.add_argument("--fresh", action="store_true", help="delete earlier demo results in --out first")
     parser.add_argument("--caption-method", default=None, help="captioning method (default: vispec if shipped, else ar)")
     parser.add_argument("--no-captions", action="store_true", help="skip the captioning job")
-    parser.add_argument("--speedup-rows", type=int, default=4, help="rows re-run with AR to measure speedups (0: skip)")
+    parser.add_argument(
+        "--speedup-rows", type=non_negative_int, default=4,
+        help="first rows of the job re-run with its method and with AR to measure speedups (0: skip)",
+    )
     return parser.parse_args(argv)
 
 
@@ -114,41 +120,68 @@ def _job_lines(job, report, what: str) -> List[str]:
 
 
 def measure_speedups(t2i_job, caption_job, rows: int) -> List[str]:
-    """Time each job's method against plain AR on the first ``rows`` rows, in this process
-    (same prompts, images and seeds; both runs in one process so machine noise hits both)."""
+    """Time each job's method against plain AR on the job's first ``rows`` good rows, in this
+    process: their prompts and seeds, then the images the job wrote with the caption job's seeds
+    (both methods in one process, so machine noise hits both)."""
     import torch
+    from PIL import Image
 
     from raydec.api import caption_images, generate_images, load_pipeline
     from raydec.io import read_results
-    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
 
     torch.set_num_threads(1)
-    lines = []
-    prompts = [make_sample(HELD_OUT_SEED_START + i).prompt for i in range(rows)]
+    done = sorted((r for r in read_results(t2i_job.output).to_pylist() if r["error"] is None), key=lambda r: r["id"])[:rows]
+    if not done:
+        return ["  speedups: no good text-to-image rows to re-run"]
+    lines, timings = [], {}
+    prompts, seeds = [r["prompt"] for r in done], [int(r["seed"]) for r in done]
     target = load_pipeline(t2i_job.model, "t2i")
-    timings = {}
     for method in (t2i_job.decode.method, "ar"):
         decode = t2i_job.decode.model_copy(update={"method": method})
         start = time.perf_counter()
-        results = generate_images(prompts, model=target, decode=decode, seeds=list(range(rows)), batch_size=1)
+        results = generate_images(prompts, model=target, decode=decode, seeds=seeds, batch_size=1)
         timings[method] = (time.perf_counter() - start, sum(r.target_forwards for r in results))
     (spec_s, spec_f), (ar_s, ar_f) = timings[t2i_job.decode.method], timings["ar"]
-    lines.append(f"  text-to-image {t2i_job.decode.method} vs AR on {rows} prompts (batch 1): "
+    lines.append(f"  text-to-image {t2i_job.decode.method} vs AR on {len(done)} prompts (batch 1): "
                  f"{ar_f / spec_f:.2f}x fewer target forwards, {ar_s / spec_s:.2f}x latency speedup")
     if caption_job is not None:
-        images = [to_pil(make_sample(HELD_OUT_SEED_START + i).image) for i in range(rows)]
+        caption_seeds = {r["id"]: int(r["seed"]) for r in read_results(caption_job.output).to_pylist()}
+        pairs = [(Image.open(r["output_uri"]).convert("RGB"), caption_seeds[r["id"]]) for r in done if r["id"] in caption_seeds]
+        images, seeds = [image for image, _ in pairs], [seed for _, seed in pairs]
         vlm = load_pipeline(caption_job.model, "vlm")
         for method in (caption_job.decode.method, "ar"):
             decode = caption_job.decode.model_copy(update={"method": method})
             start = time.perf_counter()
-            results = caption_images(images, model=vlm, decode=decode, seeds=list(range(rows)), batch_size=1)
+            results = caption_images(images, model=vlm, decode=decode, seeds=seeds, batch_size=1)
             timings[method] = (time.perf_counter() - start, sum(r.target_forwards for r in results), [r.caption for r in results])
         spec, ar = timings[caption_job.decode.method], timings["ar"]
         same = sum(a == b for a, b in zip(spec[2], ar[2]))
-        lines.append(f"  captioning {caption_job.decode.method} vs AR on {rows} images (batch 1): "
+        lines.append(f"  captioning {caption_job.decode.method} vs AR on {len(images)} images (batch 1): "
                      f"{ar[1] / spec[1]:.2f}x fewer target forwards, {ar[0] / spec[0]:.2f}x latency speedup, "
-                     f"{same}/{rows} captions identical to AR's")
+                     f"{same}/{len(images)} captions identical to AR's")
     return lines
+
+
+def _demo_jobs(args: argparse.Namespace):
+    """The demo's text-to-image job and (unless --no-captions) its captioning job, validated."""
+    from raydec.runtime import JobConfig
+
+    job = JobConfig.model_validate(dict(
+        task="t2i", model=args.model, dtype="float32", seed=0,
+        input={"path": str(args.prompts.resolve())}, output={"path": str(args.out.resolve())},
+        decode=demo_decode(args.method or default_method()),
+        pool={"workers": args.workers, "batch_size": args.batch_size, "cpus_per_worker": 0.5},
+    ))
+    # captions of the images just written: their result shards are the caption job's input
+    # (their `prompt` column is the text-to-image prompt, not a question: read no prompt column)
+    caption_job = None if args.no_captions else JobConfig.model_validate(dict(
+        task="caption", model="reference", dtype="float32", seed=0,
+        input={"path": str((args.out / "results").resolve()), "image_uri_column": "output_uri", "prompt_column": "instruction"},
+        output={"path": str((args.out / "captions").resolve())},
+        decode={"method": args.caption_method or caption_method()},
+        pool={"workers": args.workers, "batch_size": args.batch_size, "cpus_per_worker": 0.5},
+    ))
+    return job, caption_job
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -168,11 +201,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         )
         return 2
     started = time.perf_counter()
-    if args.fresh:
-        _clear(args.out)
+
+    from pydantic import ValidationError
 
     from raydec.runtime import (
-        JobConfig,
         ResumeMismatchError,
         check_resume_compatible,
         init_local_ray,
@@ -181,21 +213,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     from raydec.runtime.contact_sheet import contact_sheet
 
-    job = JobConfig.model_validate(dict(
-        task="t2i", model=args.model, dtype="float32", seed=0,
-        input={"path": str(args.prompts.resolve())}, output={"path": str(args.out.resolve())},
-        decode=demo_decode(args.method or default_method()),
-        pool={"workers": args.workers, "batch_size": args.batch_size, "cpus_per_worker": 0.5},
-    ))
-    # captions of the images just written: their result shards are the caption job's input
-    # (their `prompt` column is the text-to-image prompt, not a question: read no prompt column)
-    caption_job = None if args.no_captions else JobConfig.model_validate(dict(
-        task="caption", model="reference", dtype="float32", seed=0,
-        input={"path": str((args.out / "results").resolve()), "image_uri_column": "output_uri", "prompt_column": "instruction"},
-        output={"path": str((args.out / "captions").resolve())},
-        decode={"method": args.caption_method or caption_method()},
-        pool={"workers": args.workers, "batch_size": args.batch_size, "cpus_per_worker": 0.5},
-    ))
+    try:
+        job, caption_job = _demo_jobs(args)
+    except ValidationError as exc:  # e.g. --method sjdpac: say so before --fresh deletes anything
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e.get('input')!r})" for e in exc.errors())
+        print(f"raydec demo: bad option: {problems}", file=sys.stderr)
+        return 2
+    if args.fresh:
+        _clear(args.out)
     try:
         files = preflight(job)
         if caption_job is not None:

@@ -390,6 +390,23 @@ def test_demo_runs_end_to_end_on_a_tiny_model(ray_cluster, tiny_janus, tmp_path,
     assert len(read_results(OutputConfig(path=str(out)))) == 4
     captions = read_results(OutputConfig(path=str(out / "captions"))).to_pylist()
     assert len(captions) == 4 and all(r["error"] is None and r["caption"] for r in captions)
+    # the speedups re-run the job's own first row: its prompt, and the image it wrote
+    assert "sjd_pac vs AR on 1 prompts" in summary and "ar vs AR on 1 images" in summary
+    assert "1/1 captions identical to AR's" in summary
+
+
+def test_demo_checks_its_options_before_fresh_deletes_anything(tmp_path, capsys):
+    from raydec.demo import main
+
+    out = tmp_path / "out"
+    (out / "results").mkdir(parents=True)
+    (out / "manifest.json").write_text("{}")
+    code = main(["--prompts", str(tmp_path / "p.parquet"), "--out", str(out), "--fresh", "--method", "sjdpac"])
+    assert code == 2 and "raydec demo: bad option: decode.method" in capsys.readouterr().err
+    assert (out / "manifest.json").exists() and (out / "results").is_dir()  # nothing deleted
+    with pytest.raises(SystemExit):
+        main(["--out", str(out), "--batch-size", "0"])
+    assert "argument --batch-size: expected an integer >= 1, got 0" in capsys.readouterr().err
 
 
 def test_killed_driver_rerun_gives_one_result_per_row_equal_to_an_uninterrupted_run(baseline, tiny_janus, prompts_file, tmp_path):
