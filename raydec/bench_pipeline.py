@@ -49,7 +49,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from raydec.bench import json_path_arg, non_negative_int, positive_float, positive_int, print_table, run_bench
+from raydec.bench import folder_path_arg, json_path_arg, non_negative_int, positive_float, positive_int, print_table, run_bench
 from raydec.config import IMAGE_METHODS
 
 logger = logging.getLogger(__name__)
@@ -265,6 +265,11 @@ def bench_pipeline(args: argparse.Namespace) -> dict:
     from raydec.io import load_rows
     from raydec.runtime import JobConfig, connect_ray
 
+    if args.rows <= args.batch_size:
+        raise SystemExit(
+            f"--rows {args.rows}: give more rows than --batch-size {args.batch_size}; the steady state leaves out "
+            "each side's first batch, so one batch measures nothing"
+        )
     decode = _decode_config(args)  # bad draft options fail here, before any folder or model
     torch.set_num_threads(args.threads)
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="raydec_bench_pipeline_"))
@@ -436,7 +441,7 @@ def add_pipeline_parser(subparsers) -> None:
     parser.add_argument("--cpus-per-worker", type=positive_float, default=0.5, help="Ray CPUs reserved by the actor")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch threads, direct and in the actor")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="row i gets seed SEED + i")
-    parser.add_argument("--work-dir", type=Path, default=None, help="keep the prompts and pipeline outputs here")
+    parser.add_argument("--work-dir", type=folder_path_arg, default=None, help="keep the prompts and pipeline outputs here")
     parser.add_argument("--json", type=json_path_arg, default=None, help="write results here")
     parser.set_defaults(bench=bench_pipeline)
 

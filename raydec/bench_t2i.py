@@ -184,6 +184,12 @@ def bench_t2i(args: argparse.Namespace) -> dict:
         torch.set_num_threads(args.threads)
     methods = parse_methods(args.methods, ALL_METHODS)
     _check_fixed_drafts(methods, args)
+    calibration = args.tune_prompts or max(4, 2 * args.batch)
+    if (args.window == "auto" or args.init == "auto") and args.offset < TUNE_OFFSET + calibration and TUNE_OFFSET < args.offset + args.prompts:
+        raise SystemExit(
+            f"--offset {args.offset} --prompts {args.prompts}: the measured prompts would overlap the tuner's calibration "
+            f"prompts (held-out indices {TUNE_OFFSET}..{TUNE_OFFSET + calibration - 1}); measure elsewhere"
+        )
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     device = resolve_device(args.device)
     target = load_pipeline(args.model, "t2i", dtype=dtype, device=None if device == "cpu" else device)

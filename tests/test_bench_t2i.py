@@ -213,6 +213,7 @@ def test_methods_option_names_unknown_methods_and_asks_for_the_ar_baseline():
         (["t2i", "--max-seconds", "-5"], "argument --max-seconds: expected a number > 0, got '-5'"),
         (["caption", "--max-seconds", "nan"], "argument --max-seconds: expected a number > 0, got 'nan'"),
         (["t2i", "--plots", __file__], f"argument --plots: {__file__!r}: {__file__!r} is a file, not a folder"),
+        (["pipeline", "--work-dir", __file__], f"argument --work-dir: {__file__!r}: {__file__!r} is a file, not a folder"),
     ],
 )
 def test_bench_options_reject_bad_counts_naming_the_option(argv, message, capsys):
@@ -286,3 +287,12 @@ def test_calibration_counts_the_slowest_row_or_the_mean_as_batches_are_run(tmp_p
     steps, per_step = calibration_run(target, continuous, prompts, seeds, batch=2)
     assert per_step > 0
     assert steps == pytest.approx(np.mean(forwards))  # a row's tokens, hence its forwards, never depend on the batch
+
+
+def test_bench_refuses_runs_that_would_measure_nothing_or_the_calibration_prompts():
+    from raydec.bench_t2i import TUNE_OFFSET
+
+    with pytest.raises(SystemExit, match="give more rows than --batch-size 8"):
+        bench_main(["pipeline", "--rows", "8"])
+    with pytest.raises(SystemExit, match="would overlap the tuner's calibration prompts"):
+        bench_main(["t2i", "--offset", str(TUNE_OFFSET - 2), "--prompts", "4"])
