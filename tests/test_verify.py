@@ -403,3 +403,35 @@ def test_top_k_selection_equals_torch_topk_with_ties_and_masked_ids():
             assert torch.equal(kept, scores.masked_fill(scores < expected, float("-inf")))
             finite = scores.isfinite().sum(-1)
             assert bool((kept.isfinite().sum(-1) >= torch.clamp(finite, max=k)).all())  # ties at the k-th stay
+
+
+def test_a_uniform_just_below_one_neither_samples_a_zero_mass_token_nor_rejects_a_certain_draft():
+    """In float32, 1 - 2**-26 rounds to 1.0: a zero inverse-CDF threshold (token 0, whatever its
+    mass) and a failed ``u < 1`` test. Sampling and acceptance must stay in float64."""
+    from raydec.spec.sampling import sample_with_uniform
+
+    near_one = torch.tensor([1 - 2**-26], dtype=torch.float64)
+    assert near_one.float().item() == 1.0  # the rounding this test is about
+    probs = torch.tensor([[0.0, 0.0, 0.3, 0.7]])  # float32, token 0 impossible
+    assert sample_with_uniform(probs, near_one).item() == 2
+    root_only = DraftTree.roots_only(torch.tensor([2]), 4)
+    assert verify_tree(root_only, probs.unsqueeze(0), [None], uniforms=near_one.view(1, 1)).next_token.item() == 2
+    builder = TreeBuilder(1)
+    builder.add_chain(0, [3])
+    chain = DraftTree.stack([builder], 4)
+    certain = torch.tensor([[[0.0, 0.0, 0.3, 0.7], [0.0, 0.0, 0.0, 1.0]]])
+    certain[0, 0] = torch.tensor([0.0, 0.0, 0.0, 1.0])  # P says token 3 with certainty; so does the draft
+    result = verify_tree(chain, certain, [None], uniforms=torch.tensor([[0.1, 1 - 2**-26]], dtype=torch.float64))
+    assert result.num_accepted.tolist() == [1]
+
+
+def test_jacobi_coupling_keeps_a_certain_draft_at_a_uniform_just_below_one():
+    from raydec.config import DraftSpec
+    from raydec.spec.proposers.jacobi import JacobiProposer
+
+    proposer = JacobiProposer(DraftSpec(window=2, branching=2, tree_depth=1), "sjd_ac")
+    p = torch.tensor([[[0.2, 0.3, 0.5]]])  # [B, S, V] float32; the old draft, token 2: p = q, kept for sure
+    old_q = torch.tensor([[[0.3, 0.2, 0.5]]])  # a rejection would redraw from max(0, p - q) = token 1
+    uniforms = torch.tensor([[[1 - 2**-26, 0.5]]], dtype=torch.float64)
+    tokens, _ = proposer._couple(p, torch.tensor([[2]]), old_q, uniforms)
+    assert tokens.tolist() == [[2]]

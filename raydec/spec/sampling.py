@@ -156,10 +156,12 @@ def sample_with_uniform(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Ten
     """Inverse-CDF sampling: the first token whose cumulative mass reaches ``(1 - u) * total``.
 
     probs: [..., V] (need not be normalised); uniform: [...] in [0, 1)  -> [...] token ids.
-    Tokens of zero mass are never returned, since the threshold is strictly positive.
+    Tokens of zero mass are never returned, since the threshold is strictly positive: the sum
+    and the threshold are float64, where a float64 uniform stays below 1 (in float32, one in
+    2**25 of them rounds to 1.0, a zero threshold, and token 0 whatever its mass).
     """
-    cumulative = probs.cumsum(dim=-1)
-    threshold = (1.0 - uniform.to(cumulative.dtype)) * cumulative[..., -1]
+    cumulative = probs.to(torch.float64).cumsum(dim=-1)
+    threshold = (1.0 - uniform.to(torch.float64)) * cumulative[..., -1]
     # the cumulative mass never decreases: the count of entries below the threshold is a binary search
     index = torch.searchsorted(cumulative, threshold.unsqueeze(-1).contiguous()).squeeze(-1)
     return index.clamp(max=probs.shape[-1] - 1)

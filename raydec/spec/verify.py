@@ -132,10 +132,11 @@ def verify_tree(
     """
     batch, width = tree.tokens.shape
     rows = torch.arange(batch)
-    dtype = target_probs.dtype
     if uniforms is None:
         uniforms = draw_uniforms(generators, tree.index_extent(), dtype=torch.float64)
-    uniforms = uniforms.to(dtype)
+    # compared in float64: a float32 copy rounds one uniform in 2**25 up to 1.0, which would reject
+    # a draft the target accepts with certainty
+    uniforms = uniforms.to(torch.float64)
     if width == 1:  # no drafts (AR): a sample of P at the root, as the chain verifier would draw
         zero = torch.zeros(batch, dtype=torch.long)
         next_token = sample_with_uniform(target_probs[:, 0], uniforms[:, 0])

@@ -207,7 +207,7 @@ class JacobiProposer(Proposer):
         """
         if self.variant == "sjd":
             return sample_with_uniform(p, uniforms[..., 0]), p
-        keep = uniforms[..., 0].to(p.dtype) < acceptance_probability(p, old_q, old_tokens)  # [B, S]
+        keep = uniforms[..., 0] < acceptance_probability(p, old_q, old_tokens)  # [B, S]; float64 u, never 1.0
         rows, slots = (~keep).nonzero(as_tuple=True)  # the residual only where the old draft fails
         tokens = old_tokens.clone()
         tokens[rows, slots] = sample_with_uniform(residual(p[rows, slots], old_q[rows, slots]), uniforms[rows, slots, 1])
