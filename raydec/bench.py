@@ -19,6 +19,8 @@ from typing import Callable
 
 import torch
 
+from raydec.validation import file_in_the_way
+
 logger = logging.getLogger(__name__)
 
 
@@ -83,23 +85,18 @@ def json_path_arg(text: str) -> Path:
     path = Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a folder; name a file, e.g. {str(path / 'bench.json')!r}")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise argparse.ArgumentTypeError(f"{text!r}: {str(parent)!r} is a file, not a folder")
-            break
+    blocker = file_in_the_way(path.parent)
+    if blocker is not None:
+        raise argparse.ArgumentTypeError(f"{text!r}: {str(blocker)!r} is a file, not a folder")
     return path
 
 
 def folder_path_arg(text: str) -> Path:
     """An argparse ``type`` for an output folder (``--plots``): checked before a long run, not after it."""
-    path = Path(text)
-    for place in (path, *path.parents):
-        if place.exists():
-            if not place.is_dir():
-                raise argparse.ArgumentTypeError(f"{text!r}: {str(place)!r} is a file, not a folder")
-            break
-    return path
+    blocker = file_in_the_way(text)
+    if blocker is not None:
+        raise argparse.ArgumentTypeError(f"{text!r}: {str(blocker)!r} is a file, not a folder")
+    return Path(text)
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import types
 import typing
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
@@ -41,3 +42,21 @@ class StrictModel(BaseModel):
             if _takes_number_not_bool(cls.model_fields[info.field_name].annotation):
                 raise ValueError(f"expected a number, got the boolean {value}")
         return value
+
+
+def file_in_the_way(path: str | Path) -> Path | None:
+    """The file that stands where ``path`` needs a folder: the first of ``path`` and its parents
+    that exists, when it is not a folder; None when nothing blocks creating ``path`` as a folder."""
+    path = Path(path)
+    for place in (path, *path.parents):
+        if place.exists():
+            return None if place.is_dir() else place
+    return None
+
+
+def check_folder(path: str | Path, field: str) -> None:
+    """Fail now, naming ``field``, when ``path`` cannot become a folder (a file stands in the way),
+    rather than after a long run that would write there."""
+    blocker = file_in_the_way(path)
+    if blocker is not None:
+        raise NotADirectoryError(f"{field}: {str(blocker)!r} is a file, not a folder")

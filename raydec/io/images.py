@@ -90,7 +90,10 @@ def decode_image(data: bytes, *, field: str = "image", mode: Optional[str] = "RG
     try:
         with Image.open(io.BytesIO(bytes(data))) as opened:
             opened.load()
-            image = (to_rgb(opened, field=field) if mode == "RGB" else opened.convert(mode)) if mode else opened.copy()
+            if mode is None:
+                image = opened.copy()
+            else:
+                image = to_rgb(opened, field=field) if mode == "RGB" else opened.convert(mode)
     except ImageError:
         raise
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:

@@ -7,6 +7,7 @@ into per-row prefix inputs and runs forwards over windows of *output tokens* wit
 
 from __future__ import annotations
 
+import abc
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
@@ -130,16 +131,16 @@ def decoder_window_forward(
     return ForwardOutput(logits=head(hidden), hidden=hidden if want_hidden else None)
 
 
-class WindowForward:
+class WindowForward(abc.ABC):
     """The window forward every adapter shares. Subclasses set ``window_decoder`` (the HF
     decoder stack) and ``window_head`` (the output head) and say how output tokens embed."""
 
     window_decoder: torch.nn.Module
     window_head: torch.nn.Module
 
+    @abc.abstractmethod
     def embed_output_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """Embeddings of output-space ids. [M, N] -> [M, N, H]"""
-        raise NotImplementedError
 
     @torch.inference_mode()
     def forward(

@@ -31,7 +31,7 @@ import torch
 from PIL import Image
 
 from raydec.config import SamplingConfig
-from raydec.models.base import PromptInputs, WindowForward
+from raydec.models.base import PromptInputs, SharedVocabularyForward
 from raydec.models.image_gen import pixels_to_pil, prompt_texts, sampling_from_generation_config
 from raydec.spec.sampling import VocabConstraint
 
@@ -73,7 +73,7 @@ class Emu3Layout:
         return forced
 
 
-class Emu3T2ITarget(WindowForward):
+class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share the text embeddings
     """``Emu3ForConditionalGeneration`` as a ``DecodingTarget`` over its full vocabulary.
 
     ratio / image_area: the processor's generation size knobs (``"1:1"``, pixels); None keeps
@@ -147,14 +147,6 @@ class Emu3T2ITarget(WindowForward):
         if unconditional:
             text = negative if negative is not None else ""
         return PromptInputs(input_ids=self.prompt_ids(text))
-
-    def embed_prompt_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        # [M, L] -> [M, L, H]
-        return self.model.get_input_embeddings()(input_ids.to(self.device))
-
-    def embed_output_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        # [M, N] vocabulary ids (visual and layout tokens share the text embeddings) -> [M, N, H]
-        return self.embed_prompt_tokens(tokens)
 
     # -- ImageGenerator ----------------------------------------------------------------------
 

@@ -52,11 +52,12 @@ def _device(job: JobConfig) -> str:
 
     if job.pool.gpus_per_worker <= 0:
         return "cpu"
-    if assigned_gpu_ids() and torch.cuda.is_available():
+    assigned = assigned_gpu_ids()
+    if assigned and torch.cuda.is_available():
         return "cuda"
     logger.warning(
         "pool.gpus_per_worker=%s but this actor has no GPU (Ray assigned %s, torch sees %d): running on CPU",
-        job.pool.gpus_per_worker, assigned_gpu_ids() or "none", torch.cuda.device_count(),
+        job.pool.gpus_per_worker, assigned or "none", torch.cuda.device_count(),
     )
     return "cpu"
 

@@ -168,7 +168,7 @@ def generate_dataset(config: DataGenConfig) -> dict[str, Any]:
     from raydec.models.registry import resolve_vlm_path, weights_fingerprint
     from raydec.runtime.cluster import connect_ray
 
-    from raydec.train.trainer import check_folder
+    from raydec.validation import check_folder
 
     out = Path(config.output_dir)
     check_folder(out, "data.output_dir")

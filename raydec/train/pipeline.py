@@ -18,7 +18,8 @@ def run_draft_job(job: DraftJobConfig, command: str = "") -> dict[str, Any]:
     from raydec.train.card import write_model_card
     from raydec.train.datagen import generate_dataset, read_manifest
     from raydec.train.evaluate import measure_acceptance
-    from raydec.train.trainer import check_folder, train_draft
+    from raydec.train.trainer import train_draft
+    from raydec.validation import check_folder
 
     drafts = job.resolved_drafts()
     check_folder(job.data.output_dir, "data.output_dir")

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from raydec.train.card import CARD_NAME
+from raydec.validation import check_folder
 from raydec.train.config import DraftTrainConfig
 
 logger = logging.getLogger(__name__)
@@ -163,16 +164,6 @@ def _report(draft: Any, log: list[dict[str, Any]], config: DraftTrainConfig, ran
         draft.save_pretrained(folder)
         (Path(folder) / LOG_NAME).write_text(json.dumps({"config": json.loads(config.model_dump_json()), "steps": log}) + "\n")
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
-
-
-def check_folder(path: str | Path, field: str) -> None:
-    """A folder to write: absent or a directory (a file in its place fails here, not after training)."""
-    path = Path(path)
-    for place in (path, *path.parents):
-        if place.exists():
-            if not place.is_dir():
-                raise NotADirectoryError(f"{field}: {str(place)!r} is a file, not a folder")
-            return
 
 
 def check_draft_inputs(config: DraftTrainConfig) -> str:
