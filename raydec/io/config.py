@@ -7,7 +7,7 @@ offending key named, long before any model is loaded.
 from __future__ import annotations
 
 import os
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 from urllib.parse import urlparse
 
 from pydantic import Field, field_validator
@@ -113,6 +113,11 @@ def _check_location(value: str) -> str:
     return value
 
 
+def _column(name: str, description: str) -> Any:
+    """A column-name field: a non-empty string."""
+    return Field(name, min_length=1, description=description)
+
+
 class InputConfig(StrictModel):
     """Where a job's rows come from and how their columns are named and checked."""
 
@@ -127,24 +132,12 @@ class InputConfig(StrictModel):
         description="File format; inferred from each file's extension when unset. When set, folders "
         "and globs keep files with that format's extension or none.",
     )
-    id_column: str = Field(
-        "id", min_length=1, description="Column holding the row id; derived from file and row when absent."
-    )
-    prompt_column: str = Field(
-        "prompt", min_length=1, description="Text-to-image prompt / captioning instruction column."
-    )
-    negative_prompt_column: str = Field(
-        "negative_prompt", min_length=1, description="Optional negative prompt column (t2i)."
-    )
-    seed_column: str = Field(
-        "seed", min_length=1, description="Optional per-row seed column; derived from id and `seed` when absent."
-    )
-    image_column: str = Field(
-        "image", min_length=1, description="Captioning: column of encoded image bytes."
-    )
-    image_uri_column: str = Field(
-        "image_uri", min_length=1, description="Captioning: column of local paths or s3:// URIs."
-    )
+    id_column: str = _column("id", "Column holding the row id; derived from file and row when absent.")
+    prompt_column: str = _column("prompt", "Text-to-image prompt / captioning instruction column.")
+    negative_prompt_column: str = _column("negative_prompt", "Optional negative prompt column (t2i).")
+    seed_column: str = _column("seed", "Optional per-row seed column; derived from id and `seed` when absent.")
+    image_column: str = _column("image", "Captioning: column of encoded image bytes.")
+    image_uri_column: str = _column("image_uri", "Captioning: column of local paths or s3:// URIs.")
     max_prompt_words: int = Field(256, ge=1, le=100_000, description="Longer prompts become row errors.")
     max_prompt_chars: int = Field(4096, ge=1, le=1_000_000, description="Longer prompts become row errors.")
     max_image_bytes: int = Field(
