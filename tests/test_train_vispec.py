@@ -296,3 +296,15 @@ def test_model_card_snippet_names_the_draft_it_describes(tmp_path: Path) -> None
     assert model == "reference" and draft == f", draft_model={str(tmp_path / 'eagle')!r}"
     model, name, draft = _usage("/models/my-llava", "vispec", tmp_path / "v")
     assert model == "/models/my-llava" and "my-llava" in name and "draft_model" in draft
+
+
+def test_model_card_objective_names_the_losses_the_steps_used() -> None:
+    from raydec.train.card import _objective
+
+    stage2 = _objective(DraftTrainConfig(steps=100, mtp_steps=3))
+    assert stage2.startswith("stage 2: 10·L1") and "stage 1" not in stage2 and "self-rollout mtp_steps=3" in stage2
+    both = _objective(DraftTrainConfig(steps=100, stage1_steps=40, mtp_steps=2))
+    assert both.startswith("stage 1 (EAGLE): 1·SmoothL1(feature) + 0.1·(CE + 0.1·ListMLE_top10) for the first 40 steps, then stage 2")
+    # the published EAGLE-2 recipe: stage 1 on every step, no rollout
+    eagle2 = _objective(DraftTrainConfig(steps=100, stage1_steps=100, mtp_steps=0))
+    assert "every step (no stage 2)" in eagle2 and "L1(softmax" not in eagle2 and "no self-rollout" in eagle2

@@ -35,6 +35,27 @@ def _usage(target: str, method: str, output_dir: Path) -> tuple[str, str, str]:
     return "reference", "the reference LLaVA (`raydec/reference/weights/vlm`)", "" if shipped else f", draft_model={str(output_dir)!r}"
 
 
+def _objective(draft: DraftTrainConfig) -> str:
+    """The card's objective line: the losses in the order the steps use them, then rollout and noise."""
+    loss = draft.loss
+    stage1 = (
+        f"stage 1 (EAGLE): {loss.feature_weight:g}·SmoothL1(feature) + "
+        f"{loss.ce_weight:g}·(CE + {loss.listmle_weight:g}·ListMLE_top{loss.listmle_top})"
+    )
+    stage2 = (
+        f"stage 2: {loss.l1_weight:g}·L1(softmax(draft logits) − target probs) + "
+        f"{loss.listmle_weight:g}·ListMLE_top{loss.listmle_top}"
+    )
+    if draft.stage1_steps >= draft.steps:
+        stages = f"{stage1}, every step (no stage 2)"
+    elif draft.stage1_steps:
+        stages = f"{stage1} for the first {draft.stage1_steps} steps, then {stage2}"
+    else:
+        stages = stage2
+    rollout = f"self-rollout mtp_steps={draft.mtp_steps}" if draft.mtp_steps else "no self-rollout"
+    return f"{stages}; {rollout}, uniform feature noise width {draft.feature_noise:g}."
+
+
 def write_model_card(
     draft: DraftTrainConfig, summary: dict[str, Any], manifest: dict[str, Any], acceptance: dict[str, dict[str, Any]],
     evaluation: EvalConfig, command: str, parallel: bool = False, notes: str = "",
@@ -69,9 +90,7 @@ def write_model_card(
         f"shapes-world seeds {manifest['seeds'][0]}..{manifest['seeds'][1] - 1}), {manifest['num_tokens']} tokens of which "
         f"{manifest['num_generated_tokens']} generated; data generation {manifest.get('wall_s', '?')} s. The same data and budget "
         "train the vispec and eagle drafts.",
-        f"- Objective: {'stage 1 (EAGLE) for the first %d steps, then ' % draft.stage1_steps if draft.stage1_steps else ''}"
-        f"stage 2: {draft.loss.l1_weight:g}·L1(softmax(draft logits) − target probs) + {draft.loss.listmle_weight:g}·ListMLE_top{draft.loss.listmle_top}; "
-        f"self-rollout mtp_steps={draft.mtp_steps}, uniform feature noise width {draft.feature_noise:g}.",
+        f"- Objective: {_objective(draft)}",
         f"- AdamW betas {draft.betas}, lr {draft.lr:g} (warm-up {draft.warmup_steps}, cosine to {draft.min_lr_ratio:g}× over "
         f"{draft.steps} steps{' or %g minutes, whichever comes first' % draft.max_minutes if draft.anneal_on_time and draft.max_minutes else ''}), "
         f"weight decay {draft.weight_decay:g}, clip {draft.grad_clip:g}, global batch {draft.batch_size}, "
