@@ -119,23 +119,21 @@ def test_enumerated_law_equals_target(kind):
         assert worst < 1e-9, f"{kind} trial {trial}: max deviation {worst}"
 
 
-def test_enumeration_can_fail():
-    """The enumeration has teeth: a verifier that resamples from p (not the residual) after a
-    rejection gives a first-token law visibly different from p."""
+def test_enumeration_can_fail(monkeypatch):
+    """The enumeration has teeth: with a verifier that resamples from p (not the residual) after
+    a rejection, ``output_law`` extended by the target process visibly differs from the target."""
+    import raydec.spec.verify as verify
+
     vocab = 4
-    process = RandomProcess(vocab, seed=1)
-    p = process(()).unsqueeze(0)
-    q = torch.tensor([[0.7, 0.1, 0.1, 0.1]], dtype=torch.float64)
-    biased = torch.zeros(vocab, dtype=torch.float64)
-    honest = torch.zeros(vocab, dtype=torch.float64)
-    for token in range(vocab):
-        accept = float(acceptance_probability(p, q, torch.tensor([token])))
-        biased[token] += q[0, token] * accept
-        honest[token] += q[0, token] * accept
-        biased += q[0, token] * (1 - accept) * p[0]
-        honest += q[0, token] * (1 - accept) * residual(p, q)[0]
-    assert torch.allclose(honest, p[0], atol=1e-12)
-    assert (biased - p[0]).abs().max() > 1e-2
+    generator = torch.Generator().manual_seed(7)
+    builder = _random_tree(generator, vocab, "wr")
+    tree = DraftTree.stack([builder], vocab, torch.float64)
+    depth = int(tree.depth().max()) + 1
+    process = RandomProcess(vocab, seed=100)
+    monkeypatch.setattr(verify, "residual", lambda p, q: p)
+    extended = process.extend(output_law(tree, 0, process), depth)
+    target = process.law(depth)
+    assert max(abs(extended.get(s, 0.0) - target[s]) for s in target) > 1e-2
 
 
 def test_residual_hand_made():
