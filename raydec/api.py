@@ -420,24 +420,26 @@ def _as_image_list(item: Any, index: int) -> list[Image.Image]:
 
 
 def _caption_decode_config(decode: DecodeConfig | None, target: Any) -> DecodeConfig:
-    """Unset sampling follows the checkpoint's generation_config (greedy unless it samples)."""
-    from raydec.config import SamplingConfig
+    """Unset sampling follows the checkpoint's generation_config as its HF ``generate`` does
+    (greedy unless it samples; unset fields at HF's defaults; its repetition penalty kept)."""
+    from raydec.models.generation_config import sampling_from_generation_config
 
-    generation = getattr(target.model, "generation_config", None)
-    do_sample = bool(getattr(generation, "do_sample", False))
-    default = SamplingConfig(
-        temperature=float(getattr(generation, "temperature", 1.0) or 1.0) if do_sample else 0.0,
-        top_k=int(getattr(generation, "top_k", 0) or 0) if do_sample else 0,
-        top_p=float(getattr(generation, "top_p", 1.0) or 1.0) if do_sample else 1.0,
-    )
+    def default_sampling():  # built only when used: it warns about settings it cannot apply
+        generation = getattr(target.model, "generation_config", None)
+        sampling = sampling_from_generation_config(generation, "logits", repetition_penalty=True)
+        update = {"cfg_scale": 1.0}  # a VLM's guidance_scale is not CFG here
+        if sampling.greedy:  # top-k / top-p do not change an argmax
+            update.update(top_k=0, top_p=1.0)
+        return sampling.model_copy(update=update)
+
     if decode is None:
-        return DecodeConfig(max_new_tokens=128, sampling=default)
+        return DecodeConfig(max_new_tokens=128, sampling=default_sampling())
     if decode.method not in CAPTION_METHODS:
         raise ValueError(f"decode.method={decode.method!r} is not a captioning method (use {', '.join(CAPTION_METHODS)})")
     if decode.sampling.uses_cfg:
         raise ValueError(f"decode.sampling.cfg_scale: {decode.sampling.cfg_scale} must be 1 for captioning (no classifier-free guidance)")
     if "sampling" not in decode.model_fields_set:
-        decode = decode.model_copy(update={"sampling": default})
+        decode = decode.model_copy(update={"sampling": default_sampling()})
     if "max_new_tokens" not in decode.model_fields_set:
         decode = decode.model_copy(update={"max_new_tokens": 128})
     return decode

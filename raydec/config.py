@@ -17,7 +17,8 @@ from raydec.validation import StrictModel
 class SamplingConfig(StrictModel):
     """How target logits become the distribution plain AR sampling draws from.
 
-    Order (as in Hugging Face): CFG mix -> vocabulary constraints -> temperature -> top-k -> top-p.
+    Order (as in Hugging Face): CFG mix -> repetition penalty -> vocabulary constraints ->
+    temperature -> top-k -> top-p.
     """
 
     temperature: float = Field(1.0, ge=0.0, le=10.0, description="Softmax temperature; 0 means greedy (argmax).")
@@ -28,6 +29,10 @@ class SamplingConfig(StrictModel):
     )
     cfg_space: Literal["logits", "logprobs"] = Field(
         "logits", description="Space in which the CFG mix is taken (raw logits or log-softmax)."
+    )
+    repetition_penalty: float = Field(
+        1.0, gt=0.0, le=100.0, description="Hugging Face's repetition penalty: the logit s of a token already in the "
+        "context (prompt or generated) becomes s / penalty if s > 0, else s * penalty; 1.0 disables.",
     )
 
     @property

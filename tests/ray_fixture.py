@@ -14,7 +14,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
     """`ray.init(address="local", num_cpus=2)` on loopback, no dashboard; shut down after the module."""
-    ray = pytest.importorskip("ray")
+    import ray
+
     from raydec.runtime.cluster import init_local_ray
 
     if ray.is_initialized():
@@ -115,7 +116,7 @@ def ray_head() -> Iterator[dict]:
     bin_dir = os.path.dirname(sys.executable)
     ray_cli = os.path.join(bin_dir, "ray")
     if not os.path.exists(ray_cli):
-        pytest.skip(f"no ray CLI next to {sys.executable}")
+        pytest.fail(f"no ray CLI next to {sys.executable}: `make test` installs ray[data,serve,train]")
     temp_dir = tempfile.mkdtemp(prefix="rdj", dir="/tmp")  # short: Unix socket paths live under it
     gcs, dashboard, agent_http, agent_grpc, metrics, runtime_env, client = _free_ports(7)
     env = dict(os.environ)

@@ -39,7 +39,7 @@ def _free_port() -> int:
 def _moto_server_executable() -> str:
     candidate = os.path.join(os.path.dirname(sys.executable), "moto_server")
     if not os.path.exists(candidate):
-        pytest.skip(f"moto_server not found next to {sys.executable}; install moto[server]")
+        pytest.fail(f"moto_server not found next to {sys.executable}: `make test` installs moto[server]")
     return candidate
 
 

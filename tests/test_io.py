@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import time
 
 import numpy as np
 import pyarrow as pa
@@ -319,14 +318,19 @@ def test_s3_config_falls_back_to_aws_env(monkeypatch):
     assert "env-key" not in repr(S3Config(secret_access_key="env-key"))
 
 
-def test_unreachable_output_fails_fast(tmp_path, s3_config):
+def test_unreachable_output_fails_fast(tmp_path, s3_config, monkeypatch):
+    from raydec.io import storage
+
     with pytest.raises(OutputNotWritableError, match="bucket 'no-such-bucket' does not exist"):
         check_output_writable(OutputConfig(path="s3://no-such-bucket/out", s3=s3_config))
     dead = s3_config.model_copy(update={"endpoint_url": "http://127.0.0.1:9", "connect_timeout_s": 1.0})
-    start = time.monotonic()
+    used = []  # the S3 settings of every client the check builds (the real client is built)
+    real_client = storage.s3_client
+    monkeypatch.setattr(storage, "s3_client", lambda s3: used.append(s3) or real_client(s3))
     with pytest.raises(OutputNotWritableError, match="cannot reach S3 endpoint http://127.0.0.1:9"):
         check_output_writable(OutputConfig(path="s3://bucket/out", s3=dead))
-    assert time.monotonic() - start < 5
+    # fast = one attempt with the short connect timeout, not the job's retries
+    assert [(s3.max_attempts, s3.connect_timeout_s) for s3 in used] == [(1, 1.0)]
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(OutputNotWritableError, match="not a folder"):
         check_output_writable(OutputConfig(path=str(tmp_path / "a-file")))

@@ -15,9 +15,10 @@ from PIL import Image
 from raydec import api
 from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
 from raydec.models.emu3 import Emu3T2ITarget
-from raydec.models.image_gen import ImagePrompt, sampling_from_generation_config
+from raydec.models.generation_config import sampling_from_generation_config
+from raydec.models.image_gen import ImagePrompt
 from raydec.models.janus import JanusT2ITarget
-from raydec.models.registry import REFERENCE_T2I_DIR, load_t2i_target
+from raydec.models.registry import load_t2i_target
 from raydec.spec.engine import Engine, RowRequest
 from raydec.spec.sampling import process_logits
 from raydec.spec.proposers.ar import ARProposer
@@ -74,12 +75,8 @@ def test_registry_errors_name_path_and_type(tmp_path):
         load_t2i_target(tmp_path / "llama")
 
 
-def test_reference_model_loads_when_shipped():
-    """"reference" -> raydec/reference/weights/t2i (a Janus); a clear error until it is trained."""
-    if not (REFERENCE_T2I_DIR / "config.json").is_file():
-        with pytest.raises(FileNotFoundError, match="reference text-to-image model is not available yet"):
-            load_t2i_target("reference")
-        return
+def test_reference_model_loads():
+    """"reference" -> raydec/reference/weights/t2i (a Janus, shipped in the repository)."""
     target = load_t2i_target("reference")
     assert isinstance(target, JanusT2ITarget)
     assert target.num_image_tokens == target.grid_shape[0] * target.grid_shape[1]

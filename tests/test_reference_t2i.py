@@ -19,9 +19,6 @@ from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, words
 
 WEIGHTS = REFERENCE_MODELS["t2i"].path
 
-pytestmark = pytest.mark.skipif(not (WEIGHTS / "model.safetensors").exists(), reason="t2i weights not shipped")
-
-
 @pytest.fixture(scope="module")
 def shipped():
     """(model, processor) loaded through the public ``load`` entry point."""

@@ -282,8 +282,7 @@ def test_rerun_after_lost_shards_redoes_only_missing_rows(baseline, tmp_path):
     assert sorted(results) == sorted(IDS)
     for row_id in GOOD_IDS:
         assert results[row_id]["tokens"] == base_results[row_id]["tokens"]
-        if results[row_id]["output_uri"] and Path(results[row_id]["output_uri"]).exists():
-            assert Path(results[row_id]["output_uri"]).read_bytes() == base_images[row_id]
+        assert Path(results[row_id]["output_uri"]).read_bytes() == base_images[row_id]
     again = run_job(rerun)  # nothing left: no actors, same results
     assert again.processed == 0 and again.skipped_completed == 6 and again.complete
     retried = run_job(rerun.model_copy(update={"retry_errors": True}))  # bad rows are redone, still no model

@@ -58,16 +58,24 @@ def lm_law(
     sampling: SamplingConfig,
     constraint: VocabConstraint | None = None,
 ) -> torch.Tensor:
-    """Exact law of the first ``length`` tokens by enumerating every prefix. -> [V] * length"""
+    """Exact law of the first ``length`` tokens by enumerating every prefix. -> [V] * length
+
+    A repetition penalty is applied with Hugging Face's own ``RepetitionPenaltyLogitsProcessor``
+    (an independent reference for ours)."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
     vocab = target.vocab_size
     cond = list(prompt.cond) if isinstance(prompt, CfgPrompt) else list(prompt)
     uncond = list(prompt.uncond) if isinstance(prompt, CfgPrompt) else None
+    penalty = sampling.repetition_penalty
+    sampling = sampling.model_copy(update={"repetition_penalty": 1.0})
     law = torch.ones((), dtype=torch.float64)
     for t in range(length):
         prefixes = list(itertools.product(range(vocab), repeat=t))
         def last_logits(head: list[int]) -> torch.Tensor:
             ids = torch.tensor([head + list(p) for p in prefixes], dtype=torch.long)
-            return target.model(input_ids=ids).logits[:, -1].to(torch.float64)  # [V^t, V]
+            logits = target.model(input_ids=ids).logits[:, -1].to(torch.float64)  # [V^t, V]
+            return RepetitionPenaltyLogitsProcessor(penalty)(ids, logits) if penalty != 1.0 else logits
         logits = last_logits(cond)
         rows = len(prefixes)
         if uncond is not None:

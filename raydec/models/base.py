@@ -44,6 +44,8 @@ class PromptInputs:
     next_position: the position id of the first generated token (None: L).
     image_index: [L] long, which image of the prompt each position belongs to (-1 = text);
         None for prompts without images. Draft models use it to find image spans.
+    context_ids: [L] long, the prompt's token ids when ``inputs_embeds`` carries it (a VLM's
+        expanded image placeholders included, as Hugging Face's logits processors see them).
     """
 
     input_ids: torch.Tensor | None = None
@@ -51,6 +53,12 @@ class PromptInputs:
     position_ids: torch.Tensor | None = None
     next_position: int | None = None
     image_index: torch.Tensor | None = None
+    context_ids: torch.Tensor | None = None
+
+    @property
+    def token_ids(self) -> torch.Tensor | None:
+        """[L] the prompt's token ids, if the adapter knows them."""
+        return self.input_ids if self.input_ids is not None else self.context_ids
 
     @property
     def length(self) -> int:

@@ -23,13 +23,49 @@ class CfgPrompt:
     uncond: Sequence[int]
 
 
+class LogitTransformHead(torch.nn.Module):
+    """The output head plus what some ``ForCausalLM.forward`` does to its logits after it:
+    ``/ logits_scaling`` (Granite), ``* logit_scale`` (Cohere), ``cap * tanh(x / cap)``
+    (Gemma 2's ``final_logit_softcapping``)."""
+
+    def __init__(self, head: torch.nn.Module, divide: float = 1.0, multiply: float = 1.0, softcap: float | None = None) -> None:
+        super().__init__()
+        self.head, self.divide, self.multiply, self.softcap = head, divide, multiply, softcap
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module) -> torch.nn.Module:
+        """The model's head, wrapped only if its config transforms the logits."""
+        config, head = model.config, model.get_output_embeddings()
+        divide = float(getattr(config, "logits_scaling", None) or 1.0)
+        multiply = float(getattr(config, "logit_scale", None) or 1.0)
+        softcap = getattr(config, "final_logit_softcapping", None)
+        if divide == 1.0 and multiply == 1.0 and softcap is None:
+            return head
+        return cls(head, divide, multiply, float(softcap) if softcap is not None else None)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.head(hidden)
+        if self.divide != 1.0:
+            logits = logits / self.divide
+        if self.multiply != 1.0:
+            logits = logits * self.multiply
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
 class CausalLMTarget(SharedVocabularyForward):
-    """Wrap ``AutoModelForCausalLM``-style models for the engine."""
+    """Wrap ``AutoModelForCausalLM``-style models for the engine.
+
+    The logits are the model's own: its output head, then any scaling or soft-capping its
+    ``forward`` applies (``LogitTransformHead``). Sliding-window attention is not applied:
+    models that use it match their own ``forward`` only within the window.
+    """
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model.eval()
         self.window_decoder = model.get_decoder()
-        self.window_head = model.get_output_embeddings()
+        self.window_head = LogitTransformHead.for_model(model)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32, **kwargs: Any) -> "CausalLMTarget":

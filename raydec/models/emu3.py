@@ -32,7 +32,8 @@ from PIL import Image
 
 from raydec.config import SamplingConfig
 from raydec.models.base import PromptInputs, SharedVocabularyForward
-from raydec.models.image_gen import pixels_to_pil, prompt_texts, sampling_from_generation_config
+from raydec.models.generation_config import sampling_from_generation_config
+from raydec.models.image_gen import pixels_to_pil, prompt_texts
 from raydec.spec.sampling import VocabConstraint
 
 logger = logging.getLogger(__name__)

@@ -248,7 +248,7 @@ class VisionLanguageTarget(SharedVocabularyForward):
         )
         return PromptInputs(
             inputs_embeds=embeds, position_ids=positions, next_position=next_position,
-            image_index=image_index,
+            image_index=image_index, context_ids=input_ids.long().cpu(),
         )
 
     def _image_token_counts(self, inputs: dict[str, Any], prompt: VlmPrompt) -> list[int] | None:

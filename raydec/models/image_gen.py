@@ -4,16 +4,15 @@
 - ``ImageGenerator``: what ``api.generate_images`` needs from a text-to-image adapter on top of
   the engine's ``DecodingTarget``: the token layout, its vocabulary constraint, default
   sampling and the VQ decoder.
-- ``sampling_from_generation_config``: a checkpoint's ``generation_config`` -> our
-  ``SamplingConfig``, resolving unset fields exactly as Hugging Face ``generate`` does.
+- ``sampling_from_generation_config`` (from ``raydec.models.generation_config``): a
+  checkpoint's ``generation_config`` -> our ``SamplingConfig``.
 - ``pixels_to_pil``: VQ decoder output -> PIL images, undoing the processor's normalisation.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import torch
@@ -23,7 +22,6 @@ from raydec.config import SamplingConfig
 from raydec.models.base import DecodingTarget
 from raydec.spec.sampling import VocabConstraint
 
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -78,46 +76,6 @@ class ImageGenerator(DecodingTarget, Protocol):
 
     def decode_tokens(self, tokens: torch.Tensor) -> list[Image.Image]:
         """Generated tokens -> images. tokens: [B, num_image_tokens]."""
-
-
-def _hf_generation_defaults() -> dict[str, Any]:
-    """The values Hugging Face ``generate`` falls back to for unset generation-config fields."""
-    from transformers import GenerationConfig
-
-    try:
-        return dict(GenerationConfig._get_default_generation_params())
-    except AttributeError:  # older transformers: the class defaults themselves
-        return {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
-
-
-def sampling_from_generation_config(
-    generation_config: Any,
-    cfg_space: Literal["logits", "logprobs"],
-    default_guidance: float | None = None,
-) -> SamplingConfig:
-    """A checkpoint's ``generation_config`` -> ``SamplingConfig`` (same law as its HF ``generate``).
-
-    Unset fields take Hugging Face's global defaults (``do_sample=False``, ``top_k=50``...).
-    ``do_sample=False`` becomes temperature 0 (greedy). ``guidance_scale`` becomes
-    ``cfg_scale`` (``default_guidance`` when unset, as Janus's ``generate`` uses 5).
-    """
-    defaults = _hf_generation_defaults()
-
-    def value(name: str) -> Any:
-        current = getattr(generation_config, name, None) if generation_config is not None else None
-        return defaults.get(name) if current is None else current
-
-    guidance = getattr(generation_config, "guidance_scale", None) if generation_config is not None else None
-    if guidance is None:
-        guidance = default_guidance if default_guidance is not None else 1.0
-    do_sample = bool(value("do_sample"))
-    return SamplingConfig(
-        temperature=float(value("temperature") or 1.0) if do_sample else 0.0,
-        top_k=int(value("top_k") or 0),
-        top_p=float(value("top_p") or 1.0),
-        cfg_scale=float(guidance) if guidance > 1.0 else 1.0,
-        cfg_space=cfg_space,
-    )
 
 
 def pixels_to_pil(pixels: torch.Tensor, image_processor: Any, channels_last: bool) -> list[Image.Image]:

@@ -29,7 +29,8 @@ from PIL import Image
 
 from raydec.config import SamplingConfig
 from raydec.models.base import PromptInputs, WindowForward
-from raydec.models.image_gen import pixels_to_pil, prompt_texts, sampling_from_generation_config
+from raydec.models.generation_config import sampling_from_generation_config
+from raydec.models.image_gen import pixels_to_pil, prompt_texts
 from raydec.spec.sampling import VocabConstraint
 
 logger = logging.getLogger(__name__)

@@ -76,6 +76,7 @@ class _Run:
     generated: list[list[int]]
     admitted_at: list[float]  # perf_counter when the row was prefilled (its latency starts)
     on_finish: Callable[[int, RowOutput], None] | None
+    context_ids: list[torch.Tensor | None] = field(default_factory=list)  # prompt token ids (repetition penalty)
 
 
 def _left_pad(prompts: Sequence[PromptInputs], target: DecodingTarget) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -138,6 +139,11 @@ class Engine:
         self.constraint = constraint
         self.eos_token_ids = set(int(t) for t in eos_token_ids)
         self.verifier = verifier
+        if config.sampling.repetition_penalty != 1.0 and config.sampling.uses_cfg:
+            raise ValueError(
+                f"sampling.repetition_penalty={config.sampling.repetition_penalty} is not supported with "
+                f"classifier-free guidance (sampling.cfg_scale={config.sampling.cfg_scale})"
+            )
 
     @property
     def streams(self) -> int:
@@ -175,6 +181,7 @@ class Engine:
             generated=[[] for _ in requests],
             admitted_at=[0.0] * len(requests),
             on_finish=on_finish,
+            context_ids=[None] * len(requests),
         )
         generated = run.generated
         queue = list(range(len(requests)))
@@ -192,7 +199,7 @@ class Engine:
                 continue
             state = self._state(active, generated, run.generators, prob_dtype)
             tree = self.proposer.propose(state)
-            target_probs, output = self._score(tree, cache, generated, active)
+            target_probs, output = self._score(tree, cache, run, active)
             result = self.verifier(tree, target_probs, state.generators)
             self._commit(tree, result, cache, active, generated, run.limits, run.stats)
             self.proposer.observe(state, tree, target_probs, result, output)
@@ -209,6 +216,8 @@ class Engine:
             run.admitted_at[row] = now
         batch = len(rows)
         prompts = [self.target.prompt_inputs(run.requests[r].prompt) for r in rows]
+        for row, prompt in zip(rows, prompts):
+            run.context_ids[row] = prompt.token_ids
         if self.streams == 2:
             prompts += [self.target.prompt_inputs(run.requests[r].prompt, unconditional=True) for r in rows]
         prompts = stack_prompts(prompts)
@@ -220,7 +229,8 @@ class Engine:
         output = self.target.forward(embeds, None, positions, mask, joining.kv, want_hidden=self.proposer.wants_hidden)
         joining.start(valid, next_position)
         first_probs = process_logits(
-            output.logits[:, -1:], self.config.sampling, batch, self.constraint, torch.zeros(batch, 1, dtype=torch.long)
+            output.logits[:, -1:], self.config.sampling, batch, self.constraint, torch.zeros(batch, 1, dtype=torch.long),
+            self._context(run, rows, output.logits.shape[-1]),
         )[:, 0].cpu()  # proposer and verifier state lives on the CPU
         first = sample_rows(first_probs, [run.generators[r] for r in rows]).tolist()
         for row, token in zip(rows, first):
@@ -248,7 +258,33 @@ class Engine:
             prob_dtype=dtype,
         )
 
-    def _score(self, tree: DraftTree, cache: RaggedCache, generated: list[list[int]], active: list[int]) -> tuple[torch.Tensor, ForwardOutput]:
+    def _context(self, run: "_Run", rows: list[int], vocab: int, tree: DraftTree | None = None) -> torch.Tensor | None:
+        """[B, N, V] bool: the tokens in each position's context (None without a repetition penalty).
+
+        A row's context is its prompt and generated tokens; a tree node's adds the tokens on
+        its path (its ancestors and itself), as plain decoding would have generated them.
+        Without a tree: [B, 1, V], the context of the next token.
+        """
+        if self.config.sampling.repetition_penalty == 1.0:
+            return None
+        seen = torch.zeros(len(rows), vocab, dtype=torch.bool)
+        for i, row in enumerate(rows):
+            ids = run.context_ids[row]
+            if ids is None:
+                raise ValueError(
+                    f"sampling.repetition_penalty={self.config.sampling.repetition_penalty}: "
+                    f"{type(self.target).__name__} does not report its prompts' token ids"
+                )
+            seen[i, ids[(ids >= 0) & (ids < vocab)]] = True
+            seen[i, torch.tensor(run.generated[row], dtype=torch.long)] = True
+        if tree is None:
+            return seen.unsqueeze(1)
+        context = seen.unsqueeze(1).repeat(1, tree.num_nodes, 1)  # [B, N, V]
+        b, n, m = tree.ancestor_mask().nonzero(as_tuple=True)  # node n's path holds node m
+        context[b, n, tree.tokens[b, m]] = True
+        return context
+
+    def _score(self, tree: DraftTree, cache: RaggedCache, run: "_Run", active: list[int]) -> tuple[torch.Tensor, ForwardOutput]:
         """One target forward over every row's tree -> processed P [B, N, V]."""
         batch = tree.batch_size
         depth = tree.depth()  # [B, N]
@@ -259,8 +295,9 @@ class Engine:
         positions = cache.window_positions(depth.repeat(repeat, 1))
         output = self.target.forward(None, tokens_m, positions, mask, cache.kv, want_hidden=self.proposer.wants_hidden)
         # node at depth d predicts generated token number len(generated) + d (0-based)
-        done = torch.tensor([len(generated[r]) for r in active]).unsqueeze(1)
-        probs = process_logits(output.logits, self.config.sampling, batch, self.constraint, done + depth)
+        done = torch.tensor([len(run.generated[r]) for r in active]).unsqueeze(1)
+        context = self._context(run, active, output.logits.shape[-1], tree)
+        probs = process_logits(output.logits, self.config.sampling, batch, self.constraint, done + depth, context)
         return probs.cpu(), output
 
     def _commit(self, tree: DraftTree, result: VerifyResult, cache: RaggedCache, active: list[int], generated: list[list[int]], limits: list[int], stats: list[RowStats]) -> None:

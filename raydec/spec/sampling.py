@@ -81,17 +81,29 @@ def _apply_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     return scores.masked_fill(remove, float("-inf"))
 
 
+def apply_repetition_penalty(scores: torch.Tensor, context: torch.Tensor, penalty: float) -> torch.Tensor:
+    """Hugging Face's repetition penalty: s / penalty (s > 0) or s * penalty for tokens in context.
+
+    scores: [B, N, V]; context: [B, N, V] bool, the tokens each position's context holds
+    """
+    penalised = torch.where(scores > 0, scores / penalty, scores * penalty)
+    return torch.where(context.to(scores.device), penalised, scores)
+
+
 def process_logits(
     logits: torch.Tensor,
     config: SamplingConfig,
     num_rows: int,
     constraint: VocabConstraint | None = None,
     gen_index: torch.Tensor | None = None,
+    context: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Raw model logits -> processed probabilities ``P``.
 
     logits:    [M, N, V] with M = B (no CFG) or 2B (CFG: cond rows, then uncond rows)
     gen_index: [B, N] index of the generated token each position predicts (for forced tokens)
+    context:   [B, N, V] bool, tokens in each position's context (prompt, generated, the
+               tree path to it); needed when ``config.repetition_penalty != 1``
     returns:   [B, N, V] probabilities, float32 (float64 if the logits are float64)
     """
     work_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
@@ -100,6 +112,10 @@ def process_logits(
         scores = mix_cfg(scores, num_rows, config.cfg_scale, config.cfg_space)
     elif scores.shape[0] != num_rows:
         raise ValueError(f"expected {num_rows} model rows without CFG, got {scores.shape[0]}")
+    if config.repetition_penalty != 1.0:
+        if context is None:
+            raise ValueError("sampling.repetition_penalty needs the context tokens of every position")
+        scores = apply_repetition_penalty(scores, context, config.repetition_penalty)
 
     if constraint is not None and constraint.allowed is not None and not bool(constraint.allowed.all()):
         scores = scores.masked_fill(~constraint.allowed.to(scores.device), float("-inf"))

@@ -1,0 +1,139 @@
+"""Hugging Face's repetition penalty: every method keeps the law of plain sampling with it.
+
+A tree node's context is the row's prompt and generated tokens plus the tokens on the node's
+own path, so the penalty a draft position sees is the one plain decoding would have applied.
+Checked against Hugging Face ``generate(repetition_penalty=...)`` (greedy, with drafts that
+are accepted) and against an exact law built with HF's own logits processor (temperature 1).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+from raydec.spec.engine import Engine, RowRequest
+from raydec.spec.proposers.ar import ARProposer
+from raydec.spec.proposers.jacobi import JacobiProposer
+from raydec.spec.proposers.random_tree import OracleProposer, RandomTreeProposer
+from tests.lawtest import compare_to_law
+from tests.test_exactness import SAMPLES, sample_engine
+from tests.toys import lm_law, tiny_llama
+
+torch.set_num_threads(1)
+
+PROMPTS = [[1, 5, 7, 9, 2], [3, 4], [8, 8, 8, 8, 8, 8, 2, 11], [10]]
+PENALTY = 3.0  # strong: it changes many of the tiny model's greedy choices
+GREEDY = SamplingConfig(temperature=0.0, repetition_penalty=PENALTY)
+
+
+@pytest.fixture(scope="module")
+def llama32(tmp_path_factory):
+    return tiny_llama(tmp_path_factory.mktemp("l32"), vocab=64, seed=0, dtype=torch.float32, layers=2, hidden=32)
+
+
+def hf_greedy(target, prompts, length, penalty):
+    outputs = []
+    for prompt in prompts:
+        out = target.model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=length, do_sample=False,
+                                    repetition_penalty=penalty, pad_token_id=0, eos_token_id=None)
+        outputs.append(out[0, len(prompt):].tolist())
+    return outputs
+
+
+def test_greedy_with_a_penalty_equals_hf_generate_and_drafts_are_accepted(llama32):
+    length = 24
+    expected = hf_greedy(llama32, PROMPTS, length, PENALTY)
+    assert expected != hf_greedy(llama32, PROMPTS, length, 1.0), "the penalty should change the greedy output"
+    config = DecodeConfig(max_new_tokens=length, sampling=GREEDY, draft=DraftSpec(window=6))
+    ar = Engine(llama32, ARProposer(), config).generate([RowRequest(p, seed=0) for p in PROMPTS])
+    assert [o.tokens for o in ar] == expected
+    # the oracle drafts the true continuation: every draft node's P must see its own path
+    oracle = OracleProposer(window=7, references={i: t for i, t in enumerate(expected)})
+    fast = Engine(llama32, oracle, config).generate([RowRequest(p, seed=0) for p in PROMPTS])
+    assert [o.tokens for o in fast] == expected
+    assert all(o.stats.target_forwards == 4 for o in fast)  # 1 + 8 + 8 + 7 tokens
+    for proposer in (JacobiProposer(config.draft), RandomTreeProposer(DraftSpec(window=8, branching=2, tree_depth=2), "dense")):
+        outs = Engine(llama32, proposer, config).generate([RowRequest(p, seed=0) for p in PROMPTS])
+        assert [o.tokens for o in outs] == expected, type(proposer).__name__
+
+
+def test_a_path_blind_context_fails(llama32, monkeypatch):
+    """If draft nodes saw only the row's committed context (not their own path), the oracle's
+    accepted drafts would be scored under the wrong penalty: the output leaves HF's."""
+    length = 24
+    expected = hf_greedy(llama32, PROMPTS, length, PENALTY)
+    config = DecodeConfig(max_new_tokens=length, sampling=GREEDY)
+    original = Engine._context
+
+    def row_context_only(self, run, rows, vocab, tree=None):
+        context = original(self, run, rows, vocab)
+        return context if tree is None else context.expand(-1, tree.num_nodes, -1)
+
+    monkeypatch.setattr(Engine, "_context", row_context_only)
+    oracle = OracleProposer(window=7, references={i: t for i, t in enumerate(expected)})
+    outs = Engine(llama32, oracle, config).generate([RowRequest(p, seed=0) for p in PROMPTS])
+    assert [o.tokens for o in outs] != expected
+
+
+def test_sampling_with_a_penalty_keeps_the_law(tmp_path):
+    llama = tiny_llama(tmp_path / "toy", vocab=8, seed=1)
+    sampling = SamplingConfig(temperature=1.0, repetition_penalty=2.0)
+    spec = DraftSpec(window=6, branching=2, tree_depth=2)
+    config = DecodeConfig(max_new_tokens=4, sampling=sampling, draft=spec, compaction="always")
+    samples = sample_engine(llama, RandomTreeProposer(spec, "dense", sharpness=3.0), config, [[3, 1, 4]], list(range(SAMPLES)), 5000)
+    assert compare_to_law(samples, lm_law(llama, [3, 1, 4], 4, sampling)).passed
+    # the same samples against the law without the penalty: the test can tell the difference
+    assert not compare_to_law(samples, lm_law(llama, [3, 1, 4], 4, SamplingConfig(temperature=1.0))).passed
+
+
+def test_a_penalty_with_cfg_is_refused(llama32):
+    config = DecodeConfig(sampling=SamplingConfig(repetition_penalty=1.2, cfg_scale=3.0))
+    with pytest.raises(ValueError, match=r"repetition_penalty=1.2 is not supported with classifier-free guidance"):
+        Engine(llama32, ARProposer(), config)
+
+
+def test_generation_config_defaults_resolve_as_hf_and_unapplied_settings_are_named(caplog):
+    from transformers import GenerationConfig
+
+    from raydec.models.generation_config import sampling_from_generation_config
+
+    sampling = sampling_from_generation_config(GenerationConfig(do_sample=True, temperature=0.7), "logits", repetition_penalty=True)
+    assert sampling.top_k == 50 and sampling.temperature == 0.7 and sampling.repetition_penalty == 1.0
+    qwen_like = GenerationConfig(do_sample=True, temperature=0.1, top_p=0.001, top_k=1, repetition_penalty=1.05)
+    assert sampling_from_generation_config(qwen_like, "logits", repetition_penalty=True).repetition_penalty == 1.05
+    with caplog.at_level(logging.WARNING, logger="raydec.models.generation_config"):
+        image_path = sampling_from_generation_config(qwen_like, "logits")
+    assert image_path.repetition_penalty == 1.0 and "repetition_penalty=1.05" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="raydec.models.generation_config"):
+        sampling_from_generation_config(GenerationConfig(num_beams=4, no_repeat_ngram_size=3), "logits", repetition_penalty=True)
+    assert "num_beams=4" in caplog.text and "no_repeat_ngram_size=3" in caplog.text and "does not apply" in caplog.text
+
+
+def test_captions_follow_the_checkpoints_penalty_as_hf_generate_does(tmp_path):
+    """A VLM checkpoint whose generation_config sets a repetition penalty (Qwen2.5-VL's do):
+    captioning's default sampling keeps it, and the image placeholders and the question count
+    as context, as in HF ``generate``."""
+    from raydec.api import _caption_decode_config
+    from raydec.config import DraftTreeSpec
+    from raydec.models.hf_vlm import VisionLanguageTarget
+    from raydec.spec.proposers.draft_tree import DraftTreeProposer
+    from tests.test_vispec import _hf_greedy, _prompts, draft_for
+    from tests.vlm_toys import build_tiny_llava
+
+    llava = VisionLanguageTarget.from_pretrained(build_tiny_llava(tmp_path / "llava"))
+    prompts = _prompts(llava, 3)
+    plain = [_hf_greedy(llava, p, 16) for p in prompts]
+    llava.model.generation_config.repetition_penalty = PENALTY
+    expected = [_hf_greedy(llava, p, 16) for p in prompts]
+    assert expected != plain
+    config = _caption_decode_config(None, llava).model_copy(update={"max_new_tokens": 16})
+    assert config.sampling == SamplingConfig(temperature=0.0, repetition_penalty=PENALTY)
+    tree = DraftTreeSpec(depth=3, top_k=3, total_tokens=10)
+    config = config.model_copy(update={"draft_tree": tree})
+    for proposer in (ARProposer(), DraftTreeProposer(draft_for(llava, True), tree)):
+        outs = Engine(llava, proposer, config, eos_token_ids=llava.eos_token_ids).generate([RowRequest(p, seed=0) for p in prompts])
+        assert [o.tokens for o in outs] == expected
