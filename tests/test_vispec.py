@@ -15,7 +15,7 @@ from raydec.spec.proposers.draft_tree import DraftTreeProposer, select_tree_node
 from tests.lawtest import compare_to_law
 from tests.test_exactness import sample_engine
 from tests.toys import lm_law, tiny_llama
-from tests.vlm_toys import build_tiny_llava
+from tests.vlm_toys import build_tiny_llava, successor_draft
 
 torch.set_num_threads(1)
 
@@ -139,15 +139,20 @@ def _hf_greedy(target, prompt: VlmPrompt, length: int) -> list[int]:
 @pytest.mark.parametrize("vision", [True, False], ids=["vispec", "eagle"])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_equals_hf_generate(llava, vision, batch):
+    """With drafts the target accepts (several tokens per forward), so accepted tree nodes,
+    their cache entries and the draft's re-drafting after them are all on the tested path."""
     length = 16
     prompts = _prompts(llava, 4)
+    expected = [_hf_greedy(llava, prompt, length) for prompt in prompts]
     config = DecodeConfig(max_new_tokens=length, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeSpec(depth=3, top_k=3, total_tokens=10))
-    engine = Engine(llava, DraftTreeProposer(draft_for(llava, vision), config.tree), config, eos_token_ids=llava.eos_token_ids)
+    draft = successor_draft(llava, expected, vision)
+    engine = Engine(llava, DraftTreeProposer(draft, config.tree), config, eos_token_ids=llava.eos_token_ids)
     outputs = []
     for start in range(0, len(prompts), batch):
         outputs += engine.generate([RowRequest(p, seed=0) for p in prompts[start : start + batch]])
-    for prompt, out in zip(prompts, outputs):
-        assert out.tokens == _hf_greedy(llava, prompt, length)
+    assert [out.tokens for out in outputs] == expected
+    accepted = [out.stats.accepted_lengths for out in outputs]
+    assert all(max(a) >= 2 for a in accepted) and max(map(max, accepted)) == 4, accepted  # 4: depth 3 + bonus
 
 
 def test_continuous_batching_with_image_rows_equals_hf_generate(llava):
@@ -155,11 +160,12 @@ def test_continuous_batching_with_image_rows_equals_hf_generate(llava):
     join mid-run through their own draft prefill (their image's global feature with them)."""
     prompts = _prompts(llava, 5)
     lengths = [16, 5, 11, 16, 3]
+    expected = [_hf_greedy(llava, prompt, n) for prompt, n in zip(prompts, lengths)]
     config = DecodeConfig(max_new_tokens=16, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeSpec(depth=3, top_k=3, total_tokens=10))
-    engine = Engine(llava, DraftTreeProposer(draft_for(llava, True), config.tree), config, eos_token_ids=llava.eos_token_ids)
+    engine = Engine(llava, DraftTreeProposer(successor_draft(llava, expected, True), config.tree), config, eos_token_ids=llava.eos_token_ids)
     outputs = engine.generate([RowRequest(p, seed=0, max_new_tokens=n) for p, n in zip(prompts, lengths)], max_batch=2)
-    for prompt, n, out in zip(prompts, lengths, outputs):
-        assert out.tokens == _hf_greedy(llava, prompt, n)
+    assert [out.tokens for out in outputs] == expected
+    assert max(max(out.stats.accepted_lengths, default=0) for out in outputs) >= 3
 
 
 def test_a_draft_in_another_precision_than_the_target_stays_lossless(llava):

@@ -27,7 +27,7 @@ from raydec.spec.engine import Engine, RowRequest
 from raydec.spec.proposers.ar import ARProposer
 from raydec.spec.proposers.draft_tree import DraftTreeProposer
 from raydec.spec.proposers.random_tree import OracleProposer
-from tests.vlm_toys import build_tiny_llava, build_tiny_llava_next, build_tiny_qwen2_5_vl, build_tiny_qwen2_vl
+from tests.vlm_toys import build_tiny_llava, build_tiny_llava_next, build_tiny_qwen2_5_vl, build_tiny_qwen2_vl, successor_draft
 
 torch.set_num_threads(1)  # tiny tensors: threads only add synchronisation cost
 
@@ -169,13 +169,17 @@ def test_decode_window_matches_full_forward(case):
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("method", ["ar", "vispec", "eagle"])
 def test_greedy_equals_hf_generate(case, method, batch):
+    """Drafts the target accepts (``successor_draft``): accepted tree nodes on every class."""
     if method == "ar":
         proposer = ARProposer()
     else:
-        proposer = draft_proposer(case.target, vision=method == "vispec")
+        draft = successor_draft(case.target, case.references, vision=method == "vispec")
+        proposer = DraftTreeProposer(draft, TREE)
     rows = list(range(batch))
     outputs = decode(case, proposer, rows)
     assert [o.tokens for o in outputs] == [case.references[r] for r in rows]
+    if method != "ar":
+        assert max(max(o.stats.accepted_lengths, default=0) for o in outputs) >= 3, [o.stats.accepted_lengths for o in outputs]
 
 
 def test_oracle_chains_accepted_whole(case):

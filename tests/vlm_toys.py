@@ -198,3 +198,38 @@ def build_tiny_qwen2_vl(folder: Path, seed: int = 0, layers: int = 2, dtype: tor
 def build_tiny_qwen2_5_vl(folder: Path, seed: int = 0, layers: int = 2, dtype: torch.dtype = torch.float32) -> Path:
     """Save a random ``Qwen2_5_VLForConditionalGeneration`` with a ``Qwen2_5_VLProcessor`` into ``folder``."""
     return _build_tiny_qwen(folder, "2.5", seed, layers, dtype)
+
+
+def successor_draft(target: Any, references: list[list[int]], vision: bool, num_q: int = 3, seed: int = 0) -> Any:
+    """A real ``VispecDraft`` set by hand so that the target accepts its drafts, without training.
+
+    The target's greedy outputs (``references``) on tiny random weights run in short loops, so
+    the token after a token is nearly a function of it. ``fc`` maps the embedding of the token
+    the draft reads to the target's head row of that token's first successor in ``references``
+    (least squares); the feature half of ``fc`` is zero. The decoder layer's attention and MLP
+    outputs are scaled down to 1%, not removed, so the draft's cache and image tokens still run.
+    """
+    from raydec.models.vispec_draft import DraftConfig, VispecDraft
+
+    torch.manual_seed(seed)
+    model = target.model
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    draft = VispecDraft(DraftConfig.for_target(model.config.get_text_config(), vision=vision, num_q=num_q))
+    draft.attach_target(embed, head)
+    successor: dict[int, int] = {}
+    for tokens in references:
+        for token, following in zip(tokens, tokens[1:]):
+            successor.setdefault(token, following)
+    read = sorted(successor)
+    with torch.no_grad():
+        inputs = embed.weight[read].float()                                   # [n, H]
+        wanted = head.weight[[successor[t] for t in read]].float() * 4.0      # [n, H]
+        fc_embed = torch.linalg.lstsq(inputs, wanted).solution.T             # [H, H]: fc(e) = fc_embed @ e
+        hidden = draft.config.hidden_size
+        draft.fc.weight.zero_()
+        draft.fc.weight[:, :hidden].copy_(fc_embed)
+        draft.fc.bias.zero_()
+        layer = draft.decoder.layers[0]
+        layer.self_attn.o_proj.weight.mul_(0.01)
+        layer.mlp.down_proj.weight.mul_(0.01)
+    return draft.to(target.dtype).eval()
