@@ -211,12 +211,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         preflight,
         run_job,
     )
+    from raydec.runtime.config import validation_problems
     from raydec.runtime.contact_sheet import contact_sheet
 
     try:
         job, caption_job = _demo_jobs(args)
     except ValidationError as exc:  # e.g. --method sjdpac: say so before --fresh deletes anything
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e.get('input')!r})" for e in exc.errors())
+        problems = "; ".join(validation_problems(exc))
         print(f"raydec demo: bad option: {problems}", file=sys.stderr)
         return 2
     if args.fresh:

@@ -244,8 +244,9 @@ def test_job_entrypoint_reports_bad_configs_in_one_line_before_ray_starts(tmp_pa
         f"task: t2i\nmodel: {tiny_janus}\ninput:\n  path: {prompts_file}\noutput:\n  path: {tmp_path / 'out'}\n"
         "decode:\n  method: eagle\n"
     )
-    with pytest.raises(SystemExit, match=rf"^{config}: decode.method: 'eagle' is not a text-to-image method"):
+    with pytest.raises(SystemExit, match=rf"^config: {config} is invalid:\n  decode.method: 'eagle' is not a text-to-image method"):
         job_main("t2i", "test", ["--config", str(config)])
+    config.write_text(config.read_text().replace("method: eagle", "method: ar"))
     with pytest.raises(SystemExit, match=r"path\n.*at least 1 character"):  # an empty override is validated, not ignored
         job_main("t2i", "test", ["--config", str(config), "--input", ""])
     with pytest.raises(SystemExit, match=r"^task: 't2i' in .*this entrypoint runs 'caption' jobs"):
@@ -403,6 +404,12 @@ def test_demo_checks_its_options_before_fresh_deletes_anything(tmp_path, capsys)
     code = main(["--prompts", str(tmp_path / "p.parquet"), "--out", str(out), "--fresh", "--method", "sjdpac"])
     assert code == 2 and "raydec demo: bad option: decode.method" in capsys.readouterr().err
     assert (out / "manifest.json").exists() and (out / "results").is_dir()  # nothing deleted
+    # a method of the other task is a bad option too, for either job
+    for option in (["--method", "vispec"], ["--caption-method", "sjd"]):
+        code = main(["--prompts", str(tmp_path / "p.parquet"), "--out", str(out), "--fresh", *option])
+        err = capsys.readouterr().err
+        assert code == 2 and "raydec demo: bad option: decode.method" in err and "is not a" in err, err
+        assert (out / "manifest.json").exists() and (out / "results").is_dir()
     with pytest.raises(SystemExit):
         main(["--out", str(out), "--batch-size", "0"])
     assert "argument --batch-size: expected an integer >= 1, got 0" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from typing import Literal, Optional, Union
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from raydec.config import DecodeConfig, StrictModel
+from raydec.config import CAPTION_METHODS, IMAGE_METHODS, DecodeConfig, StrictModel
 from raydec.io.config import InputConfig, IOConfigError, OutputConfig
 from raydec.io.datasets import listing_root
 from raydec.io.filesystem import is_s3_uri
@@ -76,6 +76,14 @@ class JobConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _method_fits_task(self) -> "JobConfig":
+        methods = IMAGE_METHODS if self.task == "t2i" else CAPTION_METHODS
+        if self.decode.method not in methods:
+            kind = "text-to-image" if self.task == "t2i" else "captioning"
+            raise ValueError(f"decode.method: {self.decode.method!r} is not a {kind} method (use {', '.join(methods)})")
+        return self
+
+    @model_validator(mode="after")
     def _output_outside_input(self) -> "JobConfig":
         inside = _location(self.output.path)
         root = _location(listing_root(self.input.path))
@@ -106,7 +114,8 @@ class JobConfig(StrictModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise IOConfigError(f"config: {path} is invalid:\n{_describe(exc)}") from None
+            problems = "\n".join(f"  {line}" for line in validation_problems(exc))
+            raise IOConfigError(f"config: {path} is invalid:\n{problems}") from None
 
 
 def _location(path: str) -> str:
@@ -116,12 +125,16 @@ def _location(path: str) -> str:
     return os.path.realpath(os.path.expanduser(path))
 
 
-def _describe(exc: ValidationError) -> str:
+def validation_problems(exc: ValidationError) -> list[str]:
     """One line per problem: dotted field path, message and (short) offending value."""
     lines = []
     for error in exc.errors():
-        where = ".".join(str(part) for part in error["loc"]) or "(root)"
+        message = error["msg"].removeprefix("Value error, ")
+        if not error["loc"]:  # a check across fields: its message names the fields itself
+            lines.append(message)
+            continue
+        where = ".".join(str(part) for part in error["loc"])
         value = repr(error.get("input"))
         value = value if len(value) <= 60 else value[:57] + "..."
-        lines.append(f"  {where}: {error['msg']} (got {value})")
-    return "\n".join(lines)
+        lines.append(f"{where}: {message} (got {value})")
+    return lines

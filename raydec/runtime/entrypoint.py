@@ -33,7 +33,8 @@ def job_main(task: str, description: str, argv: list[str] | None = None) -> int:
             raise SystemExit(f"task: {job.task!r} in {args.config}; this entrypoint runs {task!r} jobs")
         files = preflight(job)
     except ValueError as exc:  # config, dataset, output, model and resume errors are ValueErrors
-        raise SystemExit(f"{args.config}: {exc}") from None
+        message = str(exc)  # a config error names its file already
+        raise SystemExit(message if message.startswith(f"config: {args.config} ") else f"{args.config}: {message}") from None
     connect_ray()
     report = run_job(job, files)
     logging.getLogger(f"{task}_batch").info("done: %s", report)
