@@ -207,6 +207,8 @@ def _check_inputs(
 ) -> None:
     if isinstance(prompts, str):
         raise TypeError("prompts must be a list of strings, not one string")
+    if not hasattr(prompts, "__len__"):
+        raise TypeError(f"prompts must be a list of strings, got {type(prompts).__name__} (wrap it in list(...))")
     for index, prompt in enumerate(prompts):
         if not isinstance(prompt, str):
             raise TypeError(f"prompts[{index}] must be a string, got {type(prompt).__name__}: {prompt!r}")
@@ -214,6 +216,8 @@ def _check_inputs(
             raise ValueError(f"prompts[{index}] is empty or blank: {prompt!r}")
     _check_seeds(seeds, len(prompts), "prompts")
     if negative_prompts is not None:
+        if isinstance(negative_prompts, str) or not hasattr(negative_prompts, "__len__"):
+            raise TypeError(f"negative_prompts must be a list (one string or None per prompt), got {type(negative_prompts).__name__}: {negative_prompts!r}")
         if len(negative_prompts) != len(prompts):
             raise ValueError(f"negative_prompts has {len(negative_prompts)} entries but prompts has {len(prompts)}")
         for index, negative in enumerate(negative_prompts):
@@ -227,6 +231,44 @@ def _check_batch_size(batch_size: Any) -> None:
         raise TypeError(f"batch_size must be an integer >= 1, got {type(batch_size).__name__}: {batch_size!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+
+
+def _max_positions(target: Any) -> int | None:
+    """The language model's ``max_position_embeddings`` (None if its config has none)."""
+    config = getattr(getattr(target, "model", None), "config", None)
+    if config is None:
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    limit = getattr(text, "max_position_embeddings", None)
+    return int(limit) if isinstance(limit, int) and limit > 0 else None
+
+
+def _check_positions(target: Any, requests: Sequence[RowRequest], field: str, streams: int, strict: bool) -> None:
+    """Each row's prompt plus its new tokens within the model's positions.
+
+    strict (an image's length is fixed): prompt + max_new_tokens must fit; else only the
+    prompt must leave room for one token, and a cap past the limit is a warning (EOS may come first).
+    """
+    limit = _max_positions(target)
+    if limit is None:
+        return
+    for index, request in enumerate(requests):
+        if hasattr(target, "processor_inputs"):  # a VLM: the processor's ids, without running the vision tower
+            length = int(target.processor_inputs(request.prompt)["input_ids"].shape[-1])
+        else:
+            kinds = (False, True) if streams == 2 else (False,)
+            length = max(target.prompt_inputs(request.prompt, unconditional=u).length for u in kinds)
+        total = length + request.max_new_tokens
+        if total <= limit:
+            continue
+        if strict or length >= limit:
+            raise ValueError(
+                f"{field}[{index}]: {length} prompt tokens + {request.max_new_tokens} new tokens = {total} positions, "
+                f"more than the model's {limit} (max_position_embeddings); shorten it"
+            )
+        logger.warning("%s[%d]: %d prompt tokens + max_new_tokens %d pass the model's %d positions; the row stops at %d new tokens "
+                       "unless EOS comes first", field, index, length, request.max_new_tokens, limit, limit - length)
+        request.max_new_tokens = limit - length
 
 
 def _image_decode_config(decode: DecodeConfig | None, target: Any) -> DecodeConfig:
@@ -329,6 +371,7 @@ def generate_images(
         RowRequest(ImagePrompt(text, negative), seed=int(seed), max_new_tokens=config.max_new_tokens)
         for text, seed, negative in zip(prompts, seeds, negatives)
     ]
+    _check_positions(target, requests, "prompts", 2 if config.sampling.uses_cfg else 1, strict=True)
     results: list[ImageResult] = []
     bar = None
     if progress:
@@ -489,6 +532,7 @@ def caption_images(
         RowRequest(VlmPrompt(target.format_prompt(q, len(imgs)), imgs), seed=int(seed), max_new_tokens=config.max_new_tokens)
         for q, imgs, seed in zip(questions, rows, seeds)
     ]
+    _check_positions(target, requests, "images", 1, strict=False)
     tokenizer = getattr(target.processor, "tokenizer", target.processor)
     eos = set(target.eos_token_ids)
     results: list[CaptionResult] = []

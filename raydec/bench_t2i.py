@@ -114,6 +114,30 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
     return configs, tried, priors
 
 
+def _check_before_loading(methods: list[str], args: argparse.Namespace) -> None:
+    """Options that cannot run, refused before any model loads."""
+    from raydec.models.registry import checkpoint_model_type, resolve_t2i_path
+    from raydec.tune_t2i import DEFAULT_WINDOWS, candidate_shapes
+
+    if args.seed + args.prompts > 2**63:
+        raise SystemExit(f"--seed {args.seed}: prompts take seeds {args.seed}..{args.seed + args.prompts - 1}, past 2**63 - 1")
+    if args.window == "auto" and "sjd_pac" in methods:
+        try:
+            candidate_shapes("sjd_pac", args.tune_windows or DEFAULT_WINDOWS)
+        except ValueError as exc:
+            raise SystemExit(f"--tune-windows: {exc}") from None
+    if "hf" in methods:
+        try:
+            model_type = checkpoint_model_type(resolve_t2i_path(args.model))
+        except (FileNotFoundError, ValueError):
+            return  # the load reports a missing or unreadable model
+        if model_type != "janus":
+            raise SystemExit(
+                f"--methods hf: Hugging Face's image generation baseline (generate(generation_mode='image')) runs on "
+                f"Janus checkpoints; {args.model} is a {model_type!r} checkpoint (leave hf out of --methods)"
+            )
+
+
 def _hf_generate(target: Any, prompts: list[str], seed: int, sampling: Any) -> tuple[list[list[int]], float]:
     """Hugging Face's own Janus image generation on the same checkpoint."""
     processor = target.processor
@@ -184,6 +208,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
         torch.set_num_threads(args.threads)
     methods = parse_methods(args.methods, ALL_METHODS)
     _check_fixed_drafts(methods, args)
+    _check_before_loading(methods, args)
     calibration = args.tune_prompts or max(4, 2 * args.batch)
     if (args.window == "auto" or args.init == "auto") and args.offset < TUNE_OFFSET + calibration and TUNE_OFFSET < args.offset + args.prompts:
         raise SystemExit(
@@ -353,7 +378,7 @@ def _windows_arg(value: str) -> tuple[int, ...]:
 
 def add_t2i_parser(subparsers) -> None:
     parser = subparsers.add_parser("t2i", help="AR / HF / SJD / SJD+AC / SJD-PAC on a text-to-image model")
-    parser.add_argument("--model", default="reference", help='"reference" or a local Janus / Emu3 checkpoint folder')
+    parser.add_argument("--model", default="reference", help='"reference" or a local Janus / Emu3 checkpoint folder (hf: Janus only)')
     parser.add_argument("--methods", default=",".join(ALL_METHODS), help="comma-separated subset of " + ",".join(ALL_METHODS))
     parser.add_argument("--prompts", type=positive_int, default=200, help="held-out shapes prompts")
     parser.add_argument("--offset", type=non_negative_int, default=0, help="first held-out prompt index")

@@ -114,14 +114,24 @@ def forward_seconds(target: Any, prompt: Any, sizes: Sequence[int], batch: int =
 def candidate_shapes(
     method: str, windows: Sequence[int] = DEFAULT_WINDOWS, trees: Sequence[tuple[int, int]] = DEFAULT_TREES
 ) -> list[DraftSpec]:
-    """Every draft shape worth trying for ``method`` (trees that do not fit a window are skipped)."""
+    """Every draft shape worth trying for ``method`` (trees that do not fit a window are skipped).
+
+    Raises ValueError when no shape is left (SJD-PAC windows too small for every tree).
+    """
     if method != "sjd_pac":
         return [DraftSpec(window=w) for w in windows]
-    return [
+    shapes = [
         DraftSpec(window=w, branching=k, tree_depth=d)
         for w, (k, d) in itertools.product(windows, trees)
         if full_tree_nodes(k, d) < w
     ]
+    if not shapes:
+        smallest = min(full_tree_nodes(k, d) for k, d in trees) + 1
+        raise ValueError(
+            f"windows {list(windows)}: no sjd_pac draft tree fits (the smallest of {list(trees)} needs a window of "
+            f"at least {smallest})"
+        )
+    return shapes
 
 
 def probe_shape(
@@ -129,7 +139,10 @@ def probe_shape(
 ) -> DraftSpec:
     """The shape a fresh-draft prior is chosen at: the first candidate of the median window."""
     middle = sorted(windows)[len(windows) // 2]
-    return (candidate_shapes(method, [middle], trees) or [DraftSpec(window=middle)])[0]
+    try:
+        return candidate_shapes(method, [middle], trees)[0]
+    except ValueError:  # no tree fits that window: probe with the chain
+        return DraftSpec(window=middle)
 
 
 def choose_fresh_drafts(

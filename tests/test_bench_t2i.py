@@ -296,3 +296,16 @@ def test_bench_refuses_runs_that_would_measure_nothing_or_the_calibration_prompt
         bench_main(["pipeline", "--rows", "8"])
     with pytest.raises(SystemExit, match="would overlap the tuner's calibration prompts"):
         bench_main(["t2i", "--offset", str(TUNE_OFFSET - 2), "--prompts", "4"])
+    with pytest.raises(SystemExit, match=r"--tune-windows: windows \[2\]: no sjd_pac draft tree fits"):
+        bench_main(["t2i", "--methods", "ar,sjd_pac", "--tune-windows", "2", "--prompts", "1"])
+    with pytest.raises(SystemExit, match=r"--seed 9223372036854775807: prompts take seeds .* past 2\*\*63 - 1"):
+        bench_main(["t2i", "--methods", "ar", "--prompts", "2", "--seed", str(2**63 - 1), "--window", "16", "--init", "left"])
+
+
+def test_bench_refuses_the_hf_baseline_on_a_checkpoint_it_cannot_run(tmp_path):
+    """hf is Janus's own image generation: an Emu3 checkpoint is refused before it loads."""
+    from tests.t2i_toys import tiny_emu3
+
+    emu3 = tiny_emu3(tmp_path / "emu3")
+    with pytest.raises(SystemExit, match=r"--methods hf: .* runs on Janus checkpoints; .* is a 'emu3' checkpoint"):
+        bench_main(["t2i", "--model", str(emu3), "--methods", "ar,hf", "--prompts", "1", "--window", "16", "--init", "left"])

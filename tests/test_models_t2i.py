@@ -266,6 +266,13 @@ def test_generate_images_validation(janus):
         api.generate_images(["a", "b"], model=janus, seeds=[1])
     with pytest.raises(ValueError, match="negative_prompts has 1"):
         api.generate_images(["a", "b"], model=janus, negative_prompts=["x"])
+    with pytest.raises(TypeError, match="negative_prompts must be a list .* got str: 'ab'"):
+        api.generate_images(["a", "b"], model=janus, negative_prompts="ab")  # not split into 'a', 'b'
+    with pytest.raises(TypeError, match=r"prompts must be a list of strings, got generator"):
+        api.generate_images((p for p in ["a"]), model=janus)
+    limit = janus.model.config.get_text_config().max_position_embeddings
+    with pytest.raises(ValueError, match=rf"prompts\[1\]: \d+ prompt tokens \+ {janus.num_image_tokens} new tokens = \d+ positions, more than the model's {limit}"):
+        api.generate_images(["a red circle", "red " * limit], model=janus)
     with pytest.raises(ValueError, match="batch_size"):
         api.generate_images(["a"], model=janus, batch_size=0)
     with pytest.raises(TypeError, match="batch_size must be an integer >= 1, got float: 2.5"):
