@@ -69,6 +69,7 @@ def load_pipeline(
     """
     if kind not in _KIND_MARKERS:
         raise ValueError(f"load_pipeline: unknown kind={kind!r} (use 't2i' or 'vlm')")
+    _check_device(device)
     if not isinstance(model, (str, Path)):
         marker, what = _KIND_MARKERS[kind]
         if not hasattr(model, marker):
@@ -92,6 +93,21 @@ def load_pipeline(
     if not getattr(target, "cpu_matmul", False):
         target.cpu_matmul = route_if_cpu(target.model, device, dtype)
     return target
+
+
+def _check_device(device: Any) -> None:
+    """A device torch knows and this machine has (None: CPU)."""
+    if device is None:
+        return
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device: {device!r} is not a torch device (use 'cpu', 'cuda' or 'cuda:N'; {error})") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device: {device!r}, but this torch sees no CUDA GPU (torch.cuda.is_available() is False)")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ValueError(f"device: {device!r}, but torch sees {torch.cuda.device_count()} GPU(s)")
 
 
 def draft_dtype(target: Any, choice: str = "auto") -> torch.dtype:
@@ -351,6 +367,9 @@ def generate_images(
     model: "reference", a local checkpoint folder, or a target from ``load_pipeline``.
     decode: method and sampling (a DecodeConfig, or a dict of its fields); unset ``sampling``
     takes the checkpoint's generation_config, and the length is always the model's image layout.
+    A ``sampling`` you pass is used whole: fields left out of it take ``SamplingConfig``'s
+    defaults (no CFG, no top-k), not the checkpoint's; start from
+    ``load_pipeline(model).default_sampling()`` to change one field of the checkpoint's.
     seeds: one per prompt, integers in [0, 2**63) (default: the prompt's index); a row's image
     depends only on its prompt, seed and config, never on the batch. negative_prompts: per
     prompt (None entries allowed), the CFG unconditional text.
@@ -504,7 +523,8 @@ def caption_images(
     LLaVA / LLaVA-NeXT / Qwen2-VL / Qwen2.5-VL folder, or a target from ``load_pipeline``.
     decode (a DecodeConfig, or a dict of its fields): method ar | vispec | eagle
     (``decode.draft_model`` names the draft; the reference VLM ships its own), sampling (unset:
-    the checkpoint's generation_config), max_new_tokens (unset: 128). seeds: one per image,
+    the checkpoint's generation_config, resolved as its HF ``generate`` does; a ``sampling`` you
+    pass is used whole), max_new_tokens (unset: 128). seeds: one per image,
     integers in [0, 2**63). A row's caption depends only on its inputs, seed and config.
     """
     from raydec.models.hf_vlm import VlmPrompt

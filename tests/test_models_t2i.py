@@ -268,6 +268,10 @@ def test_generate_images_validation(janus):
         api.generate_images(["a", "b"], model=janus, negative_prompts=["x"])
     with pytest.raises(TypeError, match="negative_prompts must be a list .* got str: 'ab'"):
         api.generate_images(["a", "b"], model=janus, negative_prompts="ab")  # not split into 'a', 'b'
+    for device, message in (("gpu", "device: 'gpu' is not a torch device"), ("cuda:7", "device: 'cuda:7', but")):
+        if not (device.startswith("cuda") and torch.cuda.device_count() > 7):
+            with pytest.raises(ValueError, match=message):
+                api.load_pipeline("reference", kind="t2i", device=device)
     with pytest.raises(TypeError, match=r"prompts must be a list of strings, got generator"):
         api.generate_images((p for p in ["a"]), model=janus)
     limit = janus.model.config.get_text_config().max_position_embeddings
