@@ -267,3 +267,10 @@ def test_engine_decodes_under_the_attention_policy_of_its_targets_device(llama32
     config = DecodeConfig(method="ar", max_new_tokens=3, sampling=SamplingConfig(temperature=0.0))
     Engine(llama32, ARProposer(), config).generate([RowRequest(prompt=[1, 2, 3], seed=0)])
     assert seen == [llama32.device]
+
+
+def test_a_row_length_cap_below_one_is_refused(llama32):
+    engine = Engine(llama32, ARProposer(), DecodeConfig(max_new_tokens=4, sampling=GREEDY))
+    with pytest.raises(ValueError, match=r"requests\[1\].max_new_tokens: 0 must be >= 1"):
+        engine.generate([RowRequest([1, 2], seed=0), RowRequest([3], seed=0, max_new_tokens=0)])
+    assert len(engine.generate([RowRequest([1, 2], seed=0, max_new_tokens=1)])[0].tokens) == 1

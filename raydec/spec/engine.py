@@ -173,10 +173,13 @@ class Engine:
             return self._generate(requests, max_batch or max(1, len(requests)), on_finish)
 
     def _generate(self, requests: Sequence[RowRequest], max_batch: int, on_finish: Callable[[int, RowOutput], None] | None) -> list[RowOutput]:
+        for index, request in enumerate(requests):
+            if request.max_new_tokens is not None and request.max_new_tokens < 1:
+                raise ValueError(f"requests[{index}].max_new_tokens: {request.max_new_tokens} must be >= 1 (None: the config's)")
         run = _Run(
             requests=requests,
             generators=row_generators([r.seed for r in requests]),
-            limits=[r.max_new_tokens or self.config.max_new_tokens for r in requests],
+            limits=[r.max_new_tokens if r.max_new_tokens is not None else self.config.max_new_tokens for r in requests],
             stats=[RowStats() for _ in requests],
             generated=[[] for _ in requests],
             admitted_at=[0.0] * len(requests),
