@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import torch
 from PIL import Image
 
-from raydec.config import CAPTION_METHODS, DRAFT_METHODS, IMAGE_METHODS, JACOBI_METHODS, DecodeConfig
+from raydec.config import CAPTION_METHODS, DRAFT_METHODS, IMAGE_METHODS, JACOBI_METHODS, DecodeConfig, SamplingConfig
 from raydec.models.image_gen import ImagePrompt
 from raydec.spec.engine import Engine, RowRequest
 from raydec.spec.proposers.base import Proposer
@@ -299,9 +299,16 @@ def _image_decode_config(decode: DecodeConfig | None, target: Any) -> DecodeConf
             f"{layout_tokens} tokens; leave max_new_tokens unset"
         )
     update: dict[str, Any] = {"max_new_tokens": layout_tokens}
-    if "sampling" not in explicit:
-        update["sampling"] = target.default_sampling()
+    update["sampling"] = over_checkpoint(decode.sampling if "sampling" in explicit else None, target.default_sampling())
     return decode.model_copy(update=update)
+
+
+def over_checkpoint(sampling: SamplingConfig | None, checkpoint: SamplingConfig) -> SamplingConfig:
+    """The fields set in ``sampling`` over the checkpoint's sampling, as Hugging Face
+    ``generate``'s keyword arguments override its generation_config (None: the checkpoint's)."""
+    if sampling is None:
+        return checkpoint
+    return checkpoint.model_copy(update={name: getattr(sampling, name) for name in sampling.model_fields_set})
 
 
 # -- generation ------------------------------------------------------------------------------
@@ -367,9 +374,9 @@ def generate_images(
     model: "reference", a local checkpoint folder, or a target from ``load_pipeline``.
     decode: method and sampling (a DecodeConfig, or a dict of its fields); unset ``sampling``
     takes the checkpoint's generation_config, and the length is always the model's image layout.
-    A ``sampling`` you pass is used whole: fields left out of it take ``SamplingConfig``'s
-    defaults (no CFG, no top-k), not the checkpoint's; start from
-    ``load_pipeline(model).default_sampling()`` to change one field of the checkpoint's.
+    The fields you set in ``sampling`` override the checkpoint's, one by one, as keyword
+    arguments of HF ``generate`` override its generation_config (``sampling={"temperature": 1.0}``
+    keeps the checkpoint's CFG scale and top-k).
     seeds: one per prompt, integers in [0, 2**63) (default: the prompt's index); a row's image
     depends only on its prompt, seed and config, never on the batch. negative_prompts: per
     prompt (None entries allowed), the CFG unconditional text.
@@ -486,13 +493,13 @@ def _caption_decode_config(decode: DecodeConfig | None, target: Any) -> DecodeCo
     (greedy unless it samples; unset fields at HF's defaults; its repetition penalty kept)."""
     from raydec.models.generation_config import sampling_from_generation_config
 
-    def default_sampling():  # built only when used: it warns about settings it cannot apply
+    def default_sampling(explicit: SamplingConfig | None = None) -> SamplingConfig:  # it warns about settings it cannot apply
         generation = getattr(target.model, "generation_config", None)
-        sampling = sampling_from_generation_config(generation, "logits", repetition_penalty=True)
-        update = {"cfg_scale": 1.0}  # a VLM's guidance_scale is not CFG here
+        checkpoint = sampling_from_generation_config(generation, "logits", repetition_penalty=True)
+        sampling = over_checkpoint(explicit, checkpoint.model_copy(update={"cfg_scale": 1.0}))  # a VLM's guidance_scale is not CFG
         if sampling.greedy:  # top-k / top-p do not change an argmax
-            update.update(top_k=0, top_p=1.0)
-        return sampling.model_copy(update=update)
+            sampling = sampling.model_copy(update={"top_k": 0, "top_p": 1.0})
+        return sampling
 
     if decode is None:
         return DecodeConfig(max_new_tokens=128, sampling=default_sampling())
@@ -500,8 +507,8 @@ def _caption_decode_config(decode: DecodeConfig | None, target: Any) -> DecodeCo
         raise ValueError(f"decode.method={decode.method!r} is not a captioning method (use {', '.join(CAPTION_METHODS)})")
     if decode.sampling.uses_cfg:
         raise ValueError(f"decode.sampling.cfg_scale: {decode.sampling.cfg_scale} must be 1 for captioning (no classifier-free guidance)")
-    if "sampling" not in decode.model_fields_set:
-        decode = decode.model_copy(update={"sampling": default_sampling()})
+    explicit = decode.sampling if "sampling" in decode.model_fields_set else None
+    decode = decode.model_copy(update={"sampling": default_sampling(explicit)})
     if "max_new_tokens" not in decode.model_fields_set:
         decode = decode.model_copy(update={"max_new_tokens": 128})
     return decode
@@ -523,8 +530,8 @@ def caption_images(
     LLaVA / LLaVA-NeXT / Qwen2-VL / Qwen2.5-VL folder, or a target from ``load_pipeline``.
     decode (a DecodeConfig, or a dict of its fields): method ar | vispec | eagle
     (``decode.draft_model`` names the draft; the reference VLM ships its own), sampling (unset:
-    the checkpoint's generation_config, resolved as its HF ``generate`` does; a ``sampling`` you
-    pass is used whole), max_new_tokens (unset: 128). seeds: one per image,
+    the checkpoint's generation_config, resolved as its HF ``generate`` does; fields you set
+    override it one by one), max_new_tokens (unset: 128). seeds: one per image,
     integers in [0, 2**63). A row's caption depends only on its inputs, seed and config.
     """
     from raydec.models.hf_vlm import VlmPrompt

@@ -137,3 +137,23 @@ def test_captions_follow_the_checkpoints_penalty_as_hf_generate_does(tmp_path):
     for proposer in (ARProposer(), DraftTreeProposer(draft_for(llava, True), tree)):
         outs = Engine(llava, proposer, config, eos_token_ids=llava.eos_token_ids).generate([RowRequest(p, seed=0) for p in prompts])
         assert [o.tokens for o in outs] == expected
+
+
+def test_sampling_fields_set_override_the_checkpoints_one_by_one(tmp_path):
+    """As HF ``generate(temperature=...)`` keeps the rest of the generation_config."""
+    from raydec.api import _caption_decode_config, _image_decode_config, load_pipeline
+    from raydec.config import DecodeConfig
+    from raydec.models.hf_vlm import VisionLanguageTarget
+    from tests.vlm_toys import build_tiny_llava
+
+    janus = load_pipeline("reference", kind="t2i")
+    checkpoint = janus.default_sampling()
+    assert checkpoint.uses_cfg and checkpoint.top_k  # the reference Janus samples with CFG and top-k
+    merged = _image_decode_config(DecodeConfig.model_validate({"sampling": {"temperature": 0.5}}), janus).sampling
+    assert merged == checkpoint.model_copy(update={"temperature": 0.5})
+    whole = _image_decode_config(DecodeConfig(sampling=SamplingConfig(temperature=0.5, cfg_scale=1.0, top_k=0)), janus).sampling
+    assert not whole.uses_cfg and whole.top_k == 0  # fields set explicitly win, defaults included
+    llava = VisionLanguageTarget.from_pretrained(build_tiny_llava(tmp_path / "llava"))
+    llava.model.generation_config.repetition_penalty = 1.3
+    sampled = _caption_decode_config(DecodeConfig.model_validate({"sampling": {"temperature": 1.0}}), llava).sampling
+    assert sampled == SamplingConfig(temperature=1.0, top_k=50, repetition_penalty=1.3)  # HF's top_k default, its penalty
