@@ -259,32 +259,21 @@ def _max_positions(target: Any) -> int | None:
     return int(limit) if isinstance(limit, int) and limit > 0 else None
 
 
-def _check_positions(target: Any, requests: Sequence[RowRequest], field: str, streams: int, strict: bool) -> None:
-    """Each row's prompt plus its new tokens within the model's positions.
-
-    strict (an image's length is fixed): prompt + max_new_tokens must fit; else only the
-    prompt must leave room for one token, and a cap past the limit is a warning (EOS may come first).
-    """
+def _check_positions(target: Any, requests: Sequence[RowRequest], streams: int) -> None:
+    """An image's length is fixed: each prompt plus its image must fit the model's positions.
+    (Captions stop where the positions end: ``Engine(max_positions=...)``.)"""
     limit = _max_positions(target)
     if limit is None:
         return
+    kinds = (False, True) if streams == 2 else (False,)
     for index, request in enumerate(requests):
-        if hasattr(target, "processor_inputs"):  # a VLM: the processor's ids, without running the vision tower
-            length = int(target.processor_inputs(request.prompt)["input_ids"].shape[-1])
-        else:
-            kinds = (False, True) if streams == 2 else (False,)
-            length = max(target.prompt_inputs(request.prompt, unconditional=u).length for u in kinds)
+        length = max(target.prompt_inputs(request.prompt, unconditional=u).length for u in kinds)
         total = length + request.max_new_tokens
-        if total <= limit:
-            continue
-        if strict or length >= limit:
+        if total > limit:
             raise ValueError(
-                f"{field}[{index}]: {length} prompt tokens + {request.max_new_tokens} new tokens = {total} positions, "
+                f"prompts[{index}]: {length} prompt tokens + {request.max_new_tokens} new tokens = {total} positions, "
                 f"more than the model's {limit} (max_position_embeddings); shorten it"
             )
-        logger.warning("%s[%d]: %d prompt tokens + max_new_tokens %d pass the model's %d positions; the row stops at %d new tokens "
-                       "unless EOS comes first", field, index, length, request.max_new_tokens, limit, limit - length)
-        request.max_new_tokens = limit - length
 
 
 def _image_decode_config(decode: DecodeConfig | None, target: Any) -> DecodeConfig:
@@ -397,7 +386,7 @@ def generate_images(
         RowRequest(ImagePrompt(text, negative), seed=int(seed), max_new_tokens=config.max_new_tokens)
         for text, seed, negative in zip(prompts, seeds, negatives)
     ]
-    _check_positions(target, requests, "prompts", 2 if config.sampling.uses_cfg else 1, strict=True)
+    _check_positions(target, requests, 2 if config.sampling.uses_cfg else 1)
     results: list[ImageResult] = []
     bar = None
     if progress:
@@ -559,7 +548,6 @@ def caption_images(
         RowRequest(VlmPrompt(target.format_prompt(q, len(imgs)), imgs), seed=int(seed), max_new_tokens=config.max_new_tokens)
         for q, imgs, seed in zip(questions, rows, seeds)
     ]
-    _check_positions(target, requests, "images", 1, strict=False)
     tokenizer = getattr(target.processor, "tokenizer", target.processor)
     eos = set(target.eos_token_ids)
     results: list[CaptionResult] = []
@@ -569,7 +557,8 @@ def caption_images(
 
         bar = tqdm(total=len(requests), desc=f"caption_images ({config.method})", unit="image")
     try:
-        engine = Engine(target, _make_proposer(config, target, model), config, eos_token_ids=target.eos_token_ids)
+        engine = Engine(target, _make_proposer(config, target, model), config, eos_token_ids=target.eos_token_ids,
+                        max_positions=_max_positions(target))
         continuous = continuous_batching(target.device, config.batching)
         outputs = _decode_batches(engine, requests, batch_size, continuous, _progress(bar, len(requests), f"caption_images ({config.method})"))
         for request, output in zip(requests, outputs):

@@ -274,3 +274,12 @@ def test_a_row_length_cap_below_one_is_refused(llama32):
     with pytest.raises(ValueError, match=r"requests\[1\].max_new_tokens: 0 must be >= 1"):
         engine.generate([RowRequest([1, 2], seed=0), RowRequest([3], seed=0, max_new_tokens=0)])
     assert len(engine.generate([RowRequest([1, 2], seed=0, max_new_tokens=1)])[0].tokens) == 1
+
+
+def test_rows_stop_where_the_models_positions_end(llama32):
+    config = DecodeConfig(max_new_tokens=10, sampling=GREEDY)
+    free = Engine(llama32, ARProposer(), config).generate([RowRequest(PROMPTS[0], seed=0)])[0].tokens
+    capped = Engine(llama32, ARProposer(), config, max_positions=8).generate([RowRequest(PROMPTS[0], seed=0)])[0].tokens
+    assert capped == free[:3]  # 5 prompt positions of 8
+    with pytest.raises(ValueError, match=r"requests\[0\]: its prompt takes positions up to 8, the model has 8"):
+        Engine(llama32, ARProposer(), config, max_positions=8).generate([RowRequest(PROMPTS[2], seed=0)])

@@ -95,10 +95,13 @@ def test_a_penalty_with_cfg_is_refused(llama32):
         Engine(llama32, ARProposer(), config)
 
 
-def test_generation_config_defaults_resolve_as_hf_and_unapplied_settings_are_named(caplog):
+def test_generation_config_defaults_resolve_as_hf_and_unapplied_settings_are_named(caplog, monkeypatch):
     from transformers import GenerationConfig
 
+    from raydec.models import generation_config
     from raydec.models.generation_config import sampling_from_generation_config
+
+    monkeypatch.setattr(generation_config, "_warned", set())
 
     sampling = sampling_from_generation_config(GenerationConfig(do_sample=True, temperature=0.7), "logits", repetition_penalty=True)
     assert sampling.top_k == 50 and sampling.temperature == 0.7 and sampling.repetition_penalty == 1.0
@@ -111,6 +114,10 @@ def test_generation_config_defaults_resolve_as_hf_and_unapplied_settings_are_nam
     with caplog.at_level(logging.WARNING, logger="raydec.models.generation_config"):
         sampling_from_generation_config(GenerationConfig(num_beams=4, no_repeat_ngram_size=3), "logits", repetition_penalty=True)
     assert "num_beams=4" in caplog.text and "no_repeat_ngram_size=3" in caplog.text and "does not apply" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="raydec.models.generation_config"):  # once per process, not per call
+        sampling_from_generation_config(GenerationConfig(num_beams=4, no_repeat_ngram_size=3), "logits", repetition_penalty=True)
+    assert "num_beams" not in caplog.text
 
 
 def test_captions_follow_the_checkpoints_penalty_as_hf_generate_does(tmp_path):

@@ -45,12 +45,12 @@ def hf_generation_defaults() -> dict[str, Any]:
         return {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}
 
 
-def settings_not_applied(generation_config: Any, also: tuple[str, ...] = ()) -> dict[str, Any]:
+def settings_not_applied(generation_config: Any, penalty_applied: bool) -> dict[str, Any]:
     """Fields of ``generation_config`` set to a law-changing value raydec does not apply
-    (``also``: more field names, e.g. ``repetition_penalty`` where a path cannot apply it)."""
+    (``repetition_penalty`` among them unless the caller's path applies it)."""
     if generation_config is None:
         return {}
-    neutral = {**_NOT_APPLIED, **{name: (1.0 if name == "repetition_penalty" else None) for name in also}}
+    neutral = _NOT_APPLIED if penalty_applied else {**_NOT_APPLIED, "repetition_penalty": 1.0}
     found = {}
     for name, default in neutral.items():
         value = getattr(generation_config, name, None)
@@ -58,6 +58,9 @@ def settings_not_applied(generation_config: Any, also: tuple[str, ...] = ()) -> 
             continue
         found[name] = value
     return found
+
+
+_warned: set[str] = set()  # each distinct warning once per process, not once per call
 
 
 def sampling_from_generation_config(
@@ -84,9 +87,10 @@ def sampling_from_generation_config(
     guidance = getattr(generation_config, "guidance_scale", None) if generation_config is not None else None
     if guidance is None:
         guidance = default_guidance if default_guidance is not None else 1.0
-    ignored = settings_not_applied(generation_config, () if repetition_penalty else ("repetition_penalty",))
-    if ignored:
-        listed = ", ".join(f"{name}={setting!r}" for name, setting in ignored.items())
+    ignored = settings_not_applied(generation_config, repetition_penalty)
+    listed = ", ".join(f"{name}={setting!r}" for name, setting in ignored.items())
+    if listed and listed not in _warned:
+        _warned.add(listed)
         logger.warning(
             "the checkpoint's generation_config sets %s, which raydec does not apply: outputs follow the "
             "law without it (pass decode.sampling explicitly to choose the sampling yourself)", listed,

@@ -132,6 +132,7 @@ class Engine:
         constraint: VocabConstraint | None = None,
         eos_token_ids: Sequence[int] = (),
         verifier: Verifier = verify_tree,
+        max_positions: int | None = None,
     ) -> None:
         self.target = target
         self.proposer = proposer
@@ -139,6 +140,7 @@ class Engine:
         self.constraint = constraint
         self.eos_token_ids = set(int(t) for t in eos_token_ids)
         self.verifier = verifier
+        self.max_positions = max_positions  # the model's positions: a row stops where they end
         if config.sampling.repetition_penalty != 1.0 and config.sampling.uses_cfg:
             raise ValueError(
                 f"sampling.repetition_penalty={config.sampling.repetition_penalty} is not supported with "
@@ -221,6 +223,7 @@ class Engine:
         prompts = [self.target.prompt_inputs(run.requests[r].prompt) for r in rows]
         for row, prompt in zip(rows, prompts):
             run.context_ids[row] = prompt.token_ids
+            self._fit_positions(run, row, prompt)
         if self.streams == 2:
             prompts += [self.target.prompt_inputs(run.requests[r].prompt, unconditional=True) for r in rows]
         prompts = stack_prompts(prompts)
@@ -248,6 +251,19 @@ class Engine:
         self.proposer.admit(state, first_probs, prefill)
         cache.append_rows(joining, blocks=self.streams)  # cond(active), cond(new), uncond(active), uncond(new)
         return cache, first_probs.dtype
+
+    def _fit_positions(self, run: "_Run", row: int, prompt: PromptInputs) -> None:
+        """Cap a row's new tokens where the model's positions end (a prompt that fills them is an error)."""
+        if self.max_positions is None:
+            return
+        start = prompt.next_position if prompt.next_position is not None else prompt.length  # M-RoPE: fewer than tokens
+        room = self.max_positions - start
+        if room < 1:
+            raise ValueError(f"requests[{row}]: its prompt takes positions up to {start}, the model has {self.max_positions}")
+        if run.limits[row] > room:
+            logger.warning("requests[%d]: the prompt leaves %d of the model's %d positions; the row stops at %d new tokens "
+                           "unless EOS comes first", row, room, self.max_positions, room)
+            run.limits[row] = room
 
     # -- steps ---------------------------------------------------------------------------------
 
