@@ -113,6 +113,46 @@ def test_fused_inference_layer_computes_the_hugging_face_layer():
     assert draft.eval().prepare_inference().float()._fused is None
 
 
+def test_folded_input_computes_fc_after_img_fc():
+    """Decode steps' inference form folds img_fc into fc (one GEMM + a per-row bias): equal to the
+    two-step form, for rows with and without an image in one batch; the text-only draft folds
+    nothing; ``decode_forward`` of the prepared draft equals ``forward`` of the module."""
+    from transformers import DynamicCache
+
+    from raydec.models.folded_input import FoldedDraftInput
+
+    torch.manual_seed(0)
+    config = DraftConfig(hidden_size=16, intermediate_size=24, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=4, vocab_size=9, vision=True)
+    draft = VispecDraft(config).to(torch.float64).eval()
+    with torch.no_grad():
+        draft.img_fc.weight.normal_()  # a trained img_fc, not [I|0]: the global term matters
+        draft.img_fc.bias.normal_()
+    e, f = torch.randn(3, 5, 16, dtype=torch.float64), torch.randn(3, 5, 16, dtype=torch.float64)
+    g = torch.randn(3, 16, dtype=torch.float64)
+    folded = FoldedDraftInput(draft.fc, draft.img_fc)
+    for has in ([True, False, True], [True] * 3, [False] * 3):
+        has = torch.tensor(has)
+        use = has.unsqueeze(1).expand(3, 5)
+        expected = draft.fc(torch.cat([e, draft.inject_global(f, g.unsqueeze(1).expand(3, 5, 16), use)], dim=-1))
+        assert torch.allclose(folded(e, f, g, has), expected, rtol=1e-12, atol=1e-12), has
+        assert torch.allclose(folded(e[:1], f[:1], g[:1], has[:1]), expected[:1], rtol=1e-12, atol=1e-12)
+    text_only = VispecDraft(config.model_copy(update={"vision": False})).to(torch.float64)
+    assert torch.allclose(FoldedDraftInput(text_only.fc, None)(e, f, g, torch.ones(3, dtype=torch.bool)),
+                          text_only.fc(torch.cat([e, f], dim=-1)), rtol=1e-12, atol=1e-12)
+
+    pos = torch.arange(5).expand(3, 5) + 7
+    mask = torch.zeros(3, 1, 5, 5, dtype=torch.float64)
+    has = torch.tensor([True, False, True])
+    outputs = []
+    for prepared in (False, True):
+        if prepared:
+            draft.prepare_inference()
+        outputs.append(draft.decode_forward(e, f, pos, mask, DynamicCache(), g, has))
+    assert torch.allclose(outputs[0], outputs[1], rtol=1e-10, atol=1e-10)
+    assert draft._input is not None and draft.train()._input is None
+
+
 # -- greedy equality on a tiny LLaVA ----------------------------------------------------------
 
 
@@ -146,6 +186,8 @@ def test_greedy_equals_hf_generate(llava, vision, batch):
     expected = [_hf_greedy(llava, prompt, length) for prompt in prompts]
     config = DecodeConfig(max_new_tokens=length, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeSpec(depth=3, top_k=3, total_tokens=10))
     draft = successor_draft(llava, expected, vision)
+    if batch > 1:  # the inference form loaded drafts run (fused layer, folded input)
+        draft.prepare_inference()
     engine = Engine(llava, DraftTreeProposer(draft, config.tree), config, eos_token_ids=llava.eos_token_ids)
     outputs = []
     for start in range(0, len(prompts), batch):
@@ -216,6 +258,31 @@ def test_draft_tree_exactness(llama64):
     for i, prompt in enumerate(PROMPTS):
         report = compare_to_law(samples[i :: len(PROMPTS)], lm_law(llama64, prompt, config.max_new_tokens, config.sampling))
         assert report.passed, f"prompt {prompt}: {report}"
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 12), (3, 2, 11), (1, 4, 3)], ids=["4-3-12", "all-candidates", "depth-1"])
+def test_tree_structure_the_proposer_records_is_the_trees_own(llama64, shape):
+    """The proposer hands the verifier each tree's depth and ancestor mask (``with_structure``);
+    they equal what ``DraftTree`` derives from the parents alone."""
+    from raydec.spec.tree import DraftTree
+
+    depth, top_k, total = shape
+    config = DecodeConfig(max_new_tokens=8, sampling=SamplingConfig(temperature=1.0),
+                          draft_tree=DraftTreeSpec(depth=depth, top_k=top_k, total_tokens=total))
+    proposer = DraftTreeProposer(draft_for(llama64, vision=False, seed=3), config.tree)
+    original, checked = proposer.propose, []
+
+    def checking(state):
+        tree = original(state)
+        bare = DraftTree(tree.tokens, tree.parents, tree.valid, tree.proposal_index, tree.without_replacement, tree.proposal_probs)
+        assert torch.equal(tree.ancestor_mask(), bare.ancestor_mask()) and torch.equal(tree.depth(), bare.depth())
+        assert bare.num_nodes == min(total, 1 + top_k + (depth - 1) * top_k * top_k)
+        checked.append(tree.batch_size)
+        return tree
+
+    proposer.propose = checking
+    Engine(llama64, proposer, config).generate([RowRequest(p, seed=i) for i, p in enumerate(PROMPTS)])
+    assert checked and checked[0] == len(PROMPTS)
 
 
 def test_batch_rows_equal_batch_one_rows(llama64):

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from raydec.config import StrictModel
+from raydec.models.folded_input import FoldedDraftInput
 from raydec.models.fused_layer import FusedDecoderLayer
 from pydantic import Field
 
@@ -163,6 +164,7 @@ class VispecDraft(nn.Module):
                 self.img_fc.bias.zero_()
         self._target_parts: tuple[nn.Module, nn.Module] | None = None
         self._fused: FusedDecoderLayer | None = None  # inference snapshot of the decoder layer
+        self._input: FoldedDraftInput | None = None  # inference snapshot of fc (+ img_fc)
         if embed is not None and lm_head is not None:
             self.attach_target(embed, lm_head)
 
@@ -188,18 +190,20 @@ class VispecDraft(nn.Module):
     # -- inference form ------------------------------------------------------------------------
 
     def prepare_inference(self) -> "VispecDraft":
-        """Run the decoder layer as a ``FusedDecoderLayer`` snapshot of the current weights (for a
-        loaded draft that only decodes); training, moving or casting the draft drops it."""
+        """Run the decoder layer as a ``FusedDecoderLayer`` snapshot of the current weights, and
+        decode steps' input projection folded (``FoldedDraftInput``), for a loaded draft that only
+        decodes; training, moving or casting the draft drops both."""
         self._fused = FusedDecoderLayer(self.decoder.layers[0], self.decoder.rotary_emb)
+        self._input = FoldedDraftInput(self.fc, self.img_fc)
         return self
 
     def train(self, mode: bool = True) -> "VispecDraft":
         if mode:
-            self._fused = None
+            self._fused = self._input = None
         return super().train(mode)
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> "VispecDraft":
-        self._fused = None  # .to() / .float() / .cuda(): the snapshot would be stale
+        self._fused = self._input = None  # .to() / .float() / .cuda(): the snapshots would be stale
         return super()._apply(fn, *args, **kwargs)
 
     # -- sequences -----------------------------------------------------------------------------
@@ -272,6 +276,26 @@ class VispecDraft(nn.Module):
             x, attention_mask=attention_mask.to(x.dtype), position_ids=position_ids, cache=cache,
             use_cache=cache is not None, position_embeddings=rotary,
         )
+
+    def decode_forward(
+        self,
+        token_embeds: torch.Tensor,
+        features: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: Any,
+        row_globals: torch.Tensor,
+        row_has_global: torch.Tensor,
+    ) -> torch.Tensor:
+        """``forward`` for decode steps, where every pair of a row gets its last image's g (or none
+        does). token_embeds, features [B, N, H]; row_globals [B, H]; row_has_global [B] bool -> [B, N, H]"""
+        if self._input is None or self._fused is None:
+            batch, width = position_ids.shape
+            globals_ = row_globals.unsqueeze(1).expand(batch, width, row_globals.shape[-1])
+            use = row_has_global.to(position_ids.device).unsqueeze(1).expand(batch, width)
+            return self(token_embeds, features, position_ids, attention_mask, cache, globals_, use)
+        x = self._input(token_embeds, features, row_globals, row_has_global)
+        return self._fused(x, position_ids, attention_mask, cache)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         assert self.lm_head is not None, "attach_target() first"

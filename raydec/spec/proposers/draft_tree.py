@@ -59,6 +59,7 @@ class DraftTreeProposer(Proposer):
         #: set to a list to record each expansion as (frontier candidate ids [B, K], their
         #: draft hidden [B, K, H], candidate tokens [B, C], candidate parents [B, C]) (tests)
         self.trace: list | None = None
+        self._layout_cache: dict = {}
 
     @property
     def _device(self) -> torch.device:
@@ -177,9 +178,7 @@ class DraftTreeProposer(Proposer):
         window = causal | identity_mask(width).unsqueeze(0)
         mask = self.cache.attention_mask(window, dtype).to(device)
         positions = self.cache.window_positions(depth).to(device)
-        use = self.has_global.unsqueeze(1).expand(batch, width).to(device)
-        glob = self.globals_.unsqueeze(1).expand(batch, width, size)
-        h = self.draft(tok, feat, positions, mask, self.cache.kv, glob, use)
+        h = self.draft.decode_forward(tok, feat, positions, mask, self.cache.kv, self.globals_, self.has_global)
         self.cache.commit(valid)
         counts_t = torch.tensor(counts, device=device)
         fed = h[torch.arange(batch, device=device), (counts_t - 1).clamp(min=0)]
@@ -193,81 +192,115 @@ class DraftTreeProposer(Proposer):
             logits = logits.masked_fill(~state.constraint.allowed, float("-inf"))
         return torch.log_softmax(logits, dim=-1)
 
+    def _layout(self, batch: int, k: int) -> dict[str, torch.Tensor]:
+        """Index tensors that depend only on the batch size and the tree shape (kept across steps)."""
+        key = (batch, k, self.spec.depth)
+        if self._layout_cache.get("key") != key:
+            depth = self.spec.depth
+            levels = [torch.full((k if level == 1 else k * k,), level, dtype=torch.long) for level in range(1, depth + 1)]
+            self._layout_cache = {
+                "key": key,
+                "rows": torch.arange(batch).unsqueeze(1),  # [B, 1]
+                "eye": identity_mask(k).expand(batch, k, k),  # [B, K, K]
+                "root_parent": torch.full((batch, k), -1),  # [B, K]
+                "child_parent": torch.arange(k).repeat_interleave(k).expand(batch, k * k),  # [B, K*K] frontier slot
+                "cand_depth": torch.cat(levels).expand(batch, -1),  # [B, C]
+            }
+        return self._layout_cache
+
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> DraftTree:
         self._sync_rows(state)
         self._catch_up()
         spec, device, dtype = self.spec, self._device, self._dtype
-        batch, size = len(self.row_ids), self.globals_.shape[-1]
+        batch = len(self.row_ids)
         k = min(spec.top_k, state.vocab_size)
+        layout = self._layout(batch, k)
+        rows, eye = layout["rows"], layout["eye"]
+        rows_on_device = rows.to(device)
         committed = self.cache.length  # tree slots live after this and are cropped at the end
-        base = self.cache.valid  # [B, S]
+        blocked = torch.finfo(dtype).min
+        # [B, 1, K, S + tree slots] additive mask: committed part written once, tree part per level
+        mask = torch.full((batch, 1, k, committed + k * (spec.depth - 1)), blocked, dtype=dtype)
+        mask[:, 0, :, :committed].masked_fill_(self.cache.valid.unsqueeze(1), 0.0)
+        mask = mask.to(device)
+        next_position = self.cache.next_position.unsqueeze(1).expand(batch, k).to(device)
 
         # candidates, level by level: cumulative score, token, parent candidate (-1 = root)
         logp = self._log_probs(self.root_hidden, state)  # [B, V]
         score, token = logp.topk(k, dim=-1)  # [B, K]: level 1, the root's children
-        cand_score, cand_token, cand_parent = [score], [token], [torch.full((batch, k), -1)]
+        cand_score, cand_token, cand_parent = [score], [token], [layout["root_parent"]]
         frontier = torch.arange(k).expand(batch, k)  # candidate ids of the nodes expanded next
         frontier_score, frontier_token = score, token  # [B, K]
-        frontier_feat = self.root_hidden.unsqueeze(1).expand(batch, k, size)  # parent hidden of each
-        eye = identity_mask(k).expand(batch, k, k)
+        frontier_feat = self.root_hidden.unsqueeze(1).expand(batch, k, self.root_hidden.shape[-1])  # parent hidden of each
         anc = eye  # [B, K, slots]: tree slots each frontier node sees (its ancestors and itself)
-        committed_mask = _additive(base.unsqueeze(1), dtype).expand(batch, 1, k, committed)  # [B, 1, K, S]
-        glob = self.globals_.unsqueeze(1).expand(batch, k, size)
-        use = self.has_global.unsqueeze(1).expand(batch, k).to(device)
         offset = k
         for level in range(2, spec.depth + 1):
             # one draft forward over the frontier (K nodes per row) at depth level-1
+            slots = anc.shape[2]
+            mask[:, 0, :, committed : committed + slots].fill_(blocked).masked_fill_(anc.to(device), 0.0)
             tok = self.draft.embed_tokens(frontier_token.to(device)).to(dtype)
-            mask = torch.cat([committed_mask, _additive(anc, dtype)], dim=3).to(device)
-            positions = (self.cache.next_position.unsqueeze(1) + level - 2).expand(batch, k)
-            h = self.draft(tok, frontier_feat, positions.to(device), mask, self.cache.kv, glob, use)
+            h = self.draft.decode_forward(
+                tok, frontier_feat, next_position + (level - 2), mask[..., : committed + slots], self.cache.kv,
+                self.globals_, self.has_global,
+            )
             if self.trace is not None:
                 self.trace.append((frontier.clone(), h.detach().clone(), torch.cat(cand_token, 1), torch.cat(cand_parent, 1)))
 
             # children of every frontier node: [B, K, K] -> K*K candidates at this level
             child_score, child_token = self._log_probs(h, state).topk(k, dim=-1)  # [B, K, K]
-            child_score = (child_score + frontier_score.unsqueeze(-1)).reshape(batch, k * k)
-            child_token = child_token.reshape(batch, k * k)
+            child_score = (child_score + frontier_score.unsqueeze(-1)).view(batch, k * k)
+            child_token = child_token.view(batch, k * k)
             cand_score.append(child_score)
             cand_token.append(child_token)
-            cand_parent.append(frontier.unsqueeze(-1).expand(batch, k, k).reshape(batch, k * k))
+            cand_parent.append(frontier.gather(1, layout["child_parent"]))
             best = child_score.topk(k, dim=-1).indices  # [B, K] within this level
             parent = best // k  # frontier index of each best child's parent
-            frontier_feat = h.gather(1, parent.to(device).unsqueeze(-1).expand(batch, k, size))
+            frontier_feat = h[rows_on_device, parent.to(device)]
             frontier, frontier_score, frontier_token = best + offset, child_score.gather(1, best), child_token.gather(1, best)
             offset += k * k
             if level < spec.depth:  # next frontier's slots: its parent's, then its own (after this level's)
-                anc = torch.cat([anc.gather(1, parent.unsqueeze(-1).expand(batch, k, anc.shape[2])), eye], dim=2)
+                anc = torch.cat([anc[rows, parent], eye], dim=2)
         grown = self.cache.kv.get_seq_length() - committed
         if grown:
             self.cache.kv.crop(-grown)
+        return self._select(state, layout, torch.cat(cand_score, 1), torch.cat(cand_token, 1), torch.cat(cand_parent, 1))
 
-        all_tokens, all_parent = torch.cat(cand_token, dim=1), torch.cat(cand_parent, dim=1)
-        cand_depth = [torch.full((batch, k if level == 1 else k * k), level, dtype=torch.long) for level in range(1, spec.depth + 1)]
-        scores = torch.cat(cand_score, dim=1)  # [B, C]
-        depths = torch.cat(cand_depth, dim=1)
-        count = min(spec.total_tokens - 1, scores.shape[1])
+    def _select(
+        self, state: DecodeState, layout: dict[str, torch.Tensor], scores: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor
+    ) -> DraftTree:
+        """The ``total_tokens - 1`` best candidates as a tree in topological order.
+        scores, tokens, parents (candidate ids, -1 = root): [B, C]"""
+        batch, candidates = scores.shape
+        depths = layout["cand_depth"]
+        count = min(self.spec.total_tokens - 1, candidates)
         chosen = select_tree_nodes(scores, depths, count)  # [B, count]
-        # topological order: by depth, then rank
-        chosen = chosen.gather(1, torch.sort(depths.gather(1, chosen), dim=1, stable=True).indices)
-        node_of = torch.full((batch, scores.shape[1]), -1, dtype=torch.long)
+        node_depth = depths.gather(1, chosen)
+        order = torch.sort(node_depth, dim=1, stable=True).indices  # topological: by depth, then rank
+        chosen, node_depth = chosen.gather(1, order), node_depth.gather(1, order)
+        node_of = torch.full((batch, candidates), -1, dtype=torch.long)
         node_of.scatter_(1, chosen, torch.arange(1, count + 1).expand(batch, count))
-        parents = all_parent.gather(1, chosen)
-        parent_nodes = torch.where(parents >= 0, node_of.gather(1, parents.clamp(min=0)), torch.zeros_like(parents))
+        parent_cand = parents.gather(1, chosen)
+        parent_nodes = torch.where(parent_cand >= 0, node_of.gather(1, parent_cand.clamp(min=0)), 0)
         if bool((parent_nodes < 0).any()):
             raise RuntimeError("draft tree selection dropped a parent")
-        tokens = torch.cat([state.roots().unsqueeze(1), all_tokens.gather(1, chosen)], dim=1)
-        parents_full = torch.cat([torch.full((batch, 1), -1), parent_nodes], dim=1)
         n = count + 1
-        return DraftTree(
-            tokens=tokens,
+        parents_full = torch.cat([layout["root_parent"][:, :1], parent_nodes], dim=1)  # [B, N]
+        # ancestors: follow parent pointers up to the tree's depth; the root is everyone's
+        ancestors = identity_mask(n).expand(batch, n, n).clone()
+        up = parents_full.clamp(min=0)
+        for _ in range(self.spec.depth):
+            ancestors.scatter_(2, up.unsqueeze(2), True)
+            up = parents_full.clamp(min=0).gather(1, up)
+        tree = DraftTree(
+            tokens=torch.cat([state.roots().unsqueeze(1), tokens.gather(1, chosen)], dim=1),
             parents=parents_full,
             valid=torch.ones(batch, n, dtype=torch.bool),
             proposal_index=torch.full((batch, n), -1, dtype=torch.long),
             without_replacement=torch.zeros(batch, n, dtype=torch.bool),
             proposal_probs=torch.zeros(batch, 0, state.vocab_size, dtype=state.prob_dtype),
         )
+        return tree.with_structure(torch.cat([torch.zeros(batch, 1, dtype=torch.long), node_depth], dim=1), ancestors)
 
     # -- observe -------------------------------------------------------------------------------
 
