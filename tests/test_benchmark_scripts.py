@@ -67,6 +67,19 @@ def test_host_work_splits_a_step_by_part(monkeypatch, capsys):
         assert steps > 0 and step_ms > 0 and len(parts) == 6 and all(0 <= part <= step_ms for part in parts)
 
 
+def test_draft_step_times_both_forms_and_they_agree(monkeypatch, capsys):
+    """On the shipped ViSpec draft (a trained img_fc, not [I|0]) the folded decode form gives the
+    module's output to float32 rounding."""
+    script = _script("draft_step")
+    monkeypatch.setattr(sys, "argv", ["draft_step.py", "--rounds", "2", "--calls", "5", "--threads", "1"])
+    script.main()
+    out = capsys.readouterr().out
+    medians = dict(re.findall(r"^(\w+)\s+median\s+([\d.]+) us", out, flags=re.M))
+    assert set(medians) == {"forward", "decode_forward"} and all(float(v) > 0 for v in medians.values())
+    gap = float(re.search(r"largest output difference ([\d.e+-]+)", out).group(1))
+    assert gap < 1e-3, out
+
+
 def test_profile_decode_writes_stats_for_both_methods(tmp_path, monkeypatch, capsys):
     script = _script("profile_decode")
     argv = ["profile_decode.py", "--device", "cpu", "--images", "1", "--prompts", "1", "--top", "5", "--out", str(tmp_path)]
