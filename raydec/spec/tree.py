@@ -171,14 +171,17 @@ class DraftTree:
             both = self.valid.unsqueeze(1) & self.valid.unsqueeze(2)
             mask = (causal & both) | eye
         else:
-            # reach[i, j]: j is i or an ancestor within 2^k steps; square until it covers every depth
-            parent = (self.parents.unsqueeze(2) == torch.arange(width)) & self.valid.unsqueeze(2)  # [B, N, N]
-            reach = (parent | eye).float()
-            steps = 1
-            while steps < width:
-                reach = (reach @ reach).clamp(max=1.0)
-                steps *= 2
-            mask = reach.bool()
+            # walk every node's parent pointers up to the root (the root and padding point at themselves)
+            index = torch.arange(width).expand(batch, width)
+            parent_of = torch.where((self.parents >= 0) & self.valid, self.parents, index)  # [B, N]
+            mask = eye.expand(batch, width, width).clone()
+            up = parent_of
+            for _ in range(width - 1):  # a path has at most N - 1 edges
+                mask.scatter_(2, up.unsqueeze(2), True)
+                higher = parent_of.gather(1, up)
+                if torch.equal(higher, up):
+                    break
+                up = higher
         self._memo["ancestors"] = mask
         return mask
 

@@ -16,6 +16,7 @@ The draft keeps its own ragged KV cache; tree slots are cropped after each step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,6 +43,19 @@ def select_tree_nodes(scores: torch.Tensor, depths: torch.Tensor, count: int) ->
     return order[:, :count]
 
 
+@dataclass(frozen=True)
+class _TreeLayout:
+    """A tree shape's index tensors for one batch size (B rows, top-K, C candidates)."""
+
+    key: tuple[int, int, int]  # (B, K, depth)
+    rows: torch.Tensor  # [B, 1] row index
+    rows_on_device: torch.Tensor  # the same on the draft's device
+    eye: torch.Tensor  # [B, K, K] bool identity
+    root_parent: torch.Tensor  # [B, K] -1: level-1 candidates hang under the root
+    child_parent: torch.Tensor  # [B, K*K] frontier slot of each child candidate of a level
+    cand_depth: torch.Tensor  # [B, C] depth of every candidate
+
+
 class DraftTreeProposer(Proposer):
     """Draft-model proposer (see module docstring). ``draft``: a ``VispecDraft`` (vision or not)."""
 
@@ -59,7 +73,7 @@ class DraftTreeProposer(Proposer):
         #: set to a list to record each expansion as (frontier candidate ids [B, K], their
         #: draft hidden [B, K, H], candidate tokens [B, C], candidate parents [B, C]) (tests)
         self.trace: list | None = None
-        self._layout_cache: dict = {}
+        self._tree_layout: _TreeLayout | None = None
 
     @property
     def _device(self) -> torch.device:
@@ -192,21 +206,22 @@ class DraftTreeProposer(Proposer):
             logits = logits.masked_fill(~state.constraint.allowed, float("-inf"))
         return torch.log_softmax(logits, dim=-1)
 
-    def _layout(self, batch: int, k: int) -> dict[str, torch.Tensor]:
+    def _layout(self, batch: int, k: int) -> "_TreeLayout":
         """Index tensors that depend only on the batch size and the tree shape (kept across steps)."""
         key = (batch, k, self.spec.depth)
-        if self._layout_cache.get("key") != key:
-            depth = self.spec.depth
-            levels = [torch.full((k if level == 1 else k * k,), level, dtype=torch.long) for level in range(1, depth + 1)]
-            self._layout_cache = {
-                "key": key,
-                "rows": torch.arange(batch).unsqueeze(1),  # [B, 1]
-                "eye": identity_mask(k).expand(batch, k, k),  # [B, K, K]
-                "root_parent": torch.full((batch, k), -1),  # [B, K]
-                "child_parent": torch.arange(k).repeat_interleave(k).expand(batch, k * k),  # [B, K*K] frontier slot
-                "cand_depth": torch.cat(levels).expand(batch, -1),  # [B, C]
-            }
-        return self._layout_cache
+        if self._tree_layout is None or self._tree_layout.key != key:
+            levels = [torch.full((k if level == 1 else k * k,), level, dtype=torch.long) for level in range(1, self.spec.depth + 1)]
+            rows = torch.arange(batch).unsqueeze(1)
+            self._tree_layout = _TreeLayout(
+                key=key,
+                rows=rows,
+                rows_on_device=rows.to(self._device),
+                eye=identity_mask(k).expand(batch, k, k),
+                root_parent=torch.full((batch, k), -1),
+                child_parent=torch.arange(k).repeat_interleave(k).expand(batch, k * k),
+                cand_depth=torch.cat(levels).expand(batch, -1),
+            )
+        return self._tree_layout
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> DraftTree:
@@ -216,8 +231,7 @@ class DraftTreeProposer(Proposer):
         batch = len(self.row_ids)
         k = min(spec.top_k, state.vocab_size)
         layout = self._layout(batch, k)
-        rows, eye = layout["rows"], layout["eye"]
-        rows_on_device = rows.to(device)
+        rows, eye = layout.rows, layout.eye
         committed = self.cache.length  # tree slots live after this and are cropped at the end
         blocked = torch.finfo(dtype).min
         # [B, 1, K, S + tree slots] additive mask: committed part written once, tree part per level
@@ -229,7 +243,7 @@ class DraftTreeProposer(Proposer):
         # candidates, level by level: cumulative score, token, parent candidate (-1 = root)
         logp = self._log_probs(self.root_hidden, state)  # [B, V]
         score, token = logp.topk(k, dim=-1)  # [B, K]: level 1, the root's children
-        cand_score, cand_token, cand_parent = [score], [token], [layout["root_parent"]]
+        cand_score, cand_token, cand_parent = [score], [token], [layout.root_parent]
         frontier = torch.arange(k).expand(batch, k)  # candidate ids of the nodes expanded next
         frontier_score, frontier_token = score, token  # [B, K]
         frontier_feat = self.root_hidden.unsqueeze(1).expand(batch, k, self.root_hidden.shape[-1])  # parent hidden of each
@@ -253,10 +267,10 @@ class DraftTreeProposer(Proposer):
             child_token = child_token.view(batch, k * k)
             cand_score.append(child_score)
             cand_token.append(child_token)
-            cand_parent.append(frontier.gather(1, layout["child_parent"]))
+            cand_parent.append(frontier.gather(1, layout.child_parent))
             best = child_score.topk(k, dim=-1).indices  # [B, K] within this level
             parent = best // k  # frontier index of each best child's parent
-            frontier_feat = h[rows_on_device, parent.to(device)]
+            frontier_feat = h[layout.rows_on_device, parent.to(device)]
             frontier, frontier_score, frontier_token = best + offset, child_score.gather(1, best), child_token.gather(1, best)
             offset += k * k
             if level < spec.depth:  # next frontier's slots: its parent's, then its own (after this level's)
@@ -267,12 +281,12 @@ class DraftTreeProposer(Proposer):
         return self._select(state, layout, torch.cat(cand_score, 1), torch.cat(cand_token, 1), torch.cat(cand_parent, 1))
 
     def _select(
-        self, state: DecodeState, layout: dict[str, torch.Tensor], scores: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor
+        self, state: DecodeState, layout: "_TreeLayout", scores: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor
     ) -> DraftTree:
         """The ``total_tokens - 1`` best candidates as a tree in topological order.
         scores, tokens, parents (candidate ids, -1 = root): [B, C]"""
         batch, candidates = scores.shape
-        depths = layout["cand_depth"]
+        depths = layout.cand_depth
         count = min(self.spec.total_tokens - 1, candidates)
         chosen = select_tree_nodes(scores, depths, count)  # [B, count]
         node_depth = depths.gather(1, chosen)
@@ -285,22 +299,16 @@ class DraftTreeProposer(Proposer):
         if bool((parent_nodes < 0).any()):
             raise RuntimeError("draft tree selection dropped a parent")
         n = count + 1
-        parents_full = torch.cat([layout["root_parent"][:, :1], parent_nodes], dim=1)  # [B, N]
-        # ancestors: follow parent pointers up to the tree's depth; the root is everyone's
-        ancestors = identity_mask(n).expand(batch, n, n).clone()
-        up = parents_full.clamp(min=0)
-        for _ in range(self.spec.depth):
-            ancestors.scatter_(2, up.unsqueeze(2), True)
-            up = parents_full.clamp(min=0).gather(1, up)
         tree = DraftTree(
             tokens=torch.cat([state.roots().unsqueeze(1), tokens.gather(1, chosen)], dim=1),
-            parents=parents_full,
+            parents=torch.cat([layout.root_parent[:, :1], parent_nodes], dim=1),
             valid=torch.ones(batch, n, dtype=torch.bool),
             proposal_index=torch.full((batch, n), -1, dtype=torch.long),
             without_replacement=torch.zeros(batch, n, dtype=torch.bool),
             proposal_probs=torch.zeros(batch, 0, state.vocab_size, dtype=state.prob_dtype),
         )
-        return tree.with_structure(torch.cat([torch.zeros(batch, 1, dtype=torch.long), node_depth], dim=1), ancestors)
+        depth = torch.cat([torch.zeros(batch, 1, dtype=torch.long), node_depth], dim=1)  # known: no need to derive it
+        return tree.with_structure(depth, tree.ancestor_mask())
 
     # -- observe -------------------------------------------------------------------------------
 
