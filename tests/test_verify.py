@@ -203,6 +203,31 @@ def test_tree_masks_and_depth():
     assert tree.proposal_index[0, 1] == DETERMINISTIC
 
 
+def test_ancestor_mask_of_random_padded_trees_follows_the_parent_lists():
+    """The batched pointer walk equals following each node's parents in Python: deep, wide and
+    padded trees, rows of different sizes in one batch."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        builders = []
+        for _ in range(int(torch.randint(1, 4, (1,), generator=generator))):
+            builder = TreeBuilder(0)
+            for node in range(1, int(torch.randint(2, 18, (1,), generator=generator))):
+                deep = bool(torch.rand(1, generator=generator) < 0.4)
+                builder.add(node - 1 if deep else int(torch.randint(0, node, (1,), generator=generator)), node)
+            builders.append(builder)
+        tree = DraftTree.stack(builders, 20)
+        mask, depth = tree.ancestor_mask(), tree.depth()
+        for row, builder in enumerate(builders):
+            for node in range(tree.num_nodes):
+                path, up = {node}, node  # padding (node >= the row's size) sees itself only
+                while up < builder.num_nodes and builder.parents[up] >= 0:
+                    up = builder.parents[up]
+                    path.add(up)
+                assert mask[row, node].tolist() == [j in path for j in range(tree.num_nodes)]
+                assert depth[row, node] == (len(path) - 1 if node < builder.num_nodes else 0)
+
+
+
 def test_chain_fast_path_equals_general_recursion():
     """The one-pass chain verifier and the level-by-level recursion agree on identical uniforms."""
     import raydec.spec.verify as verify
