@@ -43,9 +43,10 @@ def main() -> None:
     tokens, features = torch.randn(b, n, h), torch.randn(b, n, h)
     positions, mask = torch.full((b, n), s), torch.zeros(b, 1, n, s + n)
     globals_, has_global = torch.randn(b, h), torch.ones(b, dtype=torch.bool)
+    rows = draft.decode_rows(globals_, has_global)  # once per batch of rows, as the proposer does
     forms = {
         "forward": lambda: draft(tokens, features, positions, mask, cache, globals_.unsqueeze(1).expand(b, n, h), has_global.unsqueeze(1).expand(b, n)),
-        "decode_forward": lambda: draft.decode_forward(tokens, features, positions, mask, cache, globals_, has_global),
+        "decode_forward": lambda: draft.decode_forward(tokens, features, positions, mask, cache, rows, s),
     }
     outputs, times = {}, {name: [] for name in forms}
     with torch.inference_mode():

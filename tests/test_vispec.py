@@ -135,10 +135,11 @@ def test_folded_input_computes_fc_after_img_fc():
         has = torch.tensor(has)
         use = has.unsqueeze(1).expand(3, 5)
         expected = draft.fc(torch.cat([e, draft.inject_global(f, g.unsqueeze(1).expand(3, 5, 16), use)], dim=-1))
-        assert torch.allclose(folded(e, f, g, has), expected, rtol=1e-12, atol=1e-12), has
-        assert torch.allclose(folded(e[:1], f[:1], g[:1], has[:1]), expected[:1], rtol=1e-12, atol=1e-12)
+        assert torch.allclose(folded(e, f, folded.rows(g, has)), expected, rtol=1e-12, atol=1e-12), has
+        assert torch.allclose(folded(e[:1], f[:1], folded.rows(g[:1], has[:1])), expected[:1], rtol=1e-12, atol=1e-12)
     text_only = VispecDraft(config.model_copy(update={"vision": False})).to(torch.float64)
-    assert torch.allclose(FoldedDraftInput(text_only.fc, None)(e, f, g, torch.ones(3, dtype=torch.bool)),
+    plain = FoldedDraftInput(text_only.fc, None)
+    assert torch.allclose(plain(e, f, plain.rows(g, torch.ones(3, dtype=torch.bool))),
                           text_only.fc(torch.cat([e, f], dim=-1)), rtol=1e-12, atol=1e-12)
 
     pos = torch.arange(5).expand(3, 5) + 7
@@ -148,7 +149,7 @@ def test_folded_input_computes_fc_after_img_fc():
     for prepared in (False, True):
         if prepared:
             draft.prepare_inference()
-        outputs.append(draft.decode_forward(e, f, pos, mask, DynamicCache(), g, has))
+        outputs.append(draft.decode_forward(e, f, pos, mask, DynamicCache(), draft.decode_rows(g, has)))
     assert torch.allclose(outputs[0], outputs[1], rtol=1e-10, atol=1e-10)
     assert draft._input is not None and draft.train()._input is None
 

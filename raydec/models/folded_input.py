@@ -18,8 +18,40 @@ draft only proposes: this never changes what the verifier accepts.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
+
+
+@dataclass(frozen=True)
+class DecodeRows:
+    """What decode steps need of each row's image, worked out once while the batch's rows stay.
+
+    globals_:   [B, H] g of each row's last image (any value for rows without one)
+    has_global: [B] bool
+    bias:       [B, H] each row's bias after folding (c_r with an image, fc's bias without);
+                None when the draft is not prepared (``decode_forward`` then runs ``forward``)
+    mixed:      rows with and without an image share the batch (two GEMMs per call, not one)
+    any_global: some row's pairs take the folded weight (the draft has img_fc and a row an image)
+    """
+
+    globals_: torch.Tensor
+    has_global: torch.Tensor
+    bias: torch.Tensor | None = None
+    mixed: bool = False
+    any_global: bool = False
+
+    def select(self, index: torch.Tensor) -> "DecodeRows":
+        """The rows that stay, in ``index`` order. index: [B'] long (CPU)."""
+        on_device = index.to(self.globals_.device)
+        has = self.has_global[index]
+        bias = None if self.bias is None else self.bias[on_device]
+        return DecodeRows(self.globals_[on_device], has, bias, _mixed(has), bool(has.any()))
+
+
+def _mixed(has_global: torch.Tensor) -> bool:
+    return bool(has_global.any()) and not bool(has_global.all())
 
 
 class FoldedDraftInput:
@@ -39,19 +71,28 @@ class FoldedDraftInput:
             self.global_weight = (b @ w2).t().contiguous().to(dtype)  # [H, H]
             self.global_bias = (b @ img_fc.bias.detach().double() + bias).to(dtype)  # [H]
 
-    def __call__(self, token_embeds: torch.Tensor, features: torch.Tensor, globals_: torch.Tensor, has_global: torch.Tensor) -> torch.Tensor:
-        """token_embeds, features [B, N, H]; globals_ [B, H] g of each row; has_global [B] bool
-        (every pair of a row gets g_r or none does). -> fc input projection [B, N, H]"""
+    def rows(self, globals_: torch.Tensor, has_global: torch.Tensor) -> DecodeRows:
+        """globals_ [B, H] g of each row's last image; has_global [B] bool (every pair of a row
+        gets g_r, or none does) -> the rows' folded biases."""
+        has = has_global.cpu()
+        use = self.folded is not None and bool(has.any())
+        bias = self.plain_bias.expand(globals_.shape[0], -1)
+        if use:
+            image_bias = torch.addmm(self.global_bias, globals_.to(self.plain.dtype), self.global_weight)  # c_r [B, H]
+            bias = torch.where(has.to(bias.device).unsqueeze(1), image_bias, bias)
+        return DecodeRows(globals_, has, bias.contiguous(), _mixed(has) and use, use)
+
+    def __call__(self, token_embeds: torch.Tensor, features: torch.Tensor, rows: DecodeRows) -> torch.Tensor:
+        """token_embeds, features [B, N, H]; rows: ``self.rows(...)`` of these B rows.
+        -> fc input projection [B, N, H]"""
         batch, width, size = features.shape
         pairs = torch.cat([token_embeds.to(features.dtype), features], dim=-1).view(batch * width, 2 * size)
-        if self.folded is None or not bool(has_global.any()):
-            return torch.addmm(self.plain_bias, pairs, self.plain).view(batch, width, size)
-        row_bias = torch.addmm(self.global_bias, globals_.to(features.dtype), self.global_weight)  # [B, H]
+        weight = self.folded if rows.any_global else self.plain
         if batch == 1:
-            x = torch.addmm(row_bias, pairs, self.folded).view(1, width, size)
+            x = torch.addmm(rows.bias[0], pairs, weight).view(1, width, size)
         else:
-            x = (pairs @ self.folded).view(batch, width, size) + row_bias.unsqueeze(1)
-        if bool(has_global.all()):
+            x = (pairs @ weight).view(batch, width, size) + rows.bias.unsqueeze(1)
+        if not rows.mixed:
             return x
-        plain = torch.addmm(self.plain_bias, pairs, self.plain).view(batch, width, size)
-        return torch.where(has_global.to(x.device).view(batch, 1, 1), x, plain)
+        plain = (pairs @ self.plain).view(batch, width, size) + rows.bias.unsqueeze(1)  # rows without g: fc's bias
+        return torch.where(rows.has_global.to(x.device).view(batch, 1, 1), x, plain)

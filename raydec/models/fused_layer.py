@@ -7,7 +7,8 @@ every call). ``FusedDecoderLayer`` computes the same layer (no input norm, as EA
 from a snapshot of its weights:
 
     q, k, v = split(x @ W_qkv)                  W_qkv = [W_q | W_k | W_v]^T, row-major
-    q, k    = rope(q, k) with cos/sin looked up in a per-position table
+    q, k    = rope(q, k) with cos/sin looked up in a per-position table; rotate_half(x) * sin
+              = roll(x, d/2) * (sin with its first half negated), the same products
     x       = x + sdpa(q, cache(k), cache(v), mask) @ W_o^T
     x       = x + (silu(g) * u) @ W_down^T       g, u = split(rmsnorm(x) @ [W_gate | W_up]^T)
 
@@ -36,11 +37,6 @@ def _bias(*linears: nn.Linear) -> torch.Tensor | None:
     return torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears])
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-
-
 class FusedDecoderLayer:
     """One Llama decoder layer without input norm (``layer``), with its rotary embedding."""
 
@@ -60,41 +56,50 @@ class FusedDecoderLayer:
         self.rope_scaling = float(getattr(rotary, "attention_scaling", 1.0))
         self._cos = self._sin = torch.empty(0, self.head_dim)  # [P, d] angles of positions 0..P-1
 
-    def _rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [B, N] -> cos, sin [B, 1, N, d] (the values Hugging Face's rotary computes)."""
-        need = int(positions.max()) + 1
+    def _rope_tables(self, positions: torch.Tensor, dtype: torch.dtype, max_position: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [B, N] -> cos, signed sin [B, 1, N, d]: Hugging Face's rotary values, sin with
+        its first half negated (see ``__call__``). max_position: positions.max() if the caller knows it."""
+        need = (int(positions.max()) if max_position is None else max_position) + 1
         if need > self._cos.shape[0] or self._cos.dtype != dtype:
             size = max(need, 2 * self._cos.shape[0], 256)
             freqs = torch.arange(size, device=self.inv_freq.device, dtype=torch.float).unsqueeze(1) * self.inv_freq
             angles = torch.cat([freqs, freqs], dim=-1)  # [P, d]
+            sign = torch.ones(self.head_dim, device=angles.device)
+            sign[: self.head_dim // 2] = -1.0
             self._cos = (angles.cos() * self.rope_scaling).to(dtype)
-            self._sin = (angles.sin() * self.rope_scaling).to(dtype)
+            self._sin = (angles.sin() * self.rope_scaling).to(dtype) * sign.to(dtype)
         return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)
 
     @staticmethod
     def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return x @ weight_t if bias is None else torch.addmm(bias, x, weight_t)
 
-    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any = None) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any = None,
+        max_position: int | None = None,
+    ) -> torch.Tensor:
         """x [B, N, H]; position_ids [B, N]; attention_mask [B, 1, N, S + N] additive; cache: an
-        HF cache (layer 0 appended in place) or None. -> [B, N, H]"""
+        HF cache (layer 0 appended in place) or None; max_position: position_ids.max() when the
+        caller knows it (saves a reduction). -> [B, N, H]"""
         batch, width, size = x.shape
         d, h, kv = self.head_dim, self.heads, self.kv_heads
         rows = x.reshape(batch * width, size)
         qkv = self._linear(rows, self.qkv, self.qkv_bias).view(batch, width, h + 2 * kv, d).transpose(1, 2)
-        cos, sin = self._rope_tables(position_ids, x.dtype)
+        cos, sin = self._rope_tables(position_ids, x.dtype, max_position)
         qk = qkv[:, : h + kv]  # [B, h + kv, N, d]: q and k heads, rotated together
-        q, k = (qk * cos + _rotate_half(qk) * sin).split([h, kv], dim=1)
+        q, k = (qk * cos + qk.roll(d // 2, dims=-1) * sin).split([h, kv], dim=1)
         v = qkv[:, h + kv :]
         if cache is not None:
             k, v = cache.update(k, v, 0)
-        attended = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attention_mask.to(q.dtype), scale=self.scaling, enable_gqa=kv != h
-        )  # [B, h, N, d]
+        if attention_mask.dtype != q.dtype:
+            attention_mask = attention_mask.to(q.dtype)
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, scale=self.scaling, enable_gqa=kv != h)  # [B, h, N, d]
         rows = rows + self._linear(attended.transpose(1, 2).reshape(batch * width, h * d), self.o, self.o_bias)
-        normed = rows.float()  # RMSNorm in fp32, as Hugging Face's
+        normed = rows if rows.dtype == torch.float32 else rows.float()  # RMSNorm in fp32, as Hugging Face's
         normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + self.eps)
-        gate_up = self._linear(self.norm_weight * normed.to(rows.dtype), self.gate_up, self.gate_up_bias)
+        if normed.dtype != rows.dtype:
+            normed = normed.to(rows.dtype)
+        gate_up = self._linear(self.norm_weight * normed, self.gate_up, self.gate_up_bias)
         gate, up = gate_up.split(self.intermediate, dim=-1)
         rows = rows + self._linear(F.silu(gate) * up, self.down, self.down_bias)
         return rows.view(batch, width, size)

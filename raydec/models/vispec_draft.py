@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from raydec.config import StrictModel
-from raydec.models.folded_input import FoldedDraftInput
+from raydec.models.folded_input import DecodeRows, FoldedDraftInput
 from raydec.models.fused_layer import FusedDecoderLayer
 from pydantic import Field
 
@@ -277,6 +277,15 @@ class VispecDraft(nn.Module):
             use_cache=cache is not None, position_embeddings=rotary,
         )
 
+    def decode_rows(self, row_globals: torch.Tensor, row_has_global: torch.Tensor) -> DecodeRows:
+        """What ``decode_forward`` needs of each row's image, once per batch of rows (in decoding,
+        every pair of a row gets its last image's g, or none does).
+        row_globals [B, H]; row_has_global [B] bool"""
+        if self._input is None:
+            has = row_has_global.cpu()
+            return DecodeRows(row_globals, has, None, bool(has.any()) and not bool(has.all()), bool(has.any()))
+        return self._input.rows(row_globals, row_has_global)
+
     def decode_forward(
         self,
         token_embeds: torch.Tensor,
@@ -284,18 +293,17 @@ class VispecDraft(nn.Module):
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         cache: Any,
-        row_globals: torch.Tensor,
-        row_has_global: torch.Tensor,
+        rows: DecodeRows,
+        max_position: int | None = None,
     ) -> torch.Tensor:
-        """``forward`` for decode steps, where every pair of a row gets its last image's g (or none
-        does). token_embeds, features [B, N, H]; row_globals [B, H]; row_has_global [B] bool -> [B, N, H]"""
-        if self._input is None or self._fused is None:
+        """``forward`` for decode steps. token_embeds, features [B, N, H]; rows: ``decode_rows``
+        of these B rows; max_position: position_ids.max() if known. -> [B, N, H]"""
+        if self._input is None or self._fused is None or rows.bias is None:
             batch, width = position_ids.shape
-            globals_ = row_globals.unsqueeze(1).expand(batch, width, row_globals.shape[-1])
-            use = row_has_global.to(position_ids.device).unsqueeze(1).expand(batch, width)
+            globals_ = rows.globals_.unsqueeze(1).expand(batch, width, rows.globals_.shape[-1])
+            use = rows.has_global.to(position_ids.device).unsqueeze(1).expand(batch, width)
             return self(token_embeds, features, position_ids, attention_mask, cache, globals_, use)
-        x = self._input(token_embeds, features, row_globals, row_has_global)
-        return self._fused(x, position_ids, attention_mask, cache)
+        return self._fused(self._input(token_embeds, features, rows), position_ids, attention_mask, cache, max_position)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         assert self.lm_head is not None, "attach_target() first"

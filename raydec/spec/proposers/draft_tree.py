@@ -70,6 +70,7 @@ class DraftTreeProposer(Proposer):
         self.pending: list[tuple[torch.Tensor, list[int]]] = []  # per row: (features [n, H], tokens [n])
         self.globals_: torch.Tensor | None = None  # [B, H] g of each row's last image
         self.has_global: torch.Tensor | None = None  # [B] bool
+        self.rows: Any = None  # the draft's DecodeRows of globals_ / has_global (kept while the rows stay)
         #: set to a list to record each expansion as (frontier candidate ids [B, K], their
         #: draft hidden [B, K, H], candidate tokens [B, C], candidate parents [B, C]) (tests)
         self.trace: list | None = None
@@ -90,6 +91,7 @@ class DraftTreeProposer(Proposer):
     @torch.inference_mode()
     def start(self, state: DecodeState, first_probs: torch.Tensor, prefill: Prefill) -> None:
         self.cache, self.root_hidden, self.globals_, self.has_global = self._prefill_rows(state, prefill)
+        self.rows = self.draft.decode_rows(self.globals_, self.has_global)
         self.row_ids = list(state.row_ids)
         self.pending = [None] * state.batch_size  # type: ignore[list-item]
 
@@ -101,6 +103,7 @@ class DraftTreeProposer(Proposer):
         self.root_hidden = torch.cat([self.root_hidden, root_hidden])
         self.globals_ = torch.cat([self.globals_, globals_])
         self.has_global = torch.cat([self.has_global, has_global])
+        self.rows = self.draft.decode_rows(self.globals_, self.has_global)
         self.row_ids += list(state.row_ids)
         self.pending += [None] * state.batch_size  # type: ignore[list-item]
 
@@ -162,6 +165,7 @@ class DraftTreeProposer(Proposer):
         device_index = index.to(self._device)
         self.globals_ = self.globals_[device_index]
         self.has_global = self.has_global[index]
+        self.rows = self.draft.decode_rows(self.globals_, self.has_global)
         if self.root_hidden is not None:
             self.root_hidden = self.root_hidden[device_index]
         self.pending = [self.pending[i] for i in index.tolist()]
@@ -192,7 +196,7 @@ class DraftTreeProposer(Proposer):
         window = causal | identity_mask(width).unsqueeze(0)
         mask = self.cache.attention_mask(window, dtype).to(device)
         positions = self.cache.window_positions(depth).to(device)
-        h = self.draft.decode_forward(tok, feat, positions, mask, self.cache.kv, self.globals_, self.has_global)
+        h = self.draft.decode_forward(tok, feat, positions, mask, self.cache.kv, self.rows)
         self.cache.commit(valid)
         counts_t = torch.tensor(counts, device=device)
         fed = h[torch.arange(batch, device=device), (counts_t - 1).clamp(min=0)]
@@ -239,6 +243,7 @@ class DraftTreeProposer(Proposer):
         mask[:, 0, :, :committed].masked_fill_(self.cache.valid.unsqueeze(1), 0.0)
         mask = mask.to(device)
         next_position = self.cache.next_position.unsqueeze(1).expand(batch, k).to(device)
+        max_position = int(self.cache.next_position.max())
 
         # candidates, level by level: cumulative score, token, parent candidate (-1 = root)
         logp = self._log_probs(self.root_hidden, state)  # [B, V]
@@ -255,8 +260,8 @@ class DraftTreeProposer(Proposer):
             mask[:, 0, :, committed : committed + slots].fill_(blocked).masked_fill_(anc.to(device), 0.0)
             tok = self.draft.embed_tokens(frontier_token.to(device)).to(dtype)
             h = self.draft.decode_forward(
-                tok, frontier_feat, next_position + (level - 2), mask[..., : committed + slots], self.cache.kv,
-                self.globals_, self.has_global,
+                tok, frontier_feat, next_position + (level - 2), mask[..., : committed + slots], self.cache.kv, self.rows,
+                max_position + level - 2,
             )
             if self.trace is not None:
                 self.trace.append((frontier.clone(), h.detach().clone(), torch.cat(cand_token, 1), torch.cat(cand_parent, 1)))
