@@ -11,7 +11,7 @@ from raydec.models.hf_vlm import VisionLanguageTarget, VlmPrompt
 from raydec.models.vispec_draft import DraftConfig, VispecDraft
 from raydec.reference.shapes import make_sample, to_pil
 from raydec.spec.engine import Engine, RowRequest
-from raydec.spec.proposers.draft_tree import DraftTreeProposer, select_tree_nodes
+from raydec.spec.proposers.draft_tree import DraftTreeProposer, _select_on_lists, _select_on_tensors, _TreeLayout, select_tree_nodes
 from tests.lawtest import compare_to_law
 from tests.test_exactness import sample_engine
 from tests.toys import lm_law, tiny_llama
@@ -38,6 +38,47 @@ def test_selection_prefers_score_then_shallower_so_parents_survive():
     depths = torch.tensor([[1, 1, 2, 2]])
     assert select_tree_nodes(scores, depths, 2).tolist() == [[0, 2]]
     assert select_tree_nodes(scores, depths, 3).tolist() == [[0, 2, 1]]
+
+
+def _random_candidates(batch: int, k: int, depth: int, gen: torch.Generator):
+    """Candidates laid out as the proposer grows them (level 1: the root's K children; level l:
+    K children of each of the K best of level l-1), with scores on a coarse grid so that ties
+    are common. -> scores, tokens, parents [B, C], depth [C]"""
+    score = -torch.randint(0, 3, (batch, k), generator=gen).float()
+    scores, parents, depths = [score], [torch.full((batch, k), -1)], [1] * k
+    frontier, frontier_score, offset = torch.arange(k).expand(batch, k), score, k
+    for level in range(2, depth + 1):
+        child = (frontier_score.unsqueeze(-1) - torch.randint(0, 3, (batch, k, k), generator=gen).float()).view(batch, k * k)
+        scores.append(child)
+        parents.append(frontier.repeat_interleave(k, dim=1))
+        depths += [level] * (k * k)
+        best = child.topk(k, dim=-1).indices
+        frontier, frontier_score, offset = best + offset, child.gather(1, best), offset + k * k
+    scores = torch.cat(scores, 1)
+    tokens = torch.randint(0, 50, scores.shape, generator=gen)
+    return scores, tokens, torch.cat(parents, 1), torch.tensor(depths)
+
+
+def test_tree_selection_on_lists_equals_the_tensor_form():
+    """Small batches select the tree on Python lists; the nodes, their order, parents, depths and
+    ancestor masks equal the tensor form's on 400 random candidate sets full of score ties."""
+    from raydec.spec.tree import DraftTree
+
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(400):
+        batch, k, depth = 1 + trial % 3, 2 + trial % 4, 1 + trial % 5
+        scores, tokens, parents, depths = _random_candidates(batch, k, depth, gen)
+        count = min(scores.shape[1], 1 + trial % 17)
+        layout = _TreeLayout((batch, k, depth), None, None, None, torch.full((batch, k), -1), None, depths.expand(batch, -1))
+        roots = torch.randint(0, 50, (batch,), generator=gen)
+        on_tensors = _select_on_tensors(roots, layout, scores, tokens, parents, count)
+        on_lists = _select_on_lists(roots.tolist(), scores.tolist(), tokens.tolist(), parents.tolist(), depths.tolist(), count)
+        for name, a, b in zip(("tokens", "parents", "depth"), on_tensors[:3], on_lists[:3]):
+            assert torch.equal(a, b), (trial, name, a, b)
+        tree = DraftTree(on_lists[0], on_lists[1], torch.ones_like(on_lists[1], dtype=torch.bool),
+                         torch.full_like(on_lists[1], -1), torch.zeros_like(on_lists[1], dtype=torch.bool), torch.zeros(batch, 0, 50))
+        assert torch.equal(on_lists[3], tree.ancestor_mask()), trial
+        assert torch.equal(on_lists[2], tree.depth()), trial
 
 
 def test_compressed_tokens_take_the_last_positions_of_their_span():
