@@ -69,7 +69,8 @@ def test_tree_selection_on_lists_equals_the_tensor_form():
         batch, k, depth = 1 + trial % 3, 2 + trial % 4, 1 + trial % 5
         scores, tokens, parents, depths = _random_candidates(batch, k, depth, gen)
         count = min(scores.shape[1], 1 + trial % 17)
-        layout = _TreeLayout((batch, k, depth), None, None, None, torch.full((batch, k), -1), None, depths.expand(batch, -1))
+        layout = _TreeLayout(key=(batch, k, depth), rows_on_device=None, eye=None, root_parent=torch.full((batch, k), -1),
+                             child_parent=None, cand_depth=depths.expand(batch, -1))
         roots = torch.randint(0, 50, (batch,), generator=gen)
         on_tensors = _select_on_tensors(roots, layout, scores, tokens, parents, count)
         on_lists = _select_on_lists(roots.tolist(), scores.tolist(), tokens.tolist(), parents.tolist(), depths.tolist(), count)

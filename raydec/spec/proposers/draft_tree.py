@@ -53,9 +53,8 @@ class _TreeLayout:
     """A tree shape's index tensors for one batch size (B rows, top-K, C candidates)."""
 
     key: tuple[int, int, int]  # (B, K, depth)
-    rows: torch.Tensor  # [B, 1] row index
-    rows_on_device: torch.Tensor  # the same on the draft's device
-    eye: torch.Tensor  # [B, K, K] bool identity
+    rows_on_device: torch.Tensor  # [B, 1] row index, on the draft's device
+    eye: torch.Tensor  # [B, K, K] additive identity (0 on the diagonal, dtype-min elsewhere), draft dtype and device
     root_parent: torch.Tensor  # [B, K] -1: level-1 candidates hang under the root
     child_parent: torch.Tensor  # [B, K*K] frontier slot of each child candidate of a level
     cand_depth: torch.Tensor  # [B, C] depth of every candidate
@@ -277,12 +276,10 @@ class DraftTreeProposer(Proposer):
         key = (batch, k, self.spec.depth)
         if self._tree_layout is None or self._tree_layout.key != key:
             levels = [torch.full((k if level == 1 else k * k,), level, dtype=torch.long) for level in range(1, self.spec.depth + 1)]
-            rows = torch.arange(batch).unsqueeze(1)
             self._tree_layout = _TreeLayout(
                 key=key,
-                rows=rows,
-                rows_on_device=rows.to(self._device),
-                eye=identity_mask(k).expand(batch, k, k),
+                rows_on_device=torch.arange(batch).unsqueeze(1).to(self._device),
+                eye=_additive(identity_mask(k).expand(batch, k, k), self._dtype)[:, 0].to(self._device),
                 root_parent=torch.full((batch, k), -1),
                 child_parent=torch.arange(k).repeat_interleave(k).expand(batch, k * k),
                 cand_depth=torch.cat(levels).expand(batch, -1),
@@ -297,13 +294,14 @@ class DraftTreeProposer(Proposer):
         batch = len(self.row_ids)
         k = min(spec.top_k, state.vocab_size)
         layout = self._layout(batch, k)
-        rows, eye = layout.rows, layout.eye
         committed = self.cache.length  # tree slots live after this and are cropped at the end
         blocked = torch.finfo(dtype).min
-        # [B, 1, K, S + tree slots] additive mask: committed part written once, tree part per level
+        # [B, 1, K, S + tree slots] additive mask: committed part written once; each level's frontier
+        # node sees what its parent saw (the earlier tree slots) and itself (this level's K slots)
         mask = torch.full((batch, 1, k, committed + k * (spec.depth - 1)), blocked, dtype=dtype)
         mask[:, 0, :, :committed].masked_fill_(self.cache.valid.unsqueeze(1), 0.0)
         mask = mask.to(device)
+        tree_mask = mask[:, 0, :, committed:]  # [B, K, tree slots], a view
         next_position = self.cache.next_position.unsqueeze(1).expand(batch, k).to(device)
         max_position = int(self.cache.next_position.max())
 
@@ -314,12 +312,11 @@ class DraftTreeProposer(Proposer):
         frontier = torch.arange(k).expand(batch, k)  # candidate ids of the nodes expanded next
         frontier_score, frontier_token = score, token  # [B, K]
         frontier_feat = self.root_hidden.unsqueeze(1).expand(batch, k, self.root_hidden.shape[-1])  # parent hidden of each
-        anc = eye  # [B, K, slots]: tree slots each frontier node sees (its ancestors and itself)
         offset = k
         for level in range(2, spec.depth + 1):
             # one draft forward over the frontier (K nodes per row) at depth level-1
-            slots = anc.shape[2]
-            mask[:, 0, :, committed : committed + slots].fill_(blocked).masked_fill_(anc.to(device), 0.0)
+            slots = k * (level - 1)
+            tree_mask[:, :, slots - k : slots] = layout.eye
             tok = self.draft.embed_tokens(frontier_token.to(device)).to(dtype)
             h = self.draft.decode_forward(
                 tok, frontier_feat, next_position + (level - 2), mask[..., : committed + slots], self.cache.kv, self.rows,
@@ -337,11 +334,12 @@ class DraftTreeProposer(Proposer):
             cand_parent.append(frontier.gather(1, layout.child_parent))
             best = child_score.topk(k, dim=-1).indices  # [B, K] within this level
             parent = best // k  # frontier index of each best child's parent
-            frontier_feat = h[layout.rows_on_device, parent.to(device)]
+            parent_on_device = parent.to(device)
+            frontier_feat = h[layout.rows_on_device, parent_on_device]
             frontier, frontier_score, frontier_token = best + offset, child_score.gather(1, best), child_token.gather(1, best)
             offset += k * k
-            if level < spec.depth:  # next frontier's slots: its parent's, then its own (after this level's)
-                anc = torch.cat([anc[rows, parent], eye], dim=2)
+            if level < spec.depth:  # the next frontier sees its parent's tree slots
+                tree_mask[:, :, :slots] = tree_mask[layout.rows_on_device, parent_on_device, :slots]
         grown = self.cache.kv.get_seq_length() - committed
         if grown:
             self.cache.kv.crop(-grown)
