@@ -161,6 +161,8 @@ def draw_uniforms(
 ) -> torch.Tensor:
     """Row r draws ``counts[r]`` uniforms from its own stream -> [B, max(counts)] (padding = 0.5)."""
     width = max(counts) if len(counts) else 0
+    if len(counts) == 1 and width:
+        return torch.rand(width, generator=generators[0], dtype=dtype).unsqueeze(0)
     out = torch.full((len(counts), width), 0.5, dtype=dtype)
     for row, (generator, count) in enumerate(zip(generators, counts)):
         if count:

@@ -105,6 +105,8 @@ class DraftTree:
 
     def index_extent(self) -> list[int]:
         """Per row, 1 + the highest valid node index (a row's own layout; holes included)."""
+        if bool(self.valid.all()):
+            return [self.num_nodes] * self.batch_size
         index = torch.arange(self.num_nodes).expand_as(self.valid)
         return (torch.where(self.valid, index, torch.zeros_like(index)).max(dim=1).values + 1).tolist()
 

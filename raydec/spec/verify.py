@@ -371,9 +371,9 @@ def _verify_greedy(tree: DraftTree, target_probs: torch.Tensor) -> VerifyResult:
 def _one_hot_drafts(tree: DraftTree) -> bool:
     """Every draft is deterministic and drawn with replacement (EAGLE-style draft trees)."""
     drafts = tree.valid & (tree.parents >= 0)
-    if bool(tree.without_replacement[drafts].any()):
+    if bool((tree.without_replacement & drafts).any()):
         return False
-    return tree.proposal_probs.shape[1] == 0 or not bool((tree.proposal_index[drafts] != DETERMINISTIC).any())
+    return tree.proposal_probs.shape[1] == 0 or not bool(((tree.proposal_index != DETERMINISTIC) & drafts).any())
 
 
 def _verify_one_hot_drafts(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Tensor) -> VerifyResult:
@@ -390,13 +390,13 @@ def _verify_one_hot_drafts(tree: DraftTree, target_probs: torch.Tensor, uniforms
     p_x = target_probs[rows.unsqueeze(1), parent, tree.tokens].tolist()  # [B][N] P at the parent, at x
     totals = target_probs.sum(dim=-1).tolist()  # [B][N]
     tokens, parents, valid, u = tree.tokens.tolist(), tree.parents.tolist(), tree.valid.tolist(), uniforms.tolist()
-    stop_nodes, depths, removed, rejected = [], [], [], []
+    paths, stop_nodes, depths, removed, rejected = [], [], [], [], []
     for r in range(batch):
         children: list[list[int]] = [[] for _ in range(width)]
         for n in range(1, width):
             if valid[r][n] and parents[r][n] >= 0:
                 children[parents[r][n]].append(n)
-        node, depth = 0, 0
+        node, path = 0, [0]
         while True:
             gone: set[int] = set()  # tokens rejected at this node
             mass = totals[r][node]  # P's mass left after those rejections
@@ -404,14 +404,16 @@ def _verify_one_hot_drafts(tree: DraftTree, target_probs: torch.Tensor, uniforms
                 x = tokens[r][child]
                 p_child = 0.0 if x in gone else p_x[r][child]
                 if mass > _RESIDUAL_EPS and u[r][child] < min(1.0, p_child / mass):
-                    node, depth = child, depth + 1
+                    node = child
+                    path.append(child)
                     break
                 gone.add(x)
                 mass -= p_child
             else:
                 break
+        paths.append(path + [-1] * (width - len(path)))
         stop_nodes.append(node)
-        depths.append(depth)
+        depths.append(len(path) - 1)
         removed.extend((r, x) for x in gone)
         rejected.append(bool(children[node]))
     stop_node = torch.tensor(stop_nodes, dtype=torch.long)
@@ -422,8 +424,7 @@ def _verify_one_hot_drafts(tree: DraftTree, target_probs: torch.Tensor, uniforms
         p[where[:, 0], where[:, 1]] = 0.0
         p = torch.where(p.sum(dim=-1, keepdim=True) > _RESIDUAL_EPS, p, target_probs[rows, stop_node])
     next_token = sample_with_uniform(p, uniforms[:, 0])
-    num_accepted = torch.tensor(depths, dtype=torch.long)
-    return VerifyResult(_path_to(tree, stop_node, num_accepted), num_accepted, next_token, stop_node, torch.tensor(rejected))
+    return VerifyResult(torch.tensor(paths), torch.tensor(depths, dtype=torch.long), next_token, stop_node, torch.tensor(rejected))
 
 
 def is_chain(tree: DraftTree) -> bool:
