@@ -78,6 +78,14 @@ class _RowMajorLinear:
         return y.view(*x.shape[:-1], y.shape[-1]).to(self.out_dtype)
 
 
+def row_major_weight(module: nn.Module, compute: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(W^T [in, out], bias) of a Linear routed here with ``compute`` precision, else None."""
+    forward = vars(module).get("forward")
+    if isinstance(forward, _RowMajorLinear) and forward.compute == compute:
+        return forward.weight_t, forward.bias
+    return None
+
+
 def route_cpu_linears(model: nn.Module, compute: torch.dtype = torch.float32) -> int:
     """Route every CPU ``nn.Linear`` of an inference model through row-major ``compute`` GEMMs;
     returns how many. The copies are taken now: for a model not trained or moved afterwards."""

@@ -95,11 +95,15 @@ class FusedDecoderLayer:
             attention_mask = attention_mask.to(q.dtype)
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, scale=self.scaling, enable_gqa=kv != h)  # [B, h, N, d]
         rows = rows + self._linear(attended.transpose(1, 2).reshape(batch * width, h * d), self.o, self.o_bias)
-        normed = rows if rows.dtype == torch.float32 else rows.float()  # RMSNorm in fp32, as Hugging Face's
-        normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + self.eps)
-        if normed.dtype != rows.dtype:
-            normed = normed.to(rows.dtype)
-        gate_up = self._linear(self.norm_weight * normed, self.gate_up, self.gate_up_bias)
+        gate_up = self._linear(self._norm(rows), self.gate_up, self.gate_up_bias)
         gate, up = gate_up.split(self.intermediate, dim=-1)
         rows = rows + self._linear(F.silu(gate) * up, self.down, self.down_bias)
         return rows.view(batch, width, size)
+
+    def _norm(self, rows: torch.Tensor) -> torch.Tensor:
+        """RMSNorm in fp32, as Hugging Face's: w * (x * rsqrt(mean(x^2) + eps)) (one op in fp32)."""
+        if rows.dtype == torch.float32:
+            return F.rms_norm(rows, (rows.shape[-1],), self.norm_weight, self.eps)
+        normed = rows.float()
+        normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.norm_weight * normed.to(rows.dtype)

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from raydec.config import StrictModel
+from raydec.models.cpu_matmul import row_major_weight
 from raydec.models.folded_input import DecodeRows, FoldedDraftInput
 from raydec.models.fused_layer import FusedDecoderLayer
 from pydantic import Field
@@ -306,7 +307,17 @@ class VispecDraft(nn.Module):
         return self._fused(self._input(token_embeds, features, rows), position_ids, attention_mask, cache, max_position)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's head on draft hidden states [..., H] -> [..., V]. In the inference form,
+        when the head keeps a row-major copy in the draft's precision (a CPU target,
+        ``cpu_matmul``), one GEMM on it (fp32 logits of an fp32 draft); else the head itself, in
+        its own dtype."""
         assert self.lm_head is not None, "attach_target() first"
+        routed = row_major_weight(self.lm_head, hidden.dtype) if self._fused is not None else None
+        if routed is not None:
+            weight_t, bias = routed
+            rows = hidden.reshape(-1, hidden.shape[-1])
+            out = rows @ weight_t if bias is None else torch.addmm(bias, rows, weight_t)
+            return out.view(*hidden.shape[:-1], out.shape[-1])
         head_dtype = next(self.lm_head.parameters()).dtype  # the target's head: its dtype, not the draft's
         return self.lm_head(hidden.to(head_dtype))
 
