@@ -309,22 +309,22 @@ class Engine:
         depth = tree.depth()  # [B, N]
         window = tree.ancestor_mask()  # [B, N, N]
         repeat = self.streams
-        tokens_m = tree.tokens.repeat(repeat, 1)
-        mask = cache.attention_mask(window.repeat(repeat, 1, 1), self.target.dtype)
-        positions = cache.window_positions(depth.repeat(repeat, 1))
+        tokens_m, window_m, depth_m = (t.repeat(repeat, *([1] * (t.dim() - 1))) if repeat > 1 else t for t in (tree.tokens, window, depth))
+        mask = cache.attention_mask(window_m, self.target.dtype)
+        positions = cache.window_positions(depth_m)
         output = self.target.forward(None, tokens_m, positions, mask, cache.kv, want_hidden=self.proposer.wants_hidden)
-        # node at depth d predicts generated token number len(generated) + d (0-based)
-        done = torch.tensor([len(run.generated[r]) for r in active]).unsqueeze(1)
+        gen_index = None  # only forced tokens need it: node at depth d predicts generated token len(generated) + d
+        if self.constraint is not None and self.constraint.forced is not None:
+            gen_index = torch.tensor([len(run.generated[r]) for r in active]).unsqueeze(1) + depth
         context = self._context(run, active, output.logits.shape[-1], tree)
-        probs = process_logits(output.logits, self.config.sampling, batch, self.constraint, done + depth, context)
+        probs = process_logits(output.logits, self.config.sampling, batch, self.constraint, gen_index, context)
         return probs.cpu(), output
 
     def _commit(self, tree: DraftTree, result: VerifyResult, cache: RaggedCache, active: list[int], generated: list[list[int]], limits: list[int], stats: list[RowStats]) -> None:
         batch, width = tree.tokens.shape
-        on_path = result.path >= 0  # [B, N]
-        hits = torch.zeros(batch, width, dtype=torch.long).scatter_add_(1, result.path.clamp(min=0), on_path.long())
-        keep = hits > 0  # root and accepted nodes
-        path_tokens = tree.tokens.gather(1, result.path.clamp(min=0)).tolist()  # root first
+        path = result.path.clamp(min=0)  # [B, N] padding -> the root, which every path holds
+        keep = torch.zeros(batch, width, dtype=torch.bool).scatter_(1, path, True)  # root and accepted nodes
+        path_tokens = tree.tokens.gather(1, path).tolist()  # root first
         num_accepted = result.num_accepted.tolist()
         next_tokens = result.next_token.tolist()
         for i, row in enumerate(active):
@@ -338,7 +338,7 @@ class Engine:
             generated[row].extend(new_tokens)
             stats[row].target_forwards += 1
             stats[row].accepted_lengths.append(len(new_tokens))
-        cache.commit(keep.repeat(self.streams, 1))
+        cache.commit(keep.repeat(self.streams, 1) if self.streams > 1 else keep)
 
     def _retire(self, run: "_Run", active: list[int], cache: RaggedCache) -> list[int]:
         """Drop finished rows from the batch and the cache."""
