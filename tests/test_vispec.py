@@ -70,7 +70,7 @@ def test_tree_selection_on_lists_equals_the_tensor_form():
         scores, tokens, parents, depths = _random_candidates(batch, k, depth, gen)
         count = min(scores.shape[1], 1 + trial % 17)
         layout = _TreeLayout(key=(batch, k, depth), rows_on_device=None, eye=None, root_parent=torch.full((batch, k), -1),
-                             child_parent=None, cand_depth=depths.expand(batch, -1))
+                             child_parent=None, cand_depth=depths.expand(batch, -1), cand_depth_list=depths.tolist())
         roots = torch.randint(0, 50, (batch,), generator=gen)
         on_tensors = _select_on_tensors(roots, layout, scores, tokens, parents, count)
         on_lists = _select_on_lists(roots.tolist(), scores.tolist(), tokens.tolist(), parents.tolist(), depths.tolist(), count)
@@ -303,10 +303,11 @@ def test_draft_tree_exactness(llama64):
         assert report.passed, f"prompt {prompt}: {report}"
 
 
-@pytest.mark.parametrize("shape", [(4, 3, 12), (3, 2, 11), (1, 4, 3)], ids=["4-3-12", "all-candidates", "depth-1"])
+@pytest.mark.parametrize("shape", [(4, 3, 12), (3, 2, 11), (1, 4, 3), (3, 1, 4)], ids=["4-3-12", "all-candidates", "depth-1", "chain"])
 def test_tree_structure_the_proposer_records_is_the_trees_own(llama64, shape):
-    """The proposer hands the verifier each tree's depth and ancestor mask (``with_structure``);
-    they equal what ``DraftTree`` derives from the parents alone."""
+    """The proposer hands the verifier each tree's depth, ancestor mask and whether it is a chain
+    (``with_structure``); they equal what ``DraftTree`` derives from the parents alone, for
+    trees selected on lists (4 rows) and on tensors (8 rows)."""
     from raydec.spec.tree import DraftTree
 
     depth, top_k, total = shape
@@ -319,13 +320,16 @@ def test_tree_structure_the_proposer_records_is_the_trees_own(llama64, shape):
         tree = original(state)
         bare = DraftTree(tree.tokens, tree.parents, tree.valid, tree.proposal_index, tree.without_replacement, tree.proposal_probs)
         assert torch.equal(tree.ancestor_mask(), bare.ancestor_mask()) and torch.equal(tree.depth(), bare.depth())
+        assert tree.is_chain() == bare.is_chain() == (top_k == 1)
         assert bare.num_nodes == min(total, 1 + top_k + (depth - 1) * top_k * top_k)
         checked.append(tree.batch_size)
         return tree
 
     proposer.propose = checking
-    Engine(llama64, proposer, config).generate([RowRequest(p, seed=i) for i, p in enumerate(PROMPTS)])
-    assert checked and checked[0] == len(PROMPTS)
+    for prompts in (PROMPTS, PROMPTS * 2):
+        checked.clear()
+        Engine(llama64, proposer, config).generate([RowRequest(p, seed=i) for i, p in enumerate(prompts)])
+        assert checked and checked[0] == len(prompts)
 
 
 def test_batch_rows_equal_batch_one_rows(llama64):

@@ -187,11 +187,13 @@ class DraftTree:
         self._memo["ancestors"] = mask
         return mask
 
-    def with_structure(self, depth: torch.Tensor, ancestors: torch.Tensor) -> "DraftTree":
-        """Record ``depth()`` [B, N] and ``ancestor_mask()`` [B, N, N] that a proposer with a
-        fixed node layout already knows, so they are not derived again every step. They must
-        equal what the two methods compute (tests check the proposers that do this)."""
+    def with_structure(self, depth: torch.Tensor, ancestors: torch.Tensor, chain: bool | None = None) -> "DraftTree":
+        """Record ``depth()`` [B, N], ``ancestor_mask()`` [B, N, N] and, if given, ``is_chain()``
+        that a proposer with a fixed node layout already knows, so they are not derived again
+        every step. They must equal what the methods compute (tests check the proposers that do this)."""
         self._memo["depth"], self._memo["ancestors"] = depth, ancestors
+        if chain is not None:
+            self._memo["chain"] = chain
         return self
 
     def children_lists(self, row: int) -> list[list[int]]:

@@ -370,6 +370,8 @@ def _verify_greedy(tree: DraftTree, target_probs: torch.Tensor) -> VerifyResult:
 
 def _one_hot_drafts(tree: DraftTree) -> bool:
     """Every draft is deterministic and drawn with replacement (EAGLE-style draft trees)."""
+    if tree.proposal_probs.shape[1] == 0 and not bool(tree.without_replacement.any()):
+        return True  # no dense proposals and no node flagged (the flag on a root or padding means nothing)
     drafts = tree.valid & (tree.parents >= 0)
     if bool((tree.without_replacement & drafts).any()):
         return False

@@ -58,6 +58,7 @@ class _TreeLayout:
     root_parent: torch.Tensor  # [B, K] -1: level-1 candidates hang under the root
     child_parent: torch.Tensor  # [B, K*K] frontier slot of each child candidate of a level
     cand_depth: torch.Tensor  # [B, C] depth of every candidate
+    cand_depth_list: list[int]  # [C] the same, a row's
 
 
 def _select_on_tensors(
@@ -283,6 +284,7 @@ class DraftTreeProposer(Proposer):
                 root_parent=torch.full((batch, k), -1),
                 child_parent=torch.arange(k).repeat_interleave(k).expand(batch, k * k),
                 cand_depth=torch.cat(levels).expand(batch, -1),
+                cand_depth_list=torch.cat(levels).tolist(),
             )
         return self._tree_layout
 
@@ -352,10 +354,12 @@ class DraftTreeProposer(Proposer):
         scores, tokens, parents (candidate ids, -1 = root): [B, C]"""
         batch, candidates = scores.shape
         count = min(self.spec.total_tokens - 1, candidates)
+        chain = None
         if batch <= SELECT_ON_LISTS_MAX_ROWS:
             node_tokens, node_parents, depth, ancestors = _select_on_lists(
-                state.roots().tolist(), scores.tolist(), tokens.tolist(), parents.tolist(), layout.cand_depth[0].tolist(), count
+                state.roots().tolist(), scores.tolist(), tokens.tolist(), parents.tolist(), layout.cand_depth_list, count
             )
+            chain = bool((depth[:, -1] == count).all())  # every node one deeper than the last: a chain
         else:
             node_tokens, node_parents, depth, ancestors = _select_on_tensors(state.roots(), layout, scores, tokens, parents, count)
         n = count + 1
@@ -367,7 +371,7 @@ class DraftTreeProposer(Proposer):
             without_replacement=torch.zeros(batch, n, dtype=torch.bool),
             proposal_probs=torch.zeros(batch, 0, state.vocab_size, dtype=state.prob_dtype),
         )
-        return tree.with_structure(depth, tree.ancestor_mask() if ancestors is None else ancestors)  # depth is known here
+        return tree.with_structure(depth, tree.ancestor_mask() if ancestors is None else ancestors, chain)  # known here
 
     # -- observe -------------------------------------------------------------------------------
 
