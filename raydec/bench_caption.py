@@ -155,8 +155,7 @@ def bench_caption(args: argparse.Namespace) -> dict:
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     device = resolve_device(args.device)
     sampling = SamplingConfig(temperature=args.temperature)  # validated before any model loads
-    shape = {k: v for k, v in (("depth", args.depth), ("top_k", args.top_k), ("total_tokens", args.total_tokens),
-                               ("score_temperature", args.score_temperature)) if v is not None}
+    shape = {k: v for k, v in (("depth", args.depth), ("top_k", args.top_k), ("total_tokens", args.total_tokens)) if v is not None}
     tree = DraftTreeSpec(**{**DraftTreeSpec.for_temperature(args.temperature).model_dump(), **shape})
     target = load_pipeline(args.model, "vlm", dtype=dtype, device=None if device == "cpu" else device)
     configs = {
@@ -251,8 +250,7 @@ def bench_caption(args: argparse.Namespace) -> dict:
     batching = "continuous" if continuous_batching(device, args.batching) else "consecutive"
     print_table(
         f"bench caption: {args.model}, {measured} images, batch {args.batch} ({batching}), {args.dtype} (drafts {str(small_dtype).replace('torch.', '')}), "
-        f"{device}, temperature {args.temperature}, draft tree depth {tree.depth} top_k {tree.top_k} total {tree.total_tokens} "
-        f"score temperature {tree.score_temperature:g}",
+        f"{device}, temperature {args.temperature}, draft tree depth {tree.depth} top_k {tree.top_k} total {tree.total_tokens}",
         header, rows,
     )
     if sampling.greedy:
@@ -303,8 +301,6 @@ def add_caption_parser(subparsers) -> None:
     parser.add_argument("--depth", type=positive_int, default=None, help="draft tree depth (default: DraftTreeSpec.for_temperature)")
     parser.add_argument("--top-k", type=positive_int, default=None, help="draft tree top-k (default: as --depth)")
     parser.add_argument("--total-tokens", type=positive_int, default=None, help="draft tree size, root included (default: as --depth)")
-    parser.add_argument("--score-temperature", type=positive_float, default=None,
-                        help="draft tree score temperature (DraftTreeSpec.score_temperature; default: as --depth)")
     parser.add_argument("--vispec-draft", type=Path, default=None, help="ViSpec draft folder (default: the shipped one)")
     parser.add_argument("--eagle-draft", type=Path, default=None, help="EAGLE draft folder (default: the shipped one)")
     parser.add_argument("--assistant", type=Path, default=None, help="assistant model folder for hf_assisted")

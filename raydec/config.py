@@ -85,13 +85,6 @@ class DraftTreeSpec(StrictModel):
     depth: int = Field(6, ge=1, le=32, description="Draft levels expanded per step (draft forwards per step).")
     top_k: int = Field(2, ge=1, le=64, description="Children per expanded node, and nodes expanded per level.")
     total_tokens: int = Field(12, ge=2, le=512, description="Tree size the target verifies, root included.")
-    score_temperature: float = Field(
-        1.0, gt=0.0, le=100.0,
-        description="Divides the draft's logits before candidates are scored (cumulative log-probabilities "
-        "that pick which nodes to expand and keep). The candidate tokens, each node's top_k, do not change; "
-        "a draft sharper than the target's sampling distribution grows chains too deep, and a "
-        "temperature above 1 spreads the tree to match. Any value is lossless.",
-    )
 
     @model_validator(mode="after")
     def _tree_can_grow_to_total(self) -> "DraftTreeSpec":
@@ -106,11 +99,8 @@ class DraftTreeSpec(StrictModel):
 
     @classmethod
     def for_temperature(cls, temperature: float) -> "DraftTreeSpec":
-        """The default tree for greedy decoding (temperature 0) or for sampling. For sampling,
-        scores at ``score_temperature=2``: the reference drafts put 0.72 on their top token where
-        the target's P puts 0.52 at temperature 1 (411 roots of 30 captions), and so spread
-        the tree gained 7% tokens per forward (docs/benchmarks.md, session 19)."""
-        return cls() if temperature == 0 else cls(depth=4, top_k=4, total_tokens=16, score_temperature=2.0)
+        """The default tree for greedy decoding (temperature 0) or for sampling."""
+        return cls() if temperature == 0 else cls(depth=4, top_k=4, total_tokens=16)
 
 
 #: captioning methods with a draft network (EAGLE-2 dynamic trees); "ar" captions without one

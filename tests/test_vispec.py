@@ -289,9 +289,8 @@ PROMPTS = [[5, 2, 6], [1], [3, 3], [7, 0, 1, 2]]
 
 
 def _sampling_config(length: int = 5) -> DecodeConfig:
-    # score_temperature as the sampling default's: it reshapes trees, which must stay lossless
     return DecodeConfig(max_new_tokens=length, sampling=SamplingConfig(temperature=1.0),
-                        draft_tree=DraftTreeSpec(depth=3, top_k=2, total_tokens=6, score_temperature=2.0))
+                        draft_tree=DraftTreeSpec(depth=3, top_k=2, total_tokens=6))
 
 
 def test_draft_tree_exactness(llama64):
@@ -331,44 +330,6 @@ def test_tree_structure_the_proposer_records_is_the_trees_own(llama64, shape):
         checked.clear()
         Engine(llama64, proposer, config).generate([RowRequest(p, seed=i) for i, p in enumerate(prompts)])
         assert checked and checked[0] == len(prompts)
-
-
-def test_score_temperature_reshapes_the_tree_not_the_tokens(llama64):
-    """A score temperature changes which candidates a tree expands and keeps, never the
-    candidates themselves: each root's children are the same top-K tokens, some trees differ,
-    and greedy output is the target's either way."""
-    trees = {}
-    for tau in (1.0, 4.0):
-        config = DecodeConfig(max_new_tokens=10, sampling=SamplingConfig(temperature=0.0),
-                              draft_tree=DraftTreeSpec(depth=4, top_k=3, total_tokens=7, score_temperature=tau))
-        draft = draft_for(llama64, vision=False, seed=3)
-        with torch.no_grad():
-            draft.fc.weight.mul_(30.0)  # a confident draft: its log-probabilities spread out, so their scale matters
-        proposer = DraftTreeProposer(draft, config.tree)
-        original, seen = proposer.propose, []
-
-        def recording(state, original=original, seen=seen):
-            tree = original(state)
-            seen.append(tree)
-            return tree
-
-        proposer.propose = recording
-        outputs = Engine(llama64, proposer, config).generate([RowRequest(p, seed=0) for p in PROMPTS])
-        trees[tau] = (seen, [out.tokens for out in outputs])
-    (plain, plain_out), (hot, hot_out) = trees[1.0], trees[4.0]
-    assert plain_out == hot_out  # greedy: the target's argmax path whatever the proposals
-    first_level = lambda tree: [sorted(tree.tokens[r, (tree.parents[r] == 0) & tree.valid[r]].tolist()) for r in range(tree.batch_size)]
-    assert first_level(plain[0]) == first_level(hot[0])  # the same root, the same top-3 children
-    assert any(not torch.equal(a.parents, b.parents) for a, b in zip(plain, hot))
-
-
-def test_tree_defaults_by_temperature():
-    """Greedy decoding scores at temperature 1; sampling spreads its tree (score_temperature 2);
-    a bad value names the field."""
-    assert DraftTreeSpec.for_temperature(0.0).score_temperature == 1.0
-    assert DraftTreeSpec.for_temperature(1.0).score_temperature == 2.0
-    with pytest.raises(ValueError, match="score_temperature"):
-        DraftTreeSpec(score_temperature=0.0)
 
 
 def test_batch_rows_equal_batch_one_rows(llama64):

@@ -169,8 +169,7 @@ def _decode_identity(decode: Any) -> Any:
     tree = decode.pop("draft_tree")
     if decode.get("method") in DRAFT_METHODS:
         temperature = (decode.get("sampling") or {}).get("temperature", SamplingConfig().temperature)
-        # a manifest written before a tree field existed holds the field's default
-        decode["draft_tree"] = (DraftTreeSpec(**tree) if tree is not None else DraftTreeSpec.for_temperature(temperature)).model_dump()
+        decode["draft_tree"] = tree if tree is not None else DraftTreeSpec.for_temperature(temperature).model_dump()
     return decode
 
 

@@ -6,7 +6,6 @@ Per step and row:
     level 1:   top-K children of the root by draft log-probability
     level l:   expand the K best nodes of level l-1 (one draft forward over K nodes per row,
                tree mask = ancestors), each with its top-K children; score = cumulative logp
-               (log-probabilities at ``score_temperature``: it reshapes the tree, not the tokens)
     select:    the ``total_tokens - 1`` best candidates; ties go to the shallower node, so a
                parent always ranks before its children and survives
 
@@ -267,11 +266,8 @@ class DraftTreeProposer(Proposer):
         self.pending = [None] * batch  # type: ignore[list-item]
 
     def _log_probs(self, hidden: torch.Tensor, state: DecodeState) -> torch.Tensor:
-        """Draft log-probabilities at the tree's score temperature, on the CPU, allowed tokens
-        only. hidden [..., H] -> [..., V]"""
+        """Draft log-probabilities on the CPU, allowed tokens only. hidden [..., H] -> [..., V]"""
         logits = self.draft.logits(hidden).float().cpu()
-        if self.spec.score_temperature != 1.0:
-            logits = logits / self.spec.score_temperature  # the same order: top-K tokens unchanged
         if state.constraint is not None and state.constraint.allowed is not None:
             logits = logits.masked_fill(~state.constraint.allowed, float("-inf"))
         return torch.log_softmax(logits, dim=-1)
