@@ -196,6 +196,27 @@ def test_folded_input_computes_fc_after_img_fc():
     assert draft._input is not None and draft.train()._input is None
 
 
+def test_inference_logits_multiply_by_the_heads_row_major_copy(llava):
+    """A prepared fp32 draft of a bf16 CPU target whose linears keep fp32 row-major copies
+    (cpu_matmul) scores with the head's own copy: one GEMM, fp32 logits, equal to the bf16 head's
+    up to its rounding; an unprepared draft calls the head in its dtype."""
+    from raydec.models.cpu_matmul import route_cpu_linears, row_major_weight
+
+    draft = draft_for(llava, vision=True, dtype=torch.float32)
+    torch.manual_seed(0)
+    head = torch.nn.Linear(draft.config.hidden_size, draft.config.vocab_size, bias=False).to(torch.bfloat16)
+    draft.attach_target(draft.embed, head)  # a bf16 head of our own: the fixture's stays untouched
+    h = torch.randn(2, 3, draft.config.hidden_size)
+    route_cpu_linears(head, torch.float32)
+    weight_t, _ = row_major_weight(head, torch.float32)
+    assert row_major_weight(head, torch.bfloat16) is None
+    assert draft.logits(h).dtype == torch.bfloat16  # training form: the head, in its dtype
+    draft.prepare_inference()
+    logits = draft.logits(h)
+    assert logits.dtype == torch.float32 and torch.equal(logits, (h.reshape(6, -1) @ weight_t).view(2, 3, -1))
+    assert torch.allclose(logits, head(h.to(torch.bfloat16)).float(), rtol=2e-2, atol=2e-2)
+
+
 # -- greedy equality on a tiny LLaVA ----------------------------------------------------------
 
 

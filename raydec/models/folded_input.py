@@ -10,6 +10,9 @@ input projections compose into one GEMM and a per-row bias:
     W_img = [A | B W1]^T,   W = [A | B]^T        [2H, H] row-major
     c_r   = g_r (B W2)^T + (B b1 + b)            [B, H]
 
+c_r does not change while a row decodes, so ``rows`` works the biases out once per batch of rows
+(``DecodeRows``) and every draft call after that is one addmm.
+
 On a CPU a few-row draft GEMM costs about the time to read its weight, so this saves one of the
 draft's six weight reads per call and two small ops. The products are taken in float64 and
 rounded once to the draft's dtype; the result equals the two-step form up to that rounding. A
