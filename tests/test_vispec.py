@@ -179,6 +179,11 @@ def test_folded_input_computes_fc_after_img_fc():
         expected = draft.fc(torch.cat([e, draft.inject_global(f, g.unsqueeze(1).expand(3, 5, 16), use)], dim=-1))
         assert torch.allclose(folded(e, f, folded.rows(g, has)), expected, rtol=1e-12, atol=1e-12), has
         assert torch.allclose(folded(e[:1], f[:1], folded.rows(g[:1], has[:1])), expected[:1], rtol=1e-12, atol=1e-12)
+        for keep in ([2, 0], [1], [0, 2]):  # rows leaving the batch: the kept rows' biases and flags
+            kept, index = folded.rows(g, has).select(torch.tensor(keep)), torch.tensor(keep)
+            assert torch.allclose(folded(e[index], f[index], kept), expected[index], rtol=1e-12, atol=1e-12), (has, keep)
+            fresh = folded.rows(g[index], has[index])
+            assert (kept.mixed, kept.any_global) == (fresh.mixed, fresh.any_global) and torch.equal(kept.bias, fresh.bias)
     text_only = VispecDraft(config.model_copy(update={"vision": False})).to(torch.float64)
     plain = FoldedDraftInput(text_only.fc, None)
     assert torch.allclose(plain(e, f, plain.rows(g, torch.ones(3, dtype=torch.bool))),

@@ -46,15 +46,12 @@ class DecodeRows:
     any_global: bool = False
 
     def select(self, index: torch.Tensor) -> "DecodeRows":
-        """The rows that stay, in ``index`` order. index: [B'] long (CPU)."""
+        """The rows that stay, in ``index`` order (rows leaving a batch). index: [B'] long (CPU)."""
         on_device = index.to(self.globals_.device)
         has = self.has_global[index]
         bias = None if self.bias is None else self.bias[on_device]
-        return DecodeRows(self.globals_[on_device], has, bias, _mixed(has), bool(has.any()))
-
-
-def _mixed(has_global: torch.Tensor) -> bool:
-    return bool(has_global.any()) and not bool(has_global.all())
+        any_global = self.any_global and bool(has.any())
+        return DecodeRows(self.globals_[on_device], has, bias, any_global and not bool(has.all()), any_global)
 
 
 class FoldedDraftInput:
@@ -83,7 +80,7 @@ class FoldedDraftInput:
         if use:
             image_bias = torch.addmm(self.global_bias, globals_.to(self.plain.dtype), self.global_weight)  # c_r [B, H]
             bias = torch.where(has.to(bias.device).unsqueeze(1), image_bias, bias)
-        return DecodeRows(globals_, has, bias.contiguous(), _mixed(has) and use, use)
+        return DecodeRows(globals_, has, bias.contiguous(), use and not bool(has.all()), use)
 
     def __call__(self, token_embeds: torch.Tensor, features: torch.Tensor, rows: DecodeRows) -> torch.Tensor:
         """token_embeds, features [B, N, H]; rows: ``self.rows(...)`` of these B rows.

@@ -283,8 +283,7 @@ class VispecDraft(nn.Module):
         every pair of a row gets its last image's g, or none does).
         row_globals [B, H]; row_has_global [B] bool"""
         if self._input is None:
-            has = row_has_global.cpu()
-            return DecodeRows(row_globals, has, None, bool(has.any()) and not bool(has.all()), bool(has.any()))
+            return DecodeRows(row_globals, row_has_global.cpu())  # no biases: decode_forward runs forward
         return self._input.rows(row_globals, row_has_global)
 
     def decode_forward(

@@ -309,7 +309,9 @@ class Engine:
         depth = tree.depth()  # [B, N]
         window = tree.ancestor_mask()  # [B, N, N]
         repeat = self.streams
-        tokens_m, window_m, depth_m = (t.repeat(repeat, *([1] * (t.dim() - 1))) if repeat > 1 else t for t in (tree.tokens, window, depth))
+        tokens_m, window_m, depth_m = tree.tokens, window, depth
+        if repeat > 1:  # CFG: every model row of a request shares its tree
+            tokens_m, window_m, depth_m = tokens_m.repeat(repeat, 1), window_m.repeat(repeat, 1, 1), depth_m.repeat(repeat, 1)
         mask = cache.attention_mask(window_m, self.target.dtype)
         positions = cache.window_positions(depth_m)
         output = self.target.forward(None, tokens_m, positions, mask, cache.kv, want_hidden=self.proposer.wants_hidden)

@@ -123,9 +123,7 @@ class DraftTreeProposer(Proposer):
         self.row_ids: list[int] = []
         self.root_hidden: torch.Tensor | None = None  # [B, H] draft hidden at each root
         self.pending: list[tuple[torch.Tensor, list[int]]] = []  # per row: (features [n, H], tokens [n])
-        self.globals_: torch.Tensor | None = None  # [B, H] g of each row's last image
-        self.has_global: torch.Tensor | None = None  # [B] bool
-        self.rows: Any = None  # the draft's DecodeRows of globals_ / has_global (kept while the rows stay)
+        self.rows: Any = None  # the draft's DecodeRows: g of each row's last image, whether it has one, folded biases
         #: set to a list to record each expansion as (frontier candidate ids [B, K], their
         #: draft hidden [B, K, H], candidate tokens [B, C], candidate parents [B, C]) (tests)
         self.trace: list | None = None
@@ -145,8 +143,8 @@ class DraftTreeProposer(Proposer):
 
     @torch.inference_mode()
     def start(self, state: DecodeState, first_probs: torch.Tensor, prefill: Prefill) -> None:
-        self.cache, self.root_hidden, self.globals_, self.has_global = self._prefill_rows(state, prefill)
-        self.rows = self.draft.decode_rows(self.globals_, self.has_global)
+        self.cache, self.root_hidden, globals_, has_global = self._prefill_rows(state, prefill)
+        self.rows = self.draft.decode_rows(globals_, has_global)
         self.row_ids = list(state.row_ids)
         self.pending = [None] * state.batch_size  # type: ignore[list-item]
 
@@ -156,9 +154,7 @@ class DraftTreeProposer(Proposer):
         cache, root_hidden, globals_, has_global = self._prefill_rows(state, prefill)
         self.cache.append_rows(cache)
         self.root_hidden = torch.cat([self.root_hidden, root_hidden])
-        self.globals_ = torch.cat([self.globals_, globals_])
-        self.has_global = torch.cat([self.has_global, has_global])
-        self.rows = self.draft.decode_rows(self.globals_, self.has_global)
+        self.rows = self.draft.decode_rows(torch.cat([self.rows.globals_, globals_]), torch.cat([self.rows.has_global, has_global]))
         self.row_ids += list(state.row_ids)
         self.pending += [None] * state.batch_size  # type: ignore[list-item]
 
@@ -217,12 +213,9 @@ class DraftTreeProposer(Proposer):
         where = {row: i for i, row in enumerate(self.row_ids)}
         index = torch.tensor([where[r] for r in state.row_ids], dtype=torch.long)
         self.cache.select_rows(index)
-        device_index = index.to(self._device)
-        self.globals_ = self.globals_[device_index]
-        self.has_global = self.has_global[index]
-        self.rows = self.draft.decode_rows(self.globals_, self.has_global)
+        self.rows = self.rows.select(index)
         if self.root_hidden is not None:
-            self.root_hidden = self.root_hidden[device_index]
+            self.root_hidden = self.root_hidden[index.to(self._device)]
         self.pending = [self.pending[i] for i in index.tolist()]
         self.row_ids = list(state.row_ids)
 
@@ -235,13 +228,14 @@ class DraftTreeProposer(Proposer):
         batch = len(self.pending)
         counts = [0 if p is None else p[0].shape[0] for p in self.pending]
         width = max(counts)
-        if min(counts) == width:  # every row feeds the same number of pairs (always at batch 1): no padding
+        uniform = min(counts) == width
+        if uniform:  # every row feeds the same number of pairs (always at batch 1): no padding
             feat = torch.stack([features for features, _ in self.pending]).to(device, dtype)  # [B, n, H]
             ids = torch.tensor([tokens for _, tokens in self.pending])
             valid = torch.ones(batch, width, dtype=torch.bool)
             window = torch.ones(width, width, dtype=torch.bool).tril().expand(batch, width, width)
         else:
-            feat = torch.zeros(batch, width, self.globals_.shape[-1], device=device, dtype=dtype)
+            feat = torch.zeros(batch, width, self.root_hidden.shape[-1], device=device, dtype=dtype)
             ids = torch.zeros(batch, width, dtype=torch.long)
             valid = torch.zeros(batch, width, dtype=torch.bool)
             for r, pending in enumerate(self.pending):
@@ -257,7 +251,7 @@ class DraftTreeProposer(Proposer):
         positions = self.cache.window_positions(torch.arange(width).expand(batch, width)).to(device)
         h = self.draft.decode_forward(tok, feat, positions, mask, self.cache.kv, self.rows)
         self.cache.commit(valid)
-        if min(counts) == width:
+        if uniform:
             self.root_hidden = h[:, -1]
         else:
             counts_t = torch.tensor(counts, device=device)
