@@ -93,6 +93,44 @@ def test_dataset_is_reused_only_with_the_same_content(dataset: Path, tiny_folder
         generate_dataset(same.model_copy(update={"num_samples": 5}))
 
 
+def test_reuse_reads_a_manifest_from_before_temperatures_as_greedy(dataset: Path, tiny_folder: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from raydec.train.datagen import generate_dataset
+
+    old = tmp_path / "old"
+    shutil.copytree(dataset, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["identity"]["temperatures"]  # written before the field existed: greedy answers
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    greedy = DataGenConfig(target=str(tiny_folder), output_dir=old, num_samples=6, max_new_tokens=NEW_TOKENS, storage_dtype="float32")
+    assert generate_dataset(greedy)["num_samples"] == 6
+    with pytest.raises(FileExistsError, match="other settings or target weights"):
+        generate_dataset(greedy.model_copy(update={"temperatures": [0.0, 1.0]}))
+
+
+def test_sampled_answers_follow_their_seed_and_temperature(target) -> None:
+    """temperatures=[0, 1]: even seeds greedy, odd seeds sampled from a generator of their own seed,
+    whatever the batch they are captioned in."""
+    from raydec.api import caption_images
+    from raydec.config import DecodeConfig, SamplingConfig
+    from raydec.reference.shapes import make_sample, to_pil
+    from raydec.train.datagen import caption_seeds
+
+    config = DataGenConfig(num_samples=8, max_new_tokens=NEW_TOKENS, batch_size=3, temperatures=[0.0, 1.0])
+    assert [config.temperature_of(s) for s in range(4)] == [0.0, 1.0, 0.0, 1.0]
+    mixed = [r.tokens for r in caption_seeds(target, list(range(8)), config)]
+    assert [r.tokens for r in caption_seeds(target, [5, 2, 7], config)] == [mixed[5], mixed[2], mixed[7]]
+    for temperature, seeds in ((0.0, [0, 2, 4, 6]), (1.0, [1, 3, 5, 7])):
+        decode = DecodeConfig(method="ar", max_new_tokens=NEW_TOKENS, sampling=SamplingConfig(temperature=temperature))
+        alone = caption_images([to_pil(make_sample(s).image) for s in seeds], prompt=config.prompt, model=target, decode=decode, seeds=seeds)
+        assert [r.tokens for r in alone] == [mixed[s] for s in seeds]
+    greedy = [r.tokens for r in caption_seeds(target, [1, 3, 5, 7], config.model_copy(update={"temperatures": [0.0]}))]
+    assert greedy != [mixed[s] for s in (1, 3, 5, 7)]  # the sampled answers are not the greedy ones
+    with pytest.raises(ValueError, match=r"temperatures\[1\]: -0.5 must be in \[0, 10\]"):
+        DataGenConfig(temperatures=[0.0, -0.5])
+
+
 # -- losses ----------------------------------------------------------------------------------
 
 

@@ -35,6 +35,15 @@ def _usage(target: str, method: str, output_dir: Path) -> tuple[str, str, str]:
     return "reference", "the reference LLaVA (`raydec/reference/weights/vlm`)", "" if shipped else f", draft_model={str(output_dir)!r}"
 
 
+def _answers(manifest: dict[str, Any]) -> str:
+    """How the data's answers were drawn: 'greedily', or the temperatures cycled over the samples."""
+    temperatures = (manifest.get("config") or {}).get("temperatures") or [0.0]
+    if all(t == 0 for t in temperatures):
+        return "greedily"
+    named = ", ".join("greedy" if t == 0 else f"T={t:g}" for t in temperatures)
+    return f"with answers cycling over {named} (one temperature per sample, in seed order)"
+
+
 def _objective(draft: DraftTrainConfig) -> str:
     """The card's objective line: the losses in the order the steps use them, then rollout and noise."""
     loss = draft.loss
@@ -86,7 +95,7 @@ def write_model_card(
         command or "(see train_log.json: config)",
         "```",
         "",
-        f"- Data: {manifest['num_samples']} samples generated greedily by the target (prompt `{manifest.get('prompt')}`, "
+        f"- Data: {manifest['num_samples']} samples generated {_answers(manifest)} by the target (prompt `{manifest.get('prompt')}`, "
         f"shapes-world seeds {manifest['seeds'][0]}..{manifest['seeds'][1] - 1}), {manifest['num_tokens']} tokens of which "
         f"{manifest['num_generated_tokens']} generated; data generation {manifest.get('wall_s', '?')} s. The same data and budget "
         "train the vispec and eagle drafts.",

@@ -24,7 +24,8 @@ METHOD_OF_VISION = {True: "vispec", False: "eagle"}
 
 
 class DataGenConfig(StrictModel):
-    """Data generation: the target captions shapes-world images greedily; tensors go to shards."""
+    """Data generation: the target captions shapes-world images (greedily unless ``temperatures``
+    says otherwise); tensors go to shards."""
 
     target: str = Field("reference", description="Target VLM: 'reference' or a local checkpoint folder.")
     output_dir: Path = Field(Path("out/draft_data"), description="Folder for the Parquet shards and manifest.json.")
@@ -32,6 +33,12 @@ class DataGenConfig(StrictModel):
     seed_start: int = Field(0, ge=0, description="First shapes-world seed (all seeds stay below 1,000,000).")
     prompt: str = Field(DEFAULT_PROMPT, min_length=1, description="Question asked about every image.")
     max_new_tokens: int = Field(128, ge=1, le=4096, description="Answer length cap per sample.")
+    temperatures: list[float] = Field(
+        default_factory=lambda: [0.0], min_length=1, max_length=16,
+        description="Answer sampling temperatures, cycled over the samples (seed_start + i uses temperatures[i % n]); "
+        "0 is greedy. A draft that serves sampling needs sampled answers: greedy answers never show it the phrasings "
+        "a sampled caption takes.",
+    )
     batch_size: int = Field(32, ge=1, le=1024, description="Images captioned together (one engine batch).")
     workers: int = Field(2, ge=1, le=256, description="Ray Data actors running the target.")
     cpus_per_worker: float = Field(0.5, gt=0, le=64, description="CPUs each actor asks for (fractional on small nodes).")
@@ -39,6 +46,18 @@ class DataGenConfig(StrictModel):
     threads_per_worker: int = Field(1, ge=1, le=256, description="torch CPU threads per actor.")
     storage_dtype: Literal["float16", "float32"] = Field("float16", description="dtype of stored embeddings and hidden states.")
     overwrite: bool = Field(False, description="Replace an existing dataset in output_dir (else reuse it).")
+
+    @field_validator("temperatures")
+    @classmethod
+    def _temperatures_in_range(cls, value: list[float]) -> list[float]:
+        for index, temperature in enumerate(value):
+            if not 0 <= temperature <= 10:
+                raise ValueError(f"temperatures[{index}]: {temperature!r} must be in [0, 10] (0 is greedy)")
+        return value
+
+    def temperature_of(self, seed: int) -> float:
+        """The sampling temperature of the answer to shapes-world ``seed``."""
+        return self.temperatures[(seed - self.seed_start) % len(self.temperatures)]
 
     @model_validator(mode="after")
     def _held_in(self) -> "DataGenConfig":

@@ -1,7 +1,8 @@
 """Draft training data written by the target itself, as a Ray Data job.
 
 Per sample (one shapes-world image, seed < 1,000,000, and the prompt): the target captions the
-image greedily (``raydec.api.caption_images``, AR, batched); one target forward over
+image (``raydec.api.caption_images``, AR, batched), greedily or at the temperature
+``DataGenConfig.temperatures`` gives the sample; one target forward over
 prompt + answer (through the adapter, our own causal mask) gives the last hidden states
 (after the final norm). Stored per sample, as one Parquet row:
 
@@ -89,16 +90,32 @@ def sample_tensors(target: Any, prompt: Any, answer_ids: Sequence[int]) -> dict[
     }
 
 
-def generate_rows(target: Any, seeds: Sequence[int], config: DataGenConfig) -> list[dict[str, Any]]:
-    """Caption the images of ``seeds`` greedily and return one storage row per sample."""
+def caption_seeds(target: Any, seeds: Sequence[int], config: DataGenConfig) -> list[Any]:
+    """AR captions of the images of ``seeds``, each at its ``config.temperature_of(seed)``; a sampled
+    answer draws from a generator seeded by its image's seed (the same answer on any machine)."""
     from raydec.api import caption_images
     from raydec.config import DecodeConfig, SamplingConfig
+    from raydec.reference.shapes import make_sample, to_pil
+
+    results: list[Any] = [None] * len(seeds)
+    for temperature in sorted({config.temperature_of(int(s)) for s in seeds}):
+        group = [i for i, s in enumerate(seeds) if config.temperature_of(int(s)) == temperature]
+        images = [to_pil(make_sample(int(seeds[i])).image) for i in group]
+        decode = DecodeConfig(method="ar", max_new_tokens=config.max_new_tokens, sampling=SamplingConfig(temperature=temperature))
+        captions = caption_images(images, prompt=config.prompt, model=target, decode=decode, seeds=[int(seeds[i]) for i in group],
+                                  batch_size=config.batch_size)
+        for i, caption in zip(group, captions):
+            results[i] = caption
+    return results
+
+
+def generate_rows(target: Any, seeds: Sequence[int], config: DataGenConfig) -> list[dict[str, Any]]:
+    """Caption the images of ``seeds`` (``caption_seeds``) and return one storage row per sample."""
     from raydec.models.hf_vlm import VlmPrompt
     from raydec.reference.shapes import make_sample, to_pil
 
     images = [to_pil(make_sample(int(s)).image) for s in seeds]
-    decode = DecodeConfig(method="ar", max_new_tokens=config.max_new_tokens, sampling=SamplingConfig(temperature=0.0))
-    results = caption_images(images, prompt=config.prompt, model=target, decode=decode, seeds=[int(s) for s in seeds], batch_size=config.batch_size)
+    results = caption_seeds(target, seeds, config)
     store = np.float16 if config.storage_dtype == "float16" else np.float32
     rows = []
     for seed, image, result in zip(seeds, images, results):
@@ -137,7 +154,9 @@ class _TargetWorker:
 
 
 #: settings that decide a dataset's content (reuse needs them equal, and the same target weights)
-CONTENT_FIELDS = ("target", "num_samples", "seed_start", "prompt", "max_new_tokens", "storage_dtype")
+CONTENT_FIELDS = ("target", "num_samples", "seed_start", "prompt", "max_new_tokens", "storage_dtype", "temperatures")
+#: values a content field had before it existed (a dataset written then matches a config that keeps them)
+CONTENT_DEFAULTS = {"temperatures": [0.0]}
 
 
 def read_manifest(data_dir: str | Path) -> dict[str, Any]:
@@ -176,7 +195,7 @@ def generate_dataset(config: DataGenConfig) -> dict[str, Any]:
     identity = {**config.model_dump(mode="json", include=set(CONTENT_FIELDS)), "target_weights": weights_fingerprint(target_path)}
     if (out / MANIFEST_NAME).is_file() and not config.overwrite:
         manifest = read_manifest(out)
-        if manifest.get("identity") == identity:
+        if {**CONTENT_DEFAULTS, **(manifest.get("identity") or {})} == identity:
             logger.info("reusing draft dataset at %s (%d samples)", out, manifest["num_samples"])
             return manifest
         raise FileExistsError(

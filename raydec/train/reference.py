@@ -15,6 +15,17 @@ from raydec.config import DraftTreeSpec
 DRAFTS_DIR = Path(__file__).resolve().parent.parent / "reference" / "weights" / "vlm-drafts"
 
 
+def _temperatures(text: str) -> list[float]:
+    """``--temperatures 0,1`` -> [0.0, 1.0] (range checked by ``DataGenConfig``)."""
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 0,1, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected at least one temperature, got {text!r}")
+    return values
+
+
 def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m raydec.reference.train draft``."""
     from raydec.train.config import DataGenConfig, DraftTrainConfig, EvalConfig
@@ -27,6 +38,8 @@ def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gen-workers", type=int, default=data.workers, help="Ray Data actors for data generation")
     parser.add_argument("--gen-batch-size", type=int, default=data.batch_size)
     parser.add_argument("--max-new-tokens", type=int, default=data.max_new_tokens)
+    parser.add_argument("--temperatures", type=_temperatures, default=data.temperatures,
+                        help="answer temperatures cycled over the samples, e.g. 0,1 (0: greedy)")
     parser.add_argument("--methods", default="vispec,eagle", help="drafts to train: vispec, eagle or both")
     parser.add_argument("--steps", type=int, default=train.steps)
     parser.add_argument("--batch-size", type=int, default=train.batch_size)
@@ -55,7 +68,7 @@ def job_from_args(args: argparse.Namespace) -> Any:
 
     data = DataGenConfig(
         target=args.target, output_dir=args.data_dir, num_samples=args.samples, workers=args.gen_workers,
-        batch_size=args.gen_batch_size, max_new_tokens=args.max_new_tokens,
+        batch_size=args.gen_batch_size, max_new_tokens=args.max_new_tokens, temperatures=args.temperatures,
     )
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = set(methods) - {"vispec", "eagle"}
