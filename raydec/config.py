@@ -74,10 +74,11 @@ class DraftTreeSpec(StrictModel):
     """EAGLE-2 dynamic draft tree of a draft model (ViSpec / EAGLE).
 
     ``DecodeConfig.draft_tree=None`` picks ``for_temperature``: measured best for latency with
-    the reference LLaVA on a CPU, where a 10-16 token verification window costs ~1.2-1.3x a
+    the reference LLaVA on a CPU, where a 12-20 token verification window costs ~1.3-1.5x a
     one-token forward. Greedy decoding wants a deep, narrow tree (the argmax path is long and
-    predictable): the field defaults. Sampling accepts shorter paths and gains from covering
-    more of P at each level: ``for_temperature`` gives it a shallower, wider tree. On GPUs, where a 30-60 token window
+    predictable): the field defaults. Sampling gains from covering more of P at each level:
+    ``for_temperature`` gives it as deep a tree, twice as wide (with drafts trained on sampled
+    answers as well as greedy ones; see ``DataGenConfig.temperatures``). On GPUs, where a 30-60 token window
     costs about one forward, the paper's wider trees (depth 3-6, top_k 8-10, total 30-60)
     commit more tokens per forward; tune with ``raydec bench caption --depth/--top-k/--total-tokens``.
     """
@@ -100,7 +101,7 @@ class DraftTreeSpec(StrictModel):
     @classmethod
     def for_temperature(cls, temperature: float) -> "DraftTreeSpec":
         """The default tree for greedy decoding (temperature 0) or for sampling."""
-        return cls() if temperature == 0 else cls(depth=4, top_k=4, total_tokens=16)
+        return cls() if temperature == 0 else cls(depth=6, top_k=4, total_tokens=20)
 
 
 #: captioning methods with a draft network (EAGLE-2 dynamic trees); "ar" captions without one
