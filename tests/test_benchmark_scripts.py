@@ -167,3 +167,20 @@ def test_draft_image_ablation_hides_images_only_inside_its_block(tmp_path, capsy
     assert "draft image ablation: reference VLM, 2 images" in capsys.readouterr().out
     for row in result["tokens_per_forward"].values():
         assert 1.0 <= row["blind"] <= 7.0 and 1.0 <= row["sees_image"] <= 7.0
+
+
+def test_draft_contexts_measures_each_draft_on_greedy_and_sampled_captions(tmp_path, capsys):
+    script = _script("draft_contexts")
+    result = script.main(["--images", "2", "--max-new-tokens", "12", "--passes", "2", "--threads", "1",
+                          "--json", str(tmp_path / "contexts.json")])
+    assert "draft contexts: reference, 2 images" in capsys.readouterr().out
+    assert json.loads((tmp_path / "contexts.json").read_text())["by_draft"] == result["by_draft"]
+    assert set(result["by_draft"]) == {"vispec", "eagle"}
+    for by_temperature in result["by_draft"].values():
+        assert set(by_temperature) == {"T=0", "T=1"}
+        for rows in by_temperature.values():
+            assert len(rows) == 2
+            for row in rows:
+                assert 0 <= row["top1"] <= 1 and 0 <= row["tv"] <= 1
+                # P's mass on any K tokens is at most its mass on its own K best
+                assert 0 < row["p_on_q_topk"] <= row["p_topk"] + 1e-6 <= 1 + 1e-6
