@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from raydec.bench import json_path_arg, positive_int, write_json
+from raydec.train.reference import temperatures_arg
 
 
 def _draft_arg(text: str) -> tuple[str, str]:
@@ -69,9 +70,9 @@ def caption_samples(target, seeds: list[int], prompt: str, temperature: float, m
     from raydec.train.dataset import DraftSample
 
     config = DataGenConfig(num_samples=1, prompt=prompt, max_new_tokens=max_new_tokens, temperatures=[temperature], batch_size=10)
+    images = [to_pil(make_sample(seed).image) for seed in seeds]
     samples = []
-    for seed, result in zip(seeds, caption_seeds(target, seeds, config)):
-        image = to_pil(make_sample(seed).image)
+    for seed, image, result in zip(seeds, images, caption_seeds(target, seeds, images, config)):
         t = sample_tensors(target, VlmPrompt(target.format_prompt(prompt, 1), [image]), result.tokens)
         samples.append(DraftSample(seed, int(t["prompt_len"]), t["input_ids"], t["image_index"], t["loss_mask"], t["embeds"], t["hidden"]))
     return samples
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help="NAME=DIR (repeatable); default: the reference VLM's shipped vispec and eagle drafts")
     parser.add_argument("--images", type=positive_int, default=30)
     parser.add_argument("--first-seed", type=int, default=HELD_OUT_SEED_START + 500)
-    parser.add_argument("--temperatures", default="0,1", help="context temperatures, comma-separated")
+    parser.add_argument("--temperatures", type=temperatures_arg, default=[0.0, 1.0], help="context temperatures, e.g. 0,1")
     parser.add_argument("--passes", type=positive_int, default=4, help="rollout passes (1 = the target's features only)")
     parser.add_argument("--top-k", type=positive_int, default=4)
     parser.add_argument("--max-new-tokens", type=positive_int, default=128)
@@ -94,10 +95,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument("--json", type=json_path_arg, default=None, help="also write the table here")
     args = parser.parse_args(argv)
-    try:
-        temperatures = [float(t) for t in args.temperatures.split(",") if t.strip()]
-    except ValueError:
-        parser.error(f"--temperatures: expected numbers such as 0,1, got {args.temperatures!r}")
 
     from raydec.api import load_pipeline
     from raydec.models.registry import REFERENCE_DRAFT_DIRS
@@ -111,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"draft contexts: {args.model}, {args.images} images (seeds {seeds[0]}..{seeds[-1]}), float32, top-{args.top_k}")
     print(f"{'draft':10} {'contexts':>8} {'pass':>4} {'top-1':>6} {'TV':>6} {'P on q top-K':>12} {'P top-K':>8}")
     table: dict[str, dict[str, list[dict[str, float]]]] = {name: {} for name in loaded}
-    for temperature in temperatures:
+    for temperature in args.temperatures:
         samples = caption_samples(target, seeds, args.prompt, temperature, args.max_new_tokens)
         for name, draft in loaded.items():
             rows = context_stats(target, draft, samples, args.passes, args.top_k)

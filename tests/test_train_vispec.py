@@ -119,13 +119,15 @@ def test_sampled_answers_follow_their_seed_and_temperature(target) -> None:
 
     config = DataGenConfig(num_samples=8, max_new_tokens=NEW_TOKENS, batch_size=3, temperatures=[0.0, 1.0])
     assert [config.temperature_of(s) for s in range(4)] == [0.0, 1.0, 0.0, 1.0]
-    mixed = [r.tokens for r in caption_seeds(target, list(range(8)), config)]
-    assert [r.tokens for r in caption_seeds(target, [5, 2, 7], config)] == [mixed[5], mixed[2], mixed[7]]
+    images = [to_pil(make_sample(s).image) for s in range(8)]
+    mixed = [r.tokens for r in caption_seeds(target, list(range(8)), images, config)]
+    assert [r.tokens for r in caption_seeds(target, [5, 2, 7], [images[5], images[2], images[7]], config)] == [mixed[5], mixed[2], mixed[7]]
     for temperature, seeds in ((0.0, [0, 2, 4, 6]), (1.0, [1, 3, 5, 7])):
         decode = DecodeConfig(method="ar", max_new_tokens=NEW_TOKENS, sampling=SamplingConfig(temperature=temperature))
         alone = caption_images([to_pil(make_sample(s).image) for s in seeds], prompt=config.prompt, model=target, decode=decode, seeds=seeds)
         assert [r.tokens for r in alone] == [mixed[s] for s in seeds]
-    greedy = [r.tokens for r in caption_seeds(target, [1, 3, 5, 7], config.model_copy(update={"temperatures": [0.0]}))]
+    greedy = [r.tokens for r in caption_seeds(target, [1, 3, 5, 7], [images[s] for s in (1, 3, 5, 7)],
+                                              config.model_copy(update={"temperatures": [0.0]}))]
     assert greedy != [mixed[s] for s in (1, 3, 5, 7)]  # the sampled answers are not the greedy ones
     with pytest.raises(ValueError, match=r"temperatures\[1\]: -0.5 must be in \[0, 10\]"):
         DataGenConfig(temperatures=[0.0, -0.5])

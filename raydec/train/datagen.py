@@ -90,20 +90,19 @@ def sample_tensors(target: Any, prompt: Any, answer_ids: Sequence[int]) -> dict[
     }
 
 
-def caption_seeds(target: Any, seeds: Sequence[int], config: DataGenConfig) -> list[Any]:
-    """AR captions of the images of ``seeds``, each at its ``config.temperature_of(seed)``; a sampled
-    answer draws from a generator seeded by its image's seed (the same answer on any machine)."""
+def caption_seeds(target: Any, seeds: Sequence[int], images: Sequence[Any], config: DataGenConfig) -> list[Any]:
+    """AR captions of ``images`` (those of shapes-world ``seeds``), each at its
+    ``config.temperature_of(seed)``; a sampled answer draws from a generator seeded by its image's
+    seed (the same answer on any machine)."""
     from raydec.api import caption_images
     from raydec.config import DecodeConfig, SamplingConfig
-    from raydec.reference.shapes import make_sample, to_pil
 
     results: list[Any] = [None] * len(seeds)
     for temperature in sorted({config.temperature_of(int(s)) for s in seeds}):
         group = [i for i, s in enumerate(seeds) if config.temperature_of(int(s)) == temperature]
-        images = [to_pil(make_sample(int(seeds[i])).image) for i in group]
         decode = DecodeConfig(method="ar", max_new_tokens=config.max_new_tokens, sampling=SamplingConfig(temperature=temperature))
-        captions = caption_images(images, prompt=config.prompt, model=target, decode=decode, seeds=[int(seeds[i]) for i in group],
-                                  batch_size=config.batch_size)
+        captions = caption_images([images[i] for i in group], prompt=config.prompt, model=target, decode=decode,
+                                  seeds=[int(seeds[i]) for i in group], batch_size=config.batch_size)
         for i, caption in zip(group, captions):
             results[i] = caption
     return results
@@ -115,7 +114,7 @@ def generate_rows(target: Any, seeds: Sequence[int], config: DataGenConfig) -> l
     from raydec.reference.shapes import make_sample, to_pil
 
     images = [to_pil(make_sample(int(s)).image) for s in seeds]
-    results = caption_seeds(target, seeds, config)
+    results = caption_seeds(target, seeds, images, config)
     store = np.float16 if config.storage_dtype == "float16" else np.float32
     rows = []
     for seed, image, result in zip(seeds, images, results):

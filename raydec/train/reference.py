@@ -15,7 +15,7 @@ from raydec.config import DraftTreeSpec
 DRAFTS_DIR = Path(__file__).resolve().parent.parent / "reference" / "weights" / "vlm-drafts"
 
 
-def _temperatures(text: str) -> list[float]:
+def temperatures_arg(text: str) -> list[float]:
     """``--temperatures 0,1`` -> [0.0, 1.0] (range checked by ``DataGenConfig``)."""
     try:
         values = [float(part) for part in text.split(",") if part.strip()]
@@ -38,7 +38,7 @@ def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gen-workers", type=int, default=data.workers, help="Ray Data actors for data generation")
     parser.add_argument("--gen-batch-size", type=int, default=data.batch_size)
     parser.add_argument("--max-new-tokens", type=int, default=data.max_new_tokens)
-    parser.add_argument("--temperatures", type=_temperatures, default=data.temperatures,
+    parser.add_argument("--temperatures", type=temperatures_arg, default=data.temperatures,
                         help="answer temperatures cycled over the samples, e.g. 0,1 (0: greedy)")
     parser.add_argument("--methods", default="vispec,eagle", help="drafts to train: vispec, eagle or both")
     parser.add_argument("--steps", type=int, default=train.steps)
