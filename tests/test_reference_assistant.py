@@ -45,3 +45,45 @@ def test_hf_assisted_greedy_equals_plain_greedy(models) -> None:
         assisted = target.generate(**inputs, max_new_tokens=96, do_sample=False, assistant_model=assistant)
         assert torch.equal(plain, assisted), f"seed {seed}: assisted output differs from plain greedy"
         assert plain.shape[1] > inputs["input_ids"].shape[1] + 5
+
+
+def test_sampled_caption_rows_follow_their_seed_and_line_up_with_generate(models) -> None:
+    from raydec.api import caption_images, load_pipeline
+    from raydec.config import DecodeConfig, SamplingConfig
+    from raydec.reference.llava_assistant import AssistantSettings, build_caption_set, teacher_logits
+    from raydec.reference.llava_vlm import DESCRIBE_INSTRUCTION
+    from raydec.reference.shapes import to_pil
+
+    target, _, processor = models
+    decoder = load_pipeline(DEFAULT_WEIGHTS_DIR, kind="vlm")
+    settings = AssistantSettings(first_seed=200_000, temperatures=(0.0, 1.0))
+    seeds = list(range(200_000, 200_006))
+    rows = build_caption_set(target, processor, seeds, question_share=0.0, batch_size=3, max_new_tokens=24,
+                             temperature_of=settings.temperature_of, decoder=decoder)
+    assert [r["seed"] for r in rows] == seeds
+    assert [r["temperature"] for r in rows] == [0.0, 1.0] * 3
+
+    # teacher forcing puts the logits where generate() recorded them: the greedy rows agree
+    for row in rows[::2]:
+        again = teacher_logits(target, processor, [row["seed"]], [DESCRIBE_INSTRUCTION], [row["answer_ids"].tolist()])[0]
+        assert torch.equal(again["prompt_ids"], row["prompt_ids"])
+        assert torch.allclose(again["logits"].float(), row["logits"].float(), atol=2e-2), row["seed"]
+        assert torch.equal(row["logits"].float().argmax(-1), row["answer_ids"])
+
+    # a sampled answer is the one raydec's AR sampler draws for that image's seed alone, in any batch
+    decode = DecodeConfig(method="ar", max_new_tokens=24, sampling=SamplingConfig(temperature=1.0))
+    differs = 0
+    for row in rows[1::2]:
+        seed = row["seed"]
+        alone = caption_images([to_pil(make_sample(seed).image)], model=decoder, decode=decode, seeds=[seed])[0]
+        assert row["answer_ids"].tolist() == alone.tokens, seed
+        assert row["logits"].shape == (len(alone.tokens), target.config.text_config.vocab_size)
+        greedy = target.generate(**processor(text=[prompt_text()], images=[make_sample(seed).image], return_tensors="pt"),
+                                 max_new_tokens=24, do_sample=False)
+        differs += greedy[0, row["prompt_ids"].numel():].tolist() != alone.tokens
+    assert differs >= 1, "every sampled answer equals the greedy one"
+
+    with pytest.raises(ValueError, match="decoder"):
+        build_caption_set(target, processor, seeds[:2], 0.0, 2, 8, temperature_of=settings.temperature_of)
+    with pytest.raises(ValueError, match=r"temperatures\[1\]: -1.0"):
+        AssistantSettings(temperatures=(0.0, -1.0))

@@ -2,19 +2,24 @@
 
 ``target.generate(**inputs, assistant_model=assistant)`` needs an assistant that shares the
 target's tokenizer and processor. This module builds one from the shipped reference LLaVA
-(``raydec/reference/weights/vlm``), distills it on the target's own greedy outputs and ships
+(``raydec/reference/weights/vlm``), distills it on the target's own answers (greedy, and with
+``temperatures`` also sampled) and ships
 it as a stock ``LlavaForConditionalGeneration`` folder with its processor and a model card:
 
 - **build**: the target's config with ``num_hidden_layers`` = len(layers); the vision tower, the
   projector, the token embeddings, the final norm and the lm_head are copied from the target,
   and assistant layer ``i`` from target layer ``layers[i]`` (default: the first and the last).
-- **captions**: the target greedily answers held-in shapes-world images (seeds from
-  ``first_seed``, all below :data:`~raydec.reference.shapes.HELD_OUT_SEED_START`), in batches
-  with HF ``generate``: ``describe the image .`` or (a seeded share) one question of
-  :func:`~raydec.reference.shapes.question_answers`. The answer tokens and the target's logits
-  at every answer position are cached (``work_dir/captions-<target hash>.pt``).
+- **captions**: the target answers held-in shapes-world images (seeds from ``first_seed``, all
+  below :data:`~raydec.reference.shapes.HELD_OUT_SEED_START`), in batches: ``describe the
+  image .`` or (a seeded share) one question of
+  :func:`~raydec.reference.shapes.question_answers`. Each seed's answer is drawn at its
+  ``temperature_of(seed)`` (``temperatures`` cycled over the seeds, default greedy only): greedy
+  answers by HF ``generate``, sampled ones by raydec's AR decoder with a generator seeded by the
+  image's seed (as the drafts' data), then one teacher-forced target forward for their logits.
+  The answer tokens and the target's logits at every answer position are cached
+  (``work_dir/captions-<target hash>.pt``).
 - **distill**: teacher forcing on ``prompt + target answer``; loss on the answer positions only:
-  cross-entropy on the target's greedy tokens + ``kl_weight`` x KL(target || assistant) of the
+  cross-entropy on the target's answer tokens + ``kl_weight`` x KL(target || assistant) of the
   full next-token distributions. The vision tower stays frozen (it is the target's); the
   projector, embeddings, layers, norm and lm_head train. AdamW, warm-up + cosine.
 - **measure**: on held-out images, batch 1, greedy: HF ``generate(assistant_model=...)`` vs plain
@@ -67,6 +72,9 @@ class AssistantSettings:
     num_captions: int = 2048
     first_seed: int = 200_000
     question_share: float = 0.2
+    # answer temperatures cycled over the seeds (first_seed + i answers at temperatures[i % n]); 0 is greedy.
+    # An assistant for T=1 sampling should see sampled answers too: (0.0, 1.0).
+    temperatures: tuple[float, ...] = (0.0,)
     caption_batch_size: int = 64
     max_new_tokens: int = 96
     caption_max_minutes: float = 0.0  # cap on caption generation (0: off; a cap makes the data size time-dependent)
@@ -94,6 +102,18 @@ class AssistantSettings:
     resume: bool = False
     command: str = ""
 
+    def __post_init__(self) -> None:
+        self.temperatures = tuple(float(t) for t in self.temperatures)
+        if not self.temperatures:
+            raise ValueError("temperatures: give at least one (0 is greedy)")
+        for index, temperature in enumerate(self.temperatures):
+            if not 0 <= temperature <= 10:
+                raise ValueError(f"temperatures[{index}]: {temperature!r} must be in [0, 10] (0 is greedy)")
+
+    def temperature_of(self, seed: int) -> float:
+        """The sampling temperature of the answer to data seed ``seed``."""
+        return self.temperatures[(seed - self.first_seed) % len(self.temperatures)]
+
 
 @dataclass
 class DistillLog:
@@ -105,6 +125,7 @@ class DistillLog:
     target_sha256: str = ""
     captions: int = 0
     caption_questions: int = 0
+    caption_sampled: int = 0  # rows answered at a temperature > 0
     caption_tokens: int = 0
     caption_seconds: float = 0.0
     losses: list[float] = field(default_factory=list)
@@ -206,6 +227,67 @@ def target_answers(
     return rows
 
 
+@torch.no_grad()
+def teacher_logits(
+    target: LlavaForConditionalGeneration,
+    processor: LlavaProcessor,
+    seeds: Sequence[int],
+    instructions: Sequence[str],
+    answers: Sequence[Sequence[int]],
+) -> list[dict[str, Any]]:
+    """Rows as :func:`target_answers` gives them, for given answers: one right-padded teacher-forced
+    forward of ``prompt + answer``; the logits at position ``p - 1 + j`` predict answer token ``j``."""
+    images = [make_sample(seed).image for seed in seeds]
+    inputs = processor(text=[prompt_text(q) for q in instructions], images=images, return_tensors="pt", padding=True)
+    prompts = [ids[mask.bool()] for ids, mask in zip(inputs["input_ids"], inputs["attention_mask"])]
+    answers = [torch.tensor(list(a), dtype=torch.long) for a in answers]
+    lengths = [len(p) + len(a) for p, a in zip(prompts, answers)]
+    pad = processor.tokenizer.pad_token_id
+    input_ids = torch.full((len(seeds), max(lengths)), pad, dtype=torch.long)  # [B, T]
+    attention_mask = torch.zeros_like(input_ids)  # [B, T]
+    for b, (prompt, answer) in enumerate(zip(prompts, answers)):
+        input_ids[b, :lengths[b]] = torch.cat([prompt, answer])
+        attention_mask[b, :lengths[b]] = 1
+    logits = target(input_ids=input_ids, attention_mask=attention_mask, pixel_values=inputs["pixel_values"]).logits
+    rows = []
+    for b, seed in enumerate(seeds):
+        p, a = len(prompts[b]), len(answers[b])
+        rows.append({
+            "seed": int(seed),
+            "question": instructions[b] != DESCRIBE_INSTRUCTION,
+            "prompt_ids": prompts[b].clone(),
+            "answer_ids": answers[b],
+            "logits": logits[b, p - 1:p - 1 + a].to(torch.float16).clone(),  # [a, V]
+            "pixel_values": inputs["pixel_values"][b].clone(),
+        })
+    return rows
+
+
+def sampled_answers(
+    target: LlavaForConditionalGeneration,
+    processor: LlavaProcessor,
+    decoder: Any,
+    seeds: Sequence[int],
+    instructions: Sequence[str],
+    max_new_tokens: int,
+    temperature: float,
+) -> list[dict[str, Any]]:
+    """The target's answers sampled at ``temperature``, as rows of :func:`target_answers`.
+
+    ``decoder`` is the same target loaded by :func:`raydec.api.load_pipeline`: raydec's AR decoder
+    draws each answer from a generator seeded by its image's seed, the rule of the drafts' data
+    (``raydec.train.datagen.caption_seeds``), so an answer does not depend on its batch.
+    """
+    from raydec.api import caption_images
+    from raydec.config import DecodeConfig, SamplingConfig
+    from raydec.reference.shapes import to_pil
+
+    decode = DecodeConfig(method="ar", max_new_tokens=max_new_tokens, sampling=SamplingConfig(temperature=temperature))
+    captions = caption_images([to_pil(make_sample(seed).image) for seed in seeds], prompt=list(instructions),
+                              model=decoder, decode=decode, seeds=[int(s) for s in seeds], batch_size=len(seeds))
+    return teacher_logits(target, processor, seeds, instructions, [c.tokens for c in captions])
+
+
 def build_caption_set(
     target: LlavaForConditionalGeneration,
     processor: LlavaProcessor,
@@ -215,18 +297,31 @@ def build_caption_set(
     max_new_tokens: int,
     max_minutes: float = 0.0,
     label: str = "captions",
+    temperature_of: Any = None,
+    decoder: Any = None,
 ) -> list[dict[str, Any]]:
-    """The target's greedy answers for ``seeds``; descriptions and questions batched separately."""
+    """The target's answers for ``seeds`` (greedy, or at ``temperature_of(seed)``: see
+    :func:`sampled_answers`, which needs ``decoder``); batched by kind and temperature."""
     target.eval()
-    jobs = [(seed, example_prompt(seed, question_share)) for seed in seeds]
-    describe = [j for j in jobs if j[1] == DESCRIBE_INSTRUCTION]
-    questions = [j for j in jobs if j[1] != DESCRIBE_INSTRUCTION]
+    temperature_of = temperature_of or (lambda seed: 0.0)
+    jobs = [(seed, example_prompt(seed, question_share), temperature_of(seed)) for seed in seeds]
+    batches = []
+    for temperature in sorted({t for _, _, t in jobs}):
+        if temperature > 0 and decoder is None:
+            raise ValueError(f"temperature {temperature}: sampled answers need decoder= (the target from load_pipeline)")
+        describe = [j for j in jobs if j[2] == temperature and j[1] == DESCRIBE_INSTRUCTION]
+        questions = [j for j in jobs if j[2] == temperature and j[1] != DESCRIBE_INSTRUCTION]
+        batches += [(describe[i:i + batch_size], max_new_tokens, temperature) for i in range(0, len(describe), batch_size)]
+        batches += [(questions[i:i + batch_size], 8, temperature) for i in range(0, len(questions), batch_size)]
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()
-    batches = [(describe[i:i + batch_size], max_new_tokens) for i in range(0, len(describe), batch_size)]
-    batches += [(questions[i:i + batch_size], 8) for i in range(0, len(questions), batch_size)]
-    for number, (batch, limit) in enumerate(batches):
-        rows += target_answers(target, processor, [s for s, _ in batch], [q for _, q in batch], limit)
+    for number, (batch, limit, temperature) in enumerate(batches):
+        batch_seeds, instructions = [s for s, _, _ in batch], [q for _, q, _ in batch]
+        if temperature == 0:
+            made = target_answers(target, processor, batch_seeds, instructions, limit)
+        else:
+            made = sampled_answers(target, processor, decoder, batch_seeds, instructions, limit, temperature)
+        rows += [{**row, "temperature": temperature} for row in made]
         elapsed = time.perf_counter() - start
         if (number + 1) % 5 == 0 or number + 1 == len(batches):
             logger.info("%s: %d/%d batches, %d rows, %.0f s (%.1f rows/s)", label, number + 1, len(batches),
@@ -241,6 +336,8 @@ def build_caption_set(
 def load_or_build_captions(settings: AssistantSettings, target, processor, target_hash: str) -> tuple[list, float]:
     """The cached caption set of this target and data settings, generating it when missing."""
     key = f"{target_hash[:16]}-{settings.first_seed}-{settings.num_captions}-{settings.question_share}-{settings.max_new_tokens}"
+    if settings.temperatures != (0.0,):  # greedy-only caches keep their old name
+        key += "-t" + "_".join(f"{t:g}" for t in settings.temperatures)
     path = Path(settings.work_dir) / f"captions-{key}.pt"
     if path.is_file():
         blob = torch.load(path, weights_only=False)
@@ -249,9 +346,15 @@ def load_or_build_captions(settings: AssistantSettings, target, processor, targe
     seeds = range(settings.first_seed, settings.first_seed + settings.num_captions)
     if seeds[-1] >= HELD_OUT_SEED_START:
         raise ValueError(f"training seeds reach {seeds[-1]} (held-out range starts at {HELD_OUT_SEED_START})")
+    decoder = None
+    if any(t > 0 for t in settings.temperatures):
+        from raydec.api import load_pipeline
+
+        decoder = load_pipeline(settings.target, kind="vlm")
     start = time.perf_counter()
     rows = build_caption_set(target, processor, seeds, settings.question_share, settings.caption_batch_size,
-                             settings.max_new_tokens, settings.caption_max_minutes)
+                             settings.max_new_tokens, settings.caption_max_minutes,
+                             temperature_of=settings.temperature_of, decoder=decoder)
     seconds = time.perf_counter() - start
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"rows": rows, "seconds": seconds}, path)
@@ -266,7 +369,7 @@ def collate(rows: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tens
     """Right-padded teacher-forcing batch and the target's logits at the answer positions.
 
     ``predict[b, t]`` marks positions whose next token is an answer token; ``next_ids`` holds that
-    token (the target's greedy choice) and ``teacher`` the target's logits there.
+    token (the target's answer: its greedy choice, or its sample) and ``teacher`` the target's logits there.
     """
     lengths = [len(r["prompt_ids"]) + len(r["answer_ids"]) for r in rows]
     batch, width = len(rows), max(lengths)
@@ -291,7 +394,7 @@ def collate(rows: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tens
 
 def distill_loss(model, batch: dict[str, torch.Tensor], kl_weight: float,
                  image_input: str = "none") -> tuple[torch.Tensor, dict[str, float]]:
-    """CE on the target's greedy tokens + kl_weight * KL(target || assistant), answer positions only.
+    """CE on the target's answer tokens + kl_weight * KL(target || assistant), answer positions only.
 
     ``image_input="none"`` feeds the prompt without ``pixel_values`` (the <image> positions keep the
     <image> token embedding), which is what HF assisted generation gives the assistant.
@@ -397,7 +500,7 @@ def save_assistant(model, processor, out_dir: Path, log: DistillLog | None = Non
 
 
 def distill(settings: AssistantSettings) -> Path:
-    """Build the assistant from the target, distill it on the target's greedy answers, measure, ship."""
+    """Build the assistant from the target, distill it on the target's answers, measure, ship."""
     torch.set_num_threads(settings.threads)
     random.seed(settings.seed)
     np.random.seed(settings.seed)
@@ -428,6 +531,7 @@ def distill(settings: AssistantSettings) -> Path:
     log.target_sha256 = target_hash
     log.captions = len(rows)
     log.caption_questions = sum(1 for r in rows if r["question"])
+    log.caption_sampled = sum(1 for r in rows if r.get("temperature", 0.0) > 0)
     log.caption_tokens = int(sum(r["answer_ids"].numel() for r in rows))
     log.caption_seconds = caption_seconds
     first_step, seconds_before = 0, 0.0
@@ -654,6 +758,32 @@ def tune_assisted_config(
 # ---------------------------------------------------------------------------------------------- card
 
 
+def card_temperatures(settings: dict) -> tuple[float, ...]:
+    """The answer temperatures of a run's logged settings (logs from before the field: greedy)."""
+    raw = str(settings.get("temperatures", "(0.0,)")).strip("()[] ")
+    return tuple(float(t) for t in raw.split(",") if t.strip()) or (0.0,)
+
+
+def answers_kind(settings: dict) -> str:
+    """'greedy answers', or 'answers, greedy and sampled at T=1' for the card's first line."""
+    sampled = [t for t in card_temperatures(settings) if t > 0]
+    if not sampled:
+        return "greedy outputs"
+    return "answers, greedy and sampled at " + ", ".join(f"T={t:g}" for t in sampled)
+
+
+def data_answers(settings: dict, log: dict) -> str:
+    """How the card's data line says the answers were drawn."""
+    temperatures = card_temperatures(settings)
+    if temperatures == (0.0,):
+        return "the target's greedy answers (HF `generate`"
+    cycle = ", ".join(f"{t:g}" for t in temperatures)
+    return (f"the target's answers at temperatures ({cycle}) cycled over the seeds (`--temperatures {cycle.replace(' ', '')}`): "
+            f"{log['captions'] - log.get('caption_sampled', 0)} greedy by HF `generate`, {log.get('caption_sampled', 0)} "
+            "sampled by raydec's AR decoder with a generator seeded by the image's seed (the drafts' rule), their target "
+            "logits from one teacher-forced forward")
+
+
 def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
     """``MODEL_CARD.md`` of a shipped assistant from its log (figures, command, measurement)."""
     log = asdict(log) if isinstance(log, DistillLog) else log
@@ -667,7 +797,8 @@ def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
         "# LLaVA assistant for the reference VLM (HF assisted generation)",
         "",
         "A small `LlavaForConditionalGeneration` that shares the reference VLM's tokenizer, processor, vision tower",
-        "and vocabulary, distilled on the reference VLM's own greedy outputs, for Hugging Face's assisted generation:",
+        f"and vocabulary, distilled on the reference VLM's own {answers_kind(settings)}, for Hugging Face's assisted "
+        "generation:",
         "",
         "```python",
         "from transformers import LlavaForConditionalGeneration, LlavaProcessor",
@@ -695,7 +826,7 @@ def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
         settings.get("command") or "python -m raydec.reference.train assistant",
         "```",
         "",
-        f"- Data: the target's greedy answers (HF `generate`, batches of {settings['caption_batch_size']}, max "
+        f"- Data: {data_answers(settings, log)} (batches of {settings['caption_batch_size']}, max "
         f"{settings['max_new_tokens']} new tokens) on {log['captions']} held-in shapes-world images (seeds "
         f"{settings['first_seed']}..{int(settings['first_seed']) + int(settings['num_captions']) - 1}, < 1,000,000): "
         f"`describe the image .` or, for a seeded {float(settings['question_share']):.0%}, one question of "
@@ -709,9 +840,9 @@ def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
          if settings.get("image_input", "none") == "none" else
          "- Image input: pixels (the assistant is trained with `pixel_values`; note that HF assisted generation in "
          "transformers 5.24 does not pass them to the assistant)."),
-        f"- Loss (answer positions only, teacher forcing on prompt + target answer): cross-entropy on the target's greedy "
+        f"- Loss (answer positions only, teacher forcing on prompt + target answer): cross-entropy on the target's answer "
         f"tokens + {settings['kl_weight']} x KL(target || assistant) of the full next-token distribution (the target's "
-        f"logits recorded during generation).",
+        f"logits: recorded during greedy generation, or from a teacher-forced forward on a sampled answer).",
         f"- AdamW (betas 0.9 / 0.95, weight decay {settings['weight_decay']} on matrices), peak lr {settings['lr']}, "
         f"{settings['warmup']} warm-up steps then cosine to {settings['min_lr_ratio']} x peak"
         f"{' (progress = max(step / steps, elapsed / time cap))' if settings.get('anneal_on_time') == 'True' else ''}, grad clip "
@@ -721,7 +852,8 @@ def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
         f"training wall time {log['wall_seconds'] / 60:.1f} min on one thread of a shared 2-core CPU (other jobs running).",
         f"- Final loss (mean of the last {len(last)} steps): {np.mean(last):.4f} (CE {np.mean(log['ce'][-100:]):.4f}, "
         f"KL {np.mean(log['kl'][-100:]):.4f}); first step {log['losses'][0]:.4f}. Training argmax agreement with the "
-        f"target's greedy token (last {len(last)} steps): {np.mean(log['agreement'][-100:]):.3f}.",
+        f"target's answer token (last {len(last)} steps; a sampled token is often not the argmax): "
+        f"{np.mean(log['agreement'][-100:]):.3f}.",
         "- Curve: `loss_curve.png`; per-step losses: `train_log.json`.",
     ]
     if log["heldout"]:
@@ -782,6 +914,8 @@ def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
 
 def add_assistant_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m raydec.reference.train assistant``."""
+    from raydec.train.reference import temperatures_arg
+
     d = AssistantSettings()
     parser.add_argument("--target", type=Path, default=d.target, help="the target LLaVA folder")
     parser.add_argument("--out", type=Path, default=d.out_dir, help="output folder (from_pretrained layout)")
@@ -791,6 +925,8 @@ def add_assistant_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-captions", type=int, default=d.num_captions, help="held-in images the target answers")
     parser.add_argument("--first-seed", type=int, default=d.first_seed, help="first data seed (< 1,000,000)")
     parser.add_argument("--question-share", type=float, default=d.question_share)
+    parser.add_argument("--temperatures", type=temperatures_arg, default=list(d.temperatures),
+                        help="answer temperatures cycled over the seeds, e.g. 0,1 (default 0: greedy only)")
     parser.add_argument("--caption-batch-size", type=int, default=d.caption_batch_size)
     parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     parser.add_argument("--caption-max-minutes", type=float, default=d.caption_max_minutes)
@@ -820,6 +956,7 @@ def distill_from_args(args: argparse.Namespace) -> Path:
     settings = AssistantSettings(
         target=args.target, out_dir=args.out, work_dir=args.work_dir, layers=tuple(args.layers), seed=args.seed,
         num_captions=args.num_captions, first_seed=args.first_seed, question_share=args.question_share,
+        temperatures=tuple(args.temperatures),
         caption_batch_size=args.caption_batch_size, max_new_tokens=args.max_new_tokens,
         caption_max_minutes=args.caption_max_minutes, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
         warmup=args.warmup, kl_weight=args.kl_weight, image_input=args.image_input, max_minutes=args.max_minutes, anneal_on_time=args.anneal_on_time, threads=args.threads,
