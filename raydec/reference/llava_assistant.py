@@ -776,16 +776,33 @@ def data_answers(settings: dict, log: dict) -> str:
     """How the card's data line says the answers were drawn."""
     temperatures = card_temperatures(settings)
     if temperatures == (0.0,):
-        return "the target's greedy answers (HF `generate`"
+        return "Greedy answers by HF `generate`, its logits recorded"
     cycle = ", ".join(f"{t:g}" for t in temperatures)
-    return (f"the target's answers at temperatures ({cycle}) cycled over the seeds (`--temperatures {cycle.replace(' ', '')}`): "
-            f"{log['captions'] - log.get('caption_sampled', 0)} greedy by HF `generate`, {log.get('caption_sampled', 0)} "
-            "sampled by raydec's AR decoder with a generator seeded by the image's seed (the drafts' rule), their target "
-            "logits from one teacher-forced forward")
+    sampled = log.get("caption_sampled", 0)
+    return (f"Temperatures ({cycle}) cycled over the seeds (`--temperatures {cycle.replace(' ', '')}`): "
+            f"{log['captions'] - sampled} answers greedy by HF `generate` (its logits recorded), {sampled} sampled by "
+            "raydec's AR decoder from a generator seeded by the image's seed (the drafts' rule), their logits from one "
+            "teacher-forced target forward")
+
+
+def kept_section(card: Path, heading: str) -> list[str]:
+    """The lines of an existing card's hand-written ``heading`` section (up to the next ``## ``), or []."""
+    if not card.is_file():
+        return []
+    lines = card.read_text().splitlines()
+    if heading not in lines:
+        return []
+    start = lines.index(heading)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    section = lines[start:end]
+    while section and not section[-1].strip():
+        section.pop()
+    return section
 
 
 def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
-    """``MODEL_CARD.md`` of a shipped assistant from its log (figures, command, measurement)."""
+    """``MODEL_CARD.md`` of a shipped assistant from its log (figures, command, measurement); a
+    hand-written ``## History`` section of the card it replaces is kept."""
     log = asdict(log) if isinstance(log, DistillLog) else log
     config = json.loads((out_dir / "config.json").read_text())
     settings = log["settings"]
@@ -826,11 +843,12 @@ def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
         settings.get("command") or "python -m raydec.reference.train assistant",
         "```",
         "",
-        f"- Data: {data_answers(settings, log)} (batches of {settings['caption_batch_size']}, max "
-        f"{settings['max_new_tokens']} new tokens) on {log['captions']} held-in shapes-world images (seeds "
+        f"- Data: the target's answers to {log['captions']} held-in shapes-world images (seeds "
         f"{settings['first_seed']}..{int(settings['first_seed']) + int(settings['num_captions']) - 1}, < 1,000,000): "
         f"`describe the image .` or, for a seeded {float(settings['question_share']):.0%}, one question of "
-        f"`shapes.question_answers`; {log['caption_tokens']} answer tokens; generated in {log['caption_seconds'] / 60:.1f} min.",
+        f"`shapes.question_answers`; batches of {settings['caption_batch_size']}, max {settings['max_new_tokens']} new "
+        f"tokens; {log['caption_tokens']} answer tokens; generated in {log['caption_seconds'] / 60:.1f} min. "
+        f"{data_answers(settings, log)}.",
         ("- Image input: **none** (`--image-input none`). HF assisted generation in transformers 5.24 never gives the "
          "assistant the image: `generate()` runs the assistant's prefill with `is_first_iteration=False` "
          "(`is_assistant`), which drops `pixel_values`, so the assistant sees the prompt with its 64 `<image>` token "
@@ -895,6 +913,9 @@ def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
                   "| num_assistant_tokens | assistant_confidence_threshold | seconds |", "|---:|---:|---:|"]
         lines += [f"| {r['num_assistant_tokens']} | {r['assistant_confidence_threshold']} | {r['seconds']:.2f} |"
                   for r in tuning["grid"]]
+    history = kept_section(out_dir / "MODEL_CARD.md", "## History")
+    if history:
+        lines += ["", *history]
     lines += [
         "",
         "## Limits",
