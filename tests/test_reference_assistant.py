@@ -87,3 +87,24 @@ def test_sampled_caption_rows_follow_their_seed_and_line_up_with_generate(models
         build_caption_set(target, processor, seeds[:2], 0.0, 2, 8, temperature_of=settings.temperature_of)
     with pytest.raises(ValueError, match=r"temperatures\[1\]: -1.0"):
         AssistantSettings(temperatures=(0.0, -1.0))
+
+
+def test_rewriting_the_card_keeps_its_history_and_says_how_answers_were_drawn(tmp_path) -> None:
+    import json
+    import shutil
+
+    from raydec.reference.llava_assistant import write_model_card
+
+    folder = tmp_path / "assistant"
+    shutil.copytree(ASSISTANT, folder)
+    shipped = (folder / "MODEL_CARD.md").read_text()
+    history = shipped[shipped.index("## History"):shipped.index("## Limits")].strip()
+    log = json.loads((folder / "train_log.json").read_text())
+    card = write_model_card(folder, log).read_text()
+    assert history in card and card.index("## History") < card.index("## Limits")
+    assert f"{log['caption_sampled']} sampled by raydec's AR decoder" in card and log["caption_sampled"] > 0
+
+    log["settings"].pop("temperatures")  # a log from before the field: greedy answers only
+    (folder / "MODEL_CARD.md").unlink()
+    card = write_model_card(folder, log).read_text()
+    assert "Greedy answers by HF `generate`" in card and "## History" not in card
