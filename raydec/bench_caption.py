@@ -3,7 +3,8 @@
 Same images, prompts and seeds for every method; methods interleaved batch by batch in one
 run, so machine noise hits all alike. Per method: tokens per target forward (prefill
 included), τ (accepted draft tokens per verification, without the bonus token), latency
-speedup vs AR (total time ratio) and caption accuracy by the judge. ``hf`` is plain Hugging
+speedup vs AR (total time ratio) and caption accuracy by the judge, with its difference from
+AR's paired by image and that difference's standard error. ``hf`` is plain Hugging
 Face ``generate()`` and ``hf_assisted`` is ``generate(assistant_model=...)`` with the small
 LLaVA assistant shipped next to the reference VLM (batch 1 only, as Hugging Face requires).
 Also prints what one draft step costs relative to one target forward.
@@ -31,6 +32,26 @@ from raydec.models.base import decoding_attention
 logger = logging.getLogger(__name__)
 
 ALL_METHODS = ("ar", "hf", "hf_assisted", "eagle", "vispec")
+
+
+def paired_difference(scores: list[float], baseline: list[float]) -> tuple[float, float | None]:
+    """Mean of ``scores - baseline`` paired by image, and its standard error (None below 2 pairs).
+
+    The same images for both sides, so the image-to-image spread cancels: a lossless method's
+    accuracy differs from AR's only by sampling noise, about within 2 standard errors.
+    """
+    diff = np.asarray(scores, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)  # [N]
+    if diff.size == 0:
+        return 0.0, None
+    se = float(diff.std(ddof=1) / np.sqrt(diff.size)) if diff.size > 1 else None
+    return float(diff.mean()), se
+
+
+def difference_cell(entry: dict) -> str:
+    """'-0.003 ± 0.008' (accuracy minus AR's ± its standard error), or '-' for AR itself."""
+    if entry.get("judge_accuracy_vs_ar_se") is None:
+        return "-"
+    return f"{entry['judge_accuracy_vs_ar']:+.3f} ± {entry['judge_accuracy_vs_ar_se']:.3f}"
 
 
 @dataclass
@@ -235,15 +256,18 @@ def bench_caption(args: argparse.Namespace) -> dict:
             entry["overhead_per_step_vs_target_forward"] = (record.draft_seconds / max(1, record.target_calls)) / (record.target_seconds / record.target_calls)
         if "hf_assisted" in records:
             entry["latency_speedup_vs_hf_assisted"] = records["hf_assisted"].seconds / record.seconds
+        if method != "ar":  # paired by image; SE None below 2 images
+            entry["judge_accuracy_vs_ar"], entry["judge_accuracy_vs_ar_se"] = paired_difference(record.scores, ar.scores)
         summary[method] = entry
     identical = {m: sum(a == b for a, b in zip(ar.captions, r.captions)) for m, r in records.items()}
     from raydec.tune_t2i import window_cost
 
     cost = window_cost(target, VlmPrompt(target.format_prompt(args.prompt, 1), [images[0]]), sorted({1, 4, 8, 16, tree.total_tokens}))
-    header = ["method", "tokens/fwd", "tau", "latency x AR", "x hf_assisted", "accuracy", "non-target step / target fwd"]
+    header = ["method", "tokens/fwd", "tau", "latency x AR", "x hf_assisted", "accuracy", "accuracy - AR (± SE)",
+              "non-target step / target fwd"]
     rows = [
         [m, f"{e['tokens_per_forward']:.2f}", f"{e['tau']:.2f}", f"{e['latency_speedup']:.2f}",
-         ratio_cell(e, "latency_speedup_vs_hf_assisted"), f"{e['judge_accuracy']:.3f}",
+         ratio_cell(e, "latency_speedup_vs_hf_assisted"), f"{e['judge_accuracy']:.3f}", difference_cell(e),
          f"{e['overhead_per_step_vs_target_forward']:.2f}" if "overhead_per_step_vs_target_forward" in e else "-"]
         for m, e in summary.items()
     ]
@@ -255,6 +279,8 @@ def bench_caption(args: argparse.Namespace) -> dict:
     )
     if sampling.greedy:
         print("captions identical to AR: " + ", ".join(f"{m} {n}/{measured}" for m, n in identical.items()))
+    print("accuracy - AR: the judge's score minus AR's, paired by image, ± its standard error "
+          "(a lossless method differs by noise: about within 2 SE)")
     print("non-target step: a decode step's work outside the target forward (draft, verifier, bookkeeping; "
           "for ar only bookkeeping), per target forward")
     print("target forward cost relative to a 1-token forward: " + ", ".join(f"{n} tokens {c:.2f}x" for n, c in cost.items()))
