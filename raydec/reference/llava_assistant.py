@@ -765,7 +765,7 @@ def card_temperatures(settings: dict) -> tuple[float, ...]:
 
 
 def answers_kind(settings: dict) -> str:
-    """'greedy answers', or 'answers, greedy and sampled at T=1' for the card's first line."""
+    """'greedy outputs', or 'answers, greedy and sampled at T=1', for the card's first line."""
     sampled = [t for t in card_temperatures(settings) if t > 0]
     if not sampled:
         return "greedy outputs"
