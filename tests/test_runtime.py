@@ -324,6 +324,36 @@ def test_resume_is_refused_once_the_model_folder_holds_other_weights(tiny_janus,
         preflight(job)
 
 
+def test_demo_replaces_results_of_earlier_weights_but_not_of_other_settings(tiny_janus, prompts_file, tmp_path, capsys):
+    """The shipped reference weights change with raydec: `make demo` after an update replaces its
+    own stale results. Other settings, or a refusal without that permission, leave them alone."""
+    from raydec.demo import resume_or_replace
+
+    out = tmp_path / "out"
+    job = make_job(tiny_janus, str(prompts_file), str(out))
+    write_manifest(job.output, job, {"results": 4}, {}, {"weights": {"model": "0" * 16}, "status": "complete"})
+    cleared = []
+
+    def clear() -> None:
+        cleared.append(True)
+        (out / "manifest.json").unlink()
+
+    with pytest.raises(ResumeMismatchError) as refused:
+        resume_or_replace(lambda: preflight(job), clear, out, replace_stale_weights=False)
+    assert refused.value.field == "weights" and not cleared
+    assert resume_or_replace(lambda: preflight(job), clear, out, replace_stale_weights=True) == preflight(job)
+    assert cleared == [True]
+    err = capsys.readouterr().err
+    assert f"{out} holds results of earlier shipped weights; replacing them (weights: " in err
+    assert "write to a new output.path" not in err  # the demo acts on that advice itself
+
+    write_manifest(job.output, job, {"results": 4}, {}, {"weights": {"model": "0" * 16}, "status": "complete"})
+    other_seed = make_job(tiny_janus, str(prompts_file), str(out), seed=8)
+    with pytest.raises(ResumeMismatchError) as refused:
+        resume_or_replace(lambda: preflight(other_seed), clear, out, replace_stale_weights=True)
+    assert refused.value.field == "seed" and cleared == [True] and (out / "manifest.json").exists()
+
+
 def test_resume_of_an_output_without_recorded_weights_warns(tiny_janus, prompts_file, tmp_path, caplog):
     job = make_job(tiny_janus, str(prompts_file), str(tmp_path / "out"))
     write_manifest(job.output, job, {"results": 4}, {}, {"status": "running"})  # as older raydec wrote it

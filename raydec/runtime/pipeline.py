@@ -86,7 +86,15 @@ class ModelNotFoundError(ValueError):
 
 
 class ResumeMismatchError(ValueError):
-    """The output holds results of a job with another model, dtype, decode config or seed."""
+    """The output holds results of a job with another model, dtype, decode config or seed.
+
+    ``field`` names what differs: one of :data:`RESUME_KEYS`, or "weights" when the settings
+    match but the model (or draft) folder now holds other weights than the results were made with.
+    """
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 RESUME_KEYS = ("task", "model", "dtype", "decode", "seed")
@@ -109,7 +117,8 @@ def check_resume_compatible(job: JobConfig) -> None:
         if _differs(value, now[key]):
             raise ResumeMismatchError(
                 f"{key}: output {job.output.path} holds results written with {key}={value!r}, "
-                f"this job has {key}={now[key]!r}; write to a new output.path or delete the old results"
+                f"this job has {key}={now[key]!r}; write to a new output.path or delete the old results",
+                field=key,
             )
     if "weights" not in manifest:
         logger.warning(
@@ -123,7 +132,8 @@ def check_resume_compatible(job: JobConfig) -> None:
             raise ResumeMismatchError(
                 f"weights: output {job.output.path} holds results of {role} weights {fingerprint}, the {role} "
                 f"folder of this job now holds {current.get(role)} (retrained or replaced since); write to a new "
-                "output.path or delete the old results"
+                "output.path or delete the old results",
+                field="weights",
             )
 
 
