@@ -196,8 +196,7 @@ def resume_or_replace(check, clear, where: Path, replace_stale_weights: bool):
     except ResumeMismatchError as exc:
         if exc.field != "weights" or not replace_stale_weights:
             raise
-        what = str(exc).split("; write to a new output.path")[0]  # the advice does not apply: the demo acts on it
-        print(f"raydec demo: {where} holds results of earlier shipped weights; replacing them ({what})", file=sys.stderr)
+        print(f"raydec demo: {where} holds results of earlier shipped weights; replacing them ({exc.detail})", file=sys.stderr)
         clear()
         return check()
 

@@ -103,12 +103,9 @@ class AssistantSettings:
     command: str = ""
 
     def __post_init__(self) -> None:
-        self.temperatures = tuple(float(t) for t in self.temperatures)
-        if not self.temperatures:
-            raise ValueError("temperatures: give at least one (0 is greedy)")
-        for index, temperature in enumerate(self.temperatures):
-            if not 0 <= temperature <= 10:
-                raise ValueError(f"temperatures[{index}]: {temperature!r} must be in [0, 10] (0 is greedy)")
+        from raydec.train.config import check_temperatures
+
+        self.temperatures = tuple(float(t) for t in check_temperatures(self.temperatures))
 
     def temperature_of(self, seed: int) -> float:
         """The sampling temperature of the answer to data seed ``seed``."""
@@ -274,18 +271,16 @@ def sampled_answers(
 ) -> list[dict[str, Any]]:
     """The target's answers sampled at ``temperature``, as rows of :func:`target_answers`.
 
-    ``decoder`` is the same target loaded by :func:`raydec.api.load_pipeline`: raydec's AR decoder
-    draws each answer from a generator seeded by its image's seed, the rule of the drafts' data
-    (``raydec.train.datagen.caption_seeds``), so an answer does not depend on its batch.
+    ``decoder`` is the same target loaded by :func:`raydec.api.load_pipeline`; the answers follow
+    the drafts' data rule (:func:`raydec.train.datagen.answers_at_temperatures`): each draws from a
+    generator seeded by its image's seed, so it does not depend on its batch.
     """
-    from raydec.api import caption_images
-    from raydec.config import DecodeConfig, SamplingConfig
     from raydec.reference.shapes import to_pil
+    from raydec.train.datagen import answers_at_temperatures
 
-    decode = DecodeConfig(method="ar", max_new_tokens=max_new_tokens, sampling=SamplingConfig(temperature=temperature))
-    captions = caption_images([to_pil(make_sample(seed).image) for seed in seeds], prompt=list(instructions),
-                              model=decoder, decode=decode, seeds=[int(s) for s in seeds], batch_size=len(seeds))
-    return teacher_logits(target, processor, seeds, instructions, [c.tokens for c in captions])
+    answers = answers_at_temperatures(decoder, [to_pil(make_sample(seed).image) for seed in seeds], instructions, seeds,
+                                      lambda _: temperature, max_new_tokens, len(seeds))
+    return teacher_logits(target, processor, seeds, instructions, [a.tokens for a in answers])
 
 
 def build_caption_set(

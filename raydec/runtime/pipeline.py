@@ -92,9 +92,12 @@ class ResumeMismatchError(ValueError):
     match but the model (or draft) folder now holds other weights than the results were made with.
     """
 
-    def __init__(self, message: str, field: str = "") -> None:
-        super().__init__(message)
-        self.field = field
+    ADVICE = "write to a new output.path or delete the old results"
+
+    def __init__(self, detail: str, field: str = "") -> None:
+        detail = detail.removesuffix(f"; {self.ADVICE}")  # an unpickled copy passes the whole message back
+        super().__init__(f"{detail}; {self.ADVICE}")
+        self.detail, self.field = detail, field
 
 
 RESUME_KEYS = ("task", "model", "dtype", "decode", "seed")
@@ -117,7 +120,7 @@ def check_resume_compatible(job: JobConfig) -> None:
         if _differs(value, now[key]):
             raise ResumeMismatchError(
                 f"{key}: output {job.output.path} holds results written with {key}={value!r}, "
-                f"this job has {key}={now[key]!r}; write to a new output.path or delete the old results",
+                f"this job has {key}={now[key]!r}",
                 field=key,
             )
     if "weights" not in manifest:
@@ -131,8 +134,7 @@ def check_resume_compatible(job: JobConfig) -> None:
         if _differs(fingerprint, current.get(role)):
             raise ResumeMismatchError(
                 f"weights: output {job.output.path} holds results of {role} weights {fingerprint}, the {role} "
-                f"folder of this job now holds {current.get(role)} (retrained or replaced since); write to a new "
-                "output.path or delete the old results",
+                f"folder of this job now holds {current.get(role)} (retrained or replaced since)",
                 field="weights",
             )
 

@@ -7,7 +7,7 @@ unknown keys are errors that name the key.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Sequence
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -21,6 +21,16 @@ HELD_OUT_SEED_START = 1_000_000
 DEFAULT_PROMPT = "describe the image ."
 #: the decode method a draft serves
 METHOD_OF_VISION = {True: "vispec", False: "eagle"}
+
+
+def check_temperatures(values: Sequence[float]) -> list[float]:
+    """Answer temperatures for training data: each in [0, 10] (0 is greedy), at least one."""
+    if len(values) == 0:
+        raise ValueError("temperatures: give at least one (0 is greedy)")
+    for index, temperature in enumerate(values):
+        if not 0 <= temperature <= 10:
+            raise ValueError(f"temperatures[{index}]: {temperature!r} must be in [0, 10] (0 is greedy)")
+    return list(values)
 
 
 class DataGenConfig(StrictModel):
@@ -50,10 +60,7 @@ class DataGenConfig(StrictModel):
     @field_validator("temperatures")
     @classmethod
     def _temperatures_in_range(cls, value: list[float]) -> list[float]:
-        for index, temperature in enumerate(value):
-            if not 0 <= temperature <= 10:
-                raise ValueError(f"temperatures[{index}]: {temperature!r} must be in [0, 10] (0 is greedy)")
-        return value
+        return check_temperatures(value)
 
     def temperature_of(self, seed: int) -> float:
         """The sampling temperature of the answer to shapes-world ``seed``."""

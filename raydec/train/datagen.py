@@ -32,7 +32,7 @@ import math
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -90,22 +90,40 @@ def sample_tensors(target: Any, prompt: Any, answer_ids: Sequence[int]) -> dict[
     }
 
 
-def caption_seeds(target: Any, seeds: Sequence[int], images: Sequence[Any], config: DataGenConfig) -> list[Any]:
-    """AR captions of ``images`` (those of shapes-world ``seeds``), each at its
-    ``config.temperature_of(seed)``; a sampled answer draws from a generator seeded by its image's
-    seed (the same answer on any machine)."""
+def answers_at_temperatures(
+    target: Any,
+    images: Sequence[Any],
+    prompts: str | Sequence[str],
+    seeds: Sequence[int],
+    temperature_of: Callable[[int], float],
+    max_new_tokens: int,
+    batch_size: int,
+) -> list[Any]:
+    """AR answers to ``images`` (one prompt, or one per row), row i at ``temperature_of(seeds[i])``.
+
+    A sampled answer draws from a generator seeded by its image's seed: the same answer on any
+    machine and in any batch. This is the rule of every answer a draft or assistant trains on.
+    """
     from raydec.api import caption_images
     from raydec.config import DecodeConfig, SamplingConfig
 
+    rows = [prompts] * len(images) if isinstance(prompts, str) else list(prompts)
     results: list[Any] = [None] * len(seeds)
-    for temperature in sorted({config.temperature_of(int(s)) for s in seeds}):
-        group = [i for i, s in enumerate(seeds) if config.temperature_of(int(s)) == temperature]
-        decode = DecodeConfig(method="ar", max_new_tokens=config.max_new_tokens, sampling=SamplingConfig(temperature=temperature))
-        captions = caption_images([images[i] for i in group], prompt=config.prompt, model=target, decode=decode,
-                                  seeds=[int(seeds[i]) for i in group], batch_size=config.batch_size)
-        for i, caption in zip(group, captions):
-            results[i] = caption
+    for temperature in sorted({temperature_of(int(s)) for s in seeds}):
+        group = [i for i, s in enumerate(seeds) if temperature_of(int(s)) == temperature]
+        decode = DecodeConfig(method="ar", max_new_tokens=max_new_tokens, sampling=SamplingConfig(temperature=temperature))
+        answers = caption_images([images[i] for i in group], prompt=[rows[i] for i in group], model=target, decode=decode,
+                                 seeds=[int(seeds[i]) for i in group], batch_size=batch_size)
+        for i, answer in zip(group, answers):
+            results[i] = answer
     return results
+
+
+def caption_seeds(target: Any, seeds: Sequence[int], images: Sequence[Any], config: DataGenConfig) -> list[Any]:
+    """AR captions of ``images`` (those of shapes-world ``seeds``) to ``config.prompt``, each at
+    its ``config.temperature_of(seed)`` (see :func:`answers_at_temperatures`)."""
+    return answers_at_temperatures(target, images, config.prompt, seeds, config.temperature_of, config.max_new_tokens,
+                                   config.batch_size)
 
 
 def generate_rows(target: Any, seeds: Sequence[int], config: DataGenConfig) -> list[dict[str, Any]]:
