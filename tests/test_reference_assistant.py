@@ -89,6 +89,28 @@ def test_sampled_caption_rows_follow_their_seed_and_line_up_with_generate(models
         AssistantSettings(temperatures=(0.0, -1.0))
 
 
+def test_caption_batches_interleave_kinds_and_temperatures_so_a_cap_cuts_them_alike() -> None:
+    from raydec.reference.llava_assistant import DESCRIBE_INSTRUCTION, caption_batches
+
+    question = "what colour is the circle?"
+    jobs = [(s, DESCRIBE_INSTRUCTION, float(s % 2)) for s in range(16)] + [(100 + s, question, float(s % 2)) for s in range(4)]
+    batches = caption_batches(jobs, batch_size=2, max_new_tokens=40)
+    assert sorted(j for b, _, _ in batches for j in b) == sorted(jobs)
+    groups = {}
+    for batch, limit, temperature in batches:
+        kinds = {(q == DESCRIBE_INSTRUCTION, t) for _, q, t in batch}
+        assert kinds == {(limit == 40, temperature)}, batch  # one kind and one temperature, the kind's limit
+        groups.setdefault(kinds.pop(), []).append(batch)
+    sizes = {g: len(b) for g, b in groups.items()}
+    assert sizes == {(True, 0.0): 4, (True, 1.0): 4, (False, 0.0): 1, (False, 1.0): 1}
+    # stopping after any k batches has made each group's share of them, to within one batch
+    for k in range(1, len(batches) + 1):
+        for group, size in sizes.items():
+            done = sum((q == DESCRIBE_INSTRUCTION, t) == group for b, _, _ in batches[:k] for _, q, t in b[:1])
+            assert abs(done - k * size / len(batches)) <= 1, (k, group, done)
+    assert {t for _, _, t in batches[:2]} == {0.0, 1.0}  # not all greedy batches first
+
+
 def test_rewriting_the_card_keeps_its_history_and_says_how_answers_were_drawn(tmp_path) -> None:
     import json
     import shutil

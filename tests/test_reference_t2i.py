@@ -105,7 +105,7 @@ def test_unconditional_rows_match_generate_layout(shipped):
     _, processor = shipped
     tokenizer = processor.tokenizer
     inputs = processor(text=["a small red circle top", "a large blue square"], generation_mode="image", padding=True)
-    ids = torch.tensor(inputs["input_ids"])
+    ids = torch.as_tensor(inputs["input_ids"])
     boi = tokenizer.convert_tokens_to_ids(jt.BOI_TOKEN)
     uncond = jt.unconditional_ids(ids, tokenizer.bos_token_id, boi, tokenizer.pad_token_id)
     # HF Janus generate: every token that is neither BOS nor BOI becomes pad.

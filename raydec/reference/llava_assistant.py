@@ -283,6 +283,26 @@ def sampled_answers(
     return teacher_logits(target, processor, seeds, instructions, [a.tokens for a in answers])
 
 
+def caption_batches(
+    jobs: Sequence[tuple[int, str, float]], batch_size: int, max_new_tokens: int
+) -> list[tuple[list[tuple[int, str, float]], int, float]]:
+    """``(seed, instruction, temperature)`` jobs -> ``(jobs, token limit, temperature)`` batches
+    of one kind (descriptions or short answers) and one temperature each.
+
+    Groups are interleaved in proportion to their sizes, so a time cap that stops after any
+    batch has made about the same share of every group (not all greedy rows and no sampled ones).
+    """
+    groups = []
+    for temperature in sorted({t for _, _, t in jobs}):
+        for describe in (True, False):
+            group = [j for j in jobs if j[2] == temperature and (j[1] == DESCRIBE_INSTRUCTION) == describe]
+            limit = max_new_tokens if describe else 8
+            groups.append([(group[i:i + batch_size], limit, temperature) for i in range(0, len(group), batch_size)])
+    # batch i of a group of n sits at (i + 1/2) / n of the way through; ties keep group order
+    placed = [((i + 0.5) / len(g), order, b) for order, g in enumerate(groups) for i, b in enumerate(g)]
+    return [b for _, _, b in sorted(placed, key=lambda x: (x[0], x[1]))]
+
+
 def build_caption_set(
     target: LlavaForConditionalGeneration,
     processor: LlavaProcessor,
@@ -300,14 +320,10 @@ def build_caption_set(
     target.eval()
     temperature_of = temperature_of or (lambda seed: 0.0)
     jobs = [(seed, example_prompt(seed, question_share), temperature_of(seed)) for seed in seeds]
-    batches = []
-    for temperature in sorted({t for _, _, t in jobs}):
-        if temperature > 0 and decoder is None:
-            raise ValueError(f"temperature {temperature}: sampled answers need decoder= (the target from load_pipeline)")
-        describe = [j for j in jobs if j[2] == temperature and j[1] == DESCRIBE_INSTRUCTION]
-        questions = [j for j in jobs if j[2] == temperature and j[1] != DESCRIBE_INSTRUCTION]
-        batches += [(describe[i:i + batch_size], max_new_tokens, temperature) for i in range(0, len(describe), batch_size)]
-        batches += [(questions[i:i + batch_size], 8, temperature) for i in range(0, len(questions), batch_size)]
+    if decoder is None and any(t > 0 for _, _, t in jobs):
+        bad = max(t for _, _, t in jobs)
+        raise ValueError(f"temperature {bad}: sampled answers need decoder= (the target from load_pipeline)")
+    batches = caption_batches(jobs, batch_size, max_new_tokens)
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()
     for number, (batch, limit, temperature) in enumerate(batches):
