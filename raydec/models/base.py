@@ -140,11 +140,21 @@ def decoder_window_forward(
 
 
 class WindowForward(abc.ABC):
-    """The window forward every adapter shares. Subclasses set ``window_decoder`` (the HF
-    decoder stack) and ``window_head`` (the output head) and say how output tokens embed."""
+    """The window forward every adapter shares. Subclasses set ``model`` (the wrapped Hugging
+    Face model), ``window_decoder`` (its decoder stack) and ``window_head`` (the output head)
+    and say how output tokens embed."""
 
+    model: torch.nn.Module
     window_decoder: torch.nn.Module
     window_head: torch.nn.Module
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
     @abc.abstractmethod
     def embed_output_tokens(self, tokens: torch.Tensor) -> torch.Tensor:

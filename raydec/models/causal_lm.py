@@ -79,14 +79,6 @@ class CausalLMTarget(SharedVocabularyForward):
     def vocab_size(self) -> int:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
     def prompt_inputs(self, prompt: Any, unconditional: bool = False) -> PromptInputs:
         if isinstance(prompt, CfgPrompt):
             ids = prompt.uncond if unconditional else prompt.cond

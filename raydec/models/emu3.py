@@ -127,14 +127,6 @@ class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share 
     def vocab_size(self) -> int:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
     def prompt_ids(self, text: str) -> torch.Tensor:
         """``processor(text, return_for_image_generation=True)`` ids: BOS, prompt, image header. # [L]"""
         encoded = self.processor(

@@ -186,14 +186,6 @@ class VisionLanguageTarget(SharedVocabularyForward):
         return int(self.head.weight.shape[0])
 
     @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
     def hidden_size(self) -> int:
         return int(self.text_config.hidden_size)
 

@@ -93,14 +93,6 @@ class JanusT2ITarget(WindowForward):
     def vocab_size(self) -> int:
         return int(self.model.model.generation_head.vision_head.out_features)
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
     def prompt_ids(self, text: str) -> torch.Tensor:
         """Prompt text -> the ids ``processor(..., generation_mode="image")`` gives. # [L]"""
         if self.use_chat_template:
