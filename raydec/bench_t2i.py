@@ -86,6 +86,12 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
     )
 
     jacobi = [m for m in methods if m in JACOBI_METHODS]
+    logger.info(
+        "bench t2i: tuning %s on %d calibration prompts first (%s); a fixed --window, --branching, --tree-depth "
+        "and --init skip this", ", ".join(jacobi), args.tune_prompts,
+        "draft shapes and fresh-draft priors" if args.window == "auto" and args.init == "auto"
+        else "draft shapes" if args.window == "auto" else "fresh-draft priors",
+    )
     prompts = [make_sample(HELD_OUT_SEED_START + TUNE_OFFSET + i).prompt for i in range(args.tune_prompts)]
     seeds = [args.seed + TUNE_OFFSET + i for i in range(args.tune_prompts)]
     windows = args.tune_windows or DEFAULT_WINDOWS
@@ -116,7 +122,7 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
 
 def _check_before_loading(methods: list[str], args: argparse.Namespace) -> None:
     """Options that cannot run, refused before any model loads."""
-    from raydec.models.registry import checkpoint_model_type, resolve_t2i_path
+    from raydec.models.registry import T2I_LOADERS, checkpoint_model_type, resolve_t2i_path
     from raydec.tune_t2i import DEFAULT_WINDOWS, candidate_shapes
 
     if args.seed + args.prompts > 2**63:
@@ -131,6 +137,8 @@ def _check_before_loading(methods: list[str], args: argparse.Namespace) -> None:
             model_type = checkpoint_model_type(resolve_t2i_path(args.model))
         except (FileNotFoundError, ValueError):
             return  # the load reports a missing or unreadable model
+        if model_type not in T2I_LOADERS:
+            return  # the load reports a checkpoint that is no text-to-image model
         if model_type != "janus":
             raise SystemExit(
                 f"--methods hf: Hugging Face's image generation baseline (generate(generation_mode='image')) runs on "
@@ -265,7 +273,10 @@ def bench_t2i(args: argparse.Namespace) -> dict:
                     sub_tokens, sub_seconds = _hf_generate(target, batch_prompts[sub : sub + args.batch], batch_seeds[sub], sampling)
                     tokens += sub_tokens
                     seconds += sub_seconds
+                begin = time.perf_counter()  # pixels count for hf as they do inside generate_images
                 images = target.decode_tokens(torch.tensor(tokens))
+                synchronize(device)
+                seconds += time.perf_counter() - begin
                 record.forwards += [len(t) for t in tokens]
                 record.tokens += [len(t) for t in tokens]
             else:  # up to --batch rows at once (--batching: continuous on a GPU by default)
@@ -404,7 +415,8 @@ def add_t2i_parser(subparsers) -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (cuda when torch sees a GPU)")
     parser.add_argument(
         "--window", type=_window_arg, default="auto",
-        help="draft nodes per step (L - 1), or 'auto': tune window and tree per method from the measured cost curve",
+        help="draft nodes per step (L - 1), or 'auto': tune window and tree per method from the measured cost curve "
+             "(minutes on a CPU, whatever --prompts is; a fixed --window with --branching, --tree-depth and --init skips it)",
     )
     parser.add_argument(
         "--tune-prompts", type=positive_int, default=None,

@@ -172,7 +172,8 @@ def choose_fresh_drafts(
         config = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft, batching=batching)
         rows = calibration_rows(target, config, prompts, seeds, batch)
         steps[init] = float(np.mean([r.target_forwards for r in rows]))
-        logger.info("tune %s fresh drafts %r at %s: %.1f forwards per image", method, init, probe, steps[init])
+        logger.info("tune %s fresh drafts %r at window=%d branching=%d tree_depth=%d: %.1f forwards per image",
+                    method, init, draft.window, draft.branching, draft.tree_depth, steps[init])
     return min(inits, key=lambda init: steps[init]), steps
 
 

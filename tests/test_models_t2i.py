@@ -373,3 +373,18 @@ def test_sampling_law_equals_hf_generate(request, name, monkeypatch):
     assert hf_probs.shape == ours.shape == (target.num_image_tokens, target.vocab_size)
     assert (hf_probs > 0).sum() < hf_probs.numel() / 2  # top-k / top-p / the layout really cut
     torch.testing.assert_close(ours.float(), hf_probs.float(), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["janus_path", "emu3_path"])
+def test_half_precision_on_cpu_decodes_pixels_in_float32(request, name):
+    """bf16 convolutions have no fast CPU kernel: the VQ decoder runs in float32 (its bf16
+    weights upcast, so pixels equal a float32 decode of those weights); the rest stays bf16."""
+    path = request.getfixturevalue(name)
+    extra = {"image_area": EMU3_AREA} if name == "emu3_path" else {}
+    half, upcast = (load_t2i_target(path, dtype=torch.bfloat16, **extra) for _ in range(2))
+    upcast.model.model.vqmodel.float()
+    results = api.generate_images(PROMPTS[:2], model=half, seeds=[3, 4])
+    assert next(half.model.model.vqmodel.parameters()).dtype == torch.float32
+    assert half.dtype == torch.bfloat16 and next(half.window_head.parameters()).dtype == torch.bfloat16
+    again = upcast.decode_tokens(torch.tensor([r.tokens for r in results]))
+    assert [r.image.tobytes() for r in results] == [im.tobytes() for im in again]

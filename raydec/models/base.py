@@ -35,6 +35,11 @@ def decoding_attention(device: str | torch.device) -> AbstractContextManager:
     return sdpa_kernel(list(DECODING_SDPA_BACKENDS))
 
 
+class CheckpointError(ValueError):
+    """A checkpoint folder this build cannot serve for the task (its model_type), or a draft
+    that does not fit its target or method. The message names the path and the field."""
+
+
 @dataclass
 class PromptInputs:
     """One model row's prefix.
@@ -149,12 +154,12 @@ class WindowForward(abc.ABC):
     window_head: torch.nn.Module
 
     @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
+    def dtype(self) -> torch.dtype:  # the decoder stack's: a VQ model may decode in float32
+        return next(self.window_decoder.parameters()).dtype
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return next(self.window_decoder.parameters()).device
 
     @abc.abstractmethod
     def embed_output_tokens(self, tokens: torch.Tensor) -> torch.Tensor:

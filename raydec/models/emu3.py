@@ -33,7 +33,7 @@ from PIL import Image
 from raydec.config import SamplingConfig
 from raydec.models.base import PromptInputs, SharedVocabularyForward
 from raydec.models.generation_config import sampling_from_generation_config
-from raydec.models.image_gen import pixels_to_pil, prompt_texts
+from raydec.models.image_gen import pixels_to_pil, prompt_texts, vq_for_decoding
 from raydec.spec.sampling import VocabConstraint
 
 logger = logging.getLogger(__name__)
@@ -191,5 +191,6 @@ class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share 
         if tokens.ndim != 2 or tokens.shape[1] != self.num_image_tokens:
             raise ValueError(f"decode_tokens: expected [B, {self.num_image_tokens}] tokens, got {tuple(tokens.shape)}")
         height, width = self._grid
+        vq_for_decoding(self.model.model.vqmodel)
         pixels = self.model.decode_image_tokens(image_tokens=tokens.to(self.device), height=height, width=width)
         return pixels_to_pil(pixels, self.processor.image_processor, channels_last=False)  # pixels [B, C, H, W]

@@ -30,7 +30,7 @@ from PIL import Image
 from raydec.config import SamplingConfig
 from raydec.models.base import PromptInputs, WindowForward
 from raydec.models.generation_config import sampling_from_generation_config
-from raydec.models.image_gen import pixels_to_pil, prompt_texts
+from raydec.models.image_gen import pixels_to_pil, prompt_texts, vq_for_decoding
 from raydec.spec.sampling import VocabConstraint
 
 logger = logging.getLogger(__name__)
@@ -158,5 +158,6 @@ class JanusT2ITarget(WindowForward):
         tokens = torch.as_tensor(tokens, dtype=torch.long)
         if tokens.ndim != 2 or tokens.shape[1] != self.num_image_tokens:
             raise ValueError(f"decode_tokens: expected [B, {self.num_image_tokens}] tokens, got {tuple(tokens.shape)}")
+        vq_for_decoding(self.model.model.vqmodel)
         pixels = self.model.decode_image_tokens(tokens.to(self.device))  # [B, H, W, C]
         return pixels_to_pil(pixels, self.processor.image_processor, channels_last=True)
