@@ -17,7 +17,8 @@ import sys
 from pydantic import ValidationError
 
 from raydec.train.config import DraftJobConfig
-from raydec.train.pipeline import run_draft_job
+from raydec.train.pipeline import preflight_draft_job, run_draft_job
+from raydec.validation import validation_problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,17 +28,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, help="override data.num_samples")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    job = DraftJobConfig.from_yaml(args.config)
-    values = job.model_dump()
-    if args.samples is not None:
-        values["data"]["num_samples"] = args.samples
-    if args.steps is not None:
-        for draft in values["drafts"]:
-            draft["steps"] = args.steps
-    try:  # overrides are checked like the file (a 0 or negative count is an error, not ignored)
-        job = DraftJobConfig.model_validate(values)
-    except ValidationError as error:
-        parser.error(f"bad override: {error}")
+    try:  # a bad config, target or output folder: one clear message, before Ray starts
+        job = DraftJobConfig.from_yaml(args.config)
+        values = job.model_dump()
+        if args.samples is not None:
+            values["data"]["num_samples"] = args.samples
+        if args.steps is not None:
+            for draft in values["drafts"]:
+                draft["steps"] = args.steps
+        try:  # overrides are checked like the file (a 0 or negative count is an error, not ignored)
+            job = DraftJobConfig.model_validate(values)
+        except ValidationError as error:
+            parser.error("bad override: " + "; ".join(validation_problems(error)))
+        preflight_draft_job(job)
+    except ValueError as exc:
+        message = str(exc)  # a config error names its file already
+        raise SystemExit(message if message.startswith(f"config: {args.config} ") else f"{args.config}: {message}") from None
     command = "python jobs/train_vispec.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     result = run_draft_job(job, command=command)
     print(json.dumps(result, indent=2, default=str))

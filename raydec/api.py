@@ -13,6 +13,7 @@ checkpoint folder, or an already loaded target.
 
 from __future__ import annotations
 
+import json
 import logging
 import operator
 from dataclasses import dataclass, field
@@ -125,7 +126,7 @@ def load_draft(
     dtype: the draft's precision (None: the target's)."""
     from raydec.models.cpu_matmul import route_if_cpu
     from raydec.models.registry import resolve_draft_path
-    from raydec.models.vispec_draft import VispecDraft
+    from raydec.models.vispec_draft import CONFIG_NAME, VispecDraft, check_draft_fits
 
     if not isinstance(model, (str, Path)):  # a loaded target: drafts shipped next to its checkpoint
         model = getattr(target, "checkpoint_path", None)
@@ -133,14 +134,15 @@ def load_draft(
             raise ValueError(f"decode.method={method!r} with a target not loaded by path needs decode.draft_model")
     path = resolve_draft_path(model or "", method, draft_model)
     key = ("draft", str(path.resolve()), str(dtype or target.dtype), str(id(target)))
+    text_config = target.model.config.get_text_config()
     if key not in _PIPELINES:
+        if (path / CONFIG_NAME).is_file():  # a clear error before any weight loads (else from_pretrained's)
+            check_draft_fits(path, json.loads((path / CONFIG_NAME).read_text()), text_config, method)
         draft = VispecDraft.from_pretrained(path, target=target, dtype=dtype)
         route_if_cpu(draft.prepare_inference(), target.device, next(draft.parameters()).dtype)
         _PIPELINES[key] = draft
     draft = _PIPELINES[key]
-    if draft.config.vision != (method == "vispec"):  # checked on every call: the cache key has no method
-        expected = "vision" if method == "vispec" else "text-only"
-        raise ValueError(f"decode.method={method!r} needs a {expected} draft; {path} holds the other kind")
+    check_draft_fits(path, draft.config, text_config, method)  # on every call: the cache key has no method
     return draft
 
 

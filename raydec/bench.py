@@ -103,6 +103,8 @@ def run_bench(args: argparse.Namespace) -> int:
     """Run the chosen bench; bad option values that only its configs can judge exit with their names."""
     from pydantic import ValidationError
 
+    from raydec.models.base import CheckpointError
+
     try:
         result = args.bench(args)
     except ValidationError as exc:
@@ -111,7 +113,7 @@ def run_bench(args: argparse.Namespace) -> int:
             field = ".".join(str(part) for part in error["loc"])
             problems.append(f"{exc.title}.{field}: {error['msg']} (got {error.get('input')!r})" if field else f"{exc.title}: {error['msg']}")
         raise SystemExit(f"raydec bench {args.which}: bad option value: {'; '.join(problems)}") from None
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, CheckpointError) as exc:  # a missing model, or one unfit for this bench
         raise SystemExit(f"raydec bench {args.which}: {exc}") from None
     if args.json:
         write_json(args.json, result)

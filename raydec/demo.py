@@ -228,7 +228,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         preflight,
         run_job,
     )
-    from raydec.runtime.config import validation_problems
+    from raydec.validation import validation_problems
     from raydec.runtime.contact_sheet import contact_sheet
 
     try:

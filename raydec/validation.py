@@ -12,7 +12,8 @@ import types
 import typing
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 
 def _takes_number_not_bool(annotation: object) -> bool:
@@ -29,11 +30,50 @@ def _takes_number_not_bool(annotation: object) -> bool:
     return False
 
 
+_Config = typing.TypeVar("_Config", bound="StrictModel")
+
+
+def validation_problems(exc: ValidationError) -> list[str]:
+    """One line per problem: dotted field path, message and (short) offending value."""
+    lines = []
+    for error in exc.errors():
+        message = error["msg"].removeprefix("Value error, ")
+        if not error["loc"]:  # a check across fields: its message names the fields itself
+            lines.append(message)
+            continue
+        where = ".".join(str(part) for part in error["loc"])
+        value = repr(error.get("input"))
+        value = value if len(value) <= 60 else value[:57] + "..."
+        lines.append(f"{where}: {message} (got {value})")
+    return lines
+
+
 class StrictModel(BaseModel):
     """Base for raydec configs: unknown keys are errors, values are validated on assignment,
     and a boolean given for a number is an error naming the field."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    #: what ``from_yaml`` raises (a ValueError subclass), so each layer keeps its own error type
+    config_error: typing.ClassVar[type[ValueError]] = ValueError
+
+    @classmethod
+    def from_yaml(cls: type[_Config], path: str | Path) -> _Config:
+        """Load and validate a YAML file; the error names the file and, per line, each bad key."""
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise cls.config_error(f"config: cannot read {path}: {exc.strerror or exc}") from None
+        except yaml.YAMLError as exc:
+            raise cls.config_error(f"config: {path} is not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise cls.config_error(f"config: {path} must hold a mapping of keys, not {type(data).__name__}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            problems = "\n".join(f"  {line}" for line in validation_problems(exc))
+            raise cls.config_error(f"config: {path} is invalid:\n{problems}") from None
 
     @field_validator("*", mode="before")
     @classmethod

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raydec.io import OutputConfig, read_manifest, read_results, write_manifest
+from raydec.io import OutputConfig, ResultWriter, error_result, read_manifest, read_results, write_manifest
 from raydec.io.config import DatasetSchemaError, IOConfigError, OutputNotWritableError, S3Config
 from raydec.io.filesystem import s3_client
 from raydec.runtime import JobConfig, ModelNotFoundError, ResumeMismatchError, job_weights, preflight, run_job
@@ -49,6 +49,13 @@ def prompts_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("input") / "prompts.parquet"
     pq.write_table(pa.table({"id": IDS, "prompt": PROMPTS}), path)
     return path
+
+
+def earlier_output(job: JobConfig, extra: Dict | None = None) -> None:
+    """``job``'s output as an earlier run leaves it: one result row on record, then its manifest."""
+    with ResultWriter(job.output, worker_id="earlier") as writer:
+        writer.add(error_result({"id": "earlier", "prompt": "x", "seed": 0}, job.decode.method, "earlier run"))
+    write_manifest(job.output, job, {"results": 1}, {}, extra)
 
 
 def make_job(model: str, input_path: str, output_path: str, **overrides) -> JobConfig:
@@ -270,7 +277,7 @@ def test_rerun_after_lost_shards_redoes_only_missing_rows(baseline, tmp_path):
     rerun = job.model_copy(update={"output": job.output.model_copy(update={"path": str(output)})})
     # a resume with another decode config or seed would mix two jobs' rows in one output
     other_decode = make_job(job.model, job.input.path, str(output), decode={"method": "sjd"})
-    with pytest.raises(ResumeMismatchError, match=r"^decode: .*'method': 'ar'.*'method': 'sjd'"):
+    with pytest.raises(ResumeMismatchError, match=r"^decode\.method: .*decode\.method='ar', this job has decode\.method='sjd'"):
         preflight(other_decode)
     with pytest.raises(ResumeMismatchError, match=r"^seed: .*seed=7.*seed=8"):
         preflight(make_job(job.model, job.input.path, str(output), seed=8))
@@ -309,13 +316,30 @@ def test_a_job_names_itself_in_its_manifest_before_it_writes_error_rows(tiny_jan
         preflight(make_job(tiny_janus, str(only_bad), str(tmp_path / "out"), seed=8))
 
 
+def test_a_manifest_without_results_does_not_block_a_corrected_job(tiny_janus, prompts_file, tmp_path, caplog):
+    """A run that wrote its manifest and then no row (its workers failed to load) leaves
+    nothing to mix with: the corrected job takes the output over. Once a row is on record,
+    the refusal names the nested field that differs."""
+    out = str(tmp_path / "out")
+    failed = make_job(tiny_janus, str(prompts_file), out, decode={"method": "sjd"})
+    write_manifest(failed.output, failed, {"results": 0}, {}, {"status": "running"})
+    corrected = make_job(tiny_janus, str(prompts_file), out, decode={"method": "sjd_pac"})
+    with caplog.at_level("INFO", logger="raydec.runtime.pipeline"):
+        preflight(corrected)
+    assert any("no results yet" in r.getMessage() for r in caplog.records)
+    earlier_output(failed)
+    with pytest.raises(ResumeMismatchError, match=r"^decode\.method: .*decode\.method='sjd', this job has decode\.method='sjd_pac'; write to") as refused:
+        preflight(corrected)
+    assert refused.value.field == "decode"
+
+
 def test_resume_is_refused_once_the_model_folder_holds_other_weights(tiny_janus, prompts_file, tmp_path):
     from safetensors.torch import load_file, save_file
 
     model = tmp_path / "model"
     shutil.copytree(tiny_janus, model)
     job = make_job(str(model), str(prompts_file), str(tmp_path / "out"))
-    write_manifest(job.output, job, {"results": 4}, {}, {"weights": job_weights(job), "status": "running"})
+    earlier_output(job, {"weights": job_weights(job), "status": "running"})
     preflight(job)  # same folder, same weights: the resume may go on
     (weights_file,) = model.glob("*.safetensors")
     retrained = {name: tensor + 0.01 for name, tensor in load_file(weights_file).items()}
@@ -331,12 +355,12 @@ def test_demo_replaces_results_of_earlier_weights_but_not_of_other_settings(tiny
 
     out = tmp_path / "out"
     job = make_job(tiny_janus, str(prompts_file), str(out))
-    write_manifest(job.output, job, {"results": 4}, {}, {"weights": {"model": "0" * 16}, "status": "complete"})
+    earlier_output(job, {"weights": {"model": "0" * 16}, "status": "complete"})
     cleared = []
 
     def clear() -> None:
         cleared.append(True)
-        (out / "manifest.json").unlink()
+        shutil.rmtree(out)
 
     with pytest.raises(ResumeMismatchError) as refused:
         resume_or_replace(lambda: preflight(job), clear, out, replace_stale_weights=False)
@@ -347,7 +371,7 @@ def test_demo_replaces_results_of_earlier_weights_but_not_of_other_settings(tiny
     assert f"{out} holds results of earlier shipped weights; replacing them (weights: " in err
     assert "write to a new output.path" not in err  # the demo acts on that advice itself
 
-    write_manifest(job.output, job, {"results": 4}, {}, {"weights": {"model": "0" * 16}, "status": "complete"})
+    earlier_output(job, {"weights": {"model": "0" * 16}, "status": "complete"})
     other_seed = make_job(tiny_janus, str(prompts_file), str(out), seed=8)
     with pytest.raises(ResumeMismatchError) as refused:
         resume_or_replace(lambda: preflight(other_seed), clear, out, replace_stale_weights=True)
@@ -356,7 +380,7 @@ def test_demo_replaces_results_of_earlier_weights_but_not_of_other_settings(tiny
 
 def test_resume_of_an_output_without_recorded_weights_warns(tiny_janus, prompts_file, tmp_path, caplog):
     job = make_job(tiny_janus, str(prompts_file), str(tmp_path / "out"))
-    write_manifest(job.output, job, {"results": 4}, {}, {"status": "running"})  # as older raydec wrote it
+    earlier_output(job, {"status": "running"})  # as older raydec wrote it
     with caplog.at_level("WARNING", logger="raydec.runtime.pipeline"):
         preflight(job)
     assert any("did not record its weights" in r.getMessage() for r in caplog.records)
@@ -398,12 +422,12 @@ def test_demo_refuses_an_out_folder_written_with_another_model(tiny_janus, tmp_p
 
     out, prompts = tmp_path / "out", tmp_path / "p.parquet"
     earlier = make_job("reference", str(prompts), str(out))
-    write_manifest(earlier.output, earlier, {"results": 4}, {})
+    earlier_output(earlier)
     code = main(["--model", tiny_janus, "--prompts", str(prompts), "--out", str(out), "--rows", "4"])
     assert code == 2
     err = capsys.readouterr().err
     assert "model: " in err and "'reference'" in err and "--fresh" in err
-    assert not (out / "results").exists(), "nothing is generated into a mismatched output"
+    assert [p.name for p in (out / "results").iterdir()] == ["part-earlier-00000.parquet"], "nothing is generated into a mismatched output"
 
 
 def test_demo_runs_end_to_end_on_a_tiny_model(ray_cluster, tiny_janus, tmp_path, capsys):

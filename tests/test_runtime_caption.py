@@ -141,6 +141,29 @@ def test_caption_configs_fail_fast(tiny_llava, images_file, tmp_path):
         preflight(caption_job(tiny_llava["model"], str(images_file), str(tmp_path / "o"), method="sjd_pac"))
     with pytest.raises(ValueError, match="decode.sampling.cfg_scale: 3.0 must be 1 for captioning"):
         preflight(caption_job(tiny_llava["model"], str(images_file), str(tmp_path / "o"), decode={"sampling": {"temperature": 0.0, "cfg_scale": 3.0}}))
+    # a draft of the other kind, or for another target, is refused by name before Ray starts ...
+    import json
+    import shutil
+
+    from raydec.api import load_draft, load_pipeline
+
+    with pytest.raises(ValueError, match=r"^decode.draft_model: .* holds a ViSpec \(vision\) draft; decode.method='eagle' needs a text-only"):
+        preflight(caption_job(tiny_llava["model"], str(images_file), str(tmp_path / "o"), method="eagle", draft=tiny_llava["draft"]))
+    narrow = tmp_path / "narrow"
+    shutil.copytree(tiny_llava["draft"], narrow)
+    config = json.loads((narrow / "draft_config.json").read_text())
+    wide = config["hidden_size"]
+    (narrow / "draft_config.json").write_text(json.dumps({**config, "hidden_size": wide // 2}))
+    message = rf"^decode.draft_model: .*narrow is a draft for hidden_size={wide // 2}, but the target's text model has hidden_size={wide}"
+    with pytest.raises(ValueError, match=message):
+        preflight(caption_job(tiny_llava["model"], str(images_file), str(tmp_path / "o"), method="vispec", draft=str(narrow)))
+    assert not (tmp_path / "o").exists()
+    # ... and by load_draft before any weight loads (not deep inside the network)
+    target = load_pipeline(tiny_llava["model"], kind="vlm")
+    with pytest.raises(ValueError, match=message):
+        load_draft(target, "vispec", tiny_llava["model"], str(narrow))
+    with pytest.raises(ValueError, match="needs a text-only"):
+        load_draft(target, "eagle", tiny_llava["model"], tiny_llava["draft"])
     no_images = tmp_path / "no_images.parquet"
     pq.write_table(pa.table({"id": ["x"], "text": ["hello"]}), no_images)
     with pytest.raises(Exception, match="image"):

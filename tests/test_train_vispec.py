@@ -5,6 +5,7 @@ decodes through ``caption_images``."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -277,18 +278,46 @@ def test_train_configs_refuse_nonsense_by_name(tmp_path: Path) -> None:
         DraftJobConfig(drafts=two_vispec, evaluate=EvalConfig())
 
 
-def test_job_overrides_are_validated_like_the_file(capsys) -> None:
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE_JOB = ROOT / "jobs" / "configs" / "train_vispec_reference.yaml"
+
+
+def _train_job_module():
     import importlib.util
 
-    root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("train_vispec_job", root / "jobs" / "train_vispec.py")
+    spec = importlib.util.spec_from_file_location("train_vispec_job", ROOT / "jobs" / "train_vispec.py")
     job = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(job)
-    config = str(root / "jobs" / "configs" / "train_vispec_reference.yaml")
+    return job
+
+
+def test_job_overrides_are_validated_like_the_file(capsys) -> None:
+    job = _train_job_module()
     for flag in (["--steps", "0"], ["--samples", "-5"]):
         with pytest.raises(SystemExit):
-            job.main(["--config", config, *flag])
+            job.main(["--config", str(REFERENCE_JOB), *flag])
         assert "bad override" in capsys.readouterr().err
+
+
+def test_train_job_refuses_a_bad_file_or_target_in_one_line_before_ray(capsys, tmp_path: Path) -> None:
+    import yaml
+
+    job = _train_job_module()
+    values = yaml.safe_load(REFERENCE_JOB.read_text())
+    values["data"]["output_dir"] = str(tmp_path / "data")
+    for index, draft in enumerate(values["drafts"]):
+        draft["output_dir"] = str(tmp_path / f"draft{index}")
+    cases = {
+        "unknown": ({**values, "drafts": [{**values["drafts"][0], "lrr": 0.1}, *values["drafts"][1:]]}, r"drafts\.0\.lrr: Extra inputs are not permitted"),
+        "no_target": ({**values, "data": {**values["data"], "target": str(tmp_path / "nowhere")}}, r"data\.target: .*nowhere.*config\.json not found"),
+    }
+    for name, (config, message) in cases.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        with pytest.raises(SystemExit) as exited:
+            job.main(["--config", str(path)])
+        assert re.search(message, str(exited.value)), str(exited.value)
+    assert not (tmp_path / "data").exists()
 
 
 def test_draft_inputs_are_checked_before_ray_starts(dataset: Path, tiny_folder: Path, tmp_path: Path) -> None:

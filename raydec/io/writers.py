@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 import platform
 import re
 import time
@@ -214,13 +215,18 @@ def completed_ids(output: OutputConfig, include_errors: bool = True) -> Set[str]
     return set(table["id"].to_pylist())
 
 
-def read_results(output: OutputConfig) -> pa.Table:
-    """All results, exactly one row per id, sorted by id.
+def as_output(output: Union[OutputConfig, str, "os.PathLike[str]"]) -> OutputConfig:
+    """An OutputConfig, or a job's output folder / s3:// prefix (S3 settings from the environment)."""
+    return output if isinstance(output, OutputConfig) else OutputConfig(path=os.fspath(output))
+
+
+def read_results(output: Union[OutputConfig, str, "os.PathLike[str]"]) -> pa.Table:
+    """All results of a job's output (its OutputConfig or path), one row per id, sorted by id.
 
     When an id appears more than once (a shard rewritten by a crash-retry, or a retried
     error), the kept row is the first without an error, else the first, in shard order.
     """
-    table = _read_shards(output)
+    table = _read_shards(as_output(output))
     if table.num_rows == 0:
         return table.drop_columns(["_shard", "_row"])
     table = table.append_column("_failed", pc.is_valid(table["error"]))
@@ -276,8 +282,9 @@ def write_manifest(
     return put_bytes(output, MANIFEST_NAME, data, "application/json")
 
 
-def read_manifest(output: OutputConfig) -> Dict[str, Any]:
-    """The parsed OUTPUT/manifest.json."""
+def read_manifest(output: Union[OutputConfig, str, "os.PathLike[str]"]) -> Dict[str, Any]:
+    """The parsed OUTPUT/manifest.json (of an OutputConfig or a path)."""
+    output = as_output(output)
     fs, path = resolve_filesystem(join_uri(output.path, MANIFEST_NAME), output.s3)
     with fs.open_input_stream(path) as stream:
         return json.loads(stream.read())

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-from raydec.models.base import PromptInputs, SharedVocabularyForward
+from raydec.models.base import CheckpointError, PromptInputs, SharedVocabularyForward
 
 #: model_type -> the Hugging Face class name, for clear errors
 SUPPORTED_VLMS = {
@@ -171,7 +171,7 @@ class VisionLanguageTarget(SharedVocabularyForward):
             raise FileNotFoundError(f"no VLM checkpoint at {path}: config.json not found")
         model_type = json.loads(config_file.read_text()).get("model_type")
         if model_type not in SUPPORTED_VLMS:
-            raise ValueError(f"checkpoint {path}: model_type {model_type!r} is not a supported VLM ({', '.join(SUPPORTED_VLMS)})")
+            raise CheckpointError(f"checkpoint {path}: model_type {model_type!r} is not a supported VLM ({', '.join(SUPPORTED_VLMS)})")
         model_class = getattr(transformers, SUPPORTED_VLMS[model_type])
         model = model_class.from_pretrained(str(path), dtype=dtype, local_files_only=True, **kwargs).to(device)
         processor = _load_processor(path, model_type)

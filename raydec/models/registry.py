@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import torch
 
+from raydec.models.base import CheckpointError
+
 logger = logging.getLogger(__name__)
 
 REFERENCE_NAME = "reference"
@@ -101,7 +103,7 @@ def load_t2i_target(model: str | Path, dtype: torch.dtype = torch.float32, **kwa
         raise
     loader = T2I_LOADERS.get(model_type)
     if loader is None:
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint {path}: model_type={model_type!r} is not a supported text-to-image model "
             f"(supported: {sorted(T2I_LOADERS)})"
         )

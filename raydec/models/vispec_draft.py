@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from raydec.config import StrictModel
+from raydec.models.base import CheckpointError
 from raydec.models.cpu_matmul import row_major_weight
 from raydec.models.folded_input import DecodeRows, FoldedDraftInput
 from raydec.models.fused_layer import FusedDecoderLayer
@@ -79,6 +80,25 @@ class DraftConfig(StrictModel):
         )
         values.update(overrides)
         return cls(**values)
+
+
+def check_draft_fits(path: str | Path, draft: Any, text_config: Any, method: str) -> None:
+    """A CheckpointError naming ``decode.draft_model`` when the draft at ``path`` cannot serve ``method``
+    on a target with ``text_config`` (a Hugging Face text config): the other kind of draft, or
+    another width or vocabulary. ``draft``: its DraftConfig, or the draft_config.json mapping.
+    Reads configs only, so a job checks it before Ray starts and ``load_draft`` before weights."""
+    get = draft.get if isinstance(draft, dict) else lambda name, default=None: getattr(draft, name, default)
+    vision = bool(get("vision", True))
+    if vision != (method == "vispec"):
+        has, needs = ("a ViSpec (vision)", "a text-only") if vision else ("a text-only (EAGLE)", "a vision")
+        raise CheckpointError(f"decode.draft_model: {path} holds {has} draft; decode.method={method!r} needs {needs} draft")
+    for field in ("hidden_size", "vocab_size"):
+        want, have = getattr(text_config, field, None), get(field)
+        if want is not None and have is not None and int(want) != int(have):
+            raise CheckpointError(
+                f"decode.draft_model: {path} is a draft for {field}={have}, but the target's text model has "
+                f"{field}={want} (a draft is trained for one target)"
+            )
 
 
 class VisionAdaptor(nn.Module):

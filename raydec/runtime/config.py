@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import ClassVar, Literal, Optional
 
-import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from raydec.config import CAPTION_METHODS, IMAGE_METHODS, DecodeConfig, StrictModel
 from raydec.io.config import InputConfig, IOConfigError, OutputConfig
@@ -53,6 +52,8 @@ class FaultInjection(StrictModel):
 
 class JobConfig(StrictModel):
     """One batch job: what to run, on which rows, where results go and on how many workers."""
+
+    config_error: ClassVar[type[ValueError]] = IOConfigError  # from_yaml's error names the file and bad keys
 
     task: Literal["t2i", "caption"] = Field("t2i", description="t2i: prompts to images; caption: images to text.")
     model: str = Field(..., min_length=1, description="'reference', or a local folder saved with save_pretrained.")
@@ -99,24 +100,6 @@ class JobConfig(StrictModel):
         """The seed rows without their own seed derive theirs from."""
         return self.input.seed
 
-    @classmethod
-    def from_yaml(cls, path: Union[str, Path]) -> "JobConfig":
-        """Load and validate a YAML job file; raises IOConfigError naming the file and bad keys."""
-        path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text())
-        except OSError as exc:
-            raise IOConfigError(f"config: cannot read {path}: {exc.strerror or exc}") from None
-        except yaml.YAMLError as exc:
-            raise IOConfigError(f"config: {path} is not valid YAML: {exc}") from None
-        if not isinstance(data, dict):
-            raise IOConfigError(f"config: {path} must hold a mapping of keys, not {type(data).__name__}")
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            problems = "\n".join(f"  {line}" for line in validation_problems(exc))
-            raise IOConfigError(f"config: {path} is invalid:\n{problems}") from None
-
 
 def _location(path: str) -> str:
     """A comparable form of a local path (absolute, links resolved) or an s3:// URI."""
@@ -124,17 +107,3 @@ def _location(path: str) -> str:
         return path.rstrip("/")
     return os.path.realpath(os.path.expanduser(path))
 
-
-def validation_problems(exc: ValidationError) -> list[str]:
-    """One line per problem: dotted field path, message and (short) offending value."""
-    lines = []
-    for error in exc.errors():
-        message = error["msg"].removeprefix("Value error, ")
-        if not error["loc"]:  # a check across fields: its message names the fields itself
-            lines.append(message)
-            continue
-        where = ".".join(str(part) for part in error["loc"])
-        value = repr(error.get("input"))
-        value = value if len(value) <= 60 else value[:57] + "..."
-        lines.append(f"{where}: {message} (got {value})")
-    return lines

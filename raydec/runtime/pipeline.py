@@ -13,6 +13,7 @@ it records the job config and a fingerprint of the weights, which a resume must 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -35,6 +36,7 @@ from raydec.io import (
     write_manifest,
 )
 from raydec.io.filesystem import is_s3_uri
+from raydec.io.writers import shard_uris
 from raydec.config import DRAFT_METHODS, DraftTreeSpec, SamplingConfig
 from raydec.runtime.cluster import connect_ray
 from raydec.runtime.config import JobConfig
@@ -115,12 +117,16 @@ def check_resume_compatible(job: JobConfig) -> None:
         earlier = manifest["config"]
     except (OSError, KeyError, ValueError):  # no manifest yet (OSError covers missing files)
         return
+    if not shard_uris(job.output):  # e.g. a run whose workers failed to load: nothing to mix with
+        logger.info("output %s has a manifest but no results yet: this job replaces it", job.output.path)
+        return
     now = _resume_identity(job.model_dump(mode="json"))
     for key, value in _resume_identity(earlier).items():
         if _differs(value, now[key]):
+            name, was, is_now = _first_difference(key, value, now[key])
             raise ResumeMismatchError(
-                f"{key}: output {job.output.path} holds results written with {key}={value!r}, "
-                f"this job has {key}={now[key]!r}",
+                f"{name}: output {job.output.path} holds results written with {name}={was!r}, "
+                f"this job has {name}={is_now!r}",
                 field=key,
             )
     if "weights" not in manifest:
@@ -162,6 +168,15 @@ def _differs(earlier: Any, now: Any) -> bool:
     if isinstance(earlier, dict) and isinstance(now, dict):
         return any(_differs(value, now.get(key)) for key, value in earlier.items())
     return earlier != now
+
+
+def _first_difference(name: str, earlier: Any, now: Any) -> tuple[str, Any, Any]:
+    """The dotted name and both values of the first nested field where ``_differs`` holds."""
+    if isinstance(earlier, dict) and isinstance(now, dict):
+        for key, value in earlier.items():
+            if _differs(value, now.get(key)):
+                return _first_difference(f"{name}.{key}", value, now.get(key))
+    return name, earlier, now
 
 
 def _resume_identity(config: Dict[str, Any]) -> Dict[str, Any]:
@@ -217,7 +232,7 @@ def _check_caption_model(job: JobConfig) -> None:
     """The VLM folder (and, for vispec / eagle, its draft folder) exist; nothing is loaded."""
     from raydec.models.hf_vlm import SUPPORTED_VLMS
     from raydec.models.registry import checkpoint_model_type, resolve_draft_path, resolve_vlm_path
-    from raydec.models.vispec_draft import CONFIG_NAME
+    from raydec.models.vispec_draft import CONFIG_NAME, check_draft_fits
 
     path = resolve_vlm_path(job.model)
     try:
@@ -236,6 +251,14 @@ def _check_caption_model(job: JobConfig) -> None:
             raise ModelNotFoundError(str(exc)) from None
         if not (draft / CONFIG_NAME).is_file():
             raise ModelNotFoundError(f"decode.draft_model: no {method} draft at {draft} ({CONFIG_NAME} missing)")
+        from transformers import AutoConfig
+
+        try:
+            draft_config = json.loads((draft / CONFIG_NAME).read_text())
+        except (OSError, ValueError) as exc:
+            raise ModelNotFoundError(f"decode.draft_model: cannot read {draft / CONFIG_NAME}: {exc}") from None
+        text_config = AutoConfig.from_pretrained(str(path), local_files_only=True).get_text_config()
+        check_draft_fits(draft, draft_config, text_config, method)
 
 
 def preflight(job: JobConfig) -> List[InputFile]:

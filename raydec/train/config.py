@@ -9,8 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Sequence
 
-import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from raydec.config import DraftTreeSpec, StrictModel
 
@@ -170,22 +169,6 @@ class DraftJobConfig(StrictModel):
                 if kind in kinds[:index]:
                     raise ValueError(f"drafts[{index}]: a second {kind} draft; evaluate measures one per method")
         return self
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> "DraftJobConfig":
-        path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text())
-        except OSError as error:
-            raise ValueError(f"config: cannot read {path}: {error.strerror or error}") from None
-        except yaml.YAMLError as error:
-            raise ValueError(f"config: {path} is not valid YAML: {error}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"config: {path} must hold a mapping of keys, not {type(data).__name__}")
-        try:
-            return cls.model_validate(data)
-        except ValidationError as error:
-            raise ValueError(f"config: {path}: {error}") from None
 
     def resolved_drafts(self) -> list[DraftTrainConfig]:
         """Drafts with ``data_dir`` defaulting to the generated dataset."""

@@ -8,9 +8,32 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from raydec.train.config import METHOD_OF_VISION, DraftJobConfig
+from raydec.train.config import METHOD_OF_VISION, DraftJobConfig, DraftTrainConfig
 
 logger = logging.getLogger(__name__)
+
+
+def preflight_draft_job(job: DraftJobConfig) -> list[DraftTrainConfig]:
+    """Fail before Ray starts and before hours of data generation, naming the field: a target
+    that is no supported VLM checkpoint, or an output folder a file stands in. -> the drafts,
+    their data_dir resolved."""
+    from raydec.models.base import CheckpointError
+    from raydec.models.hf_vlm import SUPPORTED_VLMS
+    from raydec.models.registry import checkpoint_model_type, resolve_vlm_path
+    from raydec.validation import check_folder
+
+    drafts = job.resolved_drafts()
+    if any(d.data_dir == job.data.output_dir for d in drafts):  # this job generates the data
+        try:
+            model_type = checkpoint_model_type(resolve_vlm_path(job.data.target))
+        except (FileNotFoundError, ValueError) as exc:
+            raise CheckpointError(f"data.target: {job.data.target!r}: {exc}") from None
+        if model_type not in SUPPORTED_VLMS:
+            raise CheckpointError(f"data.target: {job.data.target!r} is a {model_type!r} checkpoint; drafts train for {sorted(SUPPORTED_VLMS)}")
+    check_folder(job.data.output_dir, "data.output_dir")
+    for index, draft in enumerate(drafts):
+        check_folder(draft.output_dir, f"drafts[{index}].output_dir")
+    return drafts
 
 
 def run_draft_job(job: DraftJobConfig, command: str = "") -> dict[str, Any]:
@@ -19,12 +42,8 @@ def run_draft_job(job: DraftJobConfig, command: str = "") -> dict[str, Any]:
     from raydec.train.datagen import generate_dataset, read_manifest
     from raydec.train.evaluate import measure_acceptance
     from raydec.train.trainer import train_draft
-    from raydec.validation import check_folder
 
-    drafts = job.resolved_drafts()
-    check_folder(job.data.output_dir, "data.output_dir")
-    for index, draft in enumerate(drafts):  # before hours of data generation, not after
-        check_folder(draft.output_dir, f"drafts[{index}].output_dir")
+    drafts = preflight_draft_job(job)
     uses_job_data = any(d.data_dir == job.data.output_dir for d in drafts)
     manifest = generate_dataset(job.data) if uses_job_data else read_manifest(drafts[0].data_dir)
     from raydec.runtime.cluster import connect_ray
