@@ -50,9 +50,9 @@ def validation_problems(exc: ValidationError) -> list[str]:
 
 class StrictModel(BaseModel):
     """Base for raydec configs: unknown keys are errors, values are validated on assignment,
-    and a boolean given for a number is an error naming the field."""
+    a boolean given for a number and a NaN or infinite float are errors naming the field."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # NaN: "a finite number"
 
     #: what ``from_yaml`` raises (a ValueError subclass), so each layer keeps its own error type
     config_error: typing.ClassVar[type[ValueError]] = ValueError

@@ -44,3 +44,11 @@ def test_window_logits_equal_the_models_forward(kind, tmp_path):
     assert torch.allclose(ours, theirs, atol=1e-5), float((ours - theirs).abs().max())
     # the head alone gives other logits for these models: the test sees a missing transform
     assert torch.allclose(head_only, theirs, atol=1e-5) == (kind == "llama")
+
+
+def test_a_prompt_token_outside_the_vocabulary_is_named() -> None:
+    target = CausalLMTarget(_tiny("llama"))
+    assert target.prompt_inputs([0, 5, 31]).input_ids.tolist() == [0, 5, 31]
+    for bad in (32, -1):
+        with pytest.raises(ValueError, match=rf"^prompt: token id {bad} is outside the model's vocabulary \(0\.\.31\)"):
+            target.prompt_inputs([3, bad])

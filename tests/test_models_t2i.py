@@ -14,6 +14,7 @@ from PIL import Image
 
 from raydec import api
 from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+from raydec.models.base import CheckpointError
 from raydec.models.emu3 import Emu3T2ITarget
 from raydec.models.generation_config import sampling_from_generation_config
 from raydec.models.image_gen import ImagePrompt
@@ -71,8 +72,12 @@ def test_registry_errors_name_path_and_type(tmp_path):
         load_t2i_target(tmp_path / "missing")
     (tmp_path / "llama").mkdir()
     (tmp_path / "llama" / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(ValueError, match=r"llama.*model_type='llama'"):
+    with pytest.raises(CheckpointError, match=r"llama.*model_type='llama'"):
         load_t2i_target(tmp_path / "llama")
+    from raydec.models.causal_lm import CausalLMTarget
+
+    with pytest.raises(FileNotFoundError, match=rf"no causal LM checkpoint at {tmp_path / 'missing'}"):
+        CausalLMTarget.from_pretrained(tmp_path / "missing")  # a path, never a Hub repo id
 
 
 def test_reference_model_loads():

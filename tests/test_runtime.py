@@ -254,8 +254,14 @@ def test_job_entrypoint_reports_bad_configs_in_one_line_before_ray_starts(tmp_pa
     with pytest.raises(SystemExit, match=rf"^config: {config} is invalid:\n  decode.method: 'eagle' is not a text-to-image method"):
         job_main("t2i", "test", ["--config", str(config)])
     config.write_text(config.read_text().replace("method: eagle", "method: ar"))
-    with pytest.raises(SystemExit, match=r"path\n.*at least 1 character"):  # an empty override is validated, not ignored
-        job_main("t2i", "test", ["--config", str(config), "--input", ""])
+    with pytest.raises(SystemExit, match=r"--input '': input.path: String should have at least 1 character \(got ''\)$"):
+        job_main("t2i", "test", ["--config", str(config), "--input", ""])  # an empty override is validated, not ignored
+    with pytest.raises(SystemExit, match=r"^.*job.yaml: --output 'ftp://x/y': output.path: .*ftp://x/y"):
+        job_main("t2i", "test", ["--config", str(config), "--output", "ftp://x/y"])
+    config.write_text(config.read_text() + "  sampling:\n    temperature: .nan\n")
+    with pytest.raises(SystemExit, match=r"decode.sampling.temperature: Input should be a finite number \(got nan\)"):
+        job_main("t2i", "test", ["--config", str(config)])
+    config.write_text(config.read_text().replace("  sampling:\n    temperature: .nan\n", ""))
     with pytest.raises(SystemExit, match=r"^task: 't2i' in .*this entrypoint runs 'caption' jobs"):
         job_main("caption", "test", ["--config", str(config)])
     with pytest.raises(SystemExit, match=str(tmp_path / "missing.yaml")):

@@ -72,6 +72,8 @@ class CausalLMTarget(SharedVocabularyForward):
         """Load from a local folder (never downloads)."""
         from transformers import AutoModelForCausalLM
 
+        if not (Path(path).expanduser() / "config.json").is_file():  # else HF reads it as a Hub repo id
+            raise FileNotFoundError(f"no causal LM checkpoint at {path}: config.json not found")
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True, **kwargs)
         return cls(model)
 
@@ -86,4 +88,9 @@ class CausalLMTarget(SharedVocabularyForward):
             raise ValueError("CFG needs CfgPrompt(cond=..., uncond=...) prompts for a causal LM")
         else:
             ids = prompt
-        return PromptInputs(input_ids=torch.as_tensor(list(ids), dtype=torch.long))
+        input_ids = torch.as_tensor(list(ids), dtype=torch.long)
+        rows = int(self.model.get_input_embeddings().weight.shape[0])
+        if input_ids.numel() and not (0 <= int(input_ids.min()) and int(input_ids.max()) < rows):
+            bad = next(int(i) for i in input_ids if not 0 <= int(i) < rows)
+            raise ValueError(f"prompt: token id {bad} is outside the model's vocabulary (0..{rows - 1})")
+        return PromptInputs(input_ids=input_ids)

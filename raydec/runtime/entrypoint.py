@@ -10,9 +10,12 @@ from __future__ import annotations
 import argparse
 import logging
 
+from pydantic import ValidationError
+
 from raydec.runtime.cluster import connect_ray
 from raydec.runtime.config import JobConfig
 from raydec.runtime.pipeline import preflight, run_job
+from raydec.validation import validation_problems
 
 
 def job_main(task: str, description: str, argv: list[str] | None = None) -> int:
@@ -25,10 +28,13 @@ def job_main(task: str, description: str, argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:  # a bad config, input, output or model: one clear message, before Ray starts
         job = JobConfig.from_yaml(args.config)
-        if args.input is not None:
-            job.input.path = args.input  # validated on assignment, as in the YAML
-        if args.output is not None:
-            job.output.path = args.output
+        for section, path in (("input", args.input), ("output", args.output)):
+            if path is not None:
+                try:
+                    getattr(job, section).path = path  # validated on assignment, as in the YAML
+                except ValidationError as exc:
+                    problems = "; ".join(f"{section}.{line}" for line in validation_problems(exc))
+                    raise ValueError(f"--{section} {path!r}: {problems}") from None
         if job.task != task:
             raise SystemExit(f"task: {job.task!r} in {args.config}; this entrypoint runs {task!r} jobs")
         files = preflight(job)
