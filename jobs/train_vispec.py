@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from raydec.train.config import DraftJobConfig
 from raydec.train.pipeline import preflight_draft_job, run_draft_job
-from raydec.validation import validation_problems
+from raydec.validation import config_error_line, validation_problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,8 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("bad override: " + "; ".join(validation_problems(error)))
         preflight_draft_job(job)
     except ValueError as exc:
-        message = str(exc)  # a config error names its file already
-        raise SystemExit(message if message.startswith(f"config: {args.config} ") else f"{args.config}: {message}") from None
+        raise SystemExit(config_error_line(args.config, exc)) from None
     command = "python jobs/train_vispec.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     result = run_draft_job(job, command=command)
     print(json.dumps(result, indent=2, default=str))

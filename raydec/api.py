@@ -135,14 +135,14 @@ def load_draft(
     path = resolve_draft_path(model or "", method, draft_model)
     key = ("draft", str(path.resolve()), str(dtype or target.dtype), str(id(target)))
     text_config = target.model.config.get_text_config()
-    if key not in _PIPELINES:
-        if (path / CONFIG_NAME).is_file():  # a clear error before any weight loads (else from_pretrained's)
-            check_draft_fits(path, json.loads((path / CONFIG_NAME).read_text()), text_config, method)
-        draft = VispecDraft.from_pretrained(path, target=target, dtype=dtype)
-        route_if_cpu(draft.prepare_inference(), target.device, next(draft.parameters()).dtype)
-        _PIPELINES[key] = draft
-    draft = _PIPELINES[key]
-    check_draft_fits(path, draft.config, text_config, method)  # on every call: the cache key has no method
+    if key in _PIPELINES:  # checked on every call: the cache key has no method
+        check_draft_fits(path, _PIPELINES[key].config, text_config, method)
+        return _PIPELINES[key]
+    if (path / CONFIG_NAME).is_file():  # before any weight loads (a missing file is from_pretrained's error)
+        check_draft_fits(path, json.loads((path / CONFIG_NAME).read_text()), text_config, method)
+    draft = VispecDraft.from_pretrained(path, target=target, dtype=dtype)
+    route_if_cpu(draft.prepare_inference(), target.device, next(draft.parameters()).dtype)
+    _PIPELINES[key] = draft
     return draft
 
 

@@ -86,12 +86,9 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
     )
 
     jacobi = [m for m in methods if m in JACOBI_METHODS]
-    logger.info(
-        "bench t2i: tuning %s on %d calibration prompts first (%s); a fixed --window, --branching, --tree-depth "
-        "and --init skip this", ", ".join(jacobi), args.tune_prompts,
-        "draft shapes and fresh-draft priors" if args.window == "auto" and args.init == "auto"
-        else "draft shapes" if args.window == "auto" else "fresh-draft priors",
-    )
+    tuned = [what for what, auto in (("draft shapes", args.window == "auto"), ("fresh-draft priors", args.init == "auto")) if auto]
+    logger.info("bench t2i: tuning %s on %d calibration prompts first (%s); a fixed --window, --branching, --tree-depth "
+                "and --init skip this", ", ".join(jacobi), args.tune_prompts, " and ".join(tuned))
     prompts = [make_sample(HELD_OUT_SEED_START + TUNE_OFFSET + i).prompt for i in range(args.tune_prompts)]
     seeds = [args.seed + TUNE_OFFSET + i for i in range(args.tune_prompts)]
     windows = args.tune_windows or DEFAULT_WINDOWS

@@ -48,6 +48,12 @@ def validation_problems(exc: ValidationError) -> list[str]:
     return lines
 
 
+def config_error_line(config: str | Path, exc: Exception) -> str:
+    """A job script's one-line refusal: the error, prefixed with its config file unless it names it."""
+    message = str(exc)
+    return message if message.startswith(f"config: {config} ") else f"{config}: {message}"
+
+
 class StrictModel(BaseModel):
     """Base for raydec configs: unknown keys are errors, values are validated on assignment,
     a boolean given for a number and a NaN or infinite float are errors naming the field."""

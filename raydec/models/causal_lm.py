@@ -90,7 +90,7 @@ class CausalLMTarget(SharedVocabularyForward):
             ids = prompt
         input_ids = torch.as_tensor(list(ids), dtype=torch.long)
         rows = int(self.model.get_input_embeddings().weight.shape[0])
-        if input_ids.numel() and not (0 <= int(input_ids.min()) and int(input_ids.max()) < rows):
-            bad = next(int(i) for i in input_ids if not 0 <= int(i) < rows)
-            raise ValueError(f"prompt: token id {bad} is outside the model's vocabulary (0..{rows - 1})")
+        outside = input_ids[(input_ids < 0) | (input_ids >= rows)]
+        if outside.numel():
+            raise ValueError(f"prompt: token id {int(outside[0])} is outside the model's vocabulary (0..{rows - 1})")
         return PromptInputs(input_ids=input_ids)

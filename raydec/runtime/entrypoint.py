@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from raydec.runtime.cluster import connect_ray
 from raydec.runtime.config import JobConfig
 from raydec.runtime.pipeline import preflight, run_job
-from raydec.validation import validation_problems
+from raydec.validation import config_error_line, validation_problems
 
 
 def job_main(task: str, description: str, argv: list[str] | None = None) -> int:
@@ -39,8 +39,7 @@ def job_main(task: str, description: str, argv: list[str] | None = None) -> int:
             raise SystemExit(f"task: {job.task!r} in {args.config}; this entrypoint runs {task!r} jobs")
         files = preflight(job)
     except ValueError as exc:  # config, dataset, output, model and resume errors are ValueErrors
-        message = str(exc)  # a config error names its file already
-        raise SystemExit(message if message.startswith(f"config: {args.config} ") else f"{args.config}: {message}") from None
+        raise SystemExit(config_error_line(args.config, exc)) from None
     connect_ray()
     report = run_job(job, files)
     logging.getLogger(f"{task}_batch").info("done: %s", report)
