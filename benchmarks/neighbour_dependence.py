@@ -32,9 +32,9 @@ def main() -> None:
     from raydec.config import DecodeConfig
     from raydec.models.image_gen import ImagePrompt
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
-    from raydec.spec.engine import Engine, RowRequest
-    from raydec.spec.proposers.random_tree import OracleProposer
-    from raydec.spec.verify import verify_tree
+    from raydec.speculative.engine import Engine, RowRequest
+    from raydec.speculative.proposers.random_tree import OracleProposer
+    from raydec.speculative.verify import verify_tree
 
     target = load_pipeline(args.model, "t2i", dtype=torch.float32)
     length = int(target.num_image_tokens)
@@ -47,10 +47,10 @@ def main() -> None:
         (one forward over the whole image as a chain of one-hot drafts; row k predicts token k+1)."""
         seen: list[torch.Tensor] = []
 
-        def verifier(tree, target_probs, generators, uniforms=None):
+        def verifier(tree, target_probs, uniforms):
             if not seen:
                 seen.append(target_probs[0].clone())
-            return verify_tree(tree, target_probs, generators, uniforms)
+            return verify_tree(tree, target_probs, uniforms)
 
         engine = Engine(target, OracleProposer(length, {0: tokens}), config, constraint=target.vocab_constraint(),
                         eos_token_ids=target.eos_token_ids, verifier=verifier)

@@ -33,8 +33,8 @@ def non_negative_float(text: str) -> float:
 
 def tokens_per_forward(target, method: str, args) -> float:
     from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
-    from raydec.spec.engine import Engine, RowRequest
-    from raydec.spec.proposers.jacobi import JacobiProposer
+    from raydec.speculative.engine import Engine, RowRequest
+    from raydec.speculative.proposers.jacobi import JacobiProposer
 
     tree = dict(branching=args.branching, tree_depth=args.tree_depth) if method == "sjd_pac" else {}
     config = DecodeConfig(method=method, max_new_tokens=args.length, sampling=SamplingConfig(temperature=1.0),

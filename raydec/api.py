@@ -25,8 +25,8 @@ from PIL import Image
 
 from raydec.config import CAPTION_METHODS, DRAFT_METHODS, IMAGE_METHODS, JACOBI_METHODS, DecodeConfig, SamplingConfig
 from raydec.models.image_gen import ImagePrompt
-from raydec.spec.engine import Engine, RowRequest
-from raydec.spec.proposers.base import Proposer
+from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.proposers.base import Proposer
 
 logger = logging.getLogger(__name__)
 
@@ -168,20 +168,20 @@ def _make_proposer(decode: DecodeConfig, target: Any, model: str | Path | Any = 
     """
     method = decode.method
     if method == "ar":
-        from raydec.spec.proposers.ar import ARProposer
+        from raydec.speculative.proposers.ar import ARProposer
 
         return ARProposer()
     if method == "random":
-        from raydec.spec.proposers.random_tree import RandomTreeProposer
+        from raydec.speculative.proposers.random_tree import RandomTreeProposer
 
         return RandomTreeProposer(decode.draft, "dense")
     if method in JACOBI_METHODS:
-        from raydec.spec.proposers.jacobi import JacobiProposer
+        from raydec.speculative.proposers.jacobi import JacobiProposer
 
         grid = _layout_grid(target)
         return JacobiProposer(decode.draft, variant=method, init=decode.draft.init, grid_width=grid[1] if grid else None)
     if method in DRAFT_METHODS:
-        from raydec.spec.proposers.draft_tree import DraftTreeProposer
+        from raydec.speculative.proposers.draft_tree import DraftTreeProposer
 
         draft = load_draft(target, method, model, decode.draft_model, dtype=draft_dtype(target, decode.draft_dtype))
         return DraftTreeProposer(draft, decode.tree)

@@ -202,8 +202,8 @@ def _self_consistent_reference(target, window: int, config, prompt: list[int], a
     keeps drafting the AR tokens after that point measures nothing. Re-run with the last
     output as the reference until it reproduces itself (not timed).
     """
-    from raydec.spec.engine import Engine, RowRequest
-    from raydec.spec.proposers.random_tree import OracleProposer
+    from raydec.speculative.engine import Engine, RowRequest
+    from raydec.speculative.proposers.random_tree import OracleProposer
 
     reference = ar_tokens
     for _ in range(passes):
@@ -219,9 +219,9 @@ def bench_engine(args: argparse.Namespace) -> dict:
     from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
     from raydec.models.base import decoding_attention
     from raydec.models.causal_lm import CausalLMTarget
-    from raydec.spec.engine import Engine, RowRequest
-    from raydec.spec.proposers.ar import ARProposer
-    from raydec.spec.proposers.random_tree import OracleProposer
+    from raydec.speculative.engine import Engine, RowRequest
+    from raydec.speculative.proposers.ar import ARProposer
+    from raydec.speculative.proposers.random_tree import OracleProposer
 
     torch.set_num_threads(args.threads) if args.threads else None
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]

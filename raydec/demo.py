@@ -51,7 +51,7 @@ def write_example_prompts(path: Path, rows: int = DEMO_ROWS) -> Path:
 
 def default_method() -> str:
     """SJD-PAC when its proposer is present in this build, else plain AR."""
-    return "sjd_pac" if importlib.util.find_spec("raydec.spec.proposers.jacobi") else "ar"
+    return "sjd_pac" if importlib.util.find_spec("raydec.speculative.proposers.jacobi") else "ar"
 
 
 def demo_decode(method: str) -> dict:

@@ -82,7 +82,7 @@ def relative_costs(seconds: dict[int, float], unit: int = 1) -> dict[int, float]
 def forward_seconds(target: Any, prompt: Any, sizes: Sequence[int], batch: int = 1, repeats: int = 9) -> dict[int, float]:
     """Median seconds of one target forward over ``n`` new tokens per row (``n`` in ``sizes``)
     after a prefilled prompt, for ``batch`` rows (sizes measured in turn, ``repeats`` rounds)."""
-    from raydec.spec.cache import RaggedCache
+    from raydec.speculative.cache import RaggedCache
 
     with decoding_attention(target.device):  # the kernels the engine decodes with
         prefix = target.prompt_inputs(prompt)

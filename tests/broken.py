@@ -11,19 +11,16 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
-
 import torch
 
-from raydec.spec.sampling import draw_uniforms, sample_with_uniform
-from raydec.spec.tree import DraftTree
-from raydec.spec.verify import VerifyResult, residual, verify_tree
+from raydec.speculative.sampling import sample_with_uniform
+from raydec.speculative.tree import DraftTree
+from raydec.speculative.verify import VerifyResult, node_proposals, residual, verify_tree
 
 
-def longest_path_verifier(tree: DraftTree, target_probs: torch.Tensor, generators: Sequence[torch.Generator]) -> VerifyResult:
+def longest_path_verifier(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Tensor) -> VerifyResult:
     batch, width = tree.tokens.shape
     rows = torch.arange(batch)
-    uniforms = draw_uniforms(generators, tree.index_extent())
     # every node tested on its own against its parent's P (no residual between siblings)
     parents = tree.parents.clamp(min=0)
     p_parent = target_probs.gather(1, parents.unsqueeze(-1).expand(-1, -1, target_probs.shape[-1]))  # [B, N, V]
@@ -55,9 +52,7 @@ def longest_path_verifier(tree: DraftTree, target_probs: torch.Tensor, generator
     p = target_probs[rows, end_node]
     rejected = first_child >= 0
     if bool(rejected.any()):
-        from raydec.spec.verify import _dense_proposal
-
-        q = _dense_proposal(tree, first_child.clamp(min=0)).to(p.dtype)
+        q = node_proposals(tree)[rows, first_child.clamp(min=0)].to(p.dtype)
         p = torch.where(rejected.unsqueeze(1), residual(p, q), p)
     next_token = sample_with_uniform(p, uniforms[:, 0])
     return VerifyResult(path, num_accepted, next_token, end_node, rejected)
@@ -73,15 +68,16 @@ def _proposal_at_token(tree: DraftTree, node: int) -> torch.Tensor:
     return torch.where(index < 0, torch.ones_like(dense), dense)
 
 
-def stale_proposal_verifier(tree: DraftTree, target_probs: torch.Tensor, generators: Sequence[torch.Generator]) -> VerifyResult:
-    stale = dataclasses.replace(tree, without_replacement=torch.zeros_like(tree.without_replacement))
-    return verify_tree(stale, target_probs, generators)
+def stale_proposal_verifier(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Tensor) -> VerifyResult:
+    stale = dataclasses.replace(tree, without_replacement=torch.zeros_like(tree.without_replacement), any_without_replacement=False)
+    stale._memo = dict(tree._memo)
+    return verify_tree(stale, target_probs, uniforms)
 
 
-def batch_minimum_verifier(tree: DraftTree, target_probs: torch.Tensor, generators: Sequence[torch.Generator]) -> VerifyResult:
-    result = verify_tree(tree, target_probs, generators)
+def batch_minimum_verifier(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Tensor) -> VerifyResult:
+    result = verify_tree(tree, target_probs, uniforms)
     minimum = int(result.num_accepted.min())
-    extra = draw_uniforms(generators, [1] * tree.batch_size)[:, 0]
+    extra = (uniforms[:, 0] * 7919.0) % 1.0  # a second number per row, as fresh as the first
     for row in range(tree.batch_size):
         if int(result.num_accepted[row]) <= minimum:
             continue

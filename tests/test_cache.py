@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from raydec.spec.cache import RaggedCache
+from raydec.speculative.cache import RaggedCache
 
 
 def kv(rows: int, slots: int, start: int = 0) -> torch.Tensor:
@@ -38,6 +38,7 @@ def test_commit_keeps_accepted_slots_and_crops_the_unused_tail():
 def test_compaction_gathers_each_rows_valid_slots_to_the_left():
     cache = filled_cache(rows=2, prompt=5, compaction="never")
     cache.valid[0, 1] = cache.valid[0, 3] = cache.valid[1, 4] = False  # holes left by earlier steps
+    cache.lengths = [3, 4]  # the host's counts, which the engine keeps from its read-backs
     cache.compact()
     assert cache.length == 4 and cache.kv.get_seq_length() == 4  # the longest row: 4 valid slots
     assert cache.valid.tolist() == [[True, True, True, False], [True] * 4]

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from raydec.models.causal_lm import CausalLMTarget, LogitTransformHead
-from raydec.spec.cache import RaggedCache
-from raydec.spec.engine import _prefill_mask
+from raydec.speculative.cache import RaggedCache
+from raydec.speculative.engine import _prefill_mask
 
 torch.set_num_threads(1)
 

@@ -8,11 +8,11 @@ import torch
 from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
 from raydec.models.base import ForwardOutput
 from raydec.models.causal_lm import CfgPrompt
-from raydec.spec.engine import Engine, RowRequest
-from raydec.spec.proposers.ar import ARProposer
-from raydec.spec.proposers.jacobi import JacobiProposer
-from raydec.spec.proposers.random_tree import OracleProposer, RandomTreeProposer
-from raydec.spec.verify import verify_tree
+from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.proposers.ar import ARProposer
+from raydec.speculative.proposers.jacobi import JacobiProposer
+from raydec.speculative.proposers.random_tree import OracleProposer, RandomTreeProposer
+from raydec.speculative.verify import verify_tree
 from tests.toys import tiny_llama
 
 torch.set_num_threads(1)  # tiny tensors: threads only add synchronisation cost
@@ -114,7 +114,7 @@ def test_ragged_cache_matches_fresh_prefill(llama32, compaction):
     checks = [0]
     engine_ref: dict = {}
 
-    def checking_verifier(tree, target_probs, generators):
+    def checking_verifier(tree, target_probs, uniforms):
         state_rows = engine_ref["state"]()
         logits = recorder.last_logits
         for i, (prompt, generated) in enumerate(state_rows):
@@ -130,7 +130,7 @@ def test_ragged_cache_matches_fresh_prefill(llama32, compaction):
                     fresh = llama32.model(input_ids=ids).logits[0, -1]
                 worst[0] = max(worst[0], float((fresh - logits[i, node]).abs().max()))
                 checks[0] += 1
-        return verify_tree(tree, target_probs, generators)
+        return verify_tree(tree, target_probs, uniforms)
 
     proposer = RandomTreeProposer(spec, "dense", sharpness=0.5)
     engine = Engine(recorder, proposer, config, verifier=checking_verifier)
@@ -257,16 +257,18 @@ def test_gpu_decoding_excludes_cudnn_attention_and_restores_the_flags():
     assert torch.backends.cuda.cudnn_sdp_enabled() == before
 
 
-def test_engine_decodes_under_the_attention_policy_of_its_targets_device(llama32, monkeypatch):
+def test_adapters_decode_under_the_attention_policy_of_their_device(llama32, monkeypatch):
+    """The policy lives in the adapters (the decoding core knows no attention kernels): every
+    window forward, prefill and decode steps alike, runs under it for the model's device."""
     from contextlib import nullcontext
 
-    import raydec.spec.engine as engine_module
+    import raydec.models.base as base
 
     seen = []
-    monkeypatch.setattr(engine_module, "decoding_attention", lambda device: seen.append(device) or nullcontext())
+    monkeypatch.setattr(base, "decoding_attention", lambda device: seen.append(device) or nullcontext())
     config = DecodeConfig(method="ar", max_new_tokens=3, sampling=SamplingConfig(temperature=0.0))
     Engine(llama32, ARProposer(), config).generate([RowRequest(prompt=[1, 2, 3], seed=0)])
-    assert seen == [llama32.device]
+    assert seen == [llama32.device] * 3  # the prefill and two decode steps
 
 
 def test_a_row_length_cap_below_one_is_refused(llama32):

@@ -19,10 +19,10 @@ import torch
 
 from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
 from raydec.models.causal_lm import CfgPrompt
-from raydec.spec.engine import Engine, RowRequest
-from raydec.spec.proposers.ar import ARProposer
-from raydec.spec.proposers.random_tree import RandomTreeProposer
-from raydec.spec.sampling import VocabConstraint
+from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.proposers.ar import ARProposer
+from raydec.speculative.proposers.random_tree import RandomTreeProposer
+from raydec.speculative.sampling import VocabConstraint
 from tests.broken import batch_minimum_verifier, longest_path_verifier, stale_proposal_verifier
 from tests.lawtest import compare_to_law
 from tests.toys import FixedCandidatesProposer, forked_markov, lm_law, markov_law, random_markov, tiny_llama

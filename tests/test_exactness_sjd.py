@@ -12,10 +12,10 @@ import torch
 
 from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
 from raydec.models.causal_lm import CfgPrompt
-from raydec.spec.engine import Engine, RowRequest
-from raydec.spec.proposers.jacobi import JacobiProposer
-from raydec.spec.sampling import VocabConstraint, sample_with_uniform
-from raydec.spec.tree import DraftTree
+from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.proposers.jacobi import JacobiProposer
+from raydec.speculative.sampling import VocabConstraint, sample_with_uniform
+from raydec.speculative.tree import DraftTree
 from tests.lawtest import compare_to_law
 from tests.test_exactness import sample_engine
 from tests.toys import lm_law, markov_law, random_markov, tiny_llama
@@ -185,15 +185,20 @@ def test_spatial_prior_fresh_drafts_on_hand_made_rows(init, expected_a, expected
     """Fresh drafts copy the token 1 (left) / grid-width (above) places back, from the committed
     tokens or from earlier window slots, with a one-hot Q; a forced token wins; a copy that is not
     an allowed id falls back to the row's uniform draw, with Q uniform over the allowed ids."""
-    from raydec.spec.proposers.base import DecodeState
+    from raydec.speculative.proposers.base import DecodeState
+    from raydec.speculative.random import RowRandom
 
     vocab = 6
     allowed = torch.tensor([True, True, True, True, False, True])  # 4 only where forced (an end-of-row token)
     constraint = VocabConstraint(allowed=allowed, forced=lambda index: torch.where(index % 5 == 4, 4, -1))
     proposer = JacobiProposer(DraftSpec(window=4, init=init), "sjd", init, grid_width=2)
     pending_q = torch.tensor([[0.25, 0.25, 0.25, 0.25, 0.0, 0.0]], dtype=torch.float64)
-    proposer.pending_tokens, proposer.pending_proposals = {7: torch.tensor([2])}, {7: pending_q}
-    state = DecodeState([3, 7], [[1, 2, 3], [5]], [torch.Generator(), torch.Generator()], vocab, constraint, torch.float64)
+    slots = proposer.spine_slots  # row 7 carries one draft (2) into the next window
+    proposer.pending_rows = [7]
+    proposer.pending_tokens = torch.tensor([[2] + [0] * (slots - 1)])
+    proposer.pending_proposals = torch.cat([pending_q, torch.zeros(slots - 1, vocab, dtype=torch.float64)]).unsqueeze(0)
+    proposer.pending_count = torch.tensor([1])
+    state = DecodeState([3, 7], [[1, 2, 3], [5]], RowRandom.for_seeds([0, 0]), vocab, constraint, torch.float64)
     uniforms = torch.tensor([[0.5, 0.5, 0.9, 0.9], [0.5, 0.5, 0.5, 0.5]], dtype=torch.float64)  # 0.9 -> id 5
     tokens, proposals = proposer._fill_window(state, uniforms)
     assert tokens.tolist() == [expected_a, expected_b]

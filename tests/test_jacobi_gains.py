@@ -16,9 +16,9 @@ import torch
 
 from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
 from raydec.reference.textures import MarkovChainTarget, neighbour_tv, potts_texture
-from raydec.spec.engine import Engine, RowRequest
-from raydec.spec.proposers.jacobi import JacobiProposer
-from raydec.spec.sampling import sample_with_uniform
+from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.proposers.jacobi import JacobiProposer
+from raydec.speculative.sampling import sample_with_uniform
 
 torch.set_num_threads(1)
 

@@ -20,9 +20,9 @@ from raydec.models.generation_config import sampling_from_generation_config
 from raydec.models.image_gen import ImagePrompt
 from raydec.models.janus import JanusT2ITarget
 from raydec.models.registry import load_t2i_target
-from raydec.spec.engine import Engine, RowRequest
-from raydec.spec.sampling import process_logits
-from raydec.spec.proposers.ar import ARProposer
+from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.sampling import process_logits
+from raydec.speculative.proposers.ar import ARProposer
 from tests.t2i_toys import tiny_emu3, tiny_janus
 
 torch.set_num_threads(1)

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
-from raydec.spec.engine import Engine, RowRequest
-from raydec.spec.proposers.ar import ARProposer
-from raydec.spec.proposers.jacobi import JacobiProposer
-from raydec.spec.proposers.random_tree import OracleProposer, RandomTreeProposer
+from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.proposers.ar import ARProposer
+from raydec.speculative.proposers.jacobi import JacobiProposer
+from raydec.speculative.proposers.random_tree import OracleProposer, RandomTreeProposer
 from tests.lawtest import compare_to_law
 from tests.test_exactness import SAMPLES, sample_engine
 from tests.toys import lm_law, tiny_llama
@@ -66,13 +66,15 @@ def test_a_path_blind_context_fails(llama32, monkeypatch):
     length = 24
     expected = hf_greedy(llama32, PROMPTS, length, PENALTY)
     config = DecodeConfig(max_new_tokens=length, sampling=GREEDY)
-    original = Engine._context
+    from raydec.speculative.engine import DecodeSession
 
-    def row_context_only(self, run, rows, vocab, tree=None):
-        context = original(self, run, rows, vocab)
+    original = DecodeSession._context
+
+    def row_context_only(self, handles, vocab, tree=None):
+        context = original(self, handles, vocab)
         return context if tree is None else context.expand(-1, tree.num_nodes, -1)
 
-    monkeypatch.setattr(Engine, "_context", row_context_only)
+    monkeypatch.setattr(DecodeSession, "_context", row_context_only)
     oracle = OracleProposer(window=7, references={i: t for i, t in enumerate(expected)})
     outs = Engine(llama32, oracle, config).generate([RowRequest(p, seed=0) for p in PROMPTS])
     assert [o.tokens for o in outs] != expected
@@ -127,7 +129,7 @@ def test_captions_follow_the_checkpoints_penalty_as_hf_generate_does(tmp_path):
     from raydec.api import _caption_decode_config
     from raydec.config import DraftTreeSpec
     from raydec.models.hf_vlm import VisionLanguageTarget
-    from raydec.spec.proposers.draft_tree import DraftTreeProposer
+    from raydec.speculative.proposers.draft_tree import DraftTreeProposer
     from tests.test_vispec import _hf_greedy, _prompts, draft_for
     from tests.vlm_toys import build_tiny_llava
 

@@ -7,11 +7,14 @@ import itertools
 import pytest
 import torch
 
-from raydec.spec.tree import DETERMINISTIC, DraftTree, TreeBuilder
-from raydec.spec.verify import acceptance_probability, output_law, residual, verify_tree
-from raydec.spec.sampling import row_generators
+from raydec.speculative.tree import DETERMINISTIC, DraftTree, TreeBuilder
+from raydec.speculative.verify import acceptance_probability, output_law, residual, verify_tree
 
 torch.set_num_threads(1)  # tiny tensors: threads only add synchronisation cost
+
+
+def _uniforms(batch: int, width: int, seed: int) -> torch.Tensor:
+    return torch.rand(batch, width, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
 def _random_p(generator: torch.Generator, vocab: int, sharp: float = 2.0) -> torch.Tensor:
@@ -122,7 +125,7 @@ def test_enumerated_law_equals_target(kind):
 def test_enumeration_can_fail(monkeypatch):
     """The enumeration has teeth: with a verifier that resamples from p (not the residual) after
     a rejection, ``output_law`` extended by the target process visibly differs from the target."""
-    import raydec.spec.verify as verify
+    import raydec.speculative.verify as verify
 
     vocab = 4
     generator = torch.Generator().manual_seed(7)
@@ -151,7 +154,7 @@ def test_greedy_accepts_longest_matching_prefix():
     tree = DraftTree.stack([builder], vocab)
     argmax = torch.tensor([2, 3, 0, 5, 1])  # node 2 predicts 0, but the draft says 4
     probs = torch.nn.functional.one_hot(argmax, vocab).float().unsqueeze(0)
-    result = verify_tree(tree, probs, row_generators([0]))
+    result = verify_tree(tree, probs, _uniforms(1, tree.num_nodes, 0))
     assert result.num_accepted.tolist() == [2]
     assert result.committed_tokens(tree, 0) == [2, 3, 0]
     assert bool(result.rejected[0])
@@ -167,7 +170,7 @@ def test_first_accepted_sibling_wins_and_bonus():
     tree = DraftTree.stack([builder], vocab)
     argmax = torch.tensor([2, 0, 3, 0, 1])
     probs = torch.nn.functional.one_hot(argmax, vocab).float().unsqueeze(0)
-    result = verify_tree(tree, probs, row_generators([0]))
+    result = verify_tree(tree, probs, _uniforms(1, tree.num_nodes, 0))
     assert result.path[0, :3].tolist() == [0, b, c]
     assert result.committed_tokens(tree, 0) == [2, 3, 1]
     assert not bool(result.rejected[0])
@@ -180,11 +183,12 @@ def test_rows_are_independent():
     builders = [_random_tree(generator, vocab, "mixed") for _ in range(4)]
     width = max(b.num_nodes for b in builders)
     probs = torch.softmax(torch.randn(4, width, vocab, generator=generator, dtype=torch.float64), -1)
-    together = verify_tree(DraftTree.stack(builders, vocab, torch.float64), probs, row_generators([10, 11, 12, 13]))
+    uniforms = _uniforms(4, width, 10)
+    together = verify_tree(DraftTree.stack(builders, vocab, torch.float64), probs, uniforms)
     for row in range(4):
         alone_tree = DraftTree.stack([builders[row]], vocab, torch.float64)
         n = builders[row].num_nodes
-        alone = verify_tree(alone_tree, probs[row : row + 1, :n], row_generators([10 + row]))
+        alone = verify_tree(alone_tree, probs[row : row + 1, :n], uniforms[row : row + 1, :n])
         assert alone.committed_tokens(alone_tree, 0) == together.committed_tokens(DraftTree.stack(builders, vocab, torch.float64), row)
 
 
@@ -228,10 +232,17 @@ def test_ancestor_mask_of_random_padded_trees_follows_the_parent_lists():
 
 
 
-def test_chain_fast_path_equals_general_recursion():
-    """The one-pass chain verifier and the level-by-level recursion agree on identical uniforms."""
-    import raydec.spec.verify as verify
+def _assert_equals_walk(tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor) -> "VerifyResult":
+    result = verify_tree(tree, probs, uniforms)
+    for row in range(tree.batch_size):
+        path, final, rejected = _walk_one_row(tree, probs, uniforms, row)
+        n = int(result.num_accepted[row])
+        assert result.path[row, : n + 1].tolist() == path and set(result.path[row, n + 1 :].tolist()) <= {-1}, row
+        assert (int(result.next_token[row]), bool(result.rejected[row]), int(result.stop_node[row])) == (final, rejected, path[-1]), row
+    return result
 
+
+def test_chains_decide_what_a_node_by_node_walk_decides():
     vocab, batch = 6, 64
     generator = torch.Generator().manual_seed(11)
     for mode in ("dense", "onehot", "mixed"):
@@ -244,74 +255,58 @@ def test_chain_fast_path_equals_general_recursion():
             builders.append(builder)
         tree = DraftTree.stack(builders, vocab, torch.float64)
         probs = torch.softmax(torch.randn(batch, tree.num_nodes, vocab, generator=generator, dtype=torch.float64), -1)
-        uniforms = torch.rand(batch, tree.num_nodes, generator=generator, dtype=torch.float64)
-        assert verify.is_chain(tree)
-        fast = verify._verify_chain(tree, probs, uniforms)
-        slow = verify._verify_recursive(tree, probs, uniforms)
-        for field in ("num_accepted", "next_token", "stop_node", "rejected"):
-            assert torch.equal(getattr(fast, field), getattr(slow, field)), (mode, field)
-        assert torch.equal(fast.path, slow.path)
+        assert tree.is_chain() and tree.children_bound() == 1
+        _assert_equals_walk(tree, probs, _uniforms(batch, tree.num_nodes, 1))
 
 
-def test_greedy_fast_path_equals_general_recursion():
-    """One-hot targets and one-hot drafts: the one-pass greedy verifier and the recursion agree,
-    duplicate siblings included (the first matching sibling wins)."""
-    import raydec.spec.verify as verify
-
+def test_one_hot_targets_and_drafts_decide_what_a_walk_decides():
+    """Temperature 0 over EAGLE-like trees, duplicate siblings included (the first matching wins)."""
     vocab, batch = 5, 96
     generator = torch.Generator().manual_seed(3)
     builders, tree = _one_hot_draft_trees(generator, vocab, batch, min_nodes=1)
-    # one-hot P that often agrees with the drafts: argmax = a random child's token, else random
     argmax = torch.randint(vocab, (batch, tree.num_nodes), generator=generator)
     for row, builder in enumerate(builders):
         for node, parent in enumerate(builder.parents):
             if parent >= 0 and torch.rand(1, generator=generator) < 0.5:
                 argmax[row, parent] = builder.tokens[node]
     probs = torch.nn.functional.one_hot(argmax, vocab).to(torch.float64)
-    uniforms = torch.rand(batch, tree.num_nodes, generator=generator, dtype=torch.float64)
-    assert not tree.is_chain() and verify._all_one_hot(tree, probs)
-    fast = verify._verify_greedy(tree, probs)
-    slow = verify._verify_recursive(tree, probs, uniforms)
-    for field in ("path", "num_accepted", "next_token", "stop_node", "rejected"):
-        assert torch.equal(getattr(fast, field), getattr(slow, field)), field
-    assert int(fast.num_accepted.max()) >= 3
+    result = _assert_equals_walk(tree, probs, _uniforms(batch, tree.num_nodes, 2))
+    assert int(result.num_accepted.max()) >= 3
 
 
-def test_one_hot_draft_fast_path_equals_general_recursion():
-    """Deterministic drafts under a dense P (EAGLE trees at temperature > 0): the per-row walk on
-    p(x) values and the recursion agree on identical uniforms, duplicate siblings included."""
-    import raydec.spec.verify as verify
-
+def test_one_hot_drafts_under_a_dense_target_decide_what_a_walk_decides():
     vocab, batch = 5, 128
     generator = torch.Generator().manual_seed(7)
     _, tree = _one_hot_draft_trees(generator, vocab, batch, min_nodes=0)
     probs = torch.softmax(2 * torch.randn(batch, tree.num_nodes, vocab, generator=generator, dtype=torch.float64), -1)
-    uniforms = torch.rand(batch, tree.num_nodes, generator=generator, dtype=torch.float64)
-    assert verify._one_hot_drafts(tree) and not verify._all_one_hot(tree, probs)
-    fast = verify._verify_one_hot_drafts(tree, probs, uniforms)
-    slow = verify._verify_recursive(tree, probs, uniforms)
-    for field in ("path", "num_accepted", "next_token", "stop_node", "rejected"):
-        assert torch.equal(getattr(fast, field), getattr(slow, field)), field
-    assert int(fast.num_accepted.max()) >= 3 and bool(fast.rejected.any()) and not bool(fast.rejected.all())
+    result = _assert_equals_walk(tree, probs, _uniforms(batch, tree.num_nodes, 3))
+    assert int(result.num_accepted.max()) >= 3 and bool(result.rejected.any()) and not bool(result.rejected.all())
 
 
 @pytest.mark.parametrize("kind", ["chain", "wr", "onehot", "mixed"])
-def test_row_walk_equals_general_recursion(kind):
-    """The per-row walk and the batched recursion agree on identical uniforms for every kind of
-    random tree, including targets that put mass on the drafts (long accepted runs)."""
-    import raydec.spec.verify as verify
-
+def test_random_trees_decide_what_a_walk_decides(kind):
     vocab, batch = 4, 96
     generator = torch.Generator().manual_seed(13)
     builders = [_random_tree(generator, vocab, kind) for _ in range(batch)]
     tree = DraftTree.stack(builders, vocab, torch.float64)
     probs = torch.softmax(3 * torch.randn(batch, tree.num_nodes, vocab, generator=generator, dtype=torch.float64), -1)
-    uniforms = torch.rand(batch, tree.num_nodes, generator=generator, dtype=torch.float64)
-    walked = verify._verify_walk(tree, probs, uniforms)
-    batched = verify._verify_recursive(tree, probs, uniforms)
+    result = _assert_equals_walk(tree, probs, _uniforms(batch, tree.num_nodes, 4))
+    assert int(result.num_accepted.max()) >= 2 and bool(result.rejected.any())
+
+
+def test_the_host_facts_a_proposer_gives_change_nothing():
+    """``max_children`` / ``any_without_replacement`` given by a proposer (no read-back) or
+    derived from the tensors give the same decisions."""
+    vocab, batch = 4, 32
+    generator = torch.Generator().manual_seed(17)
+    tree = DraftTree.stack([_random_tree(generator, vocab, "mixed") for _ in range(batch)], vocab, torch.float64)
+    probs = torch.softmax(3 * torch.randn(batch, tree.num_nodes, vocab, generator=generator, dtype=torch.float64), -1)
+    bare = DraftTree(tree.tokens, tree.parents, tree.valid, tree.proposal_index, tree.without_replacement, tree.proposal_probs)
+    uniforms = _uniforms(batch, tree.num_nodes, 5)
+    given, derived = verify_tree(tree, probs, uniforms), verify_tree(bare, probs, uniforms)
+    assert bare.max_children == tree.max_children and bare.any_without_replacement == tree.any_without_replacement
     for field in ("path", "num_accepted", "next_token", "stop_node", "rejected"):
-        assert torch.equal(getattr(walked, field), getattr(batched, field)), field
-    assert int(walked.num_accepted.max()) >= 2 and bool(walked.rejected.any())
+        assert torch.equal(getattr(given, field), getattr(derived, field)), field
 
 
 def test_vectorised_masks_equal_walking_the_parents():
@@ -336,20 +331,20 @@ def test_vectorised_masks_equal_walking_the_parents():
 
 def _walk_one_row(tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor, row: int) -> tuple[list[int], int, bool]:
     """The module docstring's algorithm, one row, node by node: (path, final token, rejected)."""
-    from raydec.spec.sampling import sample_with_uniform
-    from raydec.spec.verify import effective_proposal
+    from raydec.speculative.sampling import sample_with_uniform
+    from raydec.speculative.verify import effective_proposal
 
     children = tree.children_lists(row)
     node, path, p = 0, [0], probs[row, 0].unsqueeze(0)
     while True:
-        removed: dict[int, int] = {}
+        removed: set[tuple[int, int]] = set()  # (token, group) of the rejected siblings
         for child in children[node]:
             group = int(tree.proposal_index[row, child])
             q = tree.proposal_of(row, child).unsqueeze(0)
-            if bool(tree.without_replacement[row, child]):
+            if bool(tree.without_replacement[row, child]) and group != DETERMINISTIC:
                 mask = torch.zeros_like(q, dtype=torch.bool)
-                for token, owner in removed.items():
-                    mask[0, token] = owner == group
+                for token, owner in removed:
+                    mask[0, token] = mask[0, token] or owner == group
                 q = effective_proposal(q, mask)
             token = torch.tensor([int(tree.tokens[row, child])])
             if float(uniforms[row, child]) < float(acceptance_probability(p, q, token)):
@@ -357,7 +352,7 @@ def _walk_one_row(tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor, 
                 path.append(child)
                 break
             p = residual(p, q)
-            removed[int(token)] = group
+            removed.add((int(token), group))
         else:
             final = int(sample_with_uniform(p, uniforms[row, :1])[0])
             return path, final, bool(children[node])
@@ -367,7 +362,7 @@ def test_recursion_equals_walking_each_row_with_chains_under_sibling_groups():
     """SJD-PAC's shape (sibling groups, then a long chain of only children under each) and
     random shapes: the batched recursion, which crosses runs of only children in one jump,
     decides exactly what a node-by-node walk decides with the same uniforms."""
-    import raydec.spec.verify as verify
+    import raydec.speculative.verify as verify
 
     vocab, batch = 5, 48
     generator = torch.Generator().manual_seed(7)
@@ -396,24 +391,15 @@ def test_recursion_equals_walking_each_row_with_chains_under_sibling_groups():
             if parent >= 0 and torch.rand(1, generator=generator) < 0.7:
                 probs[row, parent] = 0.1 * probs[row, parent] + 0.9 * torch.nn.functional.one_hot(torch.tensor(builder.tokens[node]), vocab)
     uniforms = torch.rand(batch, tree.num_nodes, generator=generator, dtype=torch.float64)
-    result = verify._verify_recursive(tree, probs, uniforms)
-    for row in range(batch):
-        path, final, rejected = _walk_one_row(tree, probs, uniforms, row)
-        n = int(result.num_accepted[row])
-        assert result.path[row, : n + 1].tolist() == path and set(result.path[row, n + 1 :].tolist()) <= {-1}, row
-        assert (int(result.next_token[row]), bool(result.rejected[row]), int(result.stop_node[row])) == (final, rejected, path[-1]), row
+    result = _assert_equals_walk(tree, probs, uniforms)
     assert int(result.num_accepted.max()) >= 5
-    # the per-row walk verify_tree uses at small batch sizes decides the same, in float64 and float32
-    for dtype in (torch.float64, torch.float32):
-        typed = DraftTree(tree.tokens, tree.parents, tree.valid, tree.proposal_index, tree.without_replacement, tree.proposal_probs.to(dtype))
-        batched = verify._verify_recursive(typed, probs.to(dtype), uniforms.to(dtype))
-        walked = verify._verify_walk(typed, probs.to(dtype), uniforms.to(dtype))
-        for field in ("path", "num_accepted", "next_token", "stop_node", "rejected"):
-            assert torch.equal(getattr(walked, field), getattr(batched, field)), (dtype, field)
+    # in float32 (the engine's P) as well
+    typed = DraftTree(tree.tokens, tree.parents, tree.valid, tree.proposal_index, tree.without_replacement, tree.proposal_probs.float())
+    _assert_equals_walk(typed, probs.float(), uniforms)
 
 
 def test_top_k_selection_equals_torch_topk_with_ties_and_masked_ids():
-    from raydec.spec.sampling import _apply_top_k, kth_largest
+    from raydec.speculative.sampling import _apply_top_k, kth_largest
 
     g = torch.Generator().manual_seed(3)
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
@@ -431,26 +417,26 @@ def test_top_k_selection_equals_torch_topk_with_ties_and_masked_ids():
 def test_a_uniform_just_below_one_neither_samples_a_zero_mass_token_nor_rejects_a_certain_draft():
     """In float32, 1 - 2**-26 rounds to 1.0: a zero inverse-CDF threshold (token 0, whatever its
     mass) and a failed ``u < 1`` test. Sampling and acceptance must stay in float64."""
-    from raydec.spec.sampling import sample_with_uniform
+    from raydec.speculative.sampling import sample_with_uniform
 
     near_one = torch.tensor([1 - 2**-26], dtype=torch.float64)
     assert near_one.float().item() == 1.0  # the rounding this test is about
     probs = torch.tensor([[0.0, 0.0, 0.3, 0.7]])  # float32, token 0 impossible
     assert sample_with_uniform(probs, near_one).item() == 2
     root_only = DraftTree.roots_only(torch.tensor([2]), 4)
-    assert verify_tree(root_only, probs.unsqueeze(0), [None], uniforms=near_one.view(1, 1)).next_token.item() == 2
+    assert verify_tree(root_only, probs.unsqueeze(0), near_one.view(1, 1)).next_token.item() == 2
     builder = TreeBuilder(1)
     builder.add_chain(0, [3])
     chain = DraftTree.stack([builder], 4)
     certain = torch.tensor([[[0.0, 0.0, 0.3, 0.7], [0.0, 0.0, 0.0, 1.0]]])
     certain[0, 0] = torch.tensor([0.0, 0.0, 0.0, 1.0])  # P says token 3 with certainty; so does the draft
-    result = verify_tree(chain, certain, [None], uniforms=torch.tensor([[0.1, 1 - 2**-26]], dtype=torch.float64))
+    result = verify_tree(chain, certain, torch.tensor([[0.1, 1 - 2**-26]], dtype=torch.float64))
     assert result.num_accepted.tolist() == [1]
 
 
 def test_jacobi_coupling_keeps_a_certain_draft_at_a_uniform_just_below_one():
     from raydec.config import DraftSpec
-    from raydec.spec.proposers.jacobi import JacobiProposer
+    from raydec.speculative.proposers.jacobi import JacobiProposer
 
     proposer = JacobiProposer(DraftSpec(window=2, branching=2, tree_depth=1), "sjd_ac")
     p = torch.tensor([[[0.2, 0.3, 0.5]]])  # [B, S, V] float32; the old draft, token 2: p = q, kept for sure

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-import raydec.spec.verify as verify
-from raydec.spec.tree import DETERMINISTIC, DraftTree
-from raydec.spec.verify import output_law, verify_tree
+import raydec.speculative.verify as verify
+from raydec.speculative.tree import DETERMINISTIC, DraftTree
+from raydec.speculative.verify import output_law, verify_tree
 from tests.lawtest import FALSE_ALARM_RATE, _chi2
 from tests.test_verify import RandomProcess, _random_tree
 
@@ -78,7 +78,7 @@ def _committed_law_p_value(kind: str, seed: int, broken_residual=None) -> float:
     with pytest.MonkeyPatch.context() as patch:
         if broken_residual is not None:
             patch.setattr(verify, "residual", broken_residual)
-        result = verify_tree(tree, _target_probs(tree, process), [], uniforms)
+        result = verify_tree(tree, _target_probs(tree, process), uniforms)
     path_tokens = torch.where(result.path >= 0, tree.tokens.gather(1, result.path.clamp(min=0)), -1).tolist()
     counts: dict[tuple[int, ...], int] = {}
     for path, accepted, token in zip(path_tokens, result.num_accepted.tolist(), result.next_token.tolist()):

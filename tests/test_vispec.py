@@ -10,8 +10,8 @@ from raydec.config import DecodeConfig, DraftTreeSpec, SamplingConfig
 from raydec.models.hf_vlm import VisionLanguageTarget, VlmPrompt
 from raydec.models.vispec_draft import DraftConfig, VispecDraft
 from raydec.reference.shapes import make_sample, to_pil
-from raydec.spec.engine import Engine, RowRequest
-from raydec.spec.proposers.draft_tree import DraftTreeProposer, _select_on_lists, _select_on_tensors, _TreeLayout, select_tree_nodes
+from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.proposers.draft_tree import DraftTreeProposer, _select_on_lists, _select_on_tensors, _TreeLayout, select_tree_nodes
 from tests.lawtest import compare_to_law
 from tests.test_exactness import sample_engine
 from tests.toys import lm_law, tiny_llama
@@ -62,7 +62,7 @@ def _random_candidates(batch: int, k: int, depth: int, gen: torch.Generator):
 def test_tree_selection_on_lists_equals_the_tensor_form():
     """Small batches select the tree on Python lists; the nodes, their order, parents, depths and
     ancestor masks equal the tensor form's on 400 random candidate sets full of score ties."""
-    from raydec.spec.tree import DraftTree
+    from raydec.speculative.tree import DraftTree
 
     gen = torch.Generator().manual_seed(0)
     for trial in range(400):
@@ -334,7 +334,7 @@ def test_tree_structure_the_proposer_records_is_the_trees_own(llama64, shape):
     """The proposer hands the verifier each tree's depth, ancestor mask and whether it is a chain
     (``with_structure``); they equal what ``DraftTree`` derives from the parents alone, for
     trees selected on lists (4 rows) and on tensors (8 rows)."""
-    from raydec.spec.tree import DraftTree
+    from raydec.speculative.tree import DraftTree
 
     depth, top_k, total = shape
     config = DecodeConfig(max_new_tokens=8, sampling=SamplingConfig(temperature=1.0),
@@ -379,7 +379,7 @@ def test_tree_expansion_equals_sequential_drafting(llama64):
     and tree positions are depth + the committed length."""
     import copy
 
-    from raydec.spec.proposers.base import DecodeState
+    from raydec.speculative.proposers.base import DecodeState
 
     config = _sampling_config(length=8)
     config = config.model_copy(update={"draft_tree": DraftTreeSpec(depth=4, top_k=3, total_tokens=12)})

@@ -23,10 +23,10 @@ from raydec.config import DecodeConfig, DraftTreeSpec, SamplingConfig
 from raydec.models.hf_vlm import VisionLanguageTarget, VlmPrompt
 from raydec.models.vispec_draft import DraftConfig, VispecDraft
 from raydec.reference.shapes import make_sample, to_pil
-from raydec.spec.engine import Engine, RowRequest
-from raydec.spec.proposers.ar import ARProposer
-from raydec.spec.proposers.draft_tree import DraftTreeProposer
-from raydec.spec.proposers.random_tree import OracleProposer
+from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.proposers.ar import ARProposer
+from raydec.speculative.proposers.draft_tree import DraftTreeProposer
+from raydec.speculative.proposers.random_tree import OracleProposer
 from tests.vlm_toys import build_tiny_llava, build_tiny_llava_next, build_tiny_qwen2_5_vl, build_tiny_qwen2_vl, successor_draft
 
 torch.set_num_threads(1)  # tiny tensors: threads only add synchronisation cost

@@ -18,7 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from raydec.config import SamplingConfig
 from raydec.models.causal_lm import CausalLMTarget, CfgPrompt
 from raydec.reference.textures import MarkovChainTarget as MarkovTarget
-from raydec.spec.sampling import VocabConstraint, process_logits, sample_with_uniform
+from raydec.speculative.sampling import VocabConstraint, process_logits, sample_with_uniform
 
 
 def random_markov(vocab: int, seed: int, sharpness: float = 1.5) -> MarkovTarget:
@@ -113,7 +113,7 @@ class FixedCandidatesProposer:
         pass
 
     def propose(self, state):
-        from raydec.spec.tree import DraftTree, TreeBuilder
+        from raydec.speculative.tree import DraftTree, TreeBuilder
 
         builders = []
         for row in range(state.batch_size):

@@ -34,7 +34,7 @@ from raydec.config import SamplingConfig
 from raydec.models.base import PromptInputs, SharedVocabularyForward
 from raydec.models.generation_config import sampling_from_generation_config
 from raydec.models.image_gen import pixels_to_pil, prompt_texts, vq_for_decoding
-from raydec.spec.sampling import VocabConstraint
+from raydec.speculative.sampling import VocabConstraint
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from PIL import Image
 
 from raydec.config import SamplingConfig
 from raydec.models.base import DecodingTarget
-from raydec.spec.sampling import VocabConstraint
+from raydec.speculative.sampling import VocabConstraint
 
 
 

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from raydec.config import StrictModel
-from raydec.models.base import CheckpointError
+from raydec.models.base import CheckpointError, decoding_attention
 from raydec.models.cpu_matmul import row_major_weight
 from raydec.models.folded_input import DecodeRows, FoldedDraftInput
 from raydec.models.fused_layer import FusedDecoderLayer
@@ -268,7 +268,11 @@ class VispecDraft(nn.Module):
         mixed = self.img_fc(torch.cat([features, globals_.to(features.dtype)], dim=-1))
         return torch.where(use.unsqueeze(-1), mixed, features)
 
-    def forward(
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        with decoding_attention(self.fc.weight.device):  # no cuDNN attention: it rebuilds per cache length
+            return self._forward(*args, **kwargs)
+
+    def _forward(
         self,
         token_embeds: torch.Tensor,
         features: torch.Tensor,
@@ -318,6 +322,10 @@ class VispecDraft(nn.Module):
     ) -> torch.Tensor:
         """``forward`` for decode steps. token_embeds, features [B, N, H]; rows: ``decode_rows``
         of these B rows; max_position: position_ids.max() if known. -> [B, N, H]"""
+        with decoding_attention(token_embeds.device):
+            return self._decode_forward(token_embeds, features, position_ids, attention_mask, cache, rows, max_position)
+
+    def _decode_forward(self, token_embeds, features, position_ids, attention_mask, cache, rows, max_position):
         if self._input is None or self._fused is None or rows.bias is None:
             batch, width = position_ids.shape
             globals_ = rows.globals_.unsqueeze(1).expand(batch, width, rows.globals_.shape[-1])

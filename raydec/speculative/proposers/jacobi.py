@@ -19,23 +19,25 @@ spatial prior (the token to the left / above in the image grid) with Q one-hot; 
 tokens (e.g. Emu3 end-of-line) are drafted as themselves. Which prior pays depends on the
 model's images: ``raydec.tune_t2i.choose_fresh_drafts`` counts forwards to pick one.
 
-Everything is vectorised over the batch; each row draws a fixed number of uniforms per step
-from its own generator, so its output never depends on the other rows.
+Everything is batched tensor work on the target's device: pending drafts are [B, S] / [B, S, V]
+tensors aligned with the batch, and each row's uniforms come from its own counter-based
+stream, so its output never depends on the other rows.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
 from raydec.config import DraftSpec, full_tree_nodes
-from raydec.spec.proposers.base import DecodeState, Proposer
-from raydec.spec.sampling import sample_with_uniform
-from raydec.spec.tree import DraftTree, identity_mask
-from raydec.spec.verify import VerifyResult, acceptance_probability, residual
+from raydec.speculative import random as streams
+from raydec.speculative.proposers.base import DecodeState, Proposer
+from raydec.speculative.sampling import sample_with_uniform
+from raydec.speculative.tree import DraftTree, identity_mask
+from raydec.speculative.verify import VerifyResult, acceptance_probability, residual
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +52,8 @@ class TreeLayout:
     parents: [N] parent node; slot: [N] spine slot (= depth) of each node; level_rank: [N]
     candidate rank within its level (0 = the slot's own draft); spine: [S + 1] spine node of
     each slot (slot 0 = root); level_path: [N, D] candidate rank at each tree level on the
-    node's path (-1 beyond its depth), to decide which nodes exist.
+    node's path (-1 beyond its depth), to decide which nodes exist; level_nodes: per tree
+    level, its nodes [n_l].
     """
 
     parents: torch.Tensor
@@ -58,6 +61,11 @@ class TreeLayout:
     level_rank: torch.Tensor
     spine: torch.Tensor
     level_path: torch.Tensor
+    level_nodes: list[torch.Tensor] = field(default_factory=list)
+
+    def to(self, device: torch.device) -> "TreeLayout":
+        return TreeLayout(*(t.to(device) for t in (self.parents, self.slot, self.level_rank, self.spine, self.level_path)),
+                          [t.to(device) for t in self.level_nodes])
 
 
 def build_layout(spine_slots: int, branching: int, tree_depth: int) -> TreeLayout:
@@ -86,9 +94,11 @@ def build_layout(spine_slots: int, branching: int, tree_depth: int) -> TreeLayou
         ranks.append(0)
         paths.append([0] * tree_depth)
         spine.append(len(parents) - 1)
+    slot = torch.tensor(slots)
     return TreeLayout(
-        parents=torch.tensor(parents), slot=torch.tensor(slots), level_rank=torch.tensor(ranks),
+        parents=torch.tensor(parents), slot=slot, level_rank=torch.tensor(ranks),
         spine=torch.tensor(spine), level_path=torch.tensor(paths, dtype=torch.long).view(len(parents), tree_depth),
+        level_nodes=[(slot == level + 1).nonzero().flatten() for level in range(tree_depth)],
     )
 
 
@@ -134,30 +144,42 @@ class JacobiProposer(Proposer):
         parents = self.layout.spine[:-1]  # the node whose P predicts each spine slot (a slice if they run in order)
         contiguous = bool((parents == torch.arange(int(parents[0]), int(parents[0]) + len(parents))).all())
         self._spine_parents = slice(int(parents[0]), int(parents[0]) + len(parents)) if contiguous else parents
-        self.pending_tokens: dict[int, torch.Tensor] = {}     # row id -> [n]
-        self.pending_proposals: dict[int, torch.Tensor] = {}  # row id -> [n, V]
+        # pending drafts of the rows in ``pending_rows`` (batch order): tokens [B, S], their Q
+        # [B, S, V], and how many of the S slots hold one [B] (the rest are fresh next step)
+        self.pending_rows: list[int] = []
+        self.pending_tokens: torch.Tensor | None = None
+        self.pending_proposals: torch.Tensor | None = None
+        self.pending_count: torch.Tensor | None = None
         self._last: dict[str, torch.Tensor] = {}
+        self._on_device: dict = {}  # per device: the layout tensors there
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     admits_rows = True
 
     def start(self, state: DecodeState, first_probs: torch.Tensor, prefill) -> None:
-        self.pending_tokens, self.pending_proposals = {}, {}
+        self.pending_rows, self.pending_tokens, self.pending_proposals, self.pending_count = [], None, None, None
 
     def admit(self, state: DecodeState, first_probs: torch.Tensor, prefill) -> None:
         pass  # a new row has no pending drafts: its first window is all fresh drafts
 
+    def _device_layout(self, device: torch.device) -> tuple[TreeLayout, torch.Tensor, torch.Tensor, "slice | torch.Tensor"]:
+        """The layout, its ancestor mask, the identity and the spine's parents, on ``device``."""
+        if device not in self._on_device:
+            spine = self._spine_parents if isinstance(self._spine_parents, slice) else self._spine_parents.to(device)
+            self._on_device[device] = (self.layout.to(device), self._layout_ancestors.to(device), self._eye.to(device), spine)
+        return self._on_device[device]
+
     def propose(self, state: DecodeState) -> DraftTree:
         batch, vocab, slots = state.batch_size, state.vocab_size, self.spine_slots
-        dtype = state.prob_dtype
-        uniforms = torch.stack([torch.rand(slots + self.depth * self.branching, generator=g, dtype=torch.float64) for g in state.generators])
+        dtype, device = state.prob_dtype, state.device
+        uniforms = state.random.uniforms(streams.JACOBI_FILL, slots + self.depth * self.branching)
         tokens, proposals = self._fill_window(state, uniforms[:, :slots])  # [B, S], [B, S, V]
-        layout = self.layout
+        layout, layout_ancestors, eye, _ = self._device_layout(device)
         width = len(layout.parents)
-        node_tokens = torch.zeros(batch, width, dtype=torch.long)
+        node_tokens = torch.zeros(batch, width, dtype=torch.long, device=device)
         node_tokens[:, 0] = state.roots()
-        valid = torch.ones(batch, width, dtype=torch.bool)
+        valid = torch.ones(batch, width, dtype=torch.bool, device=device)
         node_slot = layout.slot.expand(batch, width)
         # spine / chain nodes carry the slot's draft
         node_tokens[:, 1:] = tokens.gather(1, (node_slot[:, 1:] - 1))
@@ -166,7 +188,7 @@ class JacobiProposer(Proposer):
             extra, extra_valid = self._extra_candidates(proposals[:, level], tokens[:, level], draws)
             candidates = torch.cat([tokens[:, level : level + 1], extra], dim=1)            # [B, K]
             candidate_valid = torch.cat([torch.ones(batch, 1, dtype=torch.bool), extra_valid], dim=1)
-            at_level = (layout.slot == level + 1).nonzero().flatten()
+            at_level = layout.level_nodes[level]
             ranks = layout.level_rank[at_level]
             node_tokens[:, at_level] = candidates[:, ranks]
             # a node exists iff every candidate on its path exists
@@ -180,22 +202,27 @@ class JacobiProposer(Proposer):
         parents = layout.parents.expand(batch, width).clone()
         parents[~valid] = -1
         self._last = {"tokens": tokens, "proposals": proposals}
-        tree = DraftTree(node_tokens, parents, valid, proposal_index, without_replacement.clone(), proposals.to(dtype))
-        ancestors = torch.where(valid.unsqueeze(2), self._layout_ancestors, self._eye)  # a node exists only with its ancestors
+        tree = DraftTree(
+            node_tokens, parents, valid, proposal_index, without_replacement.clone(), proposals.to(dtype),
+            max_children=self.branching if self.depth else 1, any_without_replacement=bool(self.depth and self.branching > 1),
+        )
+        ancestors = torch.where(valid.unsqueeze(2), layout_ancestors, eye)  # a node exists only with its ancestors
         return tree.with_structure(node_slot * valid, ancestors)
 
     def observe(self, state: DecodeState, tree: DraftTree, target_probs: torch.Tensor, result: VerifyResult, output) -> None:
         """Carry the untested spine slots over to the next window (see module docstring)."""
         batch, slots = state.batch_size, self.spine_slots
-        uniforms = torch.stack([torch.rand(2 * slots, generator=g, dtype=torch.float64) for g in state.generators]).view(batch, slots, 2)
-        p = target_probs[:, self._spine_parents]                                       # P_{j-1}: [B, S, V]
+        uniforms = state.random.uniforms(streams.JACOBI_CARRY, 2 * slots).view(batch, slots, 2)
+        p = target_probs[:, self._device_layout(target_probs.device)[3]]               # P_{j-1}: [B, S, V]
         tokens, recorded = self._couple(p, self._last["tokens"], self._last["proposals"].to(p.dtype), uniforms)
-        new_root_slot = (result.num_accepted + 1).tolist()                             # [B]
-        self.pending_tokens, self.pending_proposals = {}, {}  # rows no longer decoding drop out
-        for row, row_id in enumerate(state.row_ids):
-            first = new_root_slot[row]  # carried slots: first + 1 .. S  (index first ..)
-            self.pending_tokens[row_id] = tokens[row, first:]
-            self.pending_proposals[row_id] = recorded[row, first:]
+        # slots after the new root move to the window's front: slot j + shift -> j
+        shift = (result.num_accepted + 1).unsqueeze(1)                                  # [B, 1]
+        source = torch.arange(slots, device=p.device).unsqueeze(0) + shift              # [B, S]
+        carried = source.clamp(max=slots - 1)
+        self.pending_rows = list(state.row_ids)
+        self.pending_tokens = tokens.gather(1, carried)
+        self.pending_proposals = recorded.gather(1, carried.unsqueeze(2).expand(-1, -1, recorded.shape[-1]))
+        self.pending_count = (slots - shift.squeeze(1)).clamp(min=0)
 
     # -- pieces (overridable by tests' broken variants) ------------------------------------------
 
@@ -208,10 +235,8 @@ class JacobiProposer(Proposer):
         if self.variant == "sjd":
             return sample_with_uniform(p, uniforms[..., 0]), p
         keep = uniforms[..., 0] < acceptance_probability(p, old_q, old_tokens)  # [B, S]; float64 u, never 1.0
-        rows, slots = (~keep).nonzero(as_tuple=True)  # the residual only where the old draft fails
-        tokens = old_tokens.clone()
-        tokens[rows, slots] = sample_with_uniform(residual(p[rows, slots], old_q[rows, slots]), uniforms[rows, slots, 1])
-        return tokens, p
+        redrawn = sample_with_uniform(residual(p, old_q), uniforms[..., 1])      # used where the old draft fails
+        return torch.where(keep, old_tokens, redrawn), p
 
     def _extra_candidates(self, q: torch.Tensor, first: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K - 1 more tokens per row without replacement from q, excluding ``first``.
@@ -228,46 +253,63 @@ class JacobiProposer(Proposer):
             exists.append(has_mass)
             weights.scatter_(1, token.unsqueeze(1), 0.0)
         if not picks:
-            return torch.zeros(q.shape[0], 0, dtype=torch.long), torch.zeros(q.shape[0], 0, dtype=torch.bool)
+            return torch.zeros(q.shape[0], 0, dtype=torch.long, device=q.device), torch.zeros(q.shape[0], 0, dtype=torch.bool, device=q.device)
         return torch.stack(picks, dim=1), torch.stack(exists, dim=1)
 
     # -- fresh drafts --------------------------------------------------------------------------
 
+    def _pending(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The pending drafts of ``state``'s rows in its batch order (rows new to the batch have
+        none): tokens [B, S], Q [B, S, V] (zero past the count), count [B]."""
+        batch, vocab, slots, device = state.batch_size, state.vocab_size, self.spine_slots, state.device
+        tokens = torch.zeros(batch, slots, dtype=torch.long, device=device)
+        proposals = torch.zeros(batch, slots, vocab, dtype=state.prob_dtype, device=device)
+        have = torch.zeros(batch, dtype=torch.long, device=device)
+        if self.pending_tokens is None:
+            return tokens, proposals, have
+        if self.pending_rows != state.row_ids:  # rows left or joined: host-side index, no read-back
+            where = {row: i for i, row in enumerate(self.pending_rows)}
+            index = torch.tensor([where.get(row, len(self.pending_rows)) for row in state.row_ids], device=device)
+            pad = lambda t: torch.cat([t, torch.zeros_like(t[:1])])  # noqa: E731  row len(pending_rows): no drafts
+            return pad(self.pending_tokens)[index], pad(self.pending_proposals)[index].to(proposals.dtype), pad(self.pending_count)[index]
+        return self.pending_tokens, self.pending_proposals.to(proposals.dtype), self.pending_count
+
+    def _allowed(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """allowed [V] bool, its ids [A] and the uniform Q over them [V], once per constraint and device."""
+        constraint, device = state.constraint, state.device
+        key = (id(constraint), device, state.prob_dtype)
+        if self._on_device.get("allowed_key") != key:
+            vocab = state.vocab_size
+            allowed = constraint.allowed if constraint is not None and constraint.allowed is not None else torch.ones(vocab, dtype=torch.bool)
+            allowed = allowed.to(device)
+            allowed_ids = allowed.nonzero().flatten()  # once: a read-back
+            self._on_device["allowed_key"] = key
+            self._on_device["allowed"] = (allowed, allowed_ids, allowed.to(state.prob_dtype) / len(allowed_ids))
+        return self._on_device["allowed"]
+
     def _fill_window(self, state: DecodeState, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pending drafts, then fresh ones, for slots 1..S. uniforms: [B, S] -> [B, S], [B, S, V]"""
-        batch, vocab, slots = state.batch_size, state.vocab_size, self.spine_slots
-        tokens = torch.zeros(batch, slots, dtype=torch.long)
-        proposals = torch.zeros(batch, slots, vocab, dtype=state.prob_dtype)  # the precision P and the verifier use
-        have = torch.zeros(batch, dtype=torch.long)
-        for row, row_id in enumerate(state.row_ids):
-            pending = self.pending_tokens.get(row_id)
-            if pending is not None and len(pending):
-                n = min(len(pending), slots)
-                tokens[row, :n] = pending[:n]
-                proposals[row, :n] = self.pending_proposals[row_id][:n]
-                have[row] = n
-        if int(have.min()) == slots:
-            return tokens, proposals
+        batch, vocab, slots, device = state.batch_size, state.vocab_size, self.spine_slots, state.device
+        pending_tokens, pending_q, have = self._pending(state)
+        fresh = have.unsqueeze(1) <= torch.arange(slots, device=device)                   # [B, S]
+        tokens = torch.where(fresh, 0, pending_tokens)
+        proposals = pending_q.masked_fill(fresh.unsqueeze(2), 0.0)  # the precision P and the verifier use
 
         constraint = state.constraint
-        allowed = constraint.allowed if constraint is not None and constraint.allowed is not None else torch.ones(vocab, dtype=torch.bool)
-        allowed_ids = allowed.nonzero().flatten()
-        uniform_q = allowed.to(proposals.dtype) / len(allowed_ids)
-        lengths = torch.tensor([len(g) for g in state.generated])                  # [B]
-        gen_index = lengths.unsqueeze(1) - 1 + torch.arange(1, slots + 1).unsqueeze(0)   # [B, S]
+        allowed, allowed_ids, uniform_q = self._allowed(state)
+        lengths = torch.tensor([len(g) for g in state.generated], device=device)          # [B]
+        gen_index = lengths.unsqueeze(1) - 1 + torch.arange(1, slots + 1, device=device).unsqueeze(0)   # [B, S]
         forced = None
         if constraint is not None and constraint.forced is not None:
-            forced = constraint.forced(gen_index).cpu()
+            forced = constraint.forced(gen_index).to(device)
         offset = {"left": 1, "above": self.grid_width or 0}.get(self.init, 0)
         # a uniform allowed id: the floor(u * n)-th of the n allowed ids
         random_tokens = allowed_ids[(uniforms * len(allowed_ids)).long().clamp(max=len(allowed_ids) - 1)]  # [B, S]
-        fresh = have.unsqueeze(1) <= torch.arange(slots)                                  # [B, S]
         is_forced = fresh & (forced >= 0) if forced is not None else torch.zeros_like(fresh)
         window = torch.where(is_forced, forced, tokens) if forced is not None else tokens   # [B, S]
         if not offset:  # no slot copies another: every fresh slot at once
             tokens = torch.where(fresh & ~is_forced, random_tokens, window)
-            _set_fresh_proposals(proposals, tokens, is_forced, fresh & ~is_forced, uniform_q)
-            return tokens, proposals
+            return tokens, _set_fresh_proposals(proposals, tokens, is_forced, fresh & ~is_forced, uniform_q)
         # Spatial priors: slot s copies the token `offset` places before it: committed token
         # L - offset + s while s < offset, else window slot s - offset. A copy that is not an allowed
         # id falls back to the random draw. On the sequence [last `offset` committed | window], index
@@ -275,40 +317,35 @@ class JacobiProposer(Proposer):
         # the token of the last *source* on its chain: a committed token, a pending or forced draft,
         # or a fallback. A fallback follows a committed / pending / forced token that is not allowed
         # (or missing); copies and fallbacks are allowed ids, so nothing else falls back.
-        tail = torch.zeros(batch, offset, dtype=torch.long)     # the last `offset` committed tokens,
-        tail_valid = torch.zeros(batch, offset, dtype=torch.bool)  # right-aligned
-        for row, generated in enumerate(state.generated):
-            recent = generated[-offset:]
-            if recent:
-                tail[row, offset - len(recent) :] = torch.tensor(recent)
-                tail_valid[row, offset - len(recent) :] = True
+        # the last `offset` committed tokens, right-aligned (-1: none), in one host-to-device copy
+        recent = [[-1] * (offset - len(generated[-offset:])) + generated[-offset:] for generated in state.generated]
+        tail = torch.tensor(recent, dtype=torch.long, device=device)
+        tail_valid = tail >= 0
+        tail = tail.clamp(min=0)
         fixed = ~fresh | is_forced                                                          # [B, S]
         # slot s copies sequence index s: a tail token, or window slot s - offset
-        copied_fixed = torch.cat([torch.ones(batch, offset, dtype=torch.bool), fixed], dim=1)[:, :slots]
+        copied_fixed = torch.cat([torch.ones(batch, offset, dtype=torch.bool, device=device), fixed], dim=1)[:, :slots]
         copied_ok = torch.cat([tail_valid & allowed[tail], allowed[window]], dim=1)[:, :slots]
         fallback = fresh & ~is_forced & copied_fixed & ~copied_ok                           # [B, S]
         window = torch.where(fallback, random_tokens, window)
         # forward fill along each chain: sequence index i = step * offset + residue
         steps = -(-(offset + slots) // offset)
         pad = steps * offset - offset - slots
-        sequence = torch.cat([tail, window, torch.zeros(batch, pad, dtype=torch.long)], dim=1).view(batch, steps, offset)
+        sequence = torch.cat([tail, window, torch.zeros(batch, pad, dtype=torch.long, device=device)], dim=1).view(batch, steps, offset)
         source = torch.cat(
-            [torch.ones(batch, offset, dtype=torch.bool), fixed | fallback, torch.zeros(batch, pad, dtype=torch.bool)], dim=1
+            [torch.ones(batch, offset, dtype=torch.bool, device=device), fixed | fallback, torch.zeros(batch, pad, dtype=torch.bool, device=device)], dim=1
         ).view(batch, steps, offset)
-        step = torch.arange(steps).view(1, steps, 1)
+        step = torch.arange(steps, device=device).view(1, steps, 1)
         last_source = torch.where(source, step, -1).cummax(dim=1).values                   # >= 0: step 0 is the tail
         filled = sequence.gather(1, last_source).view(batch, -1)[:, offset : offset + slots]
         tokens = torch.where(fresh, filled, tokens)
-        _set_fresh_proposals(proposals, tokens, fresh & ~fallback, fresh & fallback, uniform_q)  # copies, forced: one-hot
-        return tokens, proposals
+        return tokens, _set_fresh_proposals(proposals, tokens, fresh & ~fallback, fresh & fallback, uniform_q)  # copies, forced: one-hot
 
 
 def _set_fresh_proposals(
     proposals: torch.Tensor, tokens: torch.Tensor, one_hot: torch.Tensor, uniform: torch.Tensor, uniform_q: torch.Tensor
-) -> None:
-    """Q of fresh slots, in place in ``proposals`` ([B, S, V], zero at those slots): one-hot at the
-    slot's token where ``one_hot`` ([B, S]), ``uniform_q`` ([V]) where ``uniform``. A one-hot Q is one
-    write per slot, not a vocabulary-wide row."""
-    rows, slots = one_hot.nonzero(as_tuple=True)
-    proposals[rows, slots, tokens[rows, slots]] = 1.0
-    proposals[uniform] = uniform_q
+) -> torch.Tensor:
+    """Q of fresh slots in ``proposals`` ([B, S, V], zero at those slots): one-hot at the slot's
+    token where ``one_hot`` ([B, S]), ``uniform_q`` ([V]) where ``uniform``."""
+    proposals = proposals.scatter_add(2, tokens.unsqueeze(2), one_hot.unsqueeze(2).to(proposals.dtype))
+    return torch.where(uniform.unsqueeze(2), uniform_q.to(proposals.dtype), proposals)

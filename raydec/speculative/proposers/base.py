@@ -4,7 +4,8 @@ Like Hugging Face's ``CandidateGenerator`` (``get_candidates`` / ``update_candid
 ``propose`` returns a ``DraftTree`` for the active rows; ``observe`` receives the target's
 processed distributions over that tree and the verification result. A proposer keeps its
 per-row state keyed by the row's id (rows leave the batch when they finish) and draws random
-numbers only from the row's own generator, a row-determined number of times.
+numbers only from ``state.random`` (counter-based per row: seed, step, its own stream), so
+a row's drafts never depend on the other rows.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from raydec.spec.sampling import VocabConstraint
-from raydec.spec.tree import DraftTree
+from raydec.speculative.random import RowRandom
+from raydec.speculative.sampling import VocabConstraint
+from raydec.speculative.tree import DraftTree
 
 if TYPE_CHECKING:
-    from raydec.models.base import ForwardOutput
-    from raydec.spec.verify import VerifyResult
+    from raydec.speculative.target import ForwardOutput
+    from raydec.speculative.verify import VerifyResult
 
 
 @dataclass
@@ -45,12 +47,12 @@ class DecodeState:
 
     row_ids:    original indices of the active rows
     generated:  per active row, the committed output tokens so far (last one = the root)
-    generators: per active row, its random stream
+    random:     the active rows' counter-based streams at this step (on the target's device)
     """
 
     row_ids: list[int]
     generated: list[list[int]]
-    generators: list[torch.Generator]
+    random: RowRandom
     vocab_size: int
     constraint: VocabConstraint | None
     prob_dtype: torch.dtype
@@ -59,9 +61,13 @@ class DecodeState:
     def batch_size(self) -> int:
         return len(self.row_ids)
 
+    @property
+    def device(self) -> torch.device:
+        return self.random.seeds.device
+
     def roots(self) -> torch.Tensor:
-        """[B] last committed token of every active row."""
-        return torch.tensor([tokens[-1] for tokens in self.generated], dtype=torch.long)
+        """[B] last committed token of every active row (host lists -> the device)."""
+        return torch.tensor([tokens[-1] for tokens in self.generated], dtype=torch.long, device=self.device)
 
 
 class Proposer(ABC):
@@ -96,4 +102,5 @@ class Proposer(ABC):
         result: "VerifyResult",
         output: "ForwardOutput",
     ) -> None:
-        """After verification. target_probs: [B, N, V]; ``state.generated`` already holds the commit."""
+        """After verification. target_probs: [B, N, V]; ``state.generated`` already holds the commit;
+        ``result.accepted_counts`` holds each row's accepted draft count on the host."""

@@ -82,6 +82,10 @@ class DraftTree:
     proposal_index:      [B, N] long   index into proposal_probs, -1 = deterministic / none
     without_replacement: [B, N] bool   drawn from its q after removing earlier siblings' tokens
     proposal_probs:      [B, Q, V]     dense proposals (Q may be 0)
+
+    Host-side facts a proposer knows from its layout (None: derived, reading the tensors back):
+    max_children:        most children any node has (the verifier's passes over sibling ranks)
+    any_without_replacement: some node is marked ``without_replacement``
     """
 
     tokens: torch.Tensor
@@ -90,6 +94,8 @@ class DraftTree:
     proposal_index: torch.Tensor
     without_replacement: torch.Tensor
     proposal_probs: torch.Tensor
+    max_children: int | None = None
+    any_without_replacement: bool | None = None
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # derived masks
 
     @property
@@ -103,12 +109,19 @@ class DraftTree:
     def node_counts(self) -> list[int]:
         return self.valid.sum(dim=1).tolist()
 
-    def index_extent(self) -> list[int]:
-        """Per row, 1 + the highest valid node index (a row's own layout; holes included)."""
-        if bool(self.valid.all()):
-            return [self.num_nodes] * self.batch_size
-        index = torch.arange(self.num_nodes).expand_as(self.valid)
-        return (torch.where(self.valid, index, torch.zeros_like(index)).max(dim=1).values + 1).tolist()
+    def children_bound(self) -> int:
+        """Most children of any node (``max_children``, or counted: a read-back)."""
+        if self.max_children is None:
+            is_child = self.valid & (self.parents >= 0)
+            counts = torch.zeros_like(self.parents).scatter_add_(1, self.parents.clamp(min=0), is_child.long())
+            self.max_children = int(counts.max()) if counts.numel() else 0
+        return self.max_children
+
+    def without_replacement_anywhere(self) -> bool:
+        """Some real draft is marked ``without_replacement`` (given, or read back)."""
+        if self.any_without_replacement is None:
+            self.any_without_replacement = bool((self.without_replacement & self.valid & (self.parents >= 0)).any())
+        return self.any_without_replacement
 
     @classmethod
     def stack(cls, builders: Sequence[TreeBuilder], vocab_size: int, dtype: torch.dtype = torch.float32) -> "DraftTree":
@@ -131,35 +144,38 @@ class DraftTree:
             without_replacement[row, :n] = torch.tensor(builder.without_replacement)
             if builder.proposals:
                 proposal_probs[row, : len(builder.proposals)] = torch.stack(builder.proposals).to(dtype)
-        return cls(tokens, parents, valid, proposal_index, without_replacement, proposal_probs)
+        children = [max([b.parents[1:].count(n) for n in range(b.num_nodes)], default=0) for b in builders]
+        marked = any(any(b.without_replacement[1:]) for b in builders)
+        return cls(tokens, parents, valid, proposal_index, without_replacement, proposal_probs, max(children, default=0), marked)
 
     @classmethod
     def roots_only(cls, roots: torch.Tensor, vocab_size: int, dtype: torch.dtype = torch.float32) -> "DraftTree":
         """The empty proposal (plain AR): one root node per row. roots: [B]."""
-        batch = roots.shape[0]
-        return cls(
+        batch, device = roots.shape[0], roots.device
+        tree = cls(
             tokens=roots.view(batch, 1).long(),
-            parents=torch.full((batch, 1), -1, dtype=torch.long),
-            valid=torch.ones(batch, 1, dtype=torch.bool),
-            proposal_index=torch.full((batch, 1), DETERMINISTIC, dtype=torch.long),
-            without_replacement=torch.zeros(batch, 1, dtype=torch.bool),
-            proposal_probs=torch.zeros(batch, 0, vocab_size, dtype=dtype),
+            parents=torch.full((batch, 1), -1, dtype=torch.long, device=device),
+            valid=torch.ones(batch, 1, dtype=torch.bool, device=device),
+            proposal_index=torch.full((batch, 1), DETERMINISTIC, dtype=torch.long, device=device),
+            without_replacement=torch.zeros(batch, 1, dtype=torch.bool, device=device),
+            proposal_probs=torch.zeros(batch, 0, vocab_size, dtype=dtype, device=device),
+            max_children=0,
+            any_without_replacement=False,
         )
+        zero = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        return tree.with_structure(zero, torch.ones(batch, 1, 1, dtype=torch.bool, device=device), chain=True)
 
     def is_chain(self) -> bool:
-        """Every real node i >= 1 hangs under node i - 1 (padding only at the end)."""
+        """Every real node i >= 1 hangs under node i - 1 (padding only at the end). Reads back."""
         if "chain" not in self._memo:
-            expected = torch.arange(-1, self.num_nodes - 1).expand_as(self.parents)
+            expected = torch.arange(-1, self.num_nodes - 1, device=self.parents.device).expand_as(self.parents)
             self._memo["chain"] = bool(((self.parents == expected) | ~self.valid).all())
         return self._memo["chain"]
 
     def depth(self) -> torch.Tensor:
         """[B, N] long: root 0, child = parent + 1; padding 0."""
         if "depth" not in self._memo:
-            if self.is_chain():
-                self._memo["depth"] = torch.arange(self.num_nodes).expand_as(self.parents) * self.valid
-            else:
-                self._memo["depth"] = (self.ancestor_mask().sum(dim=2) - 1) * self.valid
+            self._memo["depth"] = (self.ancestor_mask().sum(dim=2) - 1) * self.valid
         return self._memo["depth"]
 
     def ancestor_mask(self) -> torch.Tensor:
@@ -167,23 +183,16 @@ class DraftTree:
         if "ancestors" in self._memo:
             return self._memo["ancestors"]
         batch, width = self.tokens.shape
-        eye = identity_mask(width)
-        if self.is_chain():  # causal over real nodes, padding sees itself
-            causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
-            both = self.valid.unsqueeze(1) & self.valid.unsqueeze(2)
-            mask = (causal & both) | eye
-        else:
-            # walk every node's parent pointers up to the root (the root and padding point at themselves)
-            index = torch.arange(width).expand(batch, width)
-            parent_of = torch.where((self.parents >= 0) & self.valid, self.parents, index)  # [B, N]
-            mask = eye.expand(batch, width, width).clone()
-            up = parent_of
-            for _ in range(width - 1):  # a path has at most N - 1 edges
-                mask.scatter_(2, up.unsqueeze(2), True)
-                higher = parent_of.gather(1, up)
-                if torch.equal(higher, up):
-                    break
-                up = higher
+        device = self.tokens.device
+        eye = identity_mask(width).to(device)
+        # reach within 1 edge (self or parent), squared until it spans the longest path (N - 1 edges)
+        is_child = (self.parents >= 0) & self.valid
+        reach = eye.expand(batch, width, width).clone()
+        reach.scatter_(2, torch.where(is_child, self.parents, torch.arange(width, device=device)).unsqueeze(2), True)
+        reach = reach.float()
+        for _ in range(max(0, (width - 1).bit_length())):
+            reach = (torch.bmm(reach, reach) > 0).float()
+        mask = reach > 0
         self._memo["ancestors"] = mask
         return mask
 
@@ -195,6 +204,18 @@ class DraftTree:
         if chain is not None:
             self._memo["chain"] = chain
         return self
+
+    def to(self, device: torch.device | str) -> "DraftTree":
+        """The tree on ``device`` (itself if it is there already); host facts and structure kept."""
+        device = torch.device(device)
+        if self.tokens.device == device:
+            return self
+        moved = DraftTree(
+            self.tokens.to(device), self.parents.to(device), self.valid.to(device), self.proposal_index.to(device),
+            self.without_replacement.to(device), self.proposal_probs.to(device), self.max_children, self.any_without_replacement,
+        )
+        moved._memo = {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in self._memo.items()}
+        return moved
 
     def children_lists(self, row: int) -> list[list[int]]:
         """Per node, its children in sibling order (for the reference law / debugging)."""

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from raydec.config import DraftTreeSpec
-from raydec.spec.cache import RaggedCache
-from raydec.spec.proposers.base import DecodeState, Prefill, Proposer
-from raydec.spec.tree import DraftTree, identity_mask
+from raydec.speculative.cache import RaggedCache
+from raydec.speculative.proposers.base import DecodeState, Prefill, Proposer
+from raydec.speculative.tree import DraftTree, identity_mask
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from raydec.spec.proposers.base import DecodeState, Proposer
-from raydec.spec.tree import DraftTree
+from raydec.speculative.proposers.base import DecodeState, Proposer
+from raydec.speculative.tree import DraftTree
 
 
 class ARProposer(Proposer):

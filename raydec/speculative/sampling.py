@@ -4,14 +4,14 @@ Every acceptance test in raydec runs on this fully processed ``P``: CFG mix of p
 vocabulary constraints and forced tokens, temperature, top-k, top-p. Temperature 0 gives a
 one-hot argmax, so greedy decoding is the same verifier in its deterministic limit.
 
-Randomness: each row owns a ``torch.Generator`` seeded from the row's seed; the number of
-draws a row makes depends only on that row, so its output never depends on the batch.
+Randomness is counter-based per row (``raydec.speculative.random``); sampling here takes the
+uniforms it is given (``sample_with_uniform``), so it runs batched on any device.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 import torch
@@ -33,6 +33,10 @@ class VocabConstraint:
 
     allowed: torch.Tensor | None = None
     forced: ForcedTokenFn | None = None
+
+    def __post_init__(self) -> None:
+        # whether ``allowed`` removes anything, known once on the host (not read back every step)
+        object.__setattr__(self, "restricts", self.allowed is not None and not bool(self.allowed.all()))
 
 
 def mix_cfg(logits: torch.Tensor, num_rows: int, scale: float, space: str = "logits") -> torch.Tensor:
@@ -117,7 +121,7 @@ def process_logits(
             raise ValueError("sampling.repetition_penalty needs the context tokens of every position")
         scores = apply_repetition_penalty(scores, context, config.repetition_penalty)
 
-    if constraint is not None and constraint.allowed is not None and not bool(constraint.allowed.all()):
+    if constraint is not None and constraint.restricts:
         scores = scores.masked_fill(~constraint.allowed.to(scores.device), float("-inf"))
     forced = None
     if constraint is not None and constraint.forced is not None and gen_index is not None:
@@ -133,41 +137,14 @@ def process_logits(
         scores = _apply_top_p(scores, config.top_p)
         probs = torch.softmax(scores, dim=-1)
 
-    if forced is not None:
-        is_forced = forced >= 0
-        if bool(is_forced.any()):
-            one_hot = torch.zeros_like(probs)
-            one_hot.scatter_(-1, forced.clamp(min=0).unsqueeze(-1), 1.0)
-            probs = torch.where(is_forced.unsqueeze(-1), one_hot, probs)
+    if forced is not None:  # a forced position's P is one-hot at its token
+        is_forced = (forced >= 0).unsqueeze(-1)
+        probs = probs.masked_fill(is_forced, 0.0).scatter_add(-1, forced.clamp(min=0).unsqueeze(-1), is_forced.to(probs.dtype))
     return probs
 
 
 # ---------------------------------------------------------------------------------------------
-# Per-row random streams
-
-
-def row_generators(seeds: Sequence[int], device: str | torch.device = "cpu") -> list[torch.Generator]:
-    """One independent generator per row, seeded from the row's own seed."""
-    generators = []
-    for seed in seeds:
-        generator = torch.Generator(device=device)
-        generator.manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
-        generators.append(generator)
-    return generators
-
-
-def draw_uniforms(
-    generators: Sequence[torch.Generator], counts: Sequence[int], dtype: torch.dtype = torch.float64
-) -> torch.Tensor:
-    """Row r draws ``counts[r]`` uniforms from its own stream -> [B, max(counts)] (padding = 0.5)."""
-    width = max(counts) if len(counts) else 0
-    if len(counts) == 1 and width:
-        return torch.rand(width, generator=generators[0], dtype=dtype).unsqueeze(0)
-    out = torch.full((len(counts), width), 0.5, dtype=dtype)
-    for row, (generator, count) in enumerate(zip(generators, counts)):
-        if count:
-            out[row, :count] = torch.rand(count, generator=generator, dtype=dtype)
-    return out
+# Sampling with given uniforms
 
 
 def sample_with_uniform(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
@@ -183,9 +160,3 @@ def sample_with_uniform(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Ten
     # the cumulative mass never decreases: the count of entries below the threshold is a binary search
     index = torch.searchsorted(cumulative, threshold.unsqueeze(-1).contiguous()).squeeze(-1)
     return index.clamp(max=probs.shape[-1] - 1)
-
-
-def sample_rows(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
-    """One sample per row from its own generator. probs: [B, V] -> [B]."""
-    uniforms = draw_uniforms(generators, [1] * len(generators), dtype=torch.float64)[:, 0]
-    return sample_with_uniform(probs, uniforms)

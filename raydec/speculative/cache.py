@@ -3,8 +3,11 @@
 One Hugging Face ``DynamicCache`` holds ``[M, H, S, D]`` keys/values for all model rows; all
 rows share the physical length ``S``. On top of it we keep, per row,
 
-    valid:         [M, S] bool  slot s holds a committed token of this row
-    next_position: [M]    long  position id of the row's next token
+    valid:         [M, S] bool  slot s holds a committed token of this row   (on the model's device)
+    next_position: [M]    long  position id of the row's next token          (on the model's device)
+    lengths:       M ints       valid slots per row, on the host (from the counts the engine
+                                reads back each step), so trimming and compaction never read
+                                the device
 
 Each step the window (a draft tree) is appended for every row; after verification a row keeps
 only its root and accepted nodes, the other slots become *holes*. Attention masks hide holes,
@@ -23,10 +26,13 @@ from transformers import DynamicCache
 class RaggedCache:
     """Valid-slot bookkeeping over an HF ``DynamicCache`` (see module docstring)."""
 
-    def __init__(self, num_rows: int, compaction: Literal["auto", "always", "never"] = "auto") -> None:
+    def __init__(self, num_rows: int, compaction: Literal["auto", "always", "never"] = "auto", device: torch.device | str = "cpu") -> None:
         self.kv = DynamicCache()
-        self.valid = torch.zeros(num_rows, 0, dtype=torch.bool)  # [M, S]
-        self.next_position = torch.zeros(num_rows, dtype=torch.long)  # [M]
+        self.device = torch.device(device)
+        self.valid = torch.zeros(num_rows, 0, dtype=torch.bool, device=self.device)  # [M, S]
+        self.next_position = torch.zeros(num_rows, dtype=torch.long, device=self.device)  # [M]
+        self.lengths: list[int] = [0] * num_rows
+        self.max_next_position = 0  # the largest next position id of any row (host)
         self.compaction = compaction
 
     # -- shape ---------------------------------------------------------------------------------
@@ -54,39 +60,54 @@ class RaggedCache:
         """
         rows, width, _ = window_mask.shape
         prefix = self.valid.unsqueeze(1).expand(rows, width, self.length)  # [M, N, S]
-        allowed = torch.cat([prefix, window_mask], dim=2)
-        mask = torch.zeros(allowed.shape, dtype=dtype)
+        allowed = torch.cat([prefix, window_mask.to(self.device)], dim=2)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
         return mask.unsqueeze(1)
 
     def window_positions(self, depth: torch.Tensor) -> torch.Tensor:
         """Position ids of the window nodes: next position + depth. depth: [M, N] -> [M, N]"""
-        return self.next_position.unsqueeze(1) + depth
+        return self.next_position.unsqueeze(1) + depth.to(self.device)
 
     # -- updates -------------------------------------------------------------------------------
 
     def start(self, valid: torch.Tensor, next_position: torch.Tensor) -> None:
-        """After the prefill forward: which prompt slots are real ([M, S]) and next positions ([M])."""
-        self.valid = valid.clone()
-        self.next_position = next_position.clone().long()
+        """After the prefill forward: which prompt slots are real ([M, S]) and next positions ([M]),
+        both as the host built them."""
+        self.lengths = valid.sum(dim=1).tolist()
+        self.max_next_position = int(next_position.max()) if next_position.numel() else 0
+        self.valid = valid.to(self.device, copy=True)
+        self.next_position = next_position.to(self.device, torch.long, copy=True)
         self._check_physical_length()
 
-    def commit(self, keep: torch.Tensor) -> None:
+    def commit(self, keep: torch.Tensor, kept: list[int] | None = None, last_kept: int | None = None) -> None:
         """The last N slots were just appended by a window forward; keep the marked ones.
 
         keep: [M, N] bool (root and accepted nodes). Kept nodes lie on one root-to-node path,
-        so the row's next position advances by their count.
+        so the row's next position advances by their count. kept: that count per row and
+        last_kept: the highest kept window slot of any row, as the host knows them (None: read
+        back from ``keep``).
         """
-        self.valid = torch.cat([self.valid, keep], dim=1)
-        self.next_position = self.next_position + keep.sum(dim=1)
+        if kept is None:
+            kept = keep.sum(dim=1).tolist()
+        if last_kept is None:
+            used = keep.any(dim=0).nonzero()
+            last_kept = int(used.max()) if used.numel() else -1
+        self.valid = torch.cat([self.valid, keep.to(self.device)], dim=1)
+        self.next_position = self.next_position + keep.to(self.device).sum(dim=1)
+        self.lengths = [have + new for have, new in zip(self.lengths, kept)]
+        self.max_next_position += max(kept, default=0)  # an upper bound once rows differ
         self._check_physical_length()
-        self._trim_tail()
+        self._trim_tail(keep.shape[1] - 1 - last_kept)
         if self._should_compact():
             self.compact()
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only the given model rows (finished rows leave the batch). rows: [M'] long."""
-        self.kv.batch_select_indices(rows)
+        self.kv.batch_select_indices(rows.to(self.device))
+        host_rows = rows.tolist() if rows.device.type == "cpu" else rows.cpu().tolist()  # built on the host by the caller
+        self.lengths = [self.lengths[r] for r in host_rows]
+        rows = rows.to(self.device)
         self.valid = self.valid[rows]
         self.next_position = self.next_position[rows]
 
@@ -108,14 +129,17 @@ class RaggedCache:
         for mine, theirs in zip(self.kv.layers, other.kv.layers):
             mine.keys, mine.values = join(mine.keys, theirs.keys, 2), join(mine.values, theirs.values, 2)
         self.valid = join(self.valid, other.valid, 1)
-        self.next_position = torch.cat([part for pair in zip(self.next_position.chunk(blocks), other.next_position.chunk(blocks)) for part in pair])
+        other_position = other.next_position.to(self.device)
+        self.next_position = torch.cat([part for pair in zip(self.next_position.chunk(blocks), other_position.chunk(blocks)) for part in pair])
+        size, other_size = len(self.lengths) // blocks, len(other.lengths) // blocks
+        self.lengths = [n for k in range(blocks) for n in self.lengths[k * size : (k + 1) * size] + other.lengths[k * other_size : (k + 1) * other_size]]
+        self.max_next_position = max(self.max_next_position, other.max_next_position)
         self._check_physical_length()
 
     def compact(self) -> None:
         """Gather every row's valid slots to the left (stable order) and crop the tail."""
-        counts = self.committed_lengths()
-        width = int(counts.max()) if self.num_rows else 0
-        if width == self.length and bool(self.valid.all()):
+        width = max(self.lengths, default=0)
+        if width == self.length and min(self.lengths, default=width) == width:
             return
         order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :width]  # [M, width]
         for layer in self.kv.layers:
@@ -136,23 +160,18 @@ class RaggedCache:
         if len(self.kv.layers) and physical != self.length:
             raise RuntimeError(f"KV cache has {physical} slots but the valid mask tracks {self.length}")
 
-    def _trim_tail(self) -> None:
-        """Crop trailing slots that no row uses (cheap: no copy)."""
-        used = self.valid.any(dim=0)
-        if bool(used.all()):
-            return
-        last_used = int(used.nonzero().max()) + 1 if bool(used.any()) else 0
-        drop = self.length - last_used
+    def _trim_tail(self, drop: int) -> None:
+        """Crop the ``drop`` trailing slots that no row uses (cheap: no copy)."""
         if drop > 0:
             if len(self.kv.layers):
                 self.kv.crop(-drop)
-            self.valid = self.valid[:, :last_used]
+            self.valid = self.valid[:, : self.length - drop]
 
     def _should_compact(self) -> bool:
         if self.compaction == "never" or self.length == 0:
             return False
         if self.compaction == "always":
             return True
-        removable = self.length - int(self.committed_lengths().max())
+        removable = self.length - max(self.lengths, default=0)
         # auto: copy the cache only once the columns it frees are a real share of attention
         return removable > max(32, self.length // 4)

@@ -14,9 +14,10 @@ from typing import Literal
 import torch
 
 from raydec.config import DraftSpec
-from raydec.spec.proposers.base import DecodeState, Proposer
-from raydec.spec.sampling import sample_with_uniform
-from raydec.spec.tree import DETERMINISTIC, DraftTree, TreeBuilder
+from raydec.speculative import random as streams
+from raydec.speculative.proposers.base import DecodeState, Proposer
+from raydec.speculative.sampling import sample_with_uniform
+from raydec.speculative.tree import DETERMINISTIC, DraftTree, TreeBuilder
 
 
 def tree_shape(branching: int, depth: int, window: int) -> tuple[list[int], list[int], list[int]]:
@@ -54,7 +55,7 @@ class RandomTreeProposer(Proposer):
                        group), reported as that q
           "onehot"  -> tokens uniform over allowed ids, reported as deterministic
     sharpness: scale of the random logits behind q (higher = more concentrated q)
-    Each row draws ``groups * V`` normals and ``nodes - 1`` uniforms from its own generator.
+    Each row draws ``groups * V`` normals and ``nodes - 1`` uniforms from its own streams.
     """
 
     def __init__(self, draft: DraftSpec, mode: Literal["dense", "onehot"] = "dense", sharpness: float = 2.0) -> None:
@@ -69,12 +70,15 @@ class RandomTreeProposer(Proposer):
         # siblings sharing a group were drawn without replacement (chain nodes are alone)
         siblings = (self.parents.unsqueeze(0) == self.parents.unsqueeze(1)).sum(dim=1)
         self.without_replacement = (self.groups >= 0) & (siblings > 1)
+        self.rank_nodes = [((self.ranks == rank) & (self.groups >= 0)).nonzero().flatten() for rank in range(self.branching)]
+        children = torch.zeros(len(parents), dtype=torch.long).scatter_add_(0, self.parents[1:], torch.ones(len(parents) - 1, dtype=torch.long))
+        self.max_children = int(children.max()) if len(parents) > 1 else 0
 
     def propose(self, state: DecodeState) -> DraftTree:
         batch, vocab, width = state.batch_size, state.vocab_size, len(self.parents)
         dtype = torch.float64
-        normals = torch.stack([torch.randn(self.num_groups, vocab, generator=g, dtype=dtype) for g in state.generators])
-        uniforms = torch.stack([torch.rand(width - 1, generator=g, dtype=dtype) for g in state.generators])
+        normals = state.random.normals(streams.RANDOM_TREE, self.num_groups * vocab).view(batch, self.num_groups, vocab)
+        uniforms = state.random.uniforms(streams.RANDOM_TREE_PICK, width - 1)
         logits = normals * self.sharpness  # [B, G, V]
         if state.constraint is not None and state.constraint.allowed is not None:
             logits = logits.masked_fill(~state.constraint.allowed, float("-inf"))
@@ -91,8 +95,7 @@ class RandomTreeProposer(Proposer):
             proposal_probs = torch.zeros(batch, 0, vocab, dtype=state.prob_dtype)
         else:
             picked = torch.zeros(batch, self.num_groups, vocab, dtype=torch.bool)
-            for rank in range(self.branching):
-                nodes = ((self.ranks == rank) & (self.groups >= 0)).nonzero().flatten()
+            for nodes in self.rank_nodes:
                 groups = self.groups[nodes]
                 weights = q[:, groups].masked_fill(picked[:, groups], 0.0)  # [B, n, V]
                 chosen = sample_with_uniform(weights, uniforms[:, nodes - 1])  # [B, n]
@@ -108,6 +111,8 @@ class RandomTreeProposer(Proposer):
             proposal_index=proposal_index,
             without_replacement=without_replacement.clone(),
             proposal_probs=proposal_probs,
+            max_children=self.max_children,
+            any_without_replacement=self.mode == "dense" and bool(self.without_replacement.any()),
         )
 
 

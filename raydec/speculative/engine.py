@@ -1,0 +1,462 @@
+"""The decoding loop shared by every method.
+
+    prefill -> x_1 ~ P_0
+    repeat: tree = propose()                       # rooted at each row's last token
+            P = process(target.forward(tree))      # one forward, tree mask, ragged cache
+            result = verify(tree, P)               # lossless, per row
+            commit(result); proposer.observe(...)  # keep accepted KV, drop the rest
+
+Rows are logical requests. Under CFG each row owns two model rows (conditional first, then
+unconditional) that share one window and one acceptance decision. Rows accept different
+numbers of tokens; finished rows leave the batch. A ``DecodeSession`` takes requests while it
+runs (continuous batching): queued requests take the places of finished or cancelled rows;
+their prefill runs on its own and its cache joins the batch's, so a drafted batch stays full
+instead of draining to its slowest row. ``Engine.generate`` is a loop over a session.
+
+Where a step's work runs: on the target's device. P stays there; the verifier returns
+tensors; one read-back per step brings the committed tokens and counts to the host
+(``_read_commit``), where length caps, stop tokens and statistics are applied to Python ints.
+Randomness is counter-based (``raydec.speculative.random``): a row's numbers depend on its
+seed and step only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from raydec.config import DecodeConfig
+from raydec.speculative import random as streams
+from raydec.speculative.cache import RaggedCache
+from raydec.speculative.proposers.base import DecodeState, Prefill, Proposer
+from raydec.speculative.random import RowRandom
+from raydec.speculative.sampling import VocabConstraint, process_logits, sample_with_uniform
+from raydec.speculative.target import DecodingTarget, ForwardOutput, PromptInputs, stack_prompts
+from raydec.speculative.tree import DraftTree, identity_mask
+from raydec.speculative.verify import VerifyResult, verify_tree
+
+logger = logging.getLogger(__name__)
+
+# (tree, P [B, N, V], uniforms [B, N] float64) -> the verification, on P's device
+Verifier = Callable[[DraftTree, torch.Tensor, torch.Tensor], VerifyResult]
+
+
+@dataclass
+class RowRequest:
+    """One generation request: an adapter-specific prompt, a seed, an optional length cap."""
+
+    prompt: Any
+    seed: int
+    max_new_tokens: int | None = None
+
+
+@dataclass
+class RowStats:
+    """Per-row decoding statistics. ``target_forwards`` includes the prefill."""
+
+    target_forwards: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)  # tokens committed per decode forward
+    wall_time_s: float = 0.0
+    finish_reason: str = ""
+
+    @property
+    def tokens_per_forward(self) -> float:
+        tokens = 1 + sum(self.accepted_lengths)
+        return tokens / max(1, self.target_forwards)
+
+
+@dataclass
+class RowOutput:
+    tokens: list[int]
+    stats: RowStats
+
+
+@dataclass
+class _Row:
+    """One submitted request's state in a session (host side)."""
+
+    request: RowRequest
+    limit: int
+    stats: RowStats = field(default_factory=RowStats)
+    generated: list[int] = field(default_factory=list)
+    admitted_at: float = 0.0  # perf_counter when the row was prefilled (its latency starts)
+    context_ids: torch.Tensor | None = None  # prompt token ids (repetition penalty)
+    cancelled: bool = False
+    done: bool = False
+
+
+def _left_pad(prompts: Sequence[PromptInputs], target: DecodingTarget) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-pad per-row prefixes into one prefill window.
+
+    returns inputs_embeds [M, L, H], position_ids [M, L] (or [P, M, L]), valid [M, L] bool,
+    next_position [M], image_index [M, L] (-1 = text or padding)
+    """
+    rows, width = len(prompts), max(p.length for p in prompts)
+    lengths = torch.tensor([p.length for p in prompts])
+    valid = torch.arange(width).unsqueeze(0) >= (width - lengths).unsqueeze(1)  # [M, L]
+    if prompts[0].input_ids is not None:
+        ids = torch.zeros(rows, width, dtype=torch.long)
+        ids[valid] = torch.cat([p.input_ids.long() for p in prompts])
+        embeds = target.embed_prompt_tokens(ids)
+    else:
+        first = prompts[0].inputs_embeds
+        embeds = torch.zeros(rows, width, first.shape[-1], dtype=target.dtype, device=target.device)
+        embeds[valid.to(embeds.device)] = torch.cat([p.inputs_embeds.to(embeds) for p in prompts])
+    if all(p.position_ids is None for p in prompts):
+        position_ids = (torch.arange(width).unsqueeze(0) - (width - lengths).unsqueeze(1)).clamp(min=0)
+    else:
+        positions = []
+        for p in prompts:
+            pos = p.position_ids if p.position_ids is not None else torch.arange(p.length)
+            pad = torch.zeros(*pos.shape[:-1], width - p.length, dtype=torch.long)
+            positions.append(torch.cat([pad, pos.long()], dim=-1))
+        position_ids = torch.stack(positions, dim=-2)  # [M, L] or [P, M, L]
+    next_position = torch.tensor([p.next_position if p.next_position is not None else p.length for p in prompts])
+    image_index = torch.full((rows, width), -1, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if p.image_index is not None:
+            image_index[i, width - p.length :] = p.image_index
+    return embeds, position_ids, valid, next_position, image_index
+
+
+def _prefill_mask(valid: torch.Tensor) -> torch.Tensor:
+    """[M, L] valid -> [M, L, L] bool: causal over real tokens; padding sees only itself."""
+    width = valid.shape[1]
+    causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
+    allowed = causal.unsqueeze(0) & valid.unsqueeze(1)
+    return allowed | identity_mask(width).unsqueeze(0)
+
+
+class Engine:
+    """Decode rows with one target, one proposer and the shared verifier."""
+
+    def __init__(
+        self,
+        target: DecodingTarget,
+        proposer: Proposer,
+        config: DecodeConfig,
+        constraint: VocabConstraint | None = None,
+        eos_token_ids: Sequence[int] = (),
+        verifier: Verifier = verify_tree,
+        max_positions: int | None = None,
+    ) -> None:
+        self.target = target
+        self.proposer = proposer
+        self.config = config
+        self.constraint = constraint
+        self.eos_token_ids = set(int(t) for t in eos_token_ids)
+        self.verifier = verifier
+        self.max_positions = max_positions  # the model's positions: a row stops where they end
+        if config.sampling.repetition_penalty != 1.0 and config.sampling.uses_cfg:
+            raise ValueError(
+                f"sampling.repetition_penalty={config.sampling.repetition_penalty} is not supported with "
+                f"classifier-free guidance (sampling.cfg_scale={config.sampling.cfg_scale})"
+            )
+
+    @property
+    def streams(self) -> int:
+        return 2 if self.config.sampling.uses_cfg else 1
+
+    def session(self, max_batch: int | None = None, on_finish: Callable[[int, RowOutput], None] | None = None) -> "DecodeSession":
+        """A session that takes requests while it runs (see ``DecodeSession``)."""
+        return DecodeSession(self, max_batch, on_finish)
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        requests: Sequence[RowRequest],
+        max_batch: int | None = None,
+        on_finish: Callable[[int, RowOutput], None] | None = None,
+    ) -> list[RowOutput]:
+        """Decode every request to EOS or its length cap: submit them all, step until done.
+
+        max_batch: at most this many rows decode together (None: all). A finished row's place
+        goes to the next queued request (continuous batching) when the proposer can admit rows
+        mid-run (``Proposer.admits_rows``); otherwise requests run in consecutive batches.
+        on_finish(index, output): called as each request finishes, in finishing order.
+        """
+        session = self.session(max_batch if max_batch is not None else max(1, len(requests)), on_finish)
+        handles = [session.submit(request) for request in requests]
+        while session.busy:
+            session.step()
+        return [session.output(handle) for handle in handles]
+
+
+class DecodeSession:
+    """An engine run that takes requests while it decodes.
+
+        handle = session.submit(request)   # queued; joins the batch between steps
+        finished = session.step()          # admit queued rows, or decode one step
+        session.cancel(handle)             # a queued row never starts; a decoding row leaves
+
+    ``step`` returns the handles that finished in it (EOS, length cap or cancel); their
+    ``output(handle)`` is final. Handles count from 0 in submission order. A session is
+    single-threaded: a Serve replica or a batch worker drives it from one loop.
+    """
+
+    def __init__(self, engine: Engine, max_batch: int | None = None, on_finish: Callable[[int, RowOutput], None] | None = None) -> None:
+        if max_batch is not None and max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.engine = engine
+        self.max_batch = max_batch
+        self.on_finish = on_finish
+        self.rows: list[_Row] = []
+        self.queue: list[int] = []
+        self.active: list[int] = []
+        self.cache: RaggedCache | None = None
+        self.random: RowRandom | None = None  # the active rows' streams, in batch order, on the device
+        self.prob_dtype = torch.float32
+        self.steps = 0  # decode steps run
+
+    # -- the public surface ----------------------------------------------------------------------
+
+    def submit(self, request: RowRequest) -> int:
+        """Queue a request; returns its handle."""
+        handle = len(self.rows)
+        if request.max_new_tokens is not None and request.max_new_tokens < 1:
+            raise ValueError(f"requests[{handle}].max_new_tokens: {request.max_new_tokens} must be >= 1 (None: the config's)")
+        limit = request.max_new_tokens if request.max_new_tokens is not None else self.engine.config.max_new_tokens
+        self.rows.append(_Row(request=request, limit=limit))
+        self.queue.append(handle)
+        return handle
+
+    def cancel(self, handle: int) -> None:
+        """Stop a request: a queued one is dropped, a decoding one leaves the batch before the next step."""
+        row = self.rows[handle]
+        if row.done:
+            return
+        row.cancelled = True
+        if handle in self.queue:
+            self.queue.remove(handle)
+            self._finish(handle, "cancelled")
+
+    @property
+    def busy(self) -> bool:
+        """Rows are decoding or queued."""
+        return bool(self.active or self.queue)
+
+    def output(self, handle: int) -> RowOutput:
+        row = self.rows[handle]
+        return RowOutput(tokens=row.generated, stats=row.stats)
+
+    @torch.inference_mode()
+    def step(self) -> list[int]:
+        """Admit queued rows (their prefill) if there is room, else decode one step of the batch."""
+        finished = self._retire()
+        if not self.busy:
+            return finished
+        max_batch = self.max_batch or max(1, len(self.active) + len(self.queue))
+        room = max_batch - len(self.active)
+        group = max(1, max_batch // 4)  # rows admitted together: one prefill and one cache copy for several
+        if self.queue and room >= min(group, len(self.queue)) and (not self.active or self.engine.proposer.admits_rows):
+            joining, self.queue = self.queue[:room], self.queue[room:]
+            self._admit(joining)
+        else:
+            self._decode_step()
+        return finished + self._retire()
+
+    # -- admission -------------------------------------------------------------------------------
+
+    def _admit(self, handles: list[int]) -> None:
+        """Prefill ``handles``; P_0 gives each its first token. Their cache becomes the batch's,
+        or joins it behind the active rows (model-row order kept: every conditional row, then
+        every unconditional one)."""
+        engine, target = self.engine, self.engine.target
+        now = time.perf_counter()
+        rows = [self.rows[h] for h in handles]
+        prompts = [target.prompt_inputs(row.request.prompt) for row in rows]
+        for handle, row, prompt in zip(handles, rows, prompts):
+            row.admitted_at = now
+            row.context_ids = prompt.token_ids
+            self._fit_positions(handle, row, prompt)
+        if engine.streams == 2:
+            prompts += [target.prompt_inputs(row.request.prompt, unconditional=True) for row in rows]
+        prompts = stack_prompts(prompts)
+        batch = len(handles)
+
+        # prefill: every model row's prefix, left-padded
+        joining = RaggedCache(len(prompts), compaction=engine.config.compaction, device=target.device)
+        embeds, positions, valid, next_position, image_index = _left_pad(prompts, target)
+        mask = joining.attention_mask(_prefill_mask(valid), target.dtype)
+        output = target.forward(embeds, None, positions, mask, joining.kv, want_hidden=engine.proposer.wants_hidden)
+        joining.start(valid, next_position)
+        first_probs = process_logits(
+            output.logits[:, -1:], engine.config.sampling, batch, engine.constraint,
+            torch.zeros(batch, 1, dtype=torch.long, device=output.logits.device), self._context(handles, output.logits.shape[-1]),
+        )[:, 0]  # [B, V]
+        random = RowRandom.for_seeds([row.request.seed for row in rows], device=first_probs.device)
+        first = sample_with_uniform(first_probs, random.uniforms(streams.FIRST_TOKEN, 1)[:, 0]).tolist()  # the prefill's read-back
+        random = random.advanced()
+        for row, token in zip(rows, first):
+            row.generated.append(int(token))
+            row.stats.target_forwards = 1
+
+        state = DecodeState(list(handles), [row.generated for row in rows], random, target.vocab_size, engine.constraint, first_probs.dtype)
+        prefill = Prefill(output, embeds, valid, image_index)
+        if not self.active:  # an empty batch starts afresh
+            engine.proposer.start(state, first_probs, prefill)
+            self.cache, self.random, self.prob_dtype = joining, random, first_probs.dtype
+        else:
+            engine.proposer.admit(state, first_probs, prefill)
+            self.cache.append_rows(joining, blocks=engine.streams)  # cond(active), cond(new), uncond(active), uncond(new)
+            self.random = self.random.cat(random)
+        self.active = self.active + list(handles)
+
+    def _fit_positions(self, handle: int, row: _Row, prompt: PromptInputs) -> None:
+        """Cap a row's new tokens where the model's positions end (a prompt that fills them is an error)."""
+        max_positions = self.engine.max_positions
+        if max_positions is None:
+            return
+        start = prompt.next_position if prompt.next_position is not None else prompt.length  # M-RoPE: fewer than tokens
+        room = max_positions - start
+        if room < 1:
+            raise ValueError(f"requests[{handle}]: its prompt takes positions up to {start}, the model has {max_positions}")
+        if row.limit > room:
+            logger.warning("requests[%d]: the prompt leaves %d of the model's %d positions; the row stops at %d new tokens "
+                           "unless EOS comes first", handle, room, max_positions, room)
+            row.limit = room
+
+    # -- one decode step -------------------------------------------------------------------------
+
+    def _decode_step(self) -> None:
+        engine = self.engine
+        state = DecodeState(
+            list(self.active), [self.rows[h].generated for h in self.active], self.random,
+            engine.target.vocab_size, engine.constraint, self.prob_dtype,
+        )
+        tree = engine.proposer.propose(state)
+        target_probs, output = self._score(tree)
+        tree = tree.to(target_probs.device)
+        uniforms = self.random.uniforms(streams.VERIFY, tree.num_nodes)
+        result = engine.verifier(tree, target_probs, uniforms)
+        result.accepted_counts = self._commit(tree, result)
+        engine.proposer.observe(state, tree, target_probs, result, output)
+        self.random = self.random.advanced()
+        self.steps += 1
+
+    def _context(self, handles: list[int], vocab: int, tree: DraftTree | None = None) -> torch.Tensor | None:
+        """[B, N, V] bool: the tokens in each position's context (None without a repetition penalty).
+
+        A row's context is its prompt and generated tokens; a tree node's adds the tokens on
+        its path (its ancestors and itself), as plain decoding would have generated them.
+        Without a tree: [B, 1, V], the context of the next token.
+        """
+        config = self.engine.config
+        if config.sampling.repetition_penalty == 1.0:
+            return None
+        seen = torch.zeros(len(handles), vocab, dtype=torch.bool)
+        for i, handle in enumerate(handles):
+            row = self.rows[handle]
+            ids = row.context_ids
+            if ids is None:
+                raise ValueError(
+                    f"sampling.repetition_penalty={config.sampling.repetition_penalty}: "
+                    f"{type(self.engine.target).__name__} does not report its prompts' token ids"
+                )
+            ids = ids.cpu()
+            seen[i, ids[(ids >= 0) & (ids < vocab)]] = True
+            seen[i, torch.tensor(row.generated, dtype=torch.long)] = True
+        seen = seen.to(self.engine.target.device)
+        if tree is None:
+            return seen.unsqueeze(1)
+        context = seen.unsqueeze(1).repeat(1, tree.num_nodes, 1)  # [B, N, V]
+        b, n, m = tree.ancestor_mask().to(seen.device).nonzero(as_tuple=True)  # node n's path holds node m
+        context[b, n, tree.tokens.to(seen.device)[b, m]] = True
+        return context
+
+    def _score(self, tree: DraftTree) -> tuple[torch.Tensor, ForwardOutput]:
+        """One target forward over every row's tree -> processed P [B, N, V] (on the target's device)."""
+        engine, cache = self.engine, self.cache
+        batch = tree.batch_size
+        device = cache.device
+        depth = tree.depth().to(device)  # [B, N]
+        window = tree.ancestor_mask().to(device)  # [B, N, N]
+        repeat = engine.streams
+        tokens_m, window_m, depth_m = tree.tokens.to(device), window, depth
+        if repeat > 1:  # CFG: every model row of a request shares its tree
+            tokens_m, window_m, depth_m = tokens_m.repeat(repeat, 1), window_m.repeat(repeat, 1, 1), depth_m.repeat(repeat, 1)
+        mask = cache.attention_mask(window_m, engine.target.dtype)
+        positions = cache.window_positions(depth_m)
+        output = engine.target.forward(None, tokens_m, positions, mask, cache.kv, want_hidden=engine.proposer.wants_hidden)
+        gen_index = None  # only forced tokens need it: node at depth d predicts generated token len(generated) + d
+        if engine.constraint is not None and engine.constraint.forced is not None:
+            lengths = torch.tensor([len(self.rows[h].generated) for h in self.active], device=device)
+            gen_index = lengths.unsqueeze(1) + depth
+        context = self._context(self.active, output.logits.shape[-1], tree)
+        probs = process_logits(output.logits, engine.config.sampling, batch, engine.constraint, gen_index, context)
+        return probs, output
+
+    def _commit(self, tree: DraftTree, result: VerifyResult) -> list[int]:
+        """Bring the step's outcome to the host in one read-back, apply caps and stop tokens,
+        keep the accepted KV. Returns each row's accepted draft count (as the verifier decided)."""
+        engine = self.engine
+        batch, width = tree.tokens.shape
+        path = result.path.clamp(min=0)  # [B, N] padding -> the root, which every path holds
+        keep = torch.zeros(batch, width, dtype=torch.bool, device=path.device).scatter_(1, path, True)  # root and accepted nodes
+        outcome = _read_commit(tree, result)
+        accepted_counts = []
+        for handle, (num_accepted, stop_node, tokens) in zip(self.active, outcome):
+            row = self.rows[handle]
+            new_tokens = tokens[: row.limit - len(row.generated)]
+            for j, token in enumerate(new_tokens):
+                if token in engine.eos_token_ids:
+                    new_tokens = new_tokens[: j + 1]
+                    break
+            row.generated.extend(new_tokens)
+            row.stats.target_forwards += 1
+            row.stats.accepted_lengths.append(len(new_tokens))
+            accepted_counts.append(num_accepted)
+        kept = [n + 1 for n in accepted_counts]
+        last_kept = max((stop for _, stop, _ in outcome), default=0)
+        if engine.streams > 1:
+            keep, kept = keep.repeat(engine.streams, 1), kept * engine.streams
+        self.cache.commit(keep, kept, last_kept)
+        return accepted_counts
+
+    # -- rows leaving ----------------------------------------------------------------------------
+
+    def _finish(self, handle: int, reason: str) -> None:
+        row = self.rows[handle]
+        row.done = True
+        row.stats.finish_reason = reason
+        if row.admitted_at:
+            row.stats.wall_time_s = time.perf_counter() - row.admitted_at
+        if self.on_finish is not None:
+            self.on_finish(handle, RowOutput(tokens=row.generated, stats=row.stats))
+
+    def _retire(self) -> list[int]:
+        """Drop finished and cancelled rows from the batch and the cache; returns their handles."""
+        eos = self.engine.eos_token_ids
+        still, finished = [], []
+        for handle in self.active:
+            row = self.rows[handle]
+            if row.cancelled:
+                reason = "cancelled"
+            elif row.generated and row.generated[-1] in eos:
+                reason = "eos"
+            elif len(row.generated) >= row.limit:
+                reason = "length"
+            else:
+                still.append(handle)
+                continue
+            self._finish(handle, reason)
+            finished.append(handle)
+        if finished:
+            position = {handle: i for i, handle in enumerate(self.active)}
+            index = torch.tensor([position[h] for h in still], dtype=torch.long)
+            self.cache.select_rows(torch.cat([index + s * len(self.active) for s in range(self.engine.streams)]))
+            self.random = self.random.select(index)
+            self.active = still
+        return finished
+
+
+def _read_commit(tree: DraftTree, result: VerifyResult) -> list[tuple[int, int, list[int]]]:
+    """The step's one device-to-host transfer: per row (accepted drafts, stop node, committed
+    tokens: the accepted drafts then the final token)."""
+    committed = result.committed(tree)  # [B, N]
+    packed = torch.cat([result.num_accepted.unsqueeze(1), result.stop_node.unsqueeze(1), committed], dim=1).tolist()
+    return [(n, stop, tokens[: n + 1]) for n, stop, *tokens in packed]

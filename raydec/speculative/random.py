@@ -1,0 +1,111 @@
+"""Counter-based per-row randomness: a uniform is a pure function of (row seed, step, stream, index).
+
+Every random number a decode step uses is ``hash(seed, step, stream, index)`` mapped to
+[0, 1): the splitmix64 finaliser in int64 tensor ops, so one batched call serves every row on
+any device, draws nothing from a shared state, and gives a row the same numbers whatever batch
+it is in, in any order, on any device. ``step`` is the row's own decode-step count; ``stream``
+names who draws (the verifier, a proposer's fill, ...), so draws of different purposes never
+share a number; ``index`` is the node or slot.
+
+int64 arithmetic wraps modulo 2**64 on every PyTorch backend, which is what the hash needs;
+right shifts are made logical by masking the sign-extended bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def _signed(value: int) -> int:
+    """A 64-bit unsigned constant as the int64 with the same bits."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_GOLDEN = _signed(0x9E3779B97F4A7C15)
+_MIX_1 = _signed(0xBF58476D1CE4E5B9)
+_MIX_2 = _signed(0x94D049BB133111EB)
+_STEP = _signed(0xD1B54A32D192ED03)
+_STREAM = _signed(0x8CB92BA72F3D8DD7)
+_MANTISSA = (1 << 53) - 1
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 bits."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def mix64(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser: a bijection of 64-bit words with full avalanche. int64 [...] -> [...]"""
+    x = (x ^ _shift_right(x, 30)) * _MIX_1
+    x = (x ^ _shift_right(x, 27)) * _MIX_2
+    return x ^ _shift_right(x, 31)
+
+
+def counter_uniforms(seeds: torch.Tensor, steps: torch.Tensor, stream: int, count: int) -> torch.Tensor:
+    """Uniforms in [0, 1), float64, one row per seed.
+
+    seeds, steps: [B] int64 (same device); stream: who draws; count: how many  -> [B, count]
+    Entry (r, i) depends only on (seeds[r], steps[r], stream, i): 53 random mantissa bits.
+    """
+    key = mix64(seeds.long() + _GOLDEN)
+    key = mix64(key ^ (steps.long() * _STEP + _signed((stream * _STREAM) % (1 << 64))))  # [B]
+    index = torch.arange(1, count + 1, device=seeds.device, dtype=torch.long) * _GOLDEN
+    bits = mix64(key.unsqueeze(1) + index)  # [B, count]
+    return _shift_right(bits, 11).to(torch.float64) * (2.0**-53)
+
+
+def counter_normals(seeds: torch.Tensor, steps: torch.Tensor, stream: int, count: int) -> torch.Tensor:
+    """Standard normals (Box-Muller on two counter uniforms each). -> [B, count] float64"""
+    u = counter_uniforms(seeds, steps, stream, 2 * count).view(-1, count, 2)
+    radius = torch.sqrt(-2.0 * torch.log1p(-u[..., 0]))  # 1 - u in (0, 1]: log finite
+    return radius * torch.cos(2.0 * torch.pi * u[..., 1])
+
+
+# Streams: one per purpose, so no two draws of a step share a number.
+VERIFY = 0         # column 0: the final token (residual or bonus); column n: node n's test
+FIRST_TOKEN = 1    # the token sampled from the prefill's P
+JACOBI_FILL = 2    # fresh drafts and extra tree candidates of a Jacobi window
+JACOBI_CARRY = 3   # the maximal coupling that carries untested drafts to the next window
+RANDOM_TREE = 4    # the exactness harness's random proposer (normals)
+RANDOM_TREE_PICK = 5
+
+
+@dataclass
+class RowRandom:
+    """The random streams of the rows in a batch (in batch order).
+
+    seeds: [B] int64  the rows' seeds
+    steps: [B] int64  each row's decode-step count (the prefill is step 0)
+    """
+
+    seeds: torch.Tensor
+    steps: torch.Tensor
+
+    def uniforms(self, stream: int, count: int) -> torch.Tensor:
+        """[B, count] float64 in [0, 1)."""
+        return counter_uniforms(self.seeds, self.steps, stream, count)
+
+    def normals(self, stream: int, count: int) -> torch.Tensor:
+        """[B, count] float64 standard normals."""
+        return counter_normals(self.seeds, self.steps, stream, count)
+
+    @classmethod
+    def for_seeds(cls, seeds: list[int], device: torch.device | str = "cpu") -> "RowRandom":
+        """Rows at step 0. Seeds are taken modulo 2**64 (as int64 bits)."""
+        words = [_signed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF) for seed in seeds]
+        seeds_t = torch.tensor(words, dtype=torch.long, device=device)
+        return cls(seeds_t, torch.zeros_like(seeds_t))
+
+    def select(self, index: torch.Tensor) -> "RowRandom":
+        """The rows at ``index`` ([B'] long)."""
+        index = index.to(self.seeds.device)
+        return RowRandom(self.seeds[index], self.steps[index])
+
+    def cat(self, other: "RowRandom") -> "RowRandom":
+        return RowRandom(torch.cat([self.seeds, other.seeds]), torch.cat([self.steps, other.steps]))
+
+    def advanced(self) -> "RowRandom":
+        """Every row one step on."""
+        return RowRandom(self.seeds, self.steps + 1)
