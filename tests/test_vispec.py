@@ -11,7 +11,7 @@ from raydec.models.hf_vlm import VisionLanguageTarget, VlmPrompt
 from raydec.models.vispec_draft import DraftConfig, VispecDraft
 from raydec.reference.shapes import make_sample, to_pil
 from raydec.speculative.engine import Engine, RowRequest
-from raydec.speculative.proposers.draft_tree import DraftTreeProposer, _select_on_lists, _select_on_tensors, _TreeLayout, select_tree_nodes
+from raydec.speculative.proposers.draft_tree import DraftTreeProposer, _select_on_tensors, _TreeLayout, select_tree_nodes
 from tests.lawtest import compare_to_law
 from tests.test_exactness import sample_engine
 from tests.toys import lm_law, tiny_llama
@@ -59,9 +59,38 @@ def _random_candidates(batch: int, k: int, depth: int, gen: torch.Generator):
     return scores, tokens, torch.cat(parents, 1), torch.tensor(depths)
 
 
-def test_tree_selection_on_lists_equals_the_tensor_form():
-    """Small batches select the tree on Python lists; the nodes, their order, parents, depths and
-    ancestor masks equal the tensor form's on 400 random candidate sets full of score ties."""
+def _select_on_lists(  # the tensor form, on Python lists: the reference it is tested against
+
+    roots: list[int], scores: list[list[float]], tokens: list[list[int]], parents: list[list[int]], depths: list[int], count: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_select_on_tensors`` for a few rows, on Python lists (the same order: score descending,
+    then depth ascending, then candidate index; then by depth, stable), with the ancestor mask
+    [B, count + 1, count + 1] built as it goes. depths: [C] per candidate."""
+    out_tokens, out_parents, out_depth, out_ancestors = [], [], [], []
+    for root, row_scores, row_tokens, row_parents in zip(roots, scores, tokens, parents):
+        ranked = sorted(range(len(row_scores)), key=lambda c: (-row_scores[c], depths[c], c))[:count]
+        chosen = sorted(ranked, key=depths.__getitem__)  # stable: by depth, then rank
+        node_of = {c: i + 1 for i, c in enumerate(chosen)}
+        node_parents, ancestors = [-1], [[True] + [False] * count]
+        for i, c in enumerate(chosen, start=1):
+            parent = 0 if row_parents[c] < 0 else node_of.get(row_parents[c], -1)
+            if parent < 0:
+                raise RuntimeError("draft tree selection dropped a parent")
+            node_parents.append(parent)
+            seen = list(ancestors[parent])  # a parent precedes its children: its row is complete
+            seen[i] = True
+            ancestors.append(seen)
+        out_tokens.append([root] + [row_tokens[c] for c in chosen])
+        out_parents.append(node_parents)
+        out_depth.append([0] + [depths[c] for c in chosen])
+        out_ancestors.append(ancestors)
+    return torch.tensor(out_tokens), torch.tensor(out_parents), torch.tensor(out_depth), torch.tensor(out_ancestors)
+
+
+def test_tree_selection_equals_a_selection_on_lists():
+    """The tensor selection's nodes, their order, parents and depths equal a plain Python
+    selection's (score descending, then depth, then index; then by depth), and the tree's derived
+    ancestor masks equal the ones built along the way, on 400 random candidate sets full of ties."""
     from raydec.speculative.tree import DraftTree
 
     gen = torch.Generator().manual_seed(0)
@@ -70,7 +99,7 @@ def test_tree_selection_on_lists_equals_the_tensor_form():
         scores, tokens, parents, depths = _random_candidates(batch, k, depth, gen)
         count = min(scores.shape[1], 1 + trial % 17)
         layout = _TreeLayout(key=(batch, k, depth), rows_on_device=None, eye=None, root_parent=torch.full((batch, k), -1),
-                             child_parent=None, cand_depth=depths.expand(batch, -1), cand_depth_list=depths.tolist())
+                             child_parent=None, cand_depth=depths.expand(batch, -1))
         roots = torch.randint(0, 50, (batch,), generator=gen)
         on_tensors = _select_on_tensors(roots, layout, scores, tokens, parents, count)
         on_lists = _select_on_lists(roots.tolist(), scores.tolist(), tokens.tolist(), parents.tolist(), depths.tolist(), count)
@@ -180,7 +209,7 @@ def test_folded_input_computes_fc_after_img_fc():
         assert torch.allclose(folded(e, f, folded.rows(g, has)), expected, rtol=1e-12, atol=1e-12), has
         assert torch.allclose(folded(e[:1], f[:1], folded.rows(g[:1], has[:1])), expected[:1], rtol=1e-12, atol=1e-12)
         for keep in ([2, 0], [1], [0, 2]):  # rows leaving the batch: the kept rows' biases and flags
-            kept, index = folded.rows(g, has).select(torch.tensor(keep)), torch.tensor(keep)
+            kept, index = folded.rows(g, has).select(keep), torch.tensor(keep)
             assert torch.allclose(folded(e[index], f[index], kept), expected[index], rtol=1e-12, atol=1e-12), (has, keep)
             fresh = folded.rows(g[index], has[index])
             assert (kept.mixed, kept.any_global) == (fresh.mixed, fresh.any_global) and torch.equal(kept.bias, fresh.bias)
@@ -331,9 +360,8 @@ def test_draft_tree_exactness(llama64):
 
 @pytest.mark.parametrize("shape", [(4, 3, 12), (3, 2, 11), (1, 4, 3), (3, 1, 4)], ids=["4-3-12", "all-candidates", "depth-1", "chain"])
 def test_tree_structure_the_proposer_records_is_the_trees_own(llama64, shape):
-    """The proposer hands the verifier each tree's depth, ancestor mask and whether it is a chain
-    (``with_structure``); they equal what ``DraftTree`` derives from the parents alone, for
-    trees selected on lists (4 rows) and on tensors (8 rows)."""
+    """The proposer hands the verifier each tree's depth and its most children per node; they
+    equal what ``DraftTree`` derives from the parents alone, at 4 rows and at 8."""
     from raydec.speculative.tree import DraftTree
 
     depth, top_k, total = shape
@@ -346,7 +374,7 @@ def test_tree_structure_the_proposer_records_is_the_trees_own(llama64, shape):
         tree = original(state)
         bare = DraftTree(tree.tokens, tree.parents, tree.valid, tree.proposal_index, tree.without_replacement, tree.proposal_probs)
         assert torch.equal(tree.ancestor_mask(), bare.ancestor_mask()) and torch.equal(tree.depth(), bare.depth())
-        assert tree.is_chain() == bare.is_chain() == (top_k == 1)
+        assert bare.children_bound() <= tree.max_children == top_k and bare.is_chain() == (top_k == 1)
         assert bare.num_nodes == min(total, 1 + top_k + (depth - 1) * top_k * top_k)
         checked.append(tree.batch_size)
         return tree

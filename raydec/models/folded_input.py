@@ -44,14 +44,20 @@ class DecodeRows:
     bias: torch.Tensor | None = None
     mixed: bool = False
     any_global: bool = False
+    has_global_host: tuple[bool, ...] = ()  # has_global as Python bools (rows leaving need no read-back)
 
-    def select(self, index: torch.Tensor) -> "DecodeRows":
-        """The rows that stay, in ``index`` order (rows leaving a batch). index: [B'] long (CPU)."""
-        on_device = index.to(self.globals_.device)
-        has = self.has_global[index]
+    def __post_init__(self) -> None:
+        if not self.has_global_host:
+            object.__setattr__(self, "has_global_host", tuple(self.has_global.cpu().tolist()))
+
+    def select(self, index: list[int]) -> "DecodeRows":
+        """The rows that stay, in ``index`` order (rows leaving a batch)."""
+        on_device = torch.tensor(index, dtype=torch.long, device=self.globals_.device)
+        host = tuple(self.has_global_host[i] for i in index)
+        has = torch.tensor(host, dtype=torch.bool)
         bias = None if self.bias is None else self.bias[on_device]
-        any_global = self.any_global and bool(has.any())
-        return DecodeRows(self.globals_[on_device], has, bias, any_global and not bool(has.all()), any_global)
+        any_global = self.any_global and any(host)
+        return DecodeRows(self.globals_[on_device], has, bias, any_global and not all(host), any_global, host)
 
 
 class FoldedDraftInput:

@@ -326,7 +326,9 @@ class VispecDraft(nn.Module):
             return self._decode_forward(token_embeds, features, position_ids, attention_mask, cache, rows, max_position)
 
     def _decode_forward(self, token_embeds, features, position_ids, attention_mask, cache, rows, max_position):
-        if self._input is None or self._fused is None or rows.bias is None:
+        if self._input is None or self._fused is None or rows.bias is None:  # the training form
+            if not any(rows.has_global_host):
+                return self(token_embeds, features, position_ids, attention_mask, cache)
             batch, width = position_ids.shape
             globals_ = rows.globals_.unsqueeze(1).expand(batch, width, rows.globals_.shape[-1])
             use = rows.has_global.to(position_ids.device).unsqueeze(1).expand(batch, width)

@@ -32,7 +32,7 @@ class RaggedCache:
         self.valid = torch.zeros(num_rows, 0, dtype=torch.bool, device=self.device)  # [M, S]
         self.next_position = torch.zeros(num_rows, dtype=torch.long, device=self.device)  # [M]
         self.lengths: list[int] = [0] * num_rows
-        self.max_next_position = 0  # the largest next position id of any row (host)
+        self.next_positions: list[int] = [0] * num_rows  # next_position on the host
         self.compaction = compaction
 
     # -- shape ---------------------------------------------------------------------------------
@@ -45,6 +45,11 @@ class RaggedCache:
     def length(self) -> int:
         """Physical slots S (valid or not)."""
         return self.valid.shape[1]
+
+    @property
+    def max_next_position(self) -> int:
+        """The largest next position id of any row (host)."""
+        return max(self.next_positions, default=0)
 
     def committed_lengths(self) -> torch.Tensor:
         """[M] number of valid slots per row."""
@@ -75,7 +80,7 @@ class RaggedCache:
         """After the prefill forward: which prompt slots are real ([M, S]) and next positions ([M]),
         both as the host built them."""
         self.lengths = valid.sum(dim=1).tolist()
-        self.max_next_position = int(next_position.max()) if next_position.numel() else 0
+        self.next_positions = next_position.tolist()
         self.valid = valid.to(self.device, copy=True)
         self.next_position = next_position.to(self.device, torch.long, copy=True)
         self._check_physical_length()
@@ -96,20 +101,20 @@ class RaggedCache:
         self.valid = torch.cat([self.valid, keep.to(self.device)], dim=1)
         self.next_position = self.next_position + keep.to(self.device).sum(dim=1)
         self.lengths = [have + new for have, new in zip(self.lengths, kept)]
-        self.max_next_position += max(kept, default=0)  # an upper bound once rows differ
+        self.next_positions = [have + new for have, new in zip(self.next_positions, kept)]
         self._check_physical_length()
         self._trim_tail(keep.shape[1] - 1 - last_kept)
         if self._should_compact():
             self.compact()
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only the given model rows (finished rows leave the batch). rows: [M'] long."""
-        self.kv.batch_select_indices(rows.to(self.device))
-        host_rows = rows.tolist() if rows.device.type == "cpu" else rows.cpu().tolist()  # built on the host by the caller
-        self.lengths = [self.lengths[r] for r in host_rows]
-        rows = rows.to(self.device)
-        self.valid = self.valid[rows]
-        self.next_position = self.next_position[rows]
+    def select_rows(self, rows: list[int]) -> None:
+        """Keep only the given model rows, in that order (finished rows leave the batch)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        self.kv.batch_select_indices(index)
+        self.lengths = [self.lengths[r] for r in rows]
+        self.next_positions = [self.next_positions[r] for r in rows]
+        self.valid = self.valid[index]
+        self.next_position = self.next_position[index]
 
     def append_rows(self, other: "RaggedCache", blocks: int = 1) -> None:
         """Add ``other``'s rows to this cache's (rows joining a running batch).
@@ -132,8 +137,11 @@ class RaggedCache:
         other_position = other.next_position.to(self.device)
         self.next_position = torch.cat([part for pair in zip(self.next_position.chunk(blocks), other_position.chunk(blocks)) for part in pair])
         size, other_size = len(self.lengths) // blocks, len(other.lengths) // blocks
-        self.lengths = [n for k in range(blocks) for n in self.lengths[k * size : (k + 1) * size] + other.lengths[k * other_size : (k + 1) * other_size]]
-        self.max_next_position = max(self.max_next_position, other.max_next_position)
+        def interleave(mine: list[int], theirs: list[int]) -> list[int]:
+            return [n for k in range(blocks) for n in mine[k * size : (k + 1) * size] + theirs[k * other_size : (k + 1) * other_size]]
+
+        self.lengths = interleave(self.lengths, other.lengths)
+        self.next_positions = interleave(self.next_positions, other.next_positions)
         self._check_physical_length()
 
     def compact(self) -> None:

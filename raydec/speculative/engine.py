@@ -447,9 +447,9 @@ class DecodeSession:
             finished.append(handle)
         if finished:
             position = {handle: i for i, handle in enumerate(self.active)}
-            index = torch.tensor([position[h] for h in still], dtype=torch.long)
-            self.cache.select_rows(torch.cat([index + s * len(self.active) for s in range(self.engine.streams)]))
-            self.random = self.random.select(index)
+            index = [position[h] for h in still]
+            self.cache.select_rows([i + s * len(self.active) for s in range(self.engine.streams) for i in index])
+            self.random = self.random.select(torch.tensor(index, dtype=torch.long))
             self.active = still
         return finished
 

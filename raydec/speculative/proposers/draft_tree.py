@@ -34,15 +34,10 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask.unsqueeze(1)
 
 
-# up to this many rows the tree is selected on Python lists (52 candidates, 2-core CPU: ~0.1 ms
-# a row against ~0.4 ms for the tensor form at any batch size)
-SELECT_ON_LISTS_MAX_ROWS = 4
-
-
 def select_tree_nodes(scores: torch.Tensor, depths: torch.Tensor, count: int) -> torch.Tensor:
     """Indices of the ``count`` best candidates per row: score descending, then depth ascending,
     then index. scores, depths: [B, C] -> [B, count]."""
-    order = torch.arange(scores.shape[1]).expand_as(scores)
+    order = torch.arange(scores.shape[1], device=scores.device).expand_as(scores)
     order = order.gather(1, torch.sort(depths.gather(1, order), dim=1, stable=True).indices)
     order = order.gather(1, torch.sort(-scores.gather(1, order), dim=1, stable=True).indices)
     return order[:, :count]
@@ -53,62 +48,36 @@ class _TreeLayout:
     """A tree shape's index tensors for one batch size (B rows, top-K, C candidates)."""
 
     key: tuple[int, int, int]  # (B, K, depth)
-    rows_on_device: torch.Tensor  # [B, 1] row index, on the draft's device
-    eye: torch.Tensor  # [B, K, K] additive identity (0 on the diagonal, dtype-min elsewhere), draft dtype and device
+    rows_on_device: torch.Tensor  # [B, 1] row index
+    eye: torch.Tensor  # [B, K, K] additive identity (0 on the diagonal, dtype-min elsewhere), draft dtype
     root_parent: torch.Tensor  # [B, K] -1: level-1 candidates hang under the root
     child_parent: torch.Tensor  # [B, K*K] frontier slot of each child candidate of a level
     cand_depth: torch.Tensor  # [B, C] depth of every candidate
-    cand_depth_list: list[int]  # [C] the same, a row's
+    # all on the draft's device
 
 
 def _select_on_tensors(
     roots: torch.Tensor, layout: _TreeLayout, scores: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, count: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
     """The ``count`` best candidates of every row as a tree: tokens, parents, depth [B, count + 1]
-    (node 0 is the root, then by depth, then rank) and None (the tree derives its ancestor mask)."""
+    (node 0 is the root, then by depth, then rank) and None (the tree derives its ancestor mask).
+    A parent outranks its children (its score is higher, or equal and shallower), so every
+    chosen node's parent is chosen."""
     batch, candidates = scores.shape
+    device = scores.device
     depths = layout.cand_depth
     chosen = select_tree_nodes(scores, depths, count)  # [B, count]
     node_depth = depths.gather(1, chosen)
     order = torch.sort(node_depth, dim=1, stable=True).indices  # topological: by depth, then rank
     chosen, node_depth = chosen.gather(1, order), node_depth.gather(1, order)
-    node_of = torch.full((batch, candidates), -1, dtype=torch.long)
-    node_of.scatter_(1, chosen, torch.arange(1, count + 1).expand(batch, count))
+    node_of = torch.full((batch, candidates), -1, dtype=torch.long, device=device)
+    node_of.scatter_(1, chosen, torch.arange(1, count + 1, device=device).expand(batch, count))
     parent_cand = parents.gather(1, chosen)
     parent_nodes = torch.where(parent_cand >= 0, node_of.gather(1, parent_cand.clamp(min=0)), 0)
-    if bool((parent_nodes < 0).any()):
-        raise RuntimeError("draft tree selection dropped a parent")
     node_tokens = torch.cat([roots.unsqueeze(1), tokens.gather(1, chosen)], dim=1)
     node_parents = torch.cat([layout.root_parent[:, :1], parent_nodes], dim=1)
-    depth = torch.cat([torch.zeros(batch, 1, dtype=torch.long), node_depth], dim=1)
+    depth = torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=device), node_depth], dim=1)
     return node_tokens, node_parents, depth, None
-
-
-def _select_on_lists(
-    roots: list[int], scores: list[list[float]], tokens: list[list[int]], parents: list[list[int]], depths: list[int], count: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``_select_on_tensors`` for a few rows, on Python lists (the same order: score descending,
-    then depth ascending, then candidate index; then by depth, stable), with the ancestor mask
-    [B, count + 1, count + 1] built as it goes. depths: [C] per candidate."""
-    out_tokens, out_parents, out_depth, out_ancestors = [], [], [], []
-    for root, row_scores, row_tokens, row_parents in zip(roots, scores, tokens, parents):
-        ranked = sorted(range(len(row_scores)), key=lambda c: (-row_scores[c], depths[c], c))[:count]
-        chosen = sorted(ranked, key=depths.__getitem__)  # stable: by depth, then rank
-        node_of = {c: i + 1 for i, c in enumerate(chosen)}
-        node_parents, ancestors = [-1], [[True] + [False] * count]
-        for i, c in enumerate(chosen, start=1):
-            parent = 0 if row_parents[c] < 0 else node_of.get(row_parents[c], -1)
-            if parent < 0:
-                raise RuntimeError("draft tree selection dropped a parent")
-            node_parents.append(parent)
-            seen = list(ancestors[parent])  # a parent precedes its children: its row is complete
-            seen[i] = True
-            ancestors.append(seen)
-        out_tokens.append([root] + [row_tokens[c] for c in chosen])
-        out_parents.append(node_parents)
-        out_depth.append([0] + [depths[c] for c in chosen])
-        out_ancestors.append(ancestors)
-    return torch.tensor(out_tokens), torch.tensor(out_parents), torch.tensor(out_depth), torch.tensor(out_ancestors)
 
 
 class DraftTreeProposer(Proposer):
@@ -122,7 +91,11 @@ class DraftTreeProposer(Proposer):
         self.cache: RaggedCache | None = None
         self.row_ids: list[int] = []
         self.root_hidden: torch.Tensor | None = None  # [B, H] draft hidden at each root
-        self.pending: list[tuple[torch.Tensor, list[int]]] = []  # per row: (features [n, H], tokens [n])
+        # the pairs (f, x) each row accepted last step, for the draft to read: target features
+        # [B, N, H], tokens [B, N], and how many of the N are real (host ints; 0: nothing to feed)
+        self.pending_features: torch.Tensor | None = None
+        self.pending_tokens: torch.Tensor | None = None
+        self.pending_counts: list[int] = []
         self.rows: Any = None  # the draft's DecodeRows: g of each row's last image, whether it has one, folded biases
         #: set to a list to record each expansion as (frontier candidate ids [B, K], their
         #: draft hidden [B, K, H], candidate tokens [B, C], candidate parents [B, C]) (tests)
@@ -146,7 +119,8 @@ class DraftTreeProposer(Proposer):
         self.cache, self.root_hidden, globals_, has_global = self._prefill_rows(state, prefill)
         self.rows = self.draft.decode_rows(globals_, has_global)
         self.row_ids = list(state.row_ids)
-        self.pending = [None] * state.batch_size  # type: ignore[list-item]
+        self.pending_features = self.pending_tokens = None
+        self.pending_counts = [0] * state.batch_size
 
     @torch.inference_mode()
     def admit(self, state: DecodeState, first_probs: torch.Tensor, prefill: Prefill) -> None:
@@ -156,7 +130,11 @@ class DraftTreeProposer(Proposer):
         self.root_hidden = torch.cat([self.root_hidden, root_hidden])
         self.rows = self.draft.decode_rows(torch.cat([self.rows.globals_, globals_]), torch.cat([self.rows.has_global, has_global]))
         self.row_ids += list(state.row_ids)
-        self.pending += [None] * state.batch_size  # type: ignore[list-item]
+        if self.pending_features is not None:
+            new = state.batch_size
+            self.pending_features = torch.cat([self.pending_features, self.pending_features.new_zeros(new, *self.pending_features.shape[1:])])
+            self.pending_tokens = torch.cat([self.pending_tokens, self.pending_tokens.new_zeros(new, self.pending_tokens.shape[1])])
+        self.pending_counts += [0] * state.batch_size
 
     def _prefill_rows(self, state: DecodeState, prefill: Prefill) -> tuple[RaggedCache, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The draft reads the rows' prompts: -> their draft cache, draft hidden at each root
@@ -211,74 +189,61 @@ class DraftTreeProposer(Proposer):
         if state.row_ids == self.row_ids:
             return
         where = {row: i for i, row in enumerate(self.row_ids)}
-        index = torch.tensor([where[r] for r in state.row_ids], dtype=torch.long)
+        index = [where[r] for r in state.row_ids]
         self.cache.select_rows(index)
         self.rows = self.rows.select(index)
+        on_device = torch.tensor(index, dtype=torch.long, device=self._device)
         if self.root_hidden is not None:
-            self.root_hidden = self.root_hidden[index.to(self._device)]
-        self.pending = [self.pending[i] for i in index.tolist()]
+            self.root_hidden = self.root_hidden[on_device]
+        if self.pending_features is not None:
+            self.pending_features, self.pending_tokens = self.pending_features[on_device], self.pending_tokens[on_device]
+        self.pending_counts = [self.pending_counts[where[r]] for r in state.row_ids]
         self.row_ids = list(state.row_ids)
 
     def _catch_up(self) -> None:
         """Feed each row's newly accepted pairs; the draft hidden at the last one is the root's.
         Rows that just joined have nothing pending: their root hidden is their prefill's."""
-        if all(p is None for p in self.pending):
+        counts = self.pending_counts
+        width = max(counts, default=0)
+        if not width:
             return
         device, dtype = self._device, self._dtype
-        batch = len(self.pending)
-        counts = [0 if p is None else p[0].shape[0] for p in self.pending]
-        width = max(counts)
-        uniform = min(counts) == width
-        if uniform:  # every row feeds the same number of pairs (always at batch 1): no padding
-            feat = torch.stack([features for features, _ in self.pending]).to(device, dtype)  # [B, n, H]
-            ids = torch.tensor([tokens for _, tokens in self.pending])
-            valid = torch.ones(batch, width, dtype=torch.bool)
-            window = torch.ones(width, width, dtype=torch.bool).tril().expand(batch, width, width)
-        else:
-            feat = torch.zeros(batch, width, self.root_hidden.shape[-1], device=device, dtype=dtype)
-            ids = torch.zeros(batch, width, dtype=torch.long)
-            valid = torch.zeros(batch, width, dtype=torch.bool)
-            for r, pending in enumerate(self.pending):
-                if pending is None:
-                    continue
-                features, tokens = pending
-                n = counts[r]
-                feat[r, :n], ids[r, :n], valid[r, :n] = features.to(device, dtype), torch.tensor(tokens), True
-            causal = torch.tril(torch.ones(width, width, dtype=torch.bool)).unsqueeze(0) & valid.unsqueeze(1)
-            window = causal | identity_mask(width).unsqueeze(0)
-        tok = self.draft.embed_tokens(ids.to(device)).to(dtype)
-        mask = self.cache.attention_mask(window, dtype).to(device)
-        positions = self.cache.window_positions(torch.arange(width).expand(batch, width)).to(device)
-        h = self.draft.decode_forward(tok, feat, positions, mask, self.cache.kv, self.rows)
-        self.cache.commit(valid)
-        if uniform:
-            self.root_hidden = h[:, -1]
-        else:
-            counts_t = torch.tensor(counts, device=device)
-            fed = h[torch.arange(batch, device=device), (counts_t - 1).clamp(min=0)]
-            self.root_hidden = torch.where((counts_t > 0).unsqueeze(1), fed, self.root_hidden)
-        self.pending = [None] * batch  # type: ignore[list-item]
+        batch = len(counts)
+        feat = self.pending_features[:, :width].to(device, dtype)  # [B, n, H]
+        ids = self.pending_tokens[:, :width].to(device)
+        count = torch.tensor(counts, device=device)  # host ints -> the device, no read-back
+        valid = torch.arange(width, device=device).unsqueeze(0) < count.unsqueeze(1)  # [B, n]
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril().unsqueeze(0) & valid.unsqueeze(1)
+        window = causal | identity_mask(width).to(device).unsqueeze(0)
+        tok = self.draft.embed_tokens(ids.clamp(min=0)).to(dtype)
+        mask = self.cache.attention_mask(window, dtype)
+        positions = self.cache.window_positions(torch.arange(width, device=device).expand(batch, width))
+        h = self.draft.decode_forward(tok, feat, positions, mask, self.cache.kv, self.rows, self.cache.max_next_position + width - 1)
+        self.cache.commit(valid, counts, width - 1)
+        fed = h[torch.arange(batch, device=device), (count - 1).clamp(min=0)]
+        self.root_hidden = torch.where((count > 0).unsqueeze(1), fed, self.root_hidden)
+        self.pending_counts = [0] * batch
 
     def _log_probs(self, hidden: torch.Tensor, state: DecodeState) -> torch.Tensor:
-        """Draft log-probabilities on the CPU, allowed tokens only. hidden [..., H] -> [..., V]"""
-        logits = self.draft.logits(hidden).float().cpu()
-        if state.constraint is not None and state.constraint.allowed is not None:
-            logits = logits.masked_fill(~state.constraint.allowed, float("-inf"))
+        """Draft log-probabilities, allowed tokens only. hidden [..., H] -> [..., V] float32"""
+        logits = self.draft.logits(hidden).float()
+        if state.constraint is not None and state.constraint.restricts:
+            logits = logits.masked_fill(~state.constraint.allowed.to(logits.device), float("-inf"))
         return torch.log_softmax(logits, dim=-1)
 
     def _layout(self, batch: int, k: int) -> "_TreeLayout":
         """Index tensors that depend only on the batch size and the tree shape (kept across steps)."""
         key = (batch, k, self.spec.depth)
         if self._tree_layout is None or self._tree_layout.key != key:
+            device = self._device
             levels = [torch.full((k if level == 1 else k * k,), level, dtype=torch.long) for level in range(1, self.spec.depth + 1)]
             self._tree_layout = _TreeLayout(
                 key=key,
-                rows_on_device=torch.arange(batch).unsqueeze(1).to(self._device),
-                eye=_additive(identity_mask(k).expand(batch, k, k), self._dtype)[:, 0].to(self._device),
-                root_parent=torch.full((batch, k), -1),
-                child_parent=torch.arange(k).repeat_interleave(k).expand(batch, k * k),
-                cand_depth=torch.cat(levels).expand(batch, -1),
-                cand_depth_list=torch.cat(levels).tolist(),
+                rows_on_device=torch.arange(batch, device=device).unsqueeze(1),
+                eye=_additive(identity_mask(k).expand(batch, k, k), self._dtype)[:, 0].to(device),
+                root_parent=torch.full((batch, k), -1, device=device),
+                child_parent=torch.arange(k, device=device).repeat_interleave(k).expand(batch, k * k),
+                cand_depth=torch.cat(levels).to(device).expand(batch, -1),
             )
         return self._tree_layout
 
@@ -294,18 +259,17 @@ class DraftTreeProposer(Proposer):
         blocked = torch.finfo(dtype).min
         # [B, 1, K, S + tree slots] additive mask: committed part written once; each level's frontier
         # node sees what its parent saw (the earlier tree slots) and itself (this level's K slots)
-        mask = torch.full((batch, 1, k, committed + k * (spec.depth - 1)), blocked, dtype=dtype)
-        mask[:, 0, :, :committed].masked_fill_(self.cache.valid.unsqueeze(1), 0.0)
-        mask = mask.to(device)
+        mask = torch.full((batch, 1, k, committed + k * (spec.depth - 1)), blocked, dtype=dtype, device=device)
+        mask[:, 0, :, :committed].masked_fill_(self.cache.valid.unsqueeze(1).to(device), 0.0)
         tree_mask = mask[:, 0, :, committed:]  # [B, K, tree slots], a view
         next_position = self.cache.next_position.unsqueeze(1).expand(batch, k).to(device)
-        max_position = int(self.cache.next_position.max())
+        max_position = self.cache.max_next_position  # the host's bound: no read-back
 
         # candidates, level by level: cumulative score, token, parent candidate (-1 = root)
         logp = self._log_probs(self.root_hidden, state)  # [B, V]
         score, token = logp.topk(k, dim=-1)  # [B, K]: level 1, the root's children
         cand_score, cand_token, cand_parent = [score], [token], [layout.root_parent]
-        frontier = torch.arange(k).expand(batch, k)  # candidate ids of the nodes expanded next
+        frontier = torch.arange(k, device=device).expand(batch, k)  # candidate ids of the nodes expanded next
         frontier_score, frontier_token = score, token  # [B, K]
         frontier_feat = self.root_hidden.unsqueeze(1).expand(batch, k, self.root_hidden.shape[-1])  # parent hidden of each
         offset = k
@@ -313,7 +277,7 @@ class DraftTreeProposer(Proposer):
             # one draft forward over the frontier (K nodes per row) at depth level-1
             slots = k * (level - 1)
             tree_mask[:, :, slots - k : slots] = layout.eye
-            tok = self.draft.embed_tokens(frontier_token.to(device)).to(dtype)
+            tok = self.draft.embed_tokens(frontier_token).to(dtype)
             h = self.draft.decode_forward(
                 tok, frontier_feat, next_position + (level - 2), mask[..., : committed + slots], self.cache.kv, self.rows,
                 max_position + level - 2,
@@ -329,8 +293,7 @@ class DraftTreeProposer(Proposer):
             cand_token.append(child_token)
             cand_parent.append(frontier.gather(1, layout.child_parent))
             best = child_score.topk(k, dim=-1).indices  # [B, K] within this level
-            parent = best // k  # frontier index of each best child's parent
-            parent_on_device = parent.to(device)
+            parent_on_device = best // k  # frontier index of each best child's parent
             frontier_feat = h[layout.rows_on_device, parent_on_device]
             frontier, frontier_score, frontier_token = best + offset, child_score.gather(1, best), child_token.gather(1, best)
             offset += k * k
@@ -348,34 +311,29 @@ class DraftTreeProposer(Proposer):
         scores, tokens, parents (candidate ids, -1 = root): [B, C]"""
         batch, candidates = scores.shape
         count = min(self.spec.total_tokens - 1, candidates)
-        chain = None
-        if batch <= SELECT_ON_LISTS_MAX_ROWS:
-            node_tokens, node_parents, depth, ancestors = _select_on_lists(
-                state.roots().tolist(), scores.tolist(), tokens.tolist(), parents.tolist(), layout.cand_depth_list, count
-            )
-            chain = bool((depth[:, -1] == count).all())  # every node one deeper than the last: a chain
-        else:
-            node_tokens, node_parents, depth, ancestors = _select_on_tensors(state.roots(), layout, scores, tokens, parents, count)
+        node_tokens, node_parents, depth, _ = _select_on_tensors(state.roots().to(scores.device), layout, scores, tokens, parents, count)
         n = count + 1
+        device = node_tokens.device
         tree = DraftTree(
             tokens=node_tokens,
             parents=node_parents,
-            valid=torch.ones(batch, n, dtype=torch.bool),
-            proposal_index=torch.full((batch, n), -1, dtype=torch.long),
-            without_replacement=torch.zeros(batch, n, dtype=torch.bool),
-            proposal_probs=torch.zeros(batch, 0, state.vocab_size, dtype=state.prob_dtype),
+            valid=torch.ones(batch, n, dtype=torch.bool, device=device),
+            proposal_index=torch.full((batch, n), -1, dtype=torch.long, device=device),
+            without_replacement=torch.zeros(batch, n, dtype=torch.bool, device=device),
+            proposal_probs=torch.zeros(batch, 0, state.vocab_size, dtype=state.prob_dtype, device=device),
+            max_children=layout.key[1],  # a node's children are some of its top-K
+            any_without_replacement=False,
         )
-        return tree.with_structure(depth, tree.ancestor_mask() if ancestors is None else ancestors, chain)  # known here
+        tree._memo["depth"] = depth  # known here; the ancestor mask is derived (no read-back)
+        return tree
 
     # -- observe -------------------------------------------------------------------------------
 
     def observe(self, state: DecodeState, tree: DraftTree, target_probs: torch.Tensor, result: Any, output: Any) -> None:
+        """The pairs to feed next step: the target's hidden state at the root and each accepted
+        node, each with the token committed after it."""
         hidden = output.hidden  # [B, N, H] target last hidden states at the tree nodes
-        num_accepted = result.num_accepted.tolist()
-        next_tokens = result.next_token.tolist()
-        for r in range(tree.batch_size):
-            n = num_accepted[r]
-            nodes = result.path[r, : n + 1]
-            tokens = tree.tokens[r, nodes[1:]].tolist() + [next_tokens[r]]
-            self.pending[r] = (hidden[r, nodes.to(hidden.device)], tokens)
-
+        path = result.path.clamp(min=0).to(hidden.device)  # [B, N] root, accepted nodes, then padding
+        self.pending_features = hidden.gather(1, path.unsqueeze(2).expand(-1, -1, hidden.shape[-1]))
+        self.pending_tokens = result.committed(tree)
+        self.pending_counts = [n + 1 for n in result.accepted_counts]
