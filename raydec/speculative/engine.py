@@ -29,12 +29,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from raydec.config import DecodeConfig
+from raydec.config import DecodeConfig, SamplingConfig
 from raydec.speculative import random as streams
 from raydec.speculative.cache import RaggedCache
 from raydec.speculative.proposers.base import DecodeState, Prefill, Proposer
 from raydec.speculative.random import RowRandom
-from raydec.speculative.sampling import VocabConstraint, process_logits, sample_with_uniform
+from raydec.speculative.sampling import RowSampling, VocabConstraint, process_logits, sample_with_uniform
 from raydec.speculative.target import DecodingTarget, ForwardOutput, PromptInputs, stack_prompts
 from raydec.speculative.tree import DraftTree, identity_mask
 from raydec.speculative.verify import VerifyResult, verify_tree
@@ -47,11 +47,15 @@ Verifier = Callable[[DraftTree, torch.Tensor, torch.Tensor], VerifyResult]
 
 @dataclass
 class RowRequest:
-    """One generation request: an adapter-specific prompt, a seed, an optional length cap."""
+    """One generation request: an adapter-specific prompt, a seed, and optionally its own
+    length cap, sampling (temperature, top-k, top-p, repetition penalty; CFG is the engine's)
+    and stop tokens (besides the model's EOS)."""
 
     prompt: Any
     seed: int
     max_new_tokens: int | None = None
+    sampling: SamplingConfig | None = None
+    stop_token_ids: Sequence[int] = ()
 
 
 @dataclass
@@ -84,6 +88,8 @@ class _Row:
     stats: RowStats = field(default_factory=RowStats)
     generated: list[int] = field(default_factory=list)
     admitted_at: float = 0.0  # perf_counter when the row was prefilled (its latency starts)
+    sampling: SamplingConfig | None = None  # the engine's when None
+    stop: frozenset[int] = frozenset()  # EOS and the request's stop tokens
     context_ids: torch.Tensor | None = None  # prompt token ids (repetition penalty)
     cancelled: bool = False
     done: bool = False
@@ -211,6 +217,7 @@ class DecodeSession:
         self.random: RowRandom | None = None  # the active rows' streams, in batch order, on the device
         self.prob_dtype = torch.float32
         self.steps = 0  # decode steps run
+        self._sampling: tuple[list[int], SamplingConfig | RowSampling] | None = None  # (rows, their sampling)
 
     # -- the public surface ----------------------------------------------------------------------
 
@@ -220,7 +227,20 @@ class DecodeSession:
         if request.max_new_tokens is not None and request.max_new_tokens < 1:
             raise ValueError(f"requests[{handle}].max_new_tokens: {request.max_new_tokens} must be >= 1 (None: the config's)")
         limit = request.max_new_tokens if request.max_new_tokens is not None else self.engine.config.max_new_tokens
-        self.rows.append(_Row(request=request, limit=limit))
+        sampling = request.sampling
+        if sampling is not None:
+            mine = self.engine.config.sampling
+            for name in ("cfg_scale", "cfg_space"):
+                if getattr(sampling, name) != getattr(mine, name):
+                    raise ValueError(f"requests[{handle}].sampling.{name}: {getattr(sampling, name)!r} differs from the engine's "
+                                     f"{getattr(mine, name)!r} (classifier-free guidance is one for the batch)")
+            if sampling.repetition_penalty != 1.0 and sampling.uses_cfg:
+                raise ValueError(f"requests[{handle}].sampling.repetition_penalty={sampling.repetition_penalty} is not "
+                                 f"supported with classifier-free guidance")
+            if sampling == mine:
+                sampling = None
+        stop = frozenset(self.engine.eos_token_ids) | frozenset(int(t) for t in request.stop_token_ids)
+        self.rows.append(_Row(request=request, limit=limit, sampling=sampling, stop=stop))
         self.queue.append(handle)
         return handle
 
@@ -259,6 +279,18 @@ class DecodeSession:
             self._decode_step()
         return finished + self._retire()
 
+    def _sampling_of(self, handles: list[int], device: torch.device) -> SamplingConfig | RowSampling:
+        """The engine's config when every row uses it, else the rows' own (kept while they stay)."""
+        if all(self.rows[h].sampling is None for h in handles):
+            return self.engine.config.sampling
+        if self._sampling is None or self._sampling[0] != handles:
+            configs = [self.rows[h].sampling or self.engine.config.sampling for h in handles]
+            self._sampling = (list(handles), RowSampling.of(configs, device))
+        return self._sampling[1]
+
+    def _penalised(self, handles: list[int]) -> bool:
+        return any((self.rows[h].sampling or self.engine.config.sampling).repetition_penalty != 1.0 for h in handles)
+
     # -- admission -------------------------------------------------------------------------------
 
     def _admit(self, handles: list[int]) -> None:
@@ -285,7 +317,7 @@ class DecodeSession:
         output = target.forward(embeds, None, positions, mask, joining.kv, want_hidden=engine.proposer.wants_hidden)
         joining.start(valid, next_position)
         first_probs = process_logits(
-            output.logits[:, -1:], engine.config.sampling, batch, engine.constraint,
+            output.logits[:, -1:], self._sampling_of(list(handles), output.logits.device), batch, engine.constraint,
             torch.zeros(batch, 1, dtype=torch.long, device=output.logits.device), self._context(handles, output.logits.shape[-1]),
         )[:, 0]  # [B, V]
         random = RowRandom.for_seeds([row.request.seed for row in rows], device=first_probs.device)
@@ -345,16 +377,16 @@ class DecodeSession:
         its path (its ancestors and itself), as plain decoding would have generated them.
         Without a tree: [B, 1, V], the context of the next token.
         """
-        config = self.engine.config
-        if config.sampling.repetition_penalty == 1.0:
+        if not self._penalised(handles):
             return None
         seen = torch.zeros(len(handles), vocab, dtype=torch.bool)
         for i, handle in enumerate(handles):
             row = self.rows[handle]
             ids = row.context_ids
             if ids is None:
+                penalty = (row.sampling or self.engine.config.sampling).repetition_penalty
                 raise ValueError(
-                    f"sampling.repetition_penalty={config.sampling.repetition_penalty}: "
+                    f"sampling.repetition_penalty={penalty}: "
                     f"{type(self.engine.target).__name__} does not report its prompts' token ids"
                 )
             ids = ids.cpu()
@@ -387,7 +419,8 @@ class DecodeSession:
             lengths = torch.tensor([len(self.rows[h].generated) for h in self.active], device=device)
             gen_index = lengths.unsqueeze(1) + depth
         context = self._context(self.active, output.logits.shape[-1], tree)
-        probs = process_logits(output.logits, engine.config.sampling, batch, engine.constraint, gen_index, context)
+        sampling = self._sampling_of(self.active, output.logits.device)
+        probs = process_logits(output.logits, sampling, batch, engine.constraint, gen_index, context)
         return probs, output
 
     def _commit(self, tree: DraftTree, result: VerifyResult) -> list[int]:
@@ -403,7 +436,7 @@ class DecodeSession:
             row = self.rows[handle]
             new_tokens = tokens[: row.limit - len(row.generated)]
             for j, token in enumerate(new_tokens):
-                if token in engine.eos_token_ids:
+                if token in row.stop:
                     new_tokens = new_tokens[: j + 1]
                     break
             row.generated.extend(new_tokens)
@@ -430,13 +463,12 @@ class DecodeSession:
 
     def _retire(self) -> list[int]:
         """Drop finished and cancelled rows from the batch and the cache; returns their handles."""
-        eos = self.engine.eos_token_ids
         still, finished = [], []
         for handle in self.active:
             row = self.rows[handle]
             if row.cancelled:
                 reason = "cancelled"
-            elif row.generated and row.generated[-1] in eos:
+            elif row.generated and row.generated[-1] in row.stop:
                 reason = "eos"
             elif len(row.generated) >= row.limit:
                 reason = "length"

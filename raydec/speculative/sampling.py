@@ -85,18 +85,84 @@ def _apply_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     return scores.masked_fill(remove, float("-inf"))
 
 
-def apply_repetition_penalty(scores: torch.Tensor, context: torch.Tensor, penalty: float) -> torch.Tensor:
+def apply_repetition_penalty(scores: torch.Tensor, context: torch.Tensor, penalty: float | torch.Tensor) -> torch.Tensor:
     """Hugging Face's repetition penalty: s / penalty (s > 0) or s * penalty for tokens in context.
 
-    scores: [B, N, V]; context: [B, N, V] bool, the tokens each position's context holds
+    scores: [B, N, V]; context: [B, N, V] bool, the tokens each position's context holds;
+    penalty: a number, or [B, 1, 1] per row
     """
     penalised = torch.where(scores > 0, scores / penalty, scores * penalty)
     return torch.where(context.to(scores.device), penalised, scores)
 
 
+@dataclass(frozen=True)
+class RowSampling:
+    """Per-row sampling parameters of a batch whose rows were asked for different ones
+    (online traffic mixes requests). Each is [B] on the logits' device; each row's processed P
+    is exactly what ``process_logits`` with that row's own ``SamplingConfig`` gives.
+
+    temperature (0: greedy), top_k (0: off), top_p (1: off), repetition_penalty (1: off);
+    max_top_k: the largest top_k (host); penalised: some row has a repetition penalty (host).
+    CFG (scale and space) is one for the batch: ``cfg_scale``, ``cfg_space``.
+    """
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    repetition_penalty: torch.Tensor
+    max_top_k: int
+    penalised: bool
+    cfg_scale: float = 1.0
+    cfg_space: str = "logits"
+
+    @classmethod
+    def of(cls, configs: list[SamplingConfig], device: torch.device | str = "cpu") -> "RowSampling":
+        cfg = {(c.cfg_scale, c.cfg_space) for c in configs}
+        if len(cfg) > 1:
+            raise ValueError(f"sampling.cfg_scale / cfg_space must be the same for rows decoding together, got {sorted(cfg)}")
+        scale, space = cfg.pop()
+
+        def column(values: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        return cls(
+            column([c.temperature for c in configs], torch.float64), column([c.top_k for c in configs], torch.long),
+            column([c.top_p for c in configs], torch.float64), column([c.repetition_penalty for c in configs], torch.float64),
+            max(c.top_k for c in configs), any(c.repetition_penalty != 1.0 for c in configs), scale, space,
+        )
+
+    @property
+    def uses_cfg(self) -> bool:
+        return self.cfg_scale != 1.0
+
+
+def _process_per_row(scores: torch.Tensor, rows: RowSampling) -> torch.Tensor:
+    """temperature -> top-k -> top-p with each row's own values. scores: [B, N, V] -> probs"""
+    vocab = scores.shape[-1]
+    per_row = lambda t: t.to(scores.device).view(-1, 1, 1)  # noqa: E731  [B] -> [B, 1, 1]
+    temperature = per_row(rows.temperature).to(scores.dtype)
+    greedy = temperature == 0
+    scores = scores / torch.where(greedy, 1.0, temperature)
+    if 0 < rows.max_top_k:
+        k = min(rows.max_top_k, vocab)
+        top_k = per_row(rows.top_k)
+        kth = torch.topk(scores, k, dim=-1).values.gather(-1, (top_k.clamp(1, k) - 1).expand(*scores.shape[:-1], 1))
+        filtering = (top_k > 0) & (top_k < vocab)
+        scores = scores.masked_fill(filtering & (scores < kth), float("-inf"))  # ties at the k-th stay
+    top_p = per_row(rows.top_p).to(scores.dtype)
+    sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    remove_sorted = (cumulative <= (1.0 - top_p)) & (top_p < 1.0)
+    remove_sorted[..., -1] = False
+    scores = scores.masked_fill(remove_sorted.scatter(-1, order, remove_sorted), float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    one_hot = torch.zeros_like(probs).scatter_(-1, scores.argmax(dim=-1, keepdim=True), 1.0)
+    return torch.where(greedy, one_hot, probs)
+
+
 def process_logits(
     logits: torch.Tensor,
-    config: SamplingConfig,
+    config: SamplingConfig | RowSampling,
     num_rows: int,
     constraint: VocabConstraint | None = None,
     gen_index: torch.Tensor | None = None,
@@ -116,10 +182,12 @@ def process_logits(
         scores = mix_cfg(scores, num_rows, config.cfg_scale, config.cfg_space)
     elif scores.shape[0] != num_rows:
         raise ValueError(f"expected {num_rows} model rows without CFG, got {scores.shape[0]}")
-    if config.repetition_penalty != 1.0:
+    per_row = isinstance(config, RowSampling)
+    if (config.penalised if per_row else config.repetition_penalty != 1.0):
         if context is None:
             raise ValueError("sampling.repetition_penalty needs the context tokens of every position")
-        scores = apply_repetition_penalty(scores, context, config.repetition_penalty)
+        penalty = config.repetition_penalty.to(scores.device, scores.dtype).view(-1, 1, 1) if per_row else config.repetition_penalty
+        scores = apply_repetition_penalty(scores, context, penalty)
 
     if constraint is not None and constraint.restricts:
         scores = scores.masked_fill(~constraint.allowed.to(scores.device), float("-inf"))
@@ -127,7 +195,9 @@ def process_logits(
     if constraint is not None and constraint.forced is not None and gen_index is not None:
         forced = constraint.forced(gen_index).to(scores.device)  # [B, N]
 
-    if config.greedy:
+    if per_row:
+        probs = _process_per_row(scores, config)
+    elif config.greedy:
         probs = torch.zeros_like(scores)
         probs.scatter_(-1, scores.argmax(dim=-1, keepdim=True), 1.0)
     else:

@@ -1,0 +1,96 @@
+"""The engine session: requests join a running batch, cancelled rows leave it, and a row's
+tokens depend on its seed alone (not on the batch, the order or when it joined)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.proposers.ar import ARProposer
+from raydec.speculative.proposers.jacobi import JacobiProposer
+from tests.toys import tiny_llama
+
+torch.set_num_threads(1)
+
+PROMPTS = [[1, 5, 7, 9, 2], [3, 4], [8, 8, 8, 8, 8, 8, 2, 11], [10], [6, 1], [2, 2, 3]]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return tiny_llama(tmp_path_factory.mktemp("session"), vocab=24, seed=5, dtype=torch.float64, layers=2, hidden=32)
+
+
+def _engine(llama, method: str) -> Engine:
+    spec = DraftSpec(window=8, branching=2, tree_depth=1)
+    config = DecodeConfig(max_new_tokens=12, sampling=SamplingConfig(temperature=1.0), draft=spec)
+    proposer = ARProposer() if method == "ar" else JacobiProposer(spec, method)
+    return Engine(llama, proposer, config)
+
+
+def _requests(count: int) -> list[RowRequest]:
+    return [RowRequest(PROMPTS[i % len(PROMPTS)], seed=100 + i, max_new_tokens=6 + i % 5) for i in range(count)]
+
+
+@pytest.mark.parametrize("method", ["ar", "sjd_pac"])
+def test_requests_submitted_while_a_batch_decodes_join_it_and_match_generate(llama, method):
+    requests = _requests(6)
+    expected = [out.tokens for out in _engine(llama, method).generate(requests)]
+    session = _engine(llama, method).session(max_batch=4)
+    handles = [session.submit(r) for r in requests[:2]]
+    session.step()  # admits the first two
+    session.step()  # a decode step
+    assert len(session.active) == 2 and session.steps == 1
+    handles += [session.submit(r) for r in requests[2:]]  # arrive mid-run
+    joined_at = None
+    while session.busy:
+        before = set(session.active)
+        session.step()
+        if joined_at is None and set(session.active) - before:
+            joined_at = session.steps
+            assert set(handles[:2]) & set(session.active)  # the first rows were still decoding: they were joined
+    assert joined_at == 1
+    assert [session.output(h).tokens for h in handles] == expected
+
+
+def test_a_cancelled_row_frees_its_place_for_a_queued_one(llama):
+    requests = _requests(3)
+    expected = [out.tokens for out in _engine(llama, "sjd_pac").generate(requests)]
+    session = _engine(llama, "sjd_pac").session(max_batch=2)
+    finished: list[int] = []
+    session.on_finish = lambda handle, output: finished.append(handle)
+    handles = [session.submit(r) for r in requests]
+    session.step()  # admits rows 0 and 1; row 2 waits
+    assert session.active == handles[:2] and session.queue == handles[2:]
+    session.step()
+    session.cancel(handles[0])
+    done = session.step()  # the cancelled row leaves; row 2 takes its place
+    assert handles[0] in done and session.output(handles[0]).stats.finish_reason == "cancelled"
+    assert handles[2] in session.active and handles[0] not in session.active
+    while session.busy:
+        session.step()
+    assert [session.output(h).tokens for h in handles[1:]] == expected[1:]
+    assert finished[0] == handles[0] and sorted(finished) == handles
+
+
+def test_a_queued_request_cancelled_before_it_starts_never_decodes(llama):
+    session = _engine(llama, "ar").session(max_batch=1)
+    first, second = session.submit(_requests(1)[0]), session.submit(_requests(2)[1])
+    session.cancel(second)
+    while session.busy:
+        session.step()
+    assert session.output(second).tokens == [] and session.output(second).stats.finish_reason == "cancelled"
+    assert session.output(first).stats.finish_reason == "length"
+
+
+@pytest.mark.parametrize("method", ["ar", "sjd", "sjd_pac"])
+def test_a_rows_tokens_are_the_same_in_batch_1_and_16_in_any_order(llama, method):
+    """float64: exactly the same tokens, whatever else shares the batch and in which order."""
+    requests = _requests(16)
+    alone = [_engine(llama, method).generate([r])[0].tokens for r in requests]
+    together = [out.tokens for out in _engine(llama, method).generate(requests)]
+    order = torch.randperm(16, generator=torch.Generator().manual_seed(1)).tolist()
+    shuffled = _engine(llama, method).generate([requests[i] for i in order])
+    assert together == alone
+    assert [shuffled[order.index(i)].tokens for i in range(16)] == alone
