@@ -113,11 +113,12 @@ def _emu3_allowed_fn(emu3):
     """Hugging Face's Emu3 image-generation example constraint (``prefix_allowed_tokens_fn``)."""
     (height, width), tok = emu3.grid_shape, emu3.tokenizer
     visual = emu3.visual_token_ids.tolist()
+    eol = int(emu3.output_token_ids[emu3.layout.eol])
 
     def allowed(batch_id, input_ids):
         offset = input_ids.shape[0] - int(torch.nonzero(input_ids == tok.image_wrapper_token_id)[0, 0])
         if offset % (width + 1) == 0:
-            return [emu3.layout.eol]
+            return [eol]
         for k, token in enumerate([tok.eof_token_id, tok.eoi_token_id, tok.eos_token_id]):
             if offset == (width + 1) * height + 1 + k:
                 return [token]
@@ -138,7 +139,18 @@ def test_emu3_greedy_cfg_equals_hf_generate(emu3):
             do_sample=False, prefix_allowed_tokens_fn=_emu3_allowed_fn(emu3), guidance_scale=3.0,
             negative_prompt_ids=uncond, negative_prompt_attention_mask=torch.ones_like(uncond),
         )
-        assert out.tokens == reference[0, cond.shape[1] :].tolist()
+        assert emu3.to_vocab_ids(torch.tensor(out.tokens)).tolist() == reference[0, cond.shape[1] :].tolist()
+
+
+def test_emu3_decodes_over_its_image_tokens_only(emu3):
+    """The output space is the visual codes and the five layout tokens, through a gathered head
+    whose logits equal the full head's at those ids."""
+    codes = len(emu3.visual_token_ids)
+    assert emu3.vocab_size == codes + 5 < emu3.model.get_output_embeddings().weight.shape[0]
+    hidden = torch.randn(2, 3, emu3.model.lm_head.weight.shape[1])
+    full = emu3.model.lm_head(hidden)[..., emu3.output_token_ids]
+    assert torch.allclose(emu3.window_head(hidden), full, atol=1e-6)
+    assert emu3.to_vocab_ids(torch.tensor([0, codes])).tolist() == [int(emu3.visual_token_ids[0]), int(emu3.model.vocabulary_mapping.eol_token_id or emu3.tokenizer.convert_tokens_to_ids("<|extra_200|>"))]
 
 
 METHODS = ["ar", "random", "sjd", "sjd_ac", "sjd_pac"]
@@ -194,12 +206,14 @@ def test_emu3_layout_tokens_exactly_at_row_ends(emu3):
     height, width = emu3.grid_shape
     tok = emu3.tokenizer
     visual = set(emu3.visual_token_ids.tolist())
+    eol = int(emu3.output_token_ids[emu3.layout.eol])
     outs = decode(emu3, method_proposer("sjd_pac", emu3), emu3.default_sampling(), PROMPTS, [1, 2, 3], PAC_DRAFT)
     for out in outs:
-        rows = torch.tensor(out.tokens[: height * (width + 1)]).view(height, width + 1)
-        assert rows[:, width].tolist() == [emu3.layout.eol] * height
+        ids = emu3.to_vocab_ids(torch.tensor(out.tokens)).tolist()
+        rows = torch.tensor(ids[: height * (width + 1)]).view(height, width + 1)
+        assert rows[:, width].tolist() == [eol] * height
         assert all(t in visual for t in rows[:, :width].flatten().tolist())
-        assert out.tokens[height * (width + 1) :] == [tok.eof_token_id, tok.eoi_token_id, tok.eos_token_id]
+        assert ids[height * (width + 1) :] == [tok.eof_token_id, tok.eoi_token_id, tok.eos_token_id]
     grid = emu3.image_token_grid(torch.tensor([o.tokens for o in outs]))
     assert grid.shape == (3, height, width)
 
@@ -374,6 +388,11 @@ def test_sampling_law_equals_hf_generate(request, name, monkeypatch):
         tokens = out[0, cond.shape[1] :].tolist()
     monkeypatch.setattr(torch, "multinomial", original)
     hf_probs = torch.cat(recorded)  # [N, V]
+    if name == "emu3":  # our output space: the image and layout tokens; HF's mass is all on them
+        columns = target.output_token_ids[: len(target.visual_token_ids) + 4]  # pad is never sampled
+        assert float(hf_probs[:, columns].sum(dim=1).min()) > 1 - 1e-5
+        hf_probs = torch.cat([hf_probs[:, columns], torch.zeros(len(hf_probs), target.vocab_size - len(columns))], dim=1)
+        tokens = target.from_vocab_ids(torch.tensor(tokens)).tolist()
     ours = _teacher_forced_probs(target, prompt, tokens, sampling)
     assert hf_probs.shape == ours.shape == (target.num_image_tokens, target.vocab_size)
     assert (hf_probs > 0).sum() < hf_probs.numel() / 2  # top-k / top-p / the layout really cut

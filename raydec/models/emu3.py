@@ -10,9 +10,15 @@ as the layout
 
     (w visual tokens, <eol>) x h,  <eof>, <|image end|>, <eos>        # h * (w + 1) + 3 tokens
 
-which Hugging Face's example enforces with ``prefix_allowed_tokens_fn``. Here the layout is a
-``VocabConstraint``: ``allowed`` = the visual tokens, and ``forced`` puts end-of-line after
-every row and eof / end-of-image / eos at the end, by generated-token index.
+which Hugging Face's example enforces with ``prefix_allowed_tokens_fn``.
+
+The engine's output space is only these tokens: the visual codes, then end-of-line, eof,
+end-of-image, eos and pad (``output_token_ids``, K = codes + 5; 32,768 + 5 for Emu3-Gen, not
+its 184,622-entry head). The output head is the LM head's rows for them (one gathered copy),
+so logits, P, drafts and the verifier all work over K columns; ``to_vocab_ids`` maps tokens
+back. The layout is a ``VocabConstraint`` over that space: ``allowed`` = the visual codes, and
+``forced`` puts end-of-line after every row and eof / end-of-image / eos at the end, by
+generated-token index.
 
 CFG: Hugging Face's example runs ``UnbatchedClassifierFreeGuidanceLogitsProcessor`` (a second,
 unbatched forward of the negative prompt; the mix ``u + s (c - u)`` on log-softmax scores).
@@ -75,7 +81,8 @@ class Emu3Layout:
 
 
 class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share the text embeddings
-    """``Emu3ForConditionalGeneration`` as a ``DecodingTarget`` over its full vocabulary.
+    """``Emu3ForConditionalGeneration`` as a ``DecodingTarget`` over its image tokens (see the
+    module docstring): engine tokens index ``output_token_ids``.
 
     ratio / image_area: the processor's generation size knobs (``"1:1"``, pixels); None keeps
     the processor's defaults. The token grid is ``processor.calculate_generate_size``.
@@ -84,7 +91,6 @@ class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share 
     def __init__(self, model: torch.nn.Module, processor: Any, ratio: str | None = None, image_area: int | None = None) -> None:
         self.model = model.eval()
         self.window_decoder = model.model.text_model
-        self.window_head = model.lm_head
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.ratio = ratio or processor.ratio
@@ -100,11 +106,16 @@ class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share 
         eos = generation.eos_token_id if generation.eos_token_id is not None else tokenizer.eos_token_id
         eos = eos[0] if isinstance(eos, (list, tuple)) else eos
         pad = generation.pad_token_id if generation.pad_token_id is not None else tokenizer.pad_token_id
-        self.layout = Emu3Layout(
-            height, width, eol=int(eol), eof=int(tokenizer.eof_token_id), eoi=int(tokenizer.eoi_token_id),
-            eos=int(eos), pad=int(pad),
-        )
         self.visual_token_ids = torch.tensor(mapping.image_tokens, dtype=torch.long)
+        layout_ids = [int(eol), int(tokenizer.eof_token_id), int(tokenizer.eoi_token_id), int(eos), int(pad)]
+        self.output_token_ids = torch.cat([self.visual_token_ids, torch.tensor(layout_ids)])  # [K] vocabulary id of each output token
+        codes = len(self.visual_token_ids)
+        # output-space ids of the layout tokens (pad may equal eos: the first match is taken)
+        eol_o, eof_o, eoi_o, eos_o = codes, codes + 1, codes + 2, codes + 3
+        pad_o = codes + 3 if int(pad) == int(eos) else codes + 4
+        self.layout = Emu3Layout(height, width, eol=eol_o, eof=eof_o, eoi=eoi_o, eos=eos_o, pad=pad_o)
+        self.window_head = _gathered_head(model.lm_head, self.output_token_ids)
+        self._output_ids_on: dict = {}
         scale = int(model.model.vqmodel.spatial_scale_factor)
         self._image_size = (height * scale, width * scale)
 
@@ -125,7 +136,32 @@ class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share 
 
     @property
     def vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])
+        """K: the visual codes and the layout tokens."""
+        return int(self.output_token_ids.shape[0])
+
+    def _output_ids(self, device: torch.device) -> torch.Tensor:
+        if device not in self._output_ids_on:
+            self._output_ids_on[device] = self.output_token_ids.to(device)
+        return self._output_ids_on[device]
+
+    def to_vocab_ids(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Output-space tokens -> the model's vocabulary ids (same shape)."""
+        tokens = torch.as_tensor(tokens, dtype=torch.long)
+        return self._output_ids(tokens.device)[tokens]
+
+    def from_vocab_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """The model's vocabulary ids -> output-space tokens (an id outside the space is an error)."""
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        lookup = torch.full((int(self.output_token_ids.max()) + 1,), -1, dtype=torch.long)
+        lookup[self.output_token_ids.flip(0)] = torch.arange(len(self.output_token_ids) - 1, -1, -1)  # first match wins
+        tokens = lookup[ids.clamp(0, len(lookup) - 1)]
+        bad = (tokens < 0) | (ids >= len(lookup)) | (ids < 0)
+        if bool(bad.any()):
+            raise ValueError(f"tokens: vocabulary id {int(ids[bad][0])} is not an Emu3 image or layout token")
+        return tokens
+
+    def embed_output_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embed_prompt_tokens(self._output_ids(tokens.device)[tokens])
 
     def prompt_ids(self, text: str) -> torch.Tensor:
         """``processor(text, return_for_image_generation=True)`` ids: BOS, prompt, image header. # [L]"""
@@ -165,9 +201,9 @@ class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share 
         return ()
 
     def vocab_constraint(self) -> VocabConstraint:
-        """Visual tokens only, with the layout's end-of-line / end tokens forced by index."""
+        """Visual codes only, with the layout's end-of-line / end tokens forced by index."""
         allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
-        allowed[self.visual_token_ids] = True
+        allowed[: len(self.visual_token_ids)] = True
         return VocabConstraint(allowed=allowed, forced=self._forced_on_device)
 
     def _forced_on_device(self, gen_index: torch.Tensor) -> torch.Tensor:
@@ -179,18 +215,30 @@ class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share 
         return sampling_from_generation_config(self.model.generation_config, "logprobs")
 
     def image_token_grid(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Strip end-of-line and end tokens: [B, num_image_tokens] -> visual ids [B, h, w]."""
+        """Strip end-of-line and end tokens: [B, num_image_tokens] output tokens -> visual vocabulary ids [B, h, w]."""
         height, width = self._grid
-        body = torch.as_tensor(tokens, dtype=torch.long)[:, : self.layout.body_length]
+        body = self.to_vocab_ids(tokens)[:, : self.layout.body_length]
         return body.view(-1, height, width + 1)[..., :width]
 
     @torch.inference_mode()
     def decode_tokens(self, tokens: torch.Tensor) -> list[Image.Image]:
-        """Generated layout -> PIL images via ``decode_image_tokens``. tokens: [B, h*(w+1)+3]"""
-        tokens = torch.as_tensor(tokens, dtype=torch.long)
+        """Generated layout -> PIL images via ``decode_image_tokens``. tokens: [B, h*(w+1)+3] output tokens"""
+        tokens = self.to_vocab_ids(tokens)
         if tokens.ndim != 2 or tokens.shape[1] != self.num_image_tokens:
             raise ValueError(f"decode_tokens: expected [B, {self.num_image_tokens}] tokens, got {tuple(tokens.shape)}")
         height, width = self._grid
         vq_for_decoding(self.model.model.vqmodel)
         pixels = self.model.decode_image_tokens(image_tokens=tokens.to(self.device), height=height, width=width)
         return pixels_to_pil(pixels, self.processor.image_processor, channels_last=False)  # pixels [B, C, H, W]
+
+
+def _gathered_head(head: torch.nn.Module, rows: torch.Tensor) -> torch.nn.Linear:
+    """The output head restricted to ``rows`` ([K] vocabulary ids): one copy of those rows."""
+    weight = head.weight.detach()
+    gathered = torch.nn.Linear(weight.shape[1], len(rows), bias=getattr(head, "bias", None) is not None,
+                               device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        gathered.weight.copy_(weight[rows.to(weight.device)])
+        if gathered.bias is not None:
+            gathered.bias.copy_(head.bias.detach()[rows.to(weight.device)])
+    return gathered.requires_grad_(False)
