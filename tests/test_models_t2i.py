@@ -412,3 +412,22 @@ def test_half_precision_on_cpu_decodes_pixels_in_float32(request, name):
     assert half.dtype == torch.bfloat16 and next(half.window_head.parameters()).dtype == torch.bfloat16
     again = upcast.decode_tokens(torch.tensor([r.tokens for r in results]))
     assert [r.image.tobytes() for r in results] == [im.tobytes() for im in again]
+
+
+def test_an_emu3_with_32768_codes_samples_over_its_codes_not_its_head(tmp_path):
+    """Emu3-Gen's codebook size: every step's P has the codes and the 5 layout tokens as columns
+    (32,773), not the LM head's (all text and special tokens as well)."""
+    from raydec.speculative.verify import verify_tree
+
+    target = load_t2i_target(tiny_emu3(tmp_path / "emu3-32k", codebook=32768), image_area=EMU3_AREA)
+    widths = set()
+
+    def recording(tree, target_probs, uniforms):
+        widths.add(target_probs.shape[-1])
+        return verify_tree(tree, target_probs, uniforms)
+
+    decode_config = DecodeConfig(method="sjd_pac", max_new_tokens=target.num_image_tokens, sampling=target.default_sampling(), draft=PAC_DRAFT)
+    engine = Engine(target, api._make_proposer(decode_config, target), decode_config, constraint=target.vocab_constraint(), verifier=recording)
+    out = engine.generate([RowRequest(ImagePrompt(PROMPTS[0], None), seed=0)])[0]
+    assert widths == {32768 + 5} and target.model.lm_head.weight.shape[0] > 32768 + 5
+    assert len(out.tokens) == target.num_image_tokens and len(target.decode_tokens(torch.tensor([out.tokens]))) == 1
