@@ -1,28 +1,27 @@
-"""Host work per Jacobi decode step at a real codebook size, apart from the target forward.
+"""Host milliseconds per Jacobi decode step outside the target forward, for any raydec version.
 
-    python benchmarks/host_work.py --codebook 16384
+    python benchmarks/host_work.py --codebook 16384 --batch 8 --window 64 --method sjd_pac
+    PYTHONPATH=/path/to/old/worktree python benchmarks/host_work.py ...   # an earlier commit
 
-The reference Janus has a 512-code book; Janus-Pro has 16,384. Drafting, coupling and
-verification run on the CPU over `[rows, slots, V]` probabilities, so their cost grows with the
-codebook while the reference model hides it. This builds a small random Janus (2 layers, 64 wide)
-with the given codebook in a temporary folder, decodes a few shapes prompts with sjd, sjd_ac and
-sjd_pac (left copies, CFG on, bf16 off: float32), and prints milliseconds per decode step: the
-whole step, the target forward, logit processing, and the proposer / verifier / bookkeeping
-parts (cProfile, time with callees; the profiler adds its own overhead to every part).
+It uses only the public ``generate_images`` / ``load_pipeline`` (present in every version), so
+the same script measures the code before and after a change side by side: a small random
+Janus (2 layers, 64 wide) with the given codebook, CFG on, float32, left copies, shapes
+prompts. Per decode step: the whole wall time minus the target's forwards (prefill included)
+and pixel decoding, divided by the decode steps (counted at the engine's commit). No profiler
+runs, so nothing adds overhead to the host part. `raydec bench step` gives the structure
+(read-backs, bytes, operators); this gives the one number both versions can be asked for.
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
-import pstats
+import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-
-PARTS = ("forward", "process_logits", "propose", "verify_tree", "_commit", "observe")
 
 
 def build_janus(folder: Path, codebook: int) -> Path:
@@ -43,38 +42,79 @@ def build_janus(folder: Path, codebook: int) -> Path:
     return folder
 
 
+def _commit_owner():
+    """The class whose ``_commit`` runs once per decode step in this raydec version."""
+    import raydec
+
+    if (Path(raydec.__file__).parent / "spec" / "engine.py").exists():  # before the session API
+        from raydec.spec.engine import Engine
+
+        return Engine
+    from raydec.speculative.engine import DecodeSession
+
+    return DecodeSession
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--codebook", type=int, default=16384)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--window", type=int, default=64)
+    parser.add_argument("--method", default="sjd_pac", choices=["sjd", "sjd_ac", "sjd_pac"])
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs (after one warm-up); the median is reported")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
+    import raydec
     from raydec.api import generate_images, load_pipeline
     from raydec.config import DecodeConfig, DraftSpec
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
 
     with tempfile.TemporaryDirectory() as tmp:
         target = load_pipeline(str(build_janus(Path(tmp), args.codebook)), "t2i", dtype=torch.float32)
-    prompts = [make_sample(HELD_OUT_SEED_START + i).prompt for i in range(8)]
-    print(f"host_work: random Janus, {args.codebook}-code book, float32, CPU, {args.threads} thread(s); ms per decode step")
-    print(f"{'batch':>5} {'window':>6} {'method':8} {'steps':>5} {'step':>6} " + " ".join(f"{p:>14}" for p in PARTS))
-    for batch, window in ((1, 32), (8, 16)):
-        for method, branching, depth in (("sjd", 1, 0), ("sjd_ac", 1, 0), ("sjd_pac", 2, 1)):
-            decode = DecodeConfig(method=method, draft=DraftSpec(window=window, branching=branching, tree_depth=depth, init="left"))
-            run = lambda: generate_images(prompts[:batch], model=target, decode=decode, seeds=list(range(batch)), batch_size=batch)  # noqa: E731
-            run()  # warm-up
-            profile = cProfile.Profile()
+    spent = {"forward": 0.0, "pixels": 0.0, "steps": 0}
+
+    def timed(name, function):
+        def wrapper(*a, **k):
             start = time.perf_counter()
-            profile.enable()
-            run()
-            profile.disable()
-            wall = time.perf_counter() - start
-            stats = pstats.Stats(profile).stats
-            seconds = {p: sum(v[3] for k, v in stats.items() if k[2] == p and "raydec" in k[0]) for p in PARTS}
-            steps = sum(v[1] for k, v in stats.items() if k[2] == "_commit" and "raydec" in k[0])
-            print(f"{batch:>5} {window:>6} {method:8} {steps:>5} {1e3 * wall / steps:6.1f} "
-                  + " ".join(f"{1e3 * seconds[p] / steps:14.2f}" for p in PARTS), flush=True)
+            try:
+                return function(*a, **k)
+            finally:
+                spent[name] += time.perf_counter() - start
+        return wrapper
+
+    target.forward = timed("forward", target.forward)
+    target.decode_tokens = timed("pixels", target.decode_tokens)
+    owner = _commit_owner()
+    commit = owner._commit
+
+    def counted_commit(self, *a, **k):
+        spent["steps"] += 1
+        return commit(self, *a, **k)
+
+    owner._commit = counted_commit
+    branching, depth = (3, 1) if args.method == "sjd_pac" else (1, 0)
+    decode = DecodeConfig(method=args.method, draft=DraftSpec(window=args.window, branching=branching, tree_depth=depth, init="left"))
+    prompts = [make_sample(HELD_OUT_SEED_START + i).prompt for i in range(args.batch)]
+
+    def run() -> float:
+        for key in spent:
+            spent[key] = 0
+        start = time.perf_counter()
+        generate_images(prompts, model=target, decode=decode, seeds=list(range(args.batch)), batch_size=args.batch)
+        wall = time.perf_counter() - start
+        return 1e3 * (wall - spent["forward"] - spent["pixels"]) / max(1, spent["steps"])
+
+    run()  # warm-up
+    host_ms = [run() for _ in range(args.repeats)]
+    result = {"raydec": str(Path(raydec.__file__).parent), "codebook": args.codebook, "batch": args.batch, "window": args.window,
+              "method": args.method, "threads": args.threads, "steps": spent["steps"], "host_ms_per_step": statistics.median(host_ms),
+              "host_ms_runs": host_ms}
+    print(json.dumps(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -332,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     from raydec.bench_caption import add_caption_parser
 
     add_caption_parser(subparsers)
+    from raydec.bench_step import add_step_parser
+
+    add_step_parser(subparsers)
     subparsers.add_parser("pipeline", help="Ray Data pipeline vs the engine in one process (see `raydec bench pipeline -h`)")
     args = parser.parse_args(argv)
     return run_bench(args)

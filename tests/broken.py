@@ -15,7 +15,7 @@ import torch
 
 from raydec.speculative.sampling import sample_with_uniform
 from raydec.speculative.tree import DraftTree
-from raydec.speculative.verify import VerifyResult, node_proposals, residual, verify_tree
+from raydec.speculative.verify import VerifyResult, proposal_rows, residual, verify_tree
 
 
 def longest_path_verifier(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Tensor) -> VerifyResult:
@@ -52,7 +52,7 @@ def longest_path_verifier(tree: DraftTree, target_probs: torch.Tensor, uniforms:
     p = target_probs[rows, end_node]
     rejected = first_child >= 0
     if bool(rejected.any()):
-        q = node_proposals(tree)[rows, first_child.clamp(min=0)].to(p.dtype)
+        q = proposal_rows(tree, first_child.clamp(min=0).unsqueeze(1))[:, 0].to(p.dtype)
         p = torch.where(rejected.unsqueeze(1), residual(p, q), p)
     next_token = sample_with_uniform(p, uniforms[:, 0])
     return VerifyResult(path, num_accepted, next_token, end_node, rejected)

@@ -56,15 +56,16 @@ def test_neighbour_dependence_reports_total_variations(janus_folder, monkeypatch
     assert 0.0 <= mean <= 1.0
 
 
-def test_host_work_splits_a_step_by_part(monkeypatch, capsys):
+def test_host_work_reports_host_ms_per_step(monkeypatch, capsys, tmp_path):
     script = _script("host_work")
-    monkeypatch.setattr(sys, "argv", ["host_work.py", "--codebook", "512"])
+    out_json = tmp_path / "host.json"
+    monkeypatch.setattr(sys, "argv", ["host_work.py", "--codebook", "512", "--batch", "2", "--window", "8", "--repeats", "1",
+                                      "--json", str(out_json)])
     script.main()
-    rows = [line.split() for line in capsys.readouterr().out.splitlines() if re.match(r"\s+[18]\s+\d+\s+sjd", line)]
-    assert [(r[0], r[2]) for r in rows] == [(b, m) for b in ("1", "8") for m in ("sjd", "sjd_ac", "sjd_pac")]
-    for row in rows:  # steps, ms per step, then each part's ms: every part within the step
-        steps, step_ms, parts = int(row[3]), float(row[4]), [float(v) for v in row[5:]]
-        assert steps > 0 and step_ms > 0 and len(parts) == 6 and all(0 <= part <= step_ms for part in parts)
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result == json.loads(out_json.read_text())
+    assert result["steps"] > 0 and result["host_ms_per_step"] > 0 and (result["batch"], result["window"]) == (2, 8)
+    assert Path(result["raydec"]) == Path(__import__("raydec").__file__).parent  # it names the code it measured
 
 
 def test_draft_step_times_both_forms_and_they_agree(monkeypatch, capsys):
@@ -184,3 +185,21 @@ def test_draft_contexts_measures_each_draft_on_greedy_and_sampled_captions(tmp_p
                 assert 0 <= row["top1"] <= 1 and 0 <= row["tv"] <= 1
                 # P's mass on any K tokens is at most its mass on its own K best
                 assert 0 < row["p_on_q_topk"] <= row["p_topk"] + 1e-6 <= 1 + 1e-6
+
+
+def test_bench_step_reports_every_shape(tmp_path, capsys):
+    """``raydec bench step`` at small sizes: one JSON object per shape, one read-back per step."""
+    from raydec.bench import main as bench_main
+
+    out = tmp_path / "step.json"
+    code = bench_main(["step", "--methods", "sjd_pac,eagle", "--vocab", "512", "--draft-vocab", "512", "--batch", "1,2",
+                       "--window", "8", "--steps", "1", "--threads", "1", "--json", str(out)])
+    assert code == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert {(r["method"], r["batch"]) for r in runs} == {(m, b) for m in ("sjd_pac", "eagle") for b in (1, 2)}
+    for run in runs:
+        assert run["syncs_per_step"] <= 2 and run["ops_per_step"] > 0 and run["host_ms_per_step"] >= 0
+        assert set(run) >= {"method", "batch", "window", "vocab", "syncs_per_step", "host_bytes_per_step", "ops_per_step", "host_ms_per_step"}
+    jacobi = {r["batch"]: r for r in runs if r["method"] == "sjd_pac"}
+    assert jacobi[2]["ops_per_step"] <= 1.25 * jacobi[1]["ops_per_step"]  # ops do not grow with the batch
+    assert "sjd_pac" in capsys.readouterr().out  # the table

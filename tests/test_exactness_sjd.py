@@ -120,6 +120,7 @@ class StructureCheckingProposer(JacobiProposer):
         tree = super().propose(state)
         fresh = DraftTree(tree.tokens, tree.parents, tree.valid, tree.proposal_index, tree.without_replacement, tree.proposal_probs)
         assert torch.equal(tree.ancestor_mask(), fresh.ancestor_mask()) and torch.equal(tree.depth(), fresh.depth())
+        assert fresh.children_bound() <= tree.max_children and fresh.branch_node_bound() <= tree.branch_nodes
         StructureCheckingProposer.checked += 1
         StructureCheckingProposer.missing += int((~tree.valid).sum())
         return tree

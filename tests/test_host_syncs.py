@@ -9,11 +9,10 @@ they are the same calls, so the count carries over.
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
+from raydec.bench_step import ReadBacks
 from raydec.config import DecodeConfig, DraftSpec, DraftTreeSpec, SamplingConfig
 from raydec.models.causal_lm import CfgPrompt
 from raydec.speculative.engine import DecodeSession, Engine, RowRequest
@@ -24,32 +23,8 @@ from tests.toys import tiny_llama
 
 torch.set_num_threads(1)
 
-READ_BACKS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 MAX_PER_STEP = 2
 VOCAB = 48
-
-
-@contextlib.contextmanager
-def counting_read_backs(counts: list[int]):
-    """Count every tensor -> Python conversion while active."""
-    originals = {name: getattr(torch.Tensor, name) for name in READ_BACKS}
-
-    def counted(name):
-        original = originals[name]
-
-        def wrapper(self, *args, **kwargs):
-            counts[0] += 1
-            return original(self, *args, **kwargs)
-
-        return wrapper
-
-    try:
-        for name in READ_BACKS:
-            setattr(torch.Tensor, name, counted(name))
-        yield
-    finally:
-        for name, original in originals.items():
-            setattr(torch.Tensor, name, original)
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +40,25 @@ def _proposer(method: str, window: int):
     return JacobiProposer(spec, variant, "left"), spec
 
 
+def counted_steps(session: DecodeSession, steps: int) -> list[int]:
+    """Run up to ``steps`` decode steps of ``session``: the read-backs of each."""
+    counts: list[int] = []
+    original = DecodeSession._decode_step
+
+    def counted_step(self):
+        with ReadBacks().counting() as tally:
+            original(self)
+        counts.append(tally.count)
+
+    DecodeSession._decode_step = counted_step
+    try:
+        while session.busy and len(counts) < steps:
+            session.step()
+    finally:
+        DecodeSession._decode_step = original
+    return counts
+
+
 def read_backs_per_step(llama, method: str, batch: int, window: int, steps: int = 3) -> list[int]:
     """Read-backs of each of the first ``steps`` decode steps of a ``batch``-row session."""
     proposer, spec = _proposer(method, window)
@@ -75,22 +69,7 @@ def read_backs_per_step(llama, method: str, batch: int, window: int, steps: int 
     session = engine.session(max_batch=batch)
     for row in range(batch):
         session.submit(RowRequest(CfgPrompt(cond=[1, 2 + row % 5, 3], uncond=[1]), seed=row))
-    counts: list[int] = []
-    original = DecodeSession._decode_step
-
-    def counted_step(self):
-        tally = [0]
-        with counting_read_backs(tally):
-            original(self)
-        counts.append(tally[0])
-
-    DecodeSession._decode_step = counted_step
-    try:
-        while session.busy and len(counts) < steps:
-            session.step()
-    finally:
-        DecodeSession._decode_step = original
-    return counts
+    return counted_steps(session, steps)
 
 
 @pytest.mark.parametrize("method", ["ar", "sjd", "sjd_ac", "sjd_pac"])
@@ -143,22 +122,7 @@ def tree_read_backs_per_step(target, draft, prompts, batch: int, total: int, ste
     session = engine.session(max_batch=batch)
     for row in range(batch):
         session.submit(RowRequest(prompts[row % len(prompts)], seed=row))
-    counts: list[int] = []
-    original = DecodeSession._decode_step
-
-    def counted_step(self):
-        tally = [0]
-        with counting_read_backs(tally):
-            original(self)
-        counts.append(tally[0])
-
-    DecodeSession._decode_step = counted_step
-    try:
-        while session.busy and len(counts) < steps:
-            session.step()
-    finally:
-        DecodeSession._decode_step = original
-    return counts
+    return counted_steps(session, steps)
 
 
 def test_an_eagle_step_reads_back_at_most_twice_at_any_batch_and_tree(llama):

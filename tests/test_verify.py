@@ -295,8 +295,8 @@ def test_random_trees_decide_what_a_walk_decides(kind):
 
 
 def test_the_host_facts_a_proposer_gives_change_nothing():
-    """``max_children`` / ``any_without_replacement`` given by a proposer (no read-back) or
-    derived from the tensors give the same decisions."""
+    """``max_children`` / ``any_without_replacement`` / ``branch_nodes`` given by a proposer (no
+    read-back) or derived from the tensors give the same decisions."""
     vocab, batch = 4, 32
     generator = torch.Generator().manual_seed(17)
     tree = DraftTree.stack([_random_tree(generator, vocab, "mixed") for _ in range(batch)], vocab, torch.float64)
@@ -305,6 +305,7 @@ def test_the_host_facts_a_proposer_gives_change_nothing():
     uniforms = _uniforms(batch, tree.num_nodes, 5)
     given, derived = verify_tree(tree, probs, uniforms), verify_tree(bare, probs, uniforms)
     assert bare.max_children == tree.max_children and bare.any_without_replacement == tree.any_without_replacement
+    assert bare.branch_nodes == tree.branch_nodes >= 2
     for field in ("path", "num_accepted", "next_token", "stop_node", "rejected"):
         assert torch.equal(getattr(given, field), getattr(derived, field)), field
 

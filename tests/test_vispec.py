@@ -375,6 +375,7 @@ def test_tree_structure_the_proposer_records_is_the_trees_own(llama64, shape):
         bare = DraftTree(tree.tokens, tree.parents, tree.valid, tree.proposal_index, tree.without_replacement, tree.proposal_probs)
         assert torch.equal(tree.ancestor_mask(), bare.ancestor_mask()) and torch.equal(tree.depth(), bare.depth())
         assert bare.children_bound() <= tree.max_children == top_k and bare.is_chain() == (top_k == 1)
+        assert bare.branch_node_bound() <= tree.branch_nodes  # the verifier's residual passes cover every branching node
         assert bare.num_nodes == min(total, 1 + top_k + (depth - 1) * top_k * top_k)
         checked.append(tree.batch_size)
         return tree

@@ -85,6 +85,7 @@ class DraftTree:
 
     Host-side facts a proposer knows from its layout (None: derived, reading the tensors back):
     max_children:        most children any node has (the verifier's passes over sibling ranks)
+    branch_nodes:        at least as many as the nodes with two or more children, in any row
     any_without_replacement: some node is marked ``without_replacement``
     """
 
@@ -96,6 +97,7 @@ class DraftTree:
     proposal_probs: torch.Tensor
     max_children: int | None = None
     any_without_replacement: bool | None = None
+    branch_nodes: int | None = None
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # derived masks
 
     @property
@@ -112,10 +114,19 @@ class DraftTree:
     def children_bound(self) -> int:
         """Most children of any node (``max_children``, or counted: a read-back)."""
         if self.max_children is None:
-            is_child = self.valid & (self.parents >= 0)
-            counts = torch.zeros_like(self.parents).scatter_add_(1, self.parents.clamp(min=0), is_child.long())
+            counts = self._child_counts()
             self.max_children = int(counts.max()) if counts.numel() else 0
         return self.max_children
+
+    def _child_counts(self) -> torch.Tensor:
+        is_child = self.valid & (self.parents >= 0)
+        return torch.zeros_like(self.parents).scatter_add_(1, self.parents.clamp(min=0), is_child.long())
+
+    def branch_node_bound(self) -> int:
+        """``branch_nodes``, or the most nodes with several children in a row (counted: a read-back)."""
+        if self.branch_nodes is None:
+            self.branch_nodes = int((self._child_counts() >= 2).sum(dim=1).max()) if self.tokens.numel() else 0
+        return self.branch_nodes
 
     def without_replacement_anywhere(self) -> bool:
         """Some real draft is marked ``without_replacement`` (given, or read back)."""
@@ -144,9 +155,11 @@ class DraftTree:
             without_replacement[row, :n] = torch.tensor(builder.without_replacement)
             if builder.proposals:
                 proposal_probs[row, : len(builder.proposals)] = torch.stack(builder.proposals).to(dtype)
-        children = [max([b.parents[1:].count(n) for n in range(b.num_nodes)], default=0) for b in builders]
+        counts = [[b.parents[1:].count(n) for n in range(b.num_nodes)] for b in builders]
         marked = any(any(b.without_replacement[1:]) for b in builders)
-        return cls(tokens, parents, valid, proposal_index, without_replacement, proposal_probs, max(children, default=0), marked)
+        most = max((max(c, default=0) for c in counts), default=0)
+        branching = max((sum(n >= 2 for n in c) for c in counts), default=0)
+        return cls(tokens, parents, valid, proposal_index, without_replacement, proposal_probs, most, marked, branching)
 
     @classmethod
     def roots_only(cls, roots: torch.Tensor, vocab_size: int, dtype: torch.dtype = torch.float32) -> "DraftTree":
@@ -161,6 +174,7 @@ class DraftTree:
             proposal_probs=torch.zeros(batch, 0, vocab_size, dtype=dtype, device=device),
             max_children=0,
             any_without_replacement=False,
+            branch_nodes=0,
         )
         zero = torch.zeros(batch, 1, dtype=torch.long, device=device)
         return tree.with_structure(zero, torch.ones(batch, 1, 1, dtype=torch.bool, device=device), chain=True)
@@ -213,6 +227,7 @@ class DraftTree:
         moved = DraftTree(
             self.tokens.to(device), self.parents.to(device), self.valid.to(device), self.proposal_index.to(device),
             self.without_replacement.to(device), self.proposal_probs.to(device), self.max_children, self.any_without_replacement,
+            self.branch_nodes,
         )
         moved._memo = {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in self._memo.items()}
         return moved

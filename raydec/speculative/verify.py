@@ -82,11 +82,16 @@ def effective_proposal(q: torch.Tensor, removed: torch.Tensor | None) -> torch.T
     return q / q.sum(dim=-1, keepdim=True).clamp_min(_RESIDUAL_EPS)
 
 
+def acceptance_ratio(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """min(1, p(x) / q(x)) from the two values (a draft q never proposed is accepted iff p(x) > 0)."""
+    return torch.where(q_x > 0, (p_x / q_x.clamp_min(_RESIDUAL_EPS)).clamp(max=1.0), (p_x > 0).to(p_x.dtype))
+
+
 def acceptance_probability(p: torch.Tensor, q: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     """min(1, p(x) / q(x)).  p, q: [..., V]; token: [...]  -> [...]"""
     p_x = p.gather(-1, token.unsqueeze(-1)).squeeze(-1)
     q_x = q.gather(-1, token.unsqueeze(-1)).squeeze(-1)
-    return torch.where(q_x > 0, (p_x / q_x.clamp_min(_RESIDUAL_EPS)).clamp(max=1.0), (p_x > 0).to(p.dtype))
+    return acceptance_ratio(p_x, q_x)
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -99,17 +104,48 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(mass > _RESIDUAL_EPS, r / mass.clamp_min(_RESIDUAL_EPS), p)
 
 
-def node_proposals(tree: DraftTree) -> torch.Tensor:
-    """Every node's proposal q as a dense row (one-hot for deterministic drafts) -> [B, N, V]."""
-    batch, width = tree.tokens.shape
+def proposal_rows(tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+    """The proposals q of the given nodes as dense rows (one-hot for deterministic drafts).
+    nodes: [B, L] node ids  -> [B, L, V]"""
+    batch, count = nodes.shape
     vocab = tree.proposal_probs.shape[-1]
-    one_hot = torch.zeros(batch, width, vocab, dtype=tree.proposal_probs.dtype, device=tree.tokens.device)
-    one_hot.scatter_(2, tree.tokens.unsqueeze(2), 1.0)
+    tokens = tree.tokens.gather(1, nodes)
+    one_hot = torch.zeros(batch, count, vocab, dtype=tree.proposal_probs.dtype, device=nodes.device).scatter_(2, tokens.unsqueeze(2), 1.0)
     if tree.proposal_probs.shape[1] == 0:
         return one_hot
-    index = tree.proposal_index.clamp(min=0).unsqueeze(2).expand(batch, width, vocab)
-    dense = tree.proposal_probs.gather(1, index)
-    return torch.where((tree.proposal_index == DETERMINISTIC).unsqueeze(2), one_hot, dense)
+    index = tree.proposal_index.gather(1, nodes)
+    dense = tree.proposal_probs.gather(1, index.clamp(min=0).unsqueeze(2).expand(batch, count, vocab))
+    return torch.where((index == DETERMINISTIC).unsqueeze(2), one_hot, dense)
+
+
+def _sibling_tests(tree: DraftTree, p: torch.Tensor, children: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rejection sampling along L parents' children in sibling order.
+
+    p: [B, L, V] P at each parent; children: [B, L, K] its children by rank (-1: none)
+    -> acceptance probability of each child given every earlier one was rejected [B, L, K],
+       and the residual after all of them were rejected [B, L, V] (p where there are none)
+    """
+    r = p
+    accept = torch.zeros(children.shape, dtype=p.dtype, device=p.device)
+    group = lambda c: tree.proposal_index.gather(1, c.flatten(1)).view_as(c)  # noqa: E731  [B, L]
+    for j in range(children.shape[-1]):
+        child = children[..., j]
+        exists = child >= 0
+        node = child.clamp(min=0)
+        q = proposal_rows(tree, node).to(p.dtype)
+        token = tree.tokens.gather(1, node)
+        if j and tree.without_replacement_anywhere():  # drawn after earlier same-group siblings' tokens were removed
+            own = group(node)
+            marked = tree.without_replacement.gather(1, node) & (own != DETERMINISTIC)
+            removed = torch.zeros(q.shape, dtype=torch.bool, device=q.device)
+            for i in range(j):
+                earlier = children[..., i].clamp(min=0)
+                same = (children[..., i] >= 0) & (group(earlier) == own) & marked
+                removed |= torch.zeros_like(removed).scatter_(2, tree.tokens.gather(1, earlier).unsqueeze(2), same.unsqueeze(2))
+            q = torch.where(marked.unsqueeze(2), effective_proposal(q, removed), q)
+        accept[..., j] = torch.where(exists, acceptance_probability(r, q, token), 0.0)
+        r = torch.where(exists.unsqueeze(2), residual(r, q), r)
+    return accept, r
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,41 +161,47 @@ def verify_tree(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Ten
 
     The walk of the module docstring, decided for every node at once. The test of a child
     depends only on P at its parent and on the children before it (their q and tokens), never
-    on how the walk reached the parent; so, with r_m^(j) the residual at node m after its
-    first j children were rejected (r_m^(0) = P[m]), child number j of m is accepted iff
-    u < min(1, r_m^(j)(x) / q'(x)), q' its proposal minus earlier same-group siblings' tokens.
-    One pass per sibling rank (the tree's ``max_children``, known to its proposer) computes
-    every test; the walk is then "go to the first accepted child", followed from the root by
-    pointer doubling; the final token comes from r at the stop node (the residual after all
-    its children failed, or P itself at a leaf). No step reads a value back to the host.
+    on how the walk reached the parent. A first child is tested against P at its parent
+    itself: one value per node, p(x) / q(x). Later siblings need the residual after the ones
+    before them: computed only at the nodes with two or more children (at most the tree's
+    ``branch_nodes``, known to its proposer), one pass per sibling rank. The walk is then "go
+    to the first accepted child", followed from the root by pointer doubling; the final token
+    comes from the residual at the stop node (after all its children failed; P at a leaf).
+    Work over the vocabulary: the branch nodes and the stop node only. No step reads a value
+    back to the host.
     """
     batch, width = tree.tokens.shape
-    vocab = target_probs.shape[-1]
     device = target_probs.device
     nodes = torch.arange(width, device=device)
+    rows = torch.arange(batch, device=device).unsqueeze(1)
     is_child = tree.valid & (tree.parents >= 0)                                   # [B, N]
     parent = tree.parents.clamp(min=0)
     earlier = nodes.unsqueeze(1) > nodes.unsqueeze(0)                            # [i, j]: j before i
     sibling_before = (tree.parents.unsqueeze(2) == tree.parents.unsqueeze(1)) & earlier & is_child.unsqueeze(1)  # [B, N, N]
     rank = sibling_before.sum(dim=2)                                             # [B, N] sibling rank
-    max_children = tree.children_bound()
+    most = max(1, tree.children_bound())
+    # children[b, m, k]: node m's child of rank k (-1: none)
+    table = torch.full((batch, width * most + 1), -1, dtype=torch.long, device=device)
+    table.scatter_(1, torch.where(is_child & (rank < most), parent * most + rank, width * most), nodes.expand(batch, width))
+    children = table[:, : width * most].view(batch, width, most)
 
-    q = node_proposals(tree).to(target_probs.dtype)                              # [B, N, V]
-    if bool(tree.without_replacement_anywhere()):
-        same_group = sibling_before & (tree.proposal_index.unsqueeze(2) == tree.proposal_index.unsqueeze(1))
-        same_group &= (tree.proposal_index != DETERMINISTIC).unsqueeze(2) & tree.without_replacement.unsqueeze(2)
-        removed = torch.zeros(batch, width, vocab, dtype=torch.int32, device=device)
-        removed.scatter_add_(2, tree.tokens.unsqueeze(1).expand(batch, width, width), same_group.int())
-        q = torch.where(tree.without_replacement.unsqueeze(2), effective_proposal(q, removed > 0), q)
-
-    residuals = torch.cat([target_probs, target_probs[:, :1]], dim=1)           # [B, N + 1, V]; row N: a sink
-    accept_prob = torch.zeros(batch, width, dtype=target_probs.dtype, device=device)
-    for j in range(max_children):
-        at_rank = is_child & (rank == j)                                         # [B, N]
-        at_parent = residuals.gather(1, parent.unsqueeze(2).expand(batch, width, vocab))  # r_parent^(j) per child
-        accept_prob = torch.where(at_rank, acceptance_probability(at_parent, q, tree.tokens), accept_prob)
-        target_row = torch.where(at_rank, parent, width).unsqueeze(2).expand(batch, width, vocab)
-        residuals.scatter_(1, target_row, residual(at_parent, q))                 # r_parent^(j+1); others -> sink
+    # first children: P at the parent, at the node's own token, under its own q
+    p_x = target_probs[rows, parent, tree.tokens]
+    if tree.proposal_probs.shape[1]:
+        q_x = tree.proposal_probs[rows, tree.proposal_index.clamp(min=0), tree.tokens]
+        q_x = torch.where(tree.proposal_index == DETERMINISTIC, 1.0, q_x.to(p_x.dtype))
+    else:
+        q_x = torch.ones_like(p_x)
+    accept_prob = acceptance_ratio(p_x, q_x)                                     # [B, N]
+    branch_nodes = tree.branch_node_bound()
+    if most > 1 and branch_nodes:  # later siblings: residuals at the nodes with several children
+        counts = (children >= 0).sum(dim=2)                                      # [B, N]
+        branch = counts.topk(min(branch_nodes, width), dim=1).indices            # [B, L] every node with >= 2 children
+        later, _ = _sibling_tests(tree, target_probs[rows, branch], children[rows, branch])
+        tested = children[rows, branch][..., 1:]                                 # [B, L, K - 1]
+        sink = torch.cat([accept_prob, accept_prob.new_zeros(batch, 1)], dim=1)
+        sink.scatter_(1, torch.where(tested >= 0, tested, width).flatten(1), later[..., 1:].flatten(1))
+        accept_prob = sink[:, :width]
     # compared in float64: a float32 copy rounds one uniform in 2**25 up to 1.0, which would reject
     # a draft the target accepts with certainty
     accepted = is_child & (uniforms[:, :width].to(torch.float64) < accept_prob.to(torch.float64))
@@ -170,11 +212,12 @@ def verify_tree(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Ten
     step = torch.where(first_child[:, :width] < width, first_child[:, :width], nodes)  # [B, N]
     for _ in range(max(1, (width - 1).bit_length())):  # 2**k >= N - 1 hops: the longest path
         step = step.gather(1, step)
-    stop_node = step[:, 0]                                                       # [B]
-    rows = torch.arange(batch, device=device)
-    num_accepted = tree.depth()[rows, stop_node]
-    rejected = (is_child & (tree.parents == stop_node.unsqueeze(1))).any(dim=1)
-    next_token = sample_with_uniform(residuals[rows, stop_node], uniforms[:, 0])
+    stop_node = step[:, :1]                                                      # [B, 1]
+    _, final = _sibling_tests(tree, target_probs[rows, stop_node], children[rows, stop_node])
+    next_token = sample_with_uniform(final[:, 0], uniforms[:, 0])
+    stop_node = stop_node.squeeze(1)
+    num_accepted = tree.depth().gather(1, stop_node.unsqueeze(1)).squeeze(1)
+    rejected = children[rows.squeeze(1), stop_node, 0] >= 0
     return VerifyResult(_path_to(tree, stop_node, num_accepted), num_accepted, next_token, stop_node, rejected)
 
 

@@ -323,6 +323,8 @@ class DraftTreeProposer(Proposer):
             proposal_probs=torch.zeros(batch, 0, state.vocab_size, dtype=state.prob_dtype, device=device),
             max_children=layout.key[1],  # a node's children are some of its top-K
             any_without_replacement=False,
+            # only the root and expanded frontier nodes have children; two or more each
+            branch_nodes=min(count // 2, 1 + (self.spec.depth - 1) * layout.key[1]),
         )
         tree._memo["depth"] = depth  # known here; the ancestor mask is derived (no read-back)
         return tree

@@ -73,6 +73,7 @@ class RandomTreeProposer(Proposer):
         self.rank_nodes = [((self.ranks == rank) & (self.groups >= 0)).nonzero().flatten() for rank in range(self.branching)]
         children = torch.zeros(len(parents), dtype=torch.long).scatter_add_(0, self.parents[1:], torch.ones(len(parents) - 1, dtype=torch.long))
         self.max_children = int(children.max()) if len(parents) > 1 else 0
+        self.branch_nodes = int((children >= 2).sum())
 
     def propose(self, state: DecodeState) -> DraftTree:
         batch, vocab, width = state.batch_size, state.vocab_size, len(self.parents)
@@ -112,6 +113,7 @@ class RandomTreeProposer(Proposer):
             without_replacement=without_replacement.clone(),
             proposal_probs=proposal_probs,
             max_children=self.max_children,
+            branch_nodes=self.branch_nodes,
             any_without_replacement=self.mode == "dense" and bool(self.without_replacement.any()),
         )
 

@@ -1,0 +1,286 @@
+"""`raydec bench step`: what one decode step costs outside the target forward, at real sizes.
+
+    raydec bench step                          # the full grid below
+    raydec bench step --vocab 16384 --batch 1,16 --window 64 --methods sjd_pac
+
+A random Janus (2 layers, 64 wide) with a 16,384- or 32,768-code book (Janus-Pro's and a
+larger one), CFG on, runs sjd / sjd_ac / sjd_pac at each batch and window; a random EAGLE draft
+over a random Llama with a 32,000-token vocabulary runs the draft-tree path. For each shape:
+
+    syncs_per_step       tensor values read back to Python (item, tolist, cpu, numpy, bool, int,
+                         float, index of a tensor): on a GPU each is a device-to-host sync
+    host_bytes_per_step  bytes those read-backs carry
+    ops_per_step         tensor operators launched outside the target forward (torch.profiler,
+                         top-level aten ops): on a GPU, kernel launches
+    host_ms_per_step     wall milliseconds of the step minus its target forward (CPU: the host
+                         work itself; this machine's timings say little about a GPU's)
+
+What carries over to a GPU is the structure: read-backs and operator counts that do not grow
+with the batch or the window. Table on stdout, JSON (``--json``) with one object per shape
+under ``"runs"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from raydec.bench import json_path_arg, non_negative_int, positive_int, print_table
+
+logger = logging.getLogger(__name__)
+
+READ_BACKS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+JACOBI = ("sjd", "sjd_ac", "sjd_pac")
+FORWARD_SCOPE = "raydec::target_forward"
+
+
+class ReadBacks:
+    """Counts of tensor -> Python conversions (and their bytes) while ``counting()`` is active."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.bytes = 0
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator["ReadBacks"]:
+        originals = {name: getattr(torch.Tensor, name) for name in READ_BACKS}
+
+        def counted(name: str):
+            original = originals[name]
+
+            def wrapper(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+                self.count += 1
+                self.bytes += tensor.numel() * tensor.element_size()
+                return original(tensor, *args, **kwargs)
+
+            return wrapper
+
+        try:
+            for name in READ_BACKS:
+                setattr(torch.Tensor, name, counted(name))
+            yield self
+        finally:
+            for name, original in originals.items():
+                setattr(torch.Tensor, name, original)
+
+
+class TimedTarget:
+    """A target whose forwards are timed and marked for the profiler; everything else passes through."""
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+        self.forward_seconds = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        with torch.profiler.record_function(FORWARD_SCOPE):
+            out = self._target.forward(*args, **kwargs)
+        self.forward_seconds += time.perf_counter() - start
+        return out
+
+
+def _outside_forward(event: Any) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name == FORWARD_SCOPE:
+            return False
+        parent = parent.cpu_parent
+    return True
+
+
+def top_level_ops(events: Any) -> int:
+    """aten operators called from Python (not from inside another operator), outside forwards."""
+    count = 0
+    for event in events:
+        if not event.name.startswith("aten::"):
+            continue
+        parent = event.cpu_parent
+        if parent is not None and parent.name.startswith("aten::"):
+            continue
+        count += _outside_forward(event)
+    return count
+
+
+def measure_session(session: Any, timed: TimedTarget, steps: int, warmup: int) -> dict:
+    """Run ``warmup`` decode steps, then ``steps`` measured ones (read-backs, ops, host ms)."""
+    from raydec.speculative.engine import DecodeSession
+
+    while session.busy and not session.active:
+        session.step()  # admission
+    decoded = 0
+    while session.busy and decoded < warmup:
+        before = session.steps
+        session.step()
+        decoded += session.steps - before
+    host_ms, read_backs, ops = [], ReadBacks(), []
+    original = DecodeSession._decode_step
+    for _ in range(steps):
+        if not session.active:
+            break
+        # host time and read-backs: a step without the profiler
+        forward_before = timed.forward_seconds
+        start = time.perf_counter()
+        with read_backs.counting():
+            original(session)
+        host_ms.append(1e3 * ((time.perf_counter() - start) - (timed.forward_seconds - forward_before)))
+        session._retire()
+        if not session.active:
+            break
+        # operators: the next step under the profiler
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            original(session)
+        ops.append(top_level_ops(profile.events()))
+        session._retire()
+    done = max(1, len(host_ms))
+    return {
+        "steps_measured": len(host_ms),
+        "syncs_per_step": read_backs.count / done,
+        "host_bytes_per_step": read_backs.bytes / done,
+        "ops_per_step": statistics.median(ops) if ops else 0,
+        "host_ms_per_step": statistics.median(host_ms) if host_ms else 0.0,
+    }
+
+
+def build_janus(folder: Path, codebook: int) -> Path:
+    """A random Janus with a ``codebook``-code VQ book (2 layers, 64 wide), saved by path."""
+    from raydec.reference import janus_t2i as jt
+    from raydec.reference.shapes import vocabulary
+
+    tokenizer = jt.build_tokenizer(vocabulary())
+    arch = jt.T2IArchitecture(
+        vq_base_channels=32, vq_channel_multiplier=(1, 1, 1), vq_num_res_blocks=1, vq_latent_channels=32,
+        vq_embed_dim=8, vq_num_embeddings=codebook, lm_hidden_size=64, lm_num_layers=2, lm_num_heads=2,
+        lm_intermediate_size=128, lm_max_positions=1024, vision_hidden_size=32,
+    )
+    model = jt.build_model(jt.build_config(tokenizer, arch), 0).eval()
+    model.generation_config = jt.build_generation_config(tokenizer, guidance_scale=2.0)
+    with torch.no_grad():
+        model.save_pretrained(folder)
+    jt.build_processor(tokenizer).save_pretrained(folder)
+    return folder
+
+
+def jacobi_runs(codebook: int, methods: list[str], batches: list[int], windows: list[int], steps: int) -> list[dict]:
+    from raydec.api import _make_proposer
+    from raydec.config import DecodeConfig, DraftSpec
+    from raydec.models.image_gen import ImagePrompt
+    from raydec.models.registry import load_t2i_target
+    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
+    from raydec.speculative.engine import Engine, RowRequest
+
+    with tempfile.TemporaryDirectory() as tmp:
+        target = load_t2i_target(build_janus(Path(tmp) / "janus", codebook), dtype=torch.float32)
+    timed = TimedTarget(target)
+    prompts = [make_sample(HELD_OUT_SEED_START + i).prompt for i in range(max(batches))]
+    runs = []
+    for method in methods:
+        for window in windows:
+            branching, depth = (3, 1) if method == "sjd_pac" else (1, 0)
+            draft = DraftSpec(window=window, branching=branching, tree_depth=depth, init="left")
+            config = DecodeConfig(method=method, max_new_tokens=target.num_image_tokens, sampling=target.default_sampling(), draft=draft)
+            for batch in batches:
+                engine = Engine(timed, _make_proposer(config, target), config, constraint=target.vocab_constraint(),
+                                eos_token_ids=target.eos_token_ids)
+                session = engine.session(max_batch=batch)
+                for i in range(batch):
+                    session.submit(RowRequest(ImagePrompt(prompts[i], None), seed=i))
+                measured = measure_session(session, timed, steps, warmup=1)
+                runs.append({"method": method, "batch": batch, "window": window, "vocab": codebook, "cfg": True, **measured})
+                logger.info("bench step: %s", runs[-1])
+    return runs
+
+
+def draft_tree_runs(vocab: int, batches: list[int], windows: list[int], steps: int) -> list[dict]:
+    """A random EAGLE draft (the draft-tree path ViSpec shares) over a random Llama."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from raydec.config import DecodeConfig, DraftTreeSpec, SamplingConfig
+    from raydec.models.causal_lm import CausalLMTarget
+    from raydec.models.vispec_draft import DraftConfig, VispecDraft
+    from raydec.speculative.engine import Engine, RowRequest
+    from raydec.speculative.proposers.draft_tree import DraftTreeProposer
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        LlamaForCausalLM(config).save_pretrained(Path(tmp) / "llama")
+        target = CausalLMTarget.from_pretrained(Path(tmp) / "llama", dtype=torch.float32)
+    draft = VispecDraft(DraftConfig.for_target(target.model.config, vision=False, num_q=1))
+    draft.attach_target(target.model.get_input_embeddings(), target.model.get_output_embeddings())
+    draft = draft.eval().prepare_inference()
+    timed = TimedTarget(target)
+    runs = []
+    for window in windows:
+        depth, top_k = (4, 3) if window <= 16 else (6, 4)
+        tree = DraftTreeSpec(depth=depth, top_k=top_k, total_tokens=min(window, top_k + (depth - 1) * top_k * top_k))
+        decode = DecodeConfig(method="eagle", max_new_tokens=256, sampling=SamplingConfig(temperature=1.0), draft_tree=tree)
+        for batch in batches:
+            engine = Engine(timed, DraftTreeProposer(draft, tree), decode)
+            session = engine.session(max_batch=batch)
+            for i in range(batch):
+                session.submit(RowRequest([1 + i % 7, 2, 3 + i % 5], seed=i))
+            measured = measure_session(session, timed, steps, warmup=1)
+            runs.append({"method": "eagle", "batch": batch, "window": tree.total_tokens, "vocab": vocab, "cfg": False, **measured})
+            logger.info("bench step: %s", runs[-1])
+    return runs
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def _methods(text: str) -> list[str]:
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in JACOBI + ("eagle",)]
+    if unknown or not methods:
+        raise argparse.ArgumentTypeError(f"unknown method(s) {unknown or text!r}; choose from {', '.join(JACOBI + ('eagle',))}")
+    return methods
+
+
+def bench_step(args: argparse.Namespace) -> dict:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    runs: list[dict] = []
+    jacobi = [m for m in args.methods if m in JACOBI]
+    for codebook in args.vocab if jacobi else []:
+        runs += jacobi_runs(codebook, jacobi, args.batch, args.window, args.steps)
+    if "eagle" in args.methods:
+        runs += draft_tree_runs(args.draft_vocab, args.batch, args.window, args.steps)
+    rows = [[r["method"], r["vocab"], r["batch"], r["window"], f"{r['syncs_per_step']:.1f}", f"{r['host_bytes_per_step']:.0f}",
+             f"{r['ops_per_step']:.0f}", f"{r['host_ms_per_step']:.2f}"] for r in runs]
+    print_table(f"raydec bench step: per decode step outside the target forward ({torch.get_num_threads()} thread(s), "
+                f"{'CUDA' if torch.cuda.is_available() else 'CPU'})",
+                ["method", "vocab", "batch", "window", "syncs", "bytes to host", "ops", "host ms"], rows)
+    return {"bench": "step", "threads": torch.get_num_threads(), "runs": runs}
+
+
+def add_step_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser("step", help="per decode step outside the forward: syncs, bytes to host, ops, host ms",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--methods", type=_methods, default=list(JACOBI) + ["eagle"], help="sjd, sjd_ac, sjd_pac, eagle (comma-separated)")
+    parser.add_argument("--vocab", type=_int_list, default=[16384, 32768], help="Janus codebook sizes (comma-separated)")
+    parser.add_argument("--draft-vocab", type=positive_int, default=32000, help="vocabulary of the draft-tree path's random Llama")
+    parser.add_argument("--batch", type=_int_list, default=[1, 8, 16], help="batch sizes (comma-separated)")
+    parser.add_argument("--window", type=_int_list, default=[16, 64, 96], help="draft windows / tree sizes (comma-separated)")
+    parser.add_argument("--steps", type=positive_int, default=3, help="timed decode steps per shape (each followed by a profiled one)")
+    parser.add_argument("--threads", type=non_negative_int, default=0, help="torch threads (0 = torch default)")
+    parser.add_argument("--json", type=json_path_arg, default=None, help="write results here")
+    parser.set_defaults(bench=bench_step)
