@@ -121,7 +121,10 @@ class JacobiProposer(Proposer):
         self.depth = draft.tree_depth if variant == "sjd_pac" else 0
         self.branching = draft.branching if self.depth else 1
         if variant == "sjd_pac" and (self.depth == 0 or self.branching == 1):
-            logger.warning(
+            # a chain on purpose (the tuner tries them: SJD-PAC's search holds SJD-AC's) or half a tree
+            chosen = draft.branching == 1 and draft.tree_depth == 0
+            logger.log(
+                logging.DEBUG if chosen else logging.WARNING,
                 "sjd_pac with draft.branching=%d, draft.tree_depth=%d has no proactive tree: it runs as sjd_ac "
                 "(set both, e.g. branching=3, tree_depth=1, or tune them with raydec.tune_t2i.tune_draft)",
                 draft.branching, draft.tree_depth,
@@ -205,6 +208,7 @@ class JacobiProposer(Proposer):
         tree = DraftTree(
             node_tokens, parents, valid, proposal_index, without_replacement.clone(), proposals.to(dtype),
             max_children=self.branching if self.depth else 1, any_without_replacement=bool(self.depth and self.branching > 1),
+            branch_nodes=sum(self.branching**level for level in range(self.depth)) if self.branching > 1 else 0,
         )
         ancestors = torch.where(valid.unsqueeze(2), layout_ancestors, eye)  # a node exists only with its ancestors
         return tree.with_structure(node_slot * valid, ancestors)
