@@ -445,3 +445,25 @@ def test_jacobi_coupling_keeps_a_certain_draft_at_a_uniform_just_below_one():
     uniforms = torch.tensor([[[1 - 2**-26, 0.5]]], dtype=torch.float64)
     tokens, _ = proposer._couple(p, torch.tensor([[2]]), old_q, uniforms)
     assert tokens.tolist() == [[2]]
+
+
+def test_two_level_sampling_over_a_large_vocabulary_is_the_inverse_cdf():
+    """Over V > 2 blocks, the block-then-token inverse CDF returns the token one float64
+    cumulative sum over V gives, zero-mass tokens and a ragged last block included."""
+    from raydec.speculative.sampling import SAMPLE_BLOCK, sample_with_uniform
+
+    generator = torch.Generator().manual_seed(21)
+    vocab = 5 * SAMPLE_BLOCK + 37
+    probs = torch.rand(6, 40, vocab, generator=generator) ** 8
+    probs[0] = 0.0
+    probs[0, :, -3] = 1.0  # all mass in the ragged tail
+    probs[1, :, : 4 * SAMPLE_BLOCK] = 0.0
+    probs[2, :, SAMPLE_BLOCK:] = 0.0  # all mass in the first block
+    uniforms = torch.rand(6, 40, generator=generator, dtype=torch.float64)
+    uniforms[:, :3] = torch.tensor([0.0, 1 - 2**-40, 0.5], dtype=torch.float64)
+    cumulative = probs.to(torch.float64).cumsum(-1)
+    expected = torch.searchsorted(cumulative, ((1 - uniforms) * cumulative[..., -1]).unsqueeze(-1)).squeeze(-1)
+    tokens = sample_with_uniform(probs, uniforms)
+    assert torch.equal(tokens, expected)
+    assert bool((probs.gather(-1, tokens.unsqueeze(-1)) > 0).all())
+    assert (tokens[0] == vocab - 3).all() and (tokens[2] < SAMPLE_BLOCK).all()

@@ -207,16 +207,50 @@ def process_logits(
 # Sampling with given uniforms
 
 
+SAMPLE_BLOCK = 256  # entries per block of the two-level inverse CDF
+
+
 def sample_with_uniform(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF sampling: the first token whose cumulative mass reaches ``(1 - u) * total``.
 
     probs: [..., V] (need not be normalised); uniform: [...] in [0, 1)  -> [...] token ids.
-    Tokens of zero mass are never returned, since the threshold is strictly positive: the sum
+    Tokens of zero mass are never returned, since the threshold is strictly positive: the sums
     and the threshold are float64, where a float64 uniform stays below 1 (in float32, one in
     2**25 of them rounds to 1.0, a zero threshold, and token 0 whatever its mass).
+
+    Two levels over a large vocabulary: the threshold picks a block of ``SAMPLE_BLOCK`` tokens by
+    the blocks' cumulative sums, then a token inside it (float64). One reduction over V instead of
+    a float64 copy of it and a sequential scan. Block sums are taken in P's dtype (a float32 sum
+    of 256 entries is within about 1e-7 of its mass, the precision P itself has): the token one
+    cumulative sum over V gives, except where the threshold falls within that rounding of a
+    block's edge. Zero-mass tokens stay impossible.
     """
-    cumulative = probs.to(torch.float64).cumsum(dim=-1)
-    threshold = (1.0 - uniform.to(torch.float64)) * cumulative[..., -1]
+    vocab = probs.shape[-1]
+    if vocab <= 2 * SAMPLE_BLOCK:
+        return _inverse_cdf(probs.to(torch.float64), uniform.to(torch.float64))
+    full = vocab // SAMPLE_BLOCK * SAMPLE_BLOCK
+    sums = probs[..., :full].unflatten(-1, (-1, SAMPLE_BLOCK)).sum(dim=-1)                        # [..., V // block]
+    if full < vocab:
+        sums = torch.cat([sums, probs[..., full:].sum(dim=-1, keepdim=True)], dim=-1)
+    cumulative = sums.to(torch.float64).cumsum(dim=-1)
+    threshold = ((1.0 - uniform.to(torch.float64)) * cumulative[..., -1]).unsqueeze(-1)          # [..., 1]
+    block = torch.searchsorted(cumulative, threshold.contiguous()).clamp(max=sums.shape[-1] - 1)  # [..., 1]
+    before = torch.where(block > 0, cumulative.gather(-1, (block - 1).clamp(min=0)), 0.0)        # mass of earlier blocks
+    index = block * SAMPLE_BLOCK + torch.arange(SAMPLE_BLOCK, device=probs.device)                # [..., block]
+    weights = probs.gather(-1, index.clamp(max=vocab - 1)).to(torch.float64).masked_fill(index >= vocab, 0.0)
+    # threshold - before > 0: the first entry reaching it has mass; never past the block's last with mass
+    inside = _inverse_cdf(weights, None, (threshold - before).squeeze(-1))
+    return block.squeeze(-1) * SAMPLE_BLOCK + inside
+
+
+def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor | None, threshold: torch.Tensor | None = None) -> torch.Tensor:
+    """The first entry whose float64 cumulative sum reaches the threshold (``(1 - u) * total``
+    unless given), never past the last entry with mass. weights: [..., n] float64 -> [...]"""
+    cumulative = weights.cumsum(dim=-1)
+    total = cumulative[..., -1:]
+    if threshold is None:
+        threshold = (1.0 - uniform) * total.squeeze(-1)
     # the cumulative mass never decreases: the count of entries below the threshold is a binary search
-    index = torch.searchsorted(cumulative, threshold.unsqueeze(-1).contiguous()).squeeze(-1)
-    return index.clamp(max=probs.shape[-1] - 1)
+    index = torch.searchsorted(cumulative, threshold.unsqueeze(-1).contiguous())
+    last = torch.searchsorted(cumulative, total.contiguous())  # the last entry with mass (0 if none)
+    return torch.minimum(index, last).squeeze(-1)

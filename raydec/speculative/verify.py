@@ -94,14 +94,20 @@ def acceptance_probability(p: torch.Tensor, q: torch.Tensor, token: torch.Tensor
     return acceptance_ratio(p_x, q_x)
 
 
-def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """norm(max(0, p - q)): the target after a rejection.  p, q: [B, V] -> [B, V]
+def residual_weights(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """max(0, p - q): the target after a rejection, unnormalised, and where it has no mass.
 
-    If p <= q everywhere (p == q), a rejection has probability 0; p is returned unchanged.
+    p, q: [..., V]  -> weights [..., V], empty [..., 1] bool. Where empty (p <= q everywhere,
+    i.e. p == q) a rejection has probability 0 and the target stays p.
     """
-    r = (p - q).clamp_min(0.0)
-    mass = r.sum(dim=-1, keepdim=True)
-    return torch.where(mass > _RESIDUAL_EPS, r / mass.clamp_min(_RESIDUAL_EPS), p)
+    r = torch.sub(p, q).clamp_min_(0.0)
+    return r, r.sum(dim=-1, keepdim=True) <= _RESIDUAL_EPS
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)), or p where that has no mass (``residual_weights``).  p, q: [..., V] -> [..., V]"""
+    r, empty = residual_weights(p, q)
+    return torch.where(empty, p, r / r.sum(dim=-1, keepdim=True).clamp_min(_RESIDUAL_EPS))
 
 
 def proposal_rows(tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:

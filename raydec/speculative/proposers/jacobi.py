@@ -37,7 +37,7 @@ from raydec.speculative import random as streams
 from raydec.speculative.proposers.base import DecodeState, Proposer
 from raydec.speculative.sampling import sample_with_uniform
 from raydec.speculative.tree import DraftTree, identity_mask
-from raydec.speculative.verify import VerifyResult, acceptance_probability, residual
+from raydec.speculative.verify import VerifyResult, acceptance_probability, residual_weights
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ class JacobiProposer(Proposer):
         carried = source.clamp(max=slots - 1)
         self.pending_rows = list(state.row_ids)
         self.pending_tokens = tokens.gather(1, carried)
-        self.pending_proposals = recorded.gather(1, carried.unsqueeze(2).expand(-1, -1, recorded.shape[-1]))
+        self.pending_proposals = _take_slots(recorded, carried)
         self.pending_count = (slots - shift.squeeze(1)).clamp(min=0)
 
     # -- pieces (overridable by tests' broken variants) ------------------------------------------
@@ -239,7 +239,8 @@ class JacobiProposer(Proposer):
         if self.variant == "sjd":
             return sample_with_uniform(p, uniforms[..., 0]), p
         keep = uniforms[..., 0] < acceptance_probability(p, old_q, old_tokens)  # [B, S]; float64 u, never 1.0
-        redrawn = sample_with_uniform(residual(p, old_q), uniforms[..., 1])      # used where the old draft fails
+        weights, empty = residual_weights(p, old_q)                              # used where the old draft fails
+        redrawn = torch.where(empty.squeeze(-1), sample_with_uniform(p, uniforms[..., 1]), sample_with_uniform(weights, uniforms[..., 1]))
         return torch.where(keep, old_tokens, redrawn), p
 
     def _extra_candidates(self, q: torch.Tensor, first: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -344,6 +345,13 @@ class JacobiProposer(Proposer):
         filled = sequence.gather(1, last_source).view(batch, -1)[:, offset : offset + slots]
         tokens = torch.where(fresh, filled, tokens)
         return tokens, _set_fresh_proposals(proposals, tokens, fresh & ~fallback, fresh & fallback, uniform_q)  # copies, forced: one-hot
+
+
+def _take_slots(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """rows[b, index[b, s]] for every b, s: whole [V] rows copied. rows: [B, S, V]; index: [B, S] -> [B, S, V]"""
+    batch, slots, vocab = rows.shape
+    flat = (torch.arange(batch, device=index.device).unsqueeze(1) * slots + index).flatten()
+    return rows.reshape(batch * slots, vocab).index_select(0, flat).view(batch, -1, vocab)
 
 
 def _set_fresh_proposals(
