@@ -81,7 +81,7 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
     -> (configs, shapes tried, [(method, probe shape, forwards per image of each prior, chosen)])"""
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
     from raydec.tune_t2i import (
-        DEFAULT_WINDOWS, ar_step_cost, candidate_shapes, choose_fresh_drafts, forward_seconds, probe_shape,
+        DEFAULT_WINDOWS, candidate_shapes, choose_fresh_drafts, forward_seconds, probe_shape,
         relative_costs, tune_draft,
     )
 
@@ -97,7 +97,6 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
         sizes = sorted({1} | {s.window + 1 for m in jacobi for s in candidate_shapes(m, windows)})
         seconds = forward_seconds(target, prompts[0], sizes, batch=args.batch)
         costs = relative_costs(seconds)
-        ar_step = ar_step_cost(target, prompts, seeds, sampling, args.batch, seconds[1], args.batching)
     configs, tried, priors = {}, [], []
     for method in jacobi:
         init = args.init
@@ -108,7 +107,7 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
         if tune_shape:
             best, shapes = tune_draft(
                 target, method, prompts, seeds, sampling, args.batch, windows=windows,
-                costs=costs, one_token_seconds=seconds[1], ar_step=ar_step, inits=(init,), batching=args.batching,
+                costs=costs, one_token_seconds=seconds[1], inits=(init,), batching=args.batching,
             )
             draft, tried = best.draft, tried + shapes
         else:
@@ -246,10 +245,10 @@ def bench_t2i(args: argparse.Namespace) -> dict:
     if tried:
         print_table(
             f"draft shapes tried at batch {args.batch} on {args.tune_prompts} calibration prompts "
-            "(costs in one-token forwards; step = a whole decode step, fitted)",
-            ["method", "window", "K", "D-1", "prior", "steps/batch", "window cost", "step cost", "predicted x AR"],
+            "(costs in one-token forwards; step = a whole decode step: median of interleaved rounds, then fitted)",
+            ["method", "window", "K", "D-1", "prior", "steps/batch", "window cost", "step measured", "step fitted", "predicted x AR"],
             [[t.method, t.draft.window, t.draft.branching, t.draft.tree_depth, t.draft.init, f"{t.steps_per_batch:.1f}",
-              f"{t.window_cost:.2f}", f"{t.step_cost:.2f}", f"{t.predicted_speedup:.2f}"] for t in tried],
+              f"{t.window_cost:.2f}", f"{t.measured_step_cost:.2f}", f"{t.step_cost:.2f}", f"{t.predicted_speedup:.2f}"] for t in tried],
         )
     records = {m: MethodRecord() for m in methods}
 

@@ -11,17 +11,21 @@ tuning, we measure instead of guessing:
                 under consecutive batches, the rows' mean under continuous batching; AR
                 takes N, the number of image tokens (prefill included)
     step(c)     seconds of one whole decode step of shape c (forward, drafting, verification,
-                bookkeeping) / a one-token forward's, timed on the calibration runs and
-                smoothed by a least-squares line over the window sizes; step(ar) likewise
-                from one AR run
-    speedup(c)  = N * step(ar) / (steps(c) * step(c))
+                bookkeeping) / one AR step's, timed in rounds that run every candidate and AR
+                one after another (in a rotated order), the median over rounds of each round's
+                ratio, then fitted non-decreasing in window and tree size
+    speedup(c)  = N / (steps(c) * step(c))
 
-and keep the candidate with the largest predicted speedup. Counting forwards and fitting one
-line through all shapes' step times, instead of ranking by each candidate's own wall time,
-keeps the choice stable on a noisy machine. The whole step is timed, not just the forward:
-at batch > 1 verification and bookkeeping grow with the rows, and a window's forward in a
-decode (over a growing cache) costs more than ``cost(n)`` measured after the prompt. Without
-step timing (a cost curve given from elsewhere) ``step(c) = cost(window + 1)``, ``step(ar) = cost(1)``.
+and keep the candidate with the largest predicted speedup. Counting forwards (deterministic for
+fixed seeds) instead of timing each candidate's wall time, and timing every candidate against
+AR in the same rounds, keeps the choice stable on a busy machine: a slow spell slows a whole
+round alike and its ratios hold; the median drops a round that a spell split. The monotone fit
+encodes what is known (a wider window or a larger tree never makes a step cheaper) and pools
+candidates whose timings contradict it. SJD-PAC's candidates include chains (K = 1: SJD-AC's
+shapes), so its pick is never worse than SJD-AC's by prediction. The whole step is timed, not
+just the forward: at batch > 1 verification and bookkeeping grow with the rows, and a window's
+forward in a decode (over a growing cache) costs more than ``cost(n)`` measured after the
+prompt. Without step timing (a cost curve given from elsewhere) ``step(c) = cost(window + 1)``.
 
 Before the shapes, the fresh-draft prior (``DraftSpec.init``: what a never-predicted slot is
 guessed as) is chosen by counting forwards at one probe shape: a prior moves acceptance, not
@@ -51,7 +55,8 @@ from raydec.models.base import decoding_attention
 logger = logging.getLogger(__name__)
 
 DEFAULT_WINDOWS: tuple[int, ...] = (8, 16, 32, 48)
-DEFAULT_TREES: tuple[tuple[int, int], ...] = ((2, 1), (3, 1), (3, 2))  # (K, D - 1) for sjd_pac
+DEFAULT_TREES: tuple[tuple[int, int], ...] = ((1, 0), (2, 1), (3, 1), (3, 2))  # (K, D - 1) for sjd_pac; (1, 0): SJD-AC's chain
+TIMING_ROUNDS = 3  # rounds of step timing (the counting run is the first)
 FRESH_DRAFTS: tuple[str, ...] = ("uniform", "left", "above")  # DraftSpec.init, in tie-break order
 
 
@@ -65,6 +70,7 @@ class TunedShape:
     window_cost: float  # cost(window + 1) / cost(1)
     predicted_speedup: float
     step_cost: float = 0.0  # step(c): one decode step (fitted) / a one-token forward
+    measured_step_cost: float = 0.0  # step(c) before the fit: the median over timing rounds
 
 
 def window_cost(target: Any, prompt: Any, sizes: Sequence[int], batch: int = 1, repeats: int = 9) -> dict[int, float]:
@@ -137,12 +143,14 @@ def candidate_shapes(
 def probe_shape(
     method: str, windows: Sequence[int] = DEFAULT_WINDOWS, trees: Sequence[tuple[int, int]] = DEFAULT_TREES
 ) -> DraftSpec:
-    """The shape a fresh-draft prior is chosen at: the first candidate of the median window."""
+    """The shape a fresh-draft prior is chosen at: the first candidate of the median window with a
+    tree (SJD-PAC), else its chain."""
     middle = sorted(windows)[len(windows) // 2]
     try:
-        return candidate_shapes(method, [middle], trees)[0]
+        shapes = candidate_shapes(method, [middle], trees)
     except ValueError:  # no tree fits that window: probe with the chain
         return DraftSpec(window=middle)
+    return next((shape for shape in shapes if shape.branching > 1 and shape.tree_depth > 0), shapes[0])
 
 
 def choose_fresh_drafts(
@@ -207,28 +215,84 @@ def calibration_run(
     return float(np.mean(steps)), sum(seconds) / sum(steps)
 
 
-def ar_step_cost(
-    target: Any, prompts: Sequence[str], seeds: Sequence[int], sampling: SamplingConfig, batch: int, one_token_seconds: float,
-    batching: str = "auto",
-) -> float:
-    """step(ar): seconds of one AR decode step / a one-token forward's."""
-    config = DecodeConfig(method="ar", max_new_tokens=int(target.num_image_tokens), sampling=sampling, batching=batching)
-    _, per_step = calibration_run(target, config, prompts, seeds, batch)
-    return per_step / one_token_seconds
+def fit_step_costs(shapes: Sequence[tuple[int, int]], step_costs: Sequence[float], iterations: int = 500) -> list[float]:
+    """The least-squares fit of measured step costs that is non-decreasing in window and in tree
+    size: shapes[i] = (window + 1, tree nodes); a shape at least as large in both costs at least
+    as much. Isotonic regression over that partial order (Dykstra's alternating projections onto
+    "non-decreasing along windows" and "non-decreasing along trees", each by pool-adjacent-
+    violators); equal shapes share their mean. Fitted values are means of measured ones: never
+    below the smallest, never above the largest."""
+    y = np.asarray(step_costs, dtype=float)
+    if len(shapes) != len(y):
+        raise ValueError(f"shapes: {len(shapes)} shapes for {len(y)} step costs")
+    windows = np.asarray([shape[0] for shape in shapes], dtype=float)
+    trees = np.asarray([shape[1] for shape in shapes], dtype=float)
+    along_windows = lambda v: _monotone_in(v, windows, trees)  # noqa: E731
+    along_trees = lambda v: _monotone_in(v, trees, windows)  # noqa: E731
+    x, p, q = y.copy(), np.zeros_like(y), np.zeros_like(y)
+    for _ in range(iterations):
+        a = along_windows(x + p)
+        p = x + p - a
+        previous, x = x, along_trees(a + q)
+        q = a + q - x
+        if np.abs(x - previous).max(initial=0.0) < 1e-12 and np.abs(x - along_windows(x)).max(initial=0.0) < 1e-12:
+            break
+    return [float(v) for v in x]
 
 
-def fit_step_costs(sizes: Sequence[int], step_costs: Sequence[float]) -> list[float]:
-    """Least-squares line through (window size, measured step cost), evaluated at each size.
+def _monotone_in(values: np.ndarray, keys: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Least-squares projection of ``values`` onto non-decreasing in ``keys`` within each group of
+    equal ``groups`` (pool-adjacent-violators; equal keys pooled)."""
+    out = values.copy()
+    for group in np.unique(groups):
+        members = np.flatnonzero(groups == group)
+        blocks: list[list] = []  # [sum, count, key, indices]
+        for i in members[np.argsort(keys[members], kind="stable")]:
+            if blocks and blocks[-1][2] == keys[i]:
+                blocks[-1][0] += values[i]
+                blocks[-1][1] += 1
+                blocks[-1][3].append(i)
+            else:
+                blocks.append([values[i], 1, keys[i], [i]])
+            while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+                total, count, key, indices = blocks.pop()
+                blocks[-1][0] += total
+                blocks[-1][1] += count
+                blocks[-1][2] = key
+                blocks[-1][3] += indices
+        for total, count, _, indices in blocks:
+            out[indices] = total / count
+    return out
 
-    One line through every shape's timing is steadier than each timing alone; with a single
-    size it is the mean. Fitted values are kept >= the smallest measured cost's half (a line
-    through noisy points must not predict free steps).
+
+def timed_step_ratios(
+    target: Any, configs: Sequence[DecodeConfig], baseline: DecodeConfig, prompts: Sequence[str], seeds: Sequence[int],
+    batch: int, rounds: int, first: Sequence[float] | None = None, first_baseline: float | None = None,
+) -> list[float]:
+    """Each config's seconds per decode step / the baseline's, the median over ``rounds`` rounds.
+
+    Every round decodes one batch (the first ``batch`` calibration prompts) with the baseline and
+    every config, one after another in an order rotated each round, and takes each config's
+    ratio to the baseline in that round: conditions that change between rounds (another process,
+    a frequency step) cancel. ``first`` / ``first_baseline``: seconds per step of a round already
+    run (the counting runs), used as round one.
     """
-    x, y = np.asarray(sizes, dtype=float), np.asarray(step_costs, dtype=float)
-    if len(set(sizes)) < 2:
-        return [float(y.mean())] * len(y)
-    slope, intercept = np.polyfit(x, y, 1)
-    return [float(max(intercept + slope * size, 0.5 * y.min())) for size in x]
+    runs = [baseline, *configs]
+    ratios: list[list[float]] = [[] for _ in configs]
+    if first is not None and first_baseline is not None:
+        for samples, seconds in zip(ratios, first):
+            samples.append(seconds / first_baseline)
+        rounds -= 1
+    one_batch = max(1, min(batch, len(prompts)))
+    for turn in range(max(0, rounds)):
+        order = list(range(len(runs)))
+        order = order[turn % len(order):] + order[: turn % len(order)]
+        per_step = {}
+        for index in order:
+            _, per_step[index] = calibration_run(target, runs[index], prompts[:one_batch], seeds[:one_batch], one_batch)
+        for i, samples in enumerate(ratios):
+            samples.append(per_step[i + 1] / per_step[0])
+    return [statistics.median(samples) for samples in ratios]
 
 
 def tune_draft(
@@ -245,6 +309,7 @@ def tune_draft(
     ar_step: float | None = None,
     inits: Sequence[str] = FRESH_DRAFTS,
     batching: str = "auto",
+    rounds: int = TIMING_ROUNDS,
 ) -> tuple[TunedShape, list[TunedShape]]:
     """The best draft shape of ``method`` for ``target`` at ``batch``, and every candidate tried.
 
@@ -252,7 +317,8 @@ def tune_draft(
     evaluation prompts). inits: fresh-draft priors to choose from first (just one: use it).
     costs: a cost curve already measured at this batch (keys: window + 1, and 1). one_token_seconds: the absolute seconds behind ``costs[1]``; with it whole decode
     steps are timed (``ar_step`` = step(ar) is measured when not given). Without it (a cost
-    curve from elsewhere) the prediction counts forwards only. batching: ``DecodeConfig.batching``
+    curve from elsewhere) the prediction counts forwards only. rounds: rounds of step timing
+    (:func:`timed_step_ratios`; only when ``ar_step`` is measured here). batching: ``DecodeConfig.batching``
     of the runs being tuned for (it decides whether a batch's forwards are its slowest row's or
     its rows' mean).
     """
@@ -268,19 +334,30 @@ def tune_draft(
         seconds = forward_seconds(target, prompts[0], sorted({1} | {s.window + 1 for s in shapes}), batch=batch)
         one_token_seconds, costs = seconds[1], relative_costs(seconds)
     timed = one_token_seconds is not None
-    if timed and ar_step is None:
-        ar_step = ar_step_cost(target, prompts, seeds, sampling, batch, one_token_seconds, batching)
-    counted, measured = [], []  # steps per batch; measured step(c)
-    for draft in shapes:
-        config = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft, batching=batching)
+    configs = [DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft, batching=batching) for draft in shapes]
+    counted, first = [], []  # steps per batch; seconds per step of the counting runs
+    for config in configs:
         steps, per_step = calibration_run(target, config, prompts, seeds, batch)
         counted.append(steps)
-        measured.append(per_step / one_token_seconds if timed else costs[draft.window + 1])
-    sizes = [draft.window + 1 for draft in shapes]
-    step_costs = fit_step_costs(sizes, measured) if timed else measured
-    base = ar_step if timed else costs[1]
+        first.append(per_step)
+    sizes = [(draft.window + 1, full_tree_nodes(draft.branching, draft.tree_depth)) for draft in shapes]
+    if timed:
+        ar = DecodeConfig(method="ar", max_new_tokens=length, sampling=sampling, batching=batching)
+        if ar_step is None:  # AR timed in the same rounds: step(c) as a ratio to step(ar)
+            _, ar_seconds = calibration_run(target, ar, prompts, seeds, batch)
+            ratios = timed_step_ratios(target, configs, ar, prompts, seeds, batch, rounds, first, ar_seconds)
+            ar_step = ar_seconds / one_token_seconds
+            measured = [ratio * ar_step for ratio in ratios]
+        else:  # step(ar) given: step(c) against the one-token forward
+            measured = [per_step / one_token_seconds for per_step in first]
+        step_costs = fit_step_costs(sizes, measured)
+        base = ar_step
+    else:
+        measured = step_costs = [costs[draft.window + 1] for draft in shapes]
+        base = costs[1]
     tried = []
-    for draft, steps, step, size in zip(shapes, counted, step_costs, sizes):
-        tried.append(TunedShape(method, draft, steps, costs[size], length * base / (steps * step), step))
-        logger.info("tune %s %s: %.1f steps per batch, predicted speedup %.2f", method, draft, steps, tried[-1].predicted_speedup)
+    for draft, steps, step, raw in zip(shapes, counted, step_costs, measured):
+        tried.append(TunedShape(method, draft, steps, costs[draft.window + 1], length * base / (steps * step), step, raw))
+        logger.info("tune %s %s: %.1f steps per batch, step cost %.2f (measured %.2f), predicted speedup %.2f",
+                    method, draft, steps, step, raw, tried[-1].predicted_speedup)
     return max(tried, key=lambda t: t.predicted_speedup), tried

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -85,14 +86,57 @@ def test_tune_draft_follows_the_cost_curve(tmp_path):
     assert best.predicted_speedup == max(t.predicted_speedup for t in tried)
 
 
-def test_fit_step_costs_smooths_noisy_step_times_with_one_line():
+def test_fit_step_costs_is_monotone_in_window_and_tree_size():
     from raydec.tune_t2i import fit_step_costs
 
-    assert fit_step_costs([9, 17, 33], [3.0, 5.0, 9.0]) == pytest.approx([3.0, 5.0, 9.0])  # exactly linear
-    noisy = fit_step_costs([9, 9, 17, 33], [2.0, 4.0, 5.0, 9.0])  # two shapes of one window disagree
-    assert noisy[0] == noisy[1] and noisy[0] < noisy[2] < noisy[3]
-    assert fit_step_costs([9, 9], [2.0, 4.0]) == [3.0, 3.0]  # one window: the mean
-    assert min(fit_step_costs([9, 17, 33], [4.0, 1.0, 1.0])) >= 0.5  # never predicts a free step
+    assert fit_step_costs([(9, 0), (17, 0), (33, 0)], [3.0, 5.0, 9.0]) == pytest.approx([3.0, 5.0, 9.0])  # already monotone
+    # a busy spell made window 8 look as dear as 48: the two are pooled, 32 in between with them
+    assert fit_step_costs([(9, 2), (33, 2), (49, 2)], [8.0, 4.0, 6.0]) == pytest.approx([6.0, 6.0, 6.0])
+    assert fit_step_costs([(9, 0), (9, 0)], [2.0, 4.0]) == pytest.approx([3.0, 3.0])  # one shape: the mean
+    # a grid: non-decreasing along windows (same tree) and along trees (same window)
+    shapes = [(w, t) for w in (9, 17, 33) for t in (0, 2, 12)]
+    generator = np.random.default_rng(3)
+    noisy = [w / 8 + t / 12 + float(generator.normal(0, 0.6)) for w, t in shapes]
+    fitted = dict(zip(shapes, fit_step_costs(shapes, noisy)))
+    for (w, t), value in fitted.items():
+        for (w2, t2), other in fitted.items():
+            if w <= w2 and t <= t2:
+                assert value <= other + 1e-9, ((w, t), (w2, t2))
+    assert min(noisy) - 1e-9 <= min(fitted.values()) and max(fitted.values()) <= max(noisy) + 1e-9
+    # the least-squares monotone fit: no monotone vector is closer to the measurements
+    error = sum((fitted[s] - y) ** 2 for s, y in zip(shapes, noisy))
+    for _ in range(200):
+        candidate = {s: fitted[s] + float(generator.normal(0, 0.05)) for s in shapes}
+        if all(candidate[a] <= candidate[b] for a in shapes for b in shapes if a[0] <= b[0] and a[1] <= b[1]):
+            assert sum((candidate[s] - y) ** 2 for s, y in zip(shapes, noisy)) >= error - 1e-9
+    with pytest.raises(ValueError, match="shapes"):
+        fit_step_costs([(9, 0)], [1.0, 2.0])
+
+
+def test_step_ratios_cancel_a_slow_round(tmp_path, monkeypatch):
+    """Every round times the baseline and each candidate; a round where the whole machine runs
+    at a third of its speed leaves the ratios where they were, and the median drops a round
+    that a slow spell split."""
+    from raydec import tune_t2i
+
+    speed = {"value": 1.0}
+    cost = {"ar": 1.0, "a": 2.0, "b": 3.0}
+    calls = []
+
+    def fake_run(target, config, prompts, seeds, batch):  # seconds per step: config cost / machine speed
+        calls.append(config.method)
+        return 10.0, cost[config.method] / speed["value"]
+
+    monkeypatch.setattr(tune_t2i, "calibration_run", fake_run)
+    configs = [SimpleNamespace(method="a"), SimpleNamespace(method="b")]
+    baseline = SimpleNamespace(method="ar")
+    speed["value"] = 1 / 3
+    ratios = tune_t2i.timed_step_ratios(None, configs, baseline, ["p"], [0], 1, rounds=3)
+    assert ratios == pytest.approx([2.0, 3.0]) and calls.count("ar") == 3 and len(calls) == 9
+    # round one given (the counting runs): a spell that slowed only candidate "b" there is outvoted
+    speed["value"] = 1.0
+    ratios = tune_t2i.timed_step_ratios(None, configs, baseline, ["p"], [0], 1, rounds=3, first=[2.0, 9.0], first_baseline=1.0)
+    assert ratios == pytest.approx([2.0, 3.0])
 
 
 def test_bench_t2i_auto_window_reports_the_shapes_it_tried(tmp_path):
