@@ -122,7 +122,7 @@ def candidate_shapes(
 ) -> list[DraftSpec]:
     """Every draft shape worth trying for ``method`` (trees that do not fit a window are skipped).
 
-    Raises ValueError when no shape is left (SJD-PAC windows too small for every tree).
+    Raises ValueError when no shape with a tree (K > 1, D - 1 > 0) is left: SJD-PAC with chains only is SJD-AC.
     """
     if method != "sjd_pac":
         return [DraftSpec(window=w) for w in windows]
@@ -131,10 +131,11 @@ def candidate_shapes(
         for w, (k, d) in itertools.product(windows, trees)
         if full_tree_nodes(k, d) < w
     ]
-    if not shapes:
-        smallest = min(full_tree_nodes(k, d) for k, d in trees) + 1
+    if not any(shape.branching > 1 and shape.tree_depth > 0 for shape in shapes):  # chains only: that is sjd_ac
+        real = [(k, d) for k, d in trees if k > 1 and d > 0]
+        smallest = min((full_tree_nodes(k, d) for k, d in real), default=0) + 1
         raise ValueError(
-            f"windows {list(windows)}: no sjd_pac draft tree fits (the smallest of {list(trees)} needs a window of "
+            f"windows {list(windows)}: no sjd_pac draft tree fits (the smallest of {real} needs a window of "
             f"at least {smallest})"
         )
     return shapes
