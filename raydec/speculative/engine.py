@@ -218,6 +218,7 @@ class DecodeSession:
         self.prob_dtype = torch.float32
         self.steps = 0  # decode steps run
         self._sampling: tuple[list[int], SamplingConfig | RowSampling] | None = None  # (rows, their sampling)
+        self._buffer: torch.Tensor | None = None  # this step's P (``_probs_buffer``)
 
     # -- the public surface ----------------------------------------------------------------------
 
@@ -354,6 +355,7 @@ class DecodeSession:
 
     # -- one decode step -------------------------------------------------------------------------
 
+    @torch.inference_mode()  # the step writes into tensors it made in inference mode (its buffers)
     def _decode_step(self) -> None:
         engine = self.engine
         state = DecodeState(
@@ -420,8 +422,19 @@ class DecodeSession:
             gen_index = lengths.unsqueeze(1) + depth
         context = self._context(self.active, output.logits.shape[-1], tree)
         sampling = self._sampling_of(self.active, output.logits.device)
-        probs = process_logits(output.logits, sampling, batch, engine.constraint, gen_index, context)
+        probs = process_logits(output.logits, sampling, batch, engine.constraint, gen_index, context, out=self._probs_buffer(output.logits))
         return probs, output
+
+    def _probs_buffer(self, logits: torch.Tensor) -> torch.Tensor:
+        """A [B, N, V] buffer for this step's P, kept while the shape stays: P lives until the
+        proposer's ``observe`` of the same step, and a fresh tensor of that size per step costs
+        its page faults on the CPU (the GPU's caching allocator makes either free)."""
+        batch = len(self.active)
+        dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        shape = (batch, *logits.shape[1:])
+        if self._buffer is None or self._buffer.shape != shape or self._buffer.dtype != dtype or self._buffer.device != logits.device:
+            self._buffer = torch.empty(shape, dtype=dtype, device=logits.device)
+        return self._buffer
 
     def _commit(self, tree: DraftTree, result: VerifyResult) -> list[int]:
         """Bring the step's outcome to the host in one read-back, apply caps and stop tokens,

@@ -38,17 +38,18 @@ class VocabConstraint:
         object.__setattr__(self, "restricts", self.allowed is not None and not bool(self.allowed.all()))
 
 
-def mix_cfg(logits: torch.Tensor, num_rows: int, scale: float, space: str = "logits") -> torch.Tensor:
+def mix_cfg(logits: torch.Tensor, num_rows: int, scale: float, space: str = "logits", out: torch.Tensor | None = None) -> torch.Tensor:
     """Classifier-free guidance over paired rows: ``u + s * (c - u)``.
 
     logits: [2B, N, V], conditional rows first then the B unconditional rows.  -> [B, N, V]
+    (written to ``out`` when given)
     """
     if logits.shape[0] != 2 * num_rows:
         raise ValueError(f"CFG expects {2 * num_rows} model rows (cond + uncond), got {logits.shape[0]}")
     if space == "logprobs":
         logits = torch.log_softmax(logits, dim=-1)
     cond, uncond = logits[:num_rows], logits[num_rows:]
-    return uncond + scale * (cond - uncond)
+    return torch.sub(cond, uncond, out=out).mul_(scale).add_(uncond)  # one [B, N, V] written, the same rounding
 
 
 def kth_largest(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -56,11 +57,12 @@ def kth_largest(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(scores, k, dim=-1).values[..., -1:]
 
 
-def _apply_top_k(scores: torch.Tensor, top_k: int) -> torch.Tensor:
+def _apply_top_k(scores: torch.Tensor, top_k: int, in_place: bool = False) -> torch.Tensor:
     # scores: [..., V]; keeps ties at the k-th value (as Hugging Face does)
     if top_k <= 0 or top_k >= scores.shape[-1]:
         return scores
-    return scores.masked_fill(scores < kth_largest(scores, top_k), float("-inf"))
+    below = scores < kth_largest(scores, top_k)
+    return scores.masked_fill_(below, float("-inf")) if in_place else scores.masked_fill(below, float("-inf"))
 
 
 def _apply_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -92,7 +94,8 @@ class RowSampling:
     is exactly what ``process_logits`` with that row's own ``SamplingConfig`` gives.
 
     temperature (0: greedy), top_k (0: off), top_p (1: off), repetition_penalty (1: off);
-    max_top_k: the largest top_k (host); penalised: some row has a repetition penalty (host).
+    max_top_k: the largest top_k (host); penalised: some row has a repetition penalty (host);
+    nucleus: some row has top_p < 1 (host).
     CFG (scale and space) is one for the batch: ``cfg_scale``, ``cfg_space``.
     """
 
@@ -102,6 +105,7 @@ class RowSampling:
     repetition_penalty: torch.Tensor
     max_top_k: int
     penalised: bool
+    nucleus: bool = True
     cfg_scale: float = 1.0
     cfg_space: str = "logits"
 
@@ -118,12 +122,22 @@ class RowSampling:
         return cls(
             column([c.temperature for c in configs], torch.float64), column([c.top_k for c in configs], torch.long),
             column([c.top_p for c in configs], torch.float64), column([c.repetition_penalty for c in configs], torch.float64),
-            max(c.top_k for c in configs), any(c.repetition_penalty != 1.0 for c in configs), scale, space,
+            max(c.top_k for c in configs), any(c.repetition_penalty != 1.0 for c in configs),
+            any(c.top_p < 1.0 for c in configs), scale, space,
         )
 
     @property
     def uses_cfg(self) -> bool:
         return self.cfg_scale != 1.0
+
+
+def _softmax(scores: torch.Tensor, owned: bool) -> torch.Tensor:
+    """softmax over the last dim; over ``scores`` itself when it is a tensor of our own on the
+    CPU, where a fresh [B, N, V] costs its page faults (CPU softmax is per row and elementwise
+    within it, so writing over its input gives the same bits: tested). Elsewhere a new tensor."""
+    if owned and scores.device.type == "cpu" and scores.is_contiguous():
+        return torch.softmax(scores, dim=-1, out=scores)
+    return torch.softmax(scores, dim=-1)
 
 
 def _process_per_row(scores: torch.Tensor, rows: RowSampling) -> torch.Tensor:
@@ -132,22 +146,23 @@ def _process_per_row(scores: torch.Tensor, rows: RowSampling) -> torch.Tensor:
     per_row = lambda t: t.to(scores.device).view(-1, 1, 1)  # noqa: E731  [B] -> [B, 1, 1]
     temperature = per_row(rows.temperature).to(scores.dtype)
     greedy = temperature == 0
-    scores = scores / torch.where(greedy, 1.0, temperature)
+    scores = scores / torch.where(greedy, 1.0, temperature)  # a new tensor: the rest works in place
     if 0 < rows.max_top_k:
         k = min(rows.max_top_k, vocab)
         top_k = per_row(rows.top_k)
         kth = torch.topk(scores, k, dim=-1).values.gather(-1, (top_k.clamp(1, k) - 1).expand(*scores.shape[:-1], 1))
         filtering = (top_k > 0) & (top_k < vocab)
-        scores = scores.masked_fill(filtering & (scores < kth), float("-inf"))  # ties at the k-th stay
-    top_p = per_row(rows.top_p).to(scores.dtype)
-    sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
-    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-    remove_sorted = (cumulative <= (1.0 - top_p)) & (top_p < 1.0)
-    remove_sorted[..., -1] = False
-    scores = scores.masked_fill(remove_sorted.scatter(-1, order, remove_sorted), float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    one_hot = torch.zeros_like(probs).scatter_(-1, scores.argmax(dim=-1, keepdim=True), 1.0)
-    return torch.where(greedy, one_hot, probs)
+        scores.masked_fill_(filtering & (scores < kth), float("-inf"))  # ties at the k-th stay
+    if rows.nucleus:
+        top_p = per_row(rows.top_p).to(scores.dtype)
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = (cumulative <= (1.0 - top_p)) & (top_p < 1.0)
+        remove_sorted[..., -1] = False
+        scores.masked_fill_(remove_sorted.scatter(-1, order, remove_sorted), float("-inf"))
+    best = scores.argmax(dim=-1, keepdim=True)
+    probs = _softmax(scores, owned=True)
+    return torch.where(greedy, torch.zeros_like(probs).scatter_(-1, best, 1.0), probs)
 
 
 def process_logits(
@@ -157,6 +172,7 @@ def process_logits(
     constraint: VocabConstraint | None = None,
     gen_index: torch.Tensor | None = None,
     context: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Raw model logits -> processed probabilities ``P``.
 
@@ -164,12 +180,16 @@ def process_logits(
     gen_index: [B, N] index of the generated token each position predicts (for forced tokens)
     context:   [B, N, V] bool, tokens in each position's context (prompt, generated, the
                tree path to it); needed when ``config.repetition_penalty != 1``
+    out:       a [B, N, V] work-dtype tensor P may be computed in (a caller's buffer kept
+               across steps: its contents are lost, and the result may be it)
     returns:   [B, N, V] probabilities, float32 (float64 if the logits are float64)
     """
     work_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     scores = logits.to(work_dtype)
+    if out is not None and (out.shape != (num_rows, *scores.shape[1:]) or out.dtype != work_dtype or out.device != scores.device):
+        out = None
     if config.uses_cfg:
-        scores = mix_cfg(scores, num_rows, config.cfg_scale, config.cfg_space)
+        scores = mix_cfg(scores, num_rows, config.cfg_scale, config.cfg_space, out=out)
     elif scores.shape[0] != num_rows:
         raise ValueError(f"expected {num_rows} model rows without CFG, got {scores.shape[0]}")
     per_row = isinstance(config, RowSampling)
@@ -192,10 +212,11 @@ def process_logits(
         probs.scatter_(-1, scores.argmax(dim=-1, keepdim=True), 1.0)
     else:
         if config.temperature != 1.0:
-            scores = scores / config.temperature
-        scores = _apply_top_k(scores, config.top_k)
+            scores = torch.div(scores, config.temperature, out=out if scores is not out else None)
+        owned = lambda: scores.untyped_storage().data_ptr() != logits.untyped_storage().data_ptr()  # noqa: E731  not the model's logits
+        scores = _apply_top_k(scores, config.top_k, in_place=owned())
         scores = _apply_top_p(scores, config.top_p)
-        probs = torch.softmax(scores, dim=-1)
+        probs = _softmax(scores, owned())
 
     if forced is not None:  # a forced position's P is one-hot at its token
         is_forced = (forced >= 0).unsqueeze(-1)

@@ -94,13 +94,14 @@ def acceptance_probability(p: torch.Tensor, q: torch.Tensor, token: torch.Tensor
     return acceptance_ratio(p_x, q_x)
 
 
-def residual_weights(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def residual_weights(p: torch.Tensor, q: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """max(0, p - q): the target after a rejection, unnormalised, and where it has no mass.
 
-    p, q: [..., V]  -> weights [..., V], empty [..., 1] bool. Where empty (p <= q everywhere,
-    i.e. p == q) a rejection has probability 0 and the target stays p.
+    p, q: [..., V]  -> weights [..., V] (written to ``out`` if given: it may be q), empty [..., 1]
+    bool. Where empty (p <= q everywhere, i.e. p == q) a rejection has probability 0 and the
+    target stays p.
     """
-    r = torch.sub(p, q).clamp_min_(0.0)
+    r = torch.sub(p, q, out=out).clamp_min_(0.0)
     return r, r.sum(dim=-1, keepdim=True) <= _RESIDUAL_EPS
 
 

@@ -217,16 +217,28 @@ class JacobiProposer(Proposer):
         """Carry the untested spine slots over to the next window (see module docstring)."""
         batch, slots = state.batch_size, self.spine_slots
         uniforms = state.random.uniforms(streams.JACOBI_CARRY, 2 * slots).view(batch, slots, 2)
-        p = target_probs[:, self._device_layout(target_probs.device)[3]]               # P_{j-1}: [B, S, V]
-        tokens, recorded = self._couple(p, self._last["tokens"], self._last["proposals"].to(p.dtype), uniforms)
+        spine = self._device_layout(target_probs.device)[3]
+        p = target_probs[:, spine] if isinstance(spine, slice) else self._spine_probs(target_probs, spine)  # P_{j-1}: [B, S, V]
+        spent = self._last["proposals"].to(p.dtype)  # this step's Q: written over by the residual, then the carried Q
+        tokens, recorded = self._couple(p, self._last["tokens"], spent, uniforms)
         # slots after the new root move to the window's front: slot j + shift -> j
         shift = (result.num_accepted + 1).unsqueeze(1)                                  # [B, 1]
         source = torch.arange(slots, device=p.device).unsqueeze(0) + shift              # [B, S]
         carried = source.clamp(max=slots - 1)
         self.pending_rows = list(state.row_ids)
         self.pending_tokens = tokens.gather(1, carried)
-        self.pending_proposals = _take_slots(recorded, carried)
+        self.pending_proposals = _take_slots(recorded, carried, out=spent if spent is not recorded else None)
         self.pending_count = (slots - shift.squeeze(1)).clamp(min=0)
+        self._last = {}
+
+    def _spine_probs(self, target_probs: torch.Tensor, spine: torch.Tensor) -> torch.Tensor:
+        """P at the spine's parents [B, S, V], into a buffer kept while the shape stays (a fresh
+        [B, S, V] per step costs its page faults on the CPU); it is read only within ``observe``."""
+        shape = (target_probs.shape[0], len(spine), target_probs.shape[2])
+        buffer = self._on_device.get("spine_probs")
+        if buffer is None or buffer.shape != shape or buffer.dtype != target_probs.dtype or buffer.device != target_probs.device:
+            buffer = self._on_device["spine_probs"] = target_probs.new_empty(shape)
+        return torch.index_select(target_probs, 1, spine, out=buffer)
 
     # -- pieces (overridable by tests' broken variants) ------------------------------------------
 
@@ -234,12 +246,13 @@ class JacobiProposer(Proposer):
         """New drafts for every slot and the proposal to record.
 
         p: [B, S, V] new prediction P_{j-1}; old_tokens: [B, S]; old_q: [B, S, V];
-        uniforms: [B, S, 2]  -> tokens [B, S], recorded Q [B, S, V] (= p, always)
+        uniforms: [B, S, 2]  -> tokens [B, S], recorded Q [B, S, V] (= p, always).
+        ``old_q`` is spent: its storage is reused for the residual.
         """
         if self.variant == "sjd":
             return sample_with_uniform(p, uniforms[..., 0]), p
         keep = uniforms[..., 0] < acceptance_probability(p, old_q, old_tokens)  # [B, S]; float64 u, never 1.0
-        weights, empty = residual_weights(p, old_q)                              # used where the old draft fails
+        weights, empty = residual_weights(p, old_q, out=old_q)                   # used where the old draft fails
         redrawn = torch.where(empty.squeeze(-1), sample_with_uniform(p, uniforms[..., 1]), sample_with_uniform(weights, uniforms[..., 1]))
         return torch.where(keep, old_tokens, redrawn), p
 
@@ -265,19 +278,22 @@ class JacobiProposer(Proposer):
 
     def _pending(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The pending drafts of ``state``'s rows in its batch order (rows new to the batch have
-        none): tokens [B, S], Q [B, S, V] (zero past the count), count [B]."""
-        batch, vocab, slots, device = state.batch_size, state.vocab_size, self.spine_slots, state.device
-        tokens = torch.zeros(batch, slots, dtype=torch.long, device=device)
-        proposals = torch.zeros(batch, slots, vocab, dtype=state.prob_dtype, device=device)
-        have = torch.zeros(batch, dtype=torch.long, device=device)
+        none): tokens [B, S], Q [B, S, V] (zero past the count), count [B].
+        The Q returned is the proposer's own (the pending one is handed over): callers may write it.
+        """
+        batch, vocab, slots, device, dtype = state.batch_size, state.vocab_size, self.spine_slots, state.device, state.prob_dtype
         if self.pending_tokens is None:
-            return tokens, proposals, have
+            tokens = torch.zeros(batch, slots, dtype=torch.long, device=device)
+            have = torch.zeros(batch, dtype=torch.long, device=device)
+            return tokens, torch.zeros(batch, slots, vocab, dtype=dtype, device=device), have
+        pending = self.pending_tokens, self.pending_proposals.to(dtype), self.pending_count
+        self.pending_proposals = None
         if self.pending_rows != state.row_ids:  # rows left or joined: host-side index, no read-back
             where = {row: i for i, row in enumerate(self.pending_rows)}
             index = torch.tensor([where.get(row, len(self.pending_rows)) for row in state.row_ids], device=device)
             pad = lambda t: torch.cat([t, torch.zeros_like(t[:1])])  # noqa: E731  row len(pending_rows): no drafts
-            return pad(self.pending_tokens)[index], pad(self.pending_proposals)[index].to(proposals.dtype), pad(self.pending_count)[index]
-        return self.pending_tokens, self.pending_proposals.to(proposals.dtype), self.pending_count
+            return tuple(pad(t)[index] for t in pending)
+        return pending
 
     def _allowed(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """allowed [V] bool, its ids [A] and the uniform Q over them [V], once per constraint and device."""
@@ -298,7 +314,7 @@ class JacobiProposer(Proposer):
         pending_tokens, pending_q, have = self._pending(state)
         fresh = have.unsqueeze(1) <= torch.arange(slots, device=device)                   # [B, S]
         tokens = torch.where(fresh, 0, pending_tokens)
-        proposals = pending_q.masked_fill(fresh.unsqueeze(2), 0.0)  # the precision P and the verifier use
+        proposals = pending_q.masked_fill_(fresh.unsqueeze(2), 0.0)  # the precision P and the verifier use
 
         constraint = state.constraint
         allowed, allowed_ids, uniform_q = self._allowed(state)
@@ -347,17 +363,22 @@ class JacobiProposer(Proposer):
         return tokens, _set_fresh_proposals(proposals, tokens, fresh & ~fallback, fresh & fallback, uniform_q)  # copies, forced: one-hot
 
 
-def _take_slots(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """rows[b, index[b, s]] for every b, s: whole [V] rows copied. rows: [B, S, V]; index: [B, S] -> [B, S, V]"""
+def _take_slots(rows: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """rows[b, index[b, s]] for every b, s: whole [V] rows copied (into ``out``, a spent tensor
+    of rows' shape apart from it, when given). rows: [B, S, V]; index: [B, S] -> [B, S, V]"""
     batch, slots, vocab = rows.shape
     flat = (torch.arange(batch, device=index.device).unsqueeze(1) * slots + index).flatten()
-    return rows.reshape(batch * slots, vocab).index_select(0, flat).view(batch, -1, vocab)
+    if out is None or out.shape != rows.shape or out.dtype != rows.dtype or not out.is_contiguous():
+        return rows.reshape(batch * slots, vocab).index_select(0, flat).view(batch, -1, vocab)
+    torch.index_select(rows.reshape(batch * slots, vocab), 0, flat, out=out.view(batch * slots, vocab))
+    return out
 
 
 def _set_fresh_proposals(
     proposals: torch.Tensor, tokens: torch.Tensor, one_hot: torch.Tensor, uniform: torch.Tensor, uniform_q: torch.Tensor
 ) -> torch.Tensor:
-    """Q of fresh slots in ``proposals`` ([B, S, V], zero at those slots): one-hot at the slot's
-    token where ``one_hot`` ([B, S]), ``uniform_q`` ([V]) where ``uniform``."""
-    proposals = proposals.scatter_add(2, tokens.unsqueeze(2), one_hot.unsqueeze(2).to(proposals.dtype))
-    return torch.where(uniform.unsqueeze(2), uniform_q.to(proposals.dtype), proposals)
+    """Q of fresh slots in ``proposals`` ([B, S, V], zero at those slots), in place: one-hot at
+    the slot's token where ``one_hot`` ([B, S]), ``uniform_q`` ([V]) where ``uniform`` (disjoint
+    from ``one_hot``). Both are added to zeros, so each is exact."""
+    proposals.scatter_add_(2, tokens.unsqueeze(2), one_hot.unsqueeze(2).to(proposals.dtype))
+    return proposals.addcmul_(uniform.unsqueeze(2).to(proposals.dtype), uniform_q.to(proposals.dtype))
