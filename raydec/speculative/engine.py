@@ -31,6 +31,7 @@ import torch
 
 from raydec.config import DecodeConfig, SamplingConfig
 from raydec.speculative import random as streams
+from raydec.speculative.buffers import KeptBuffer
 from raydec.speculative.cache import RaggedCache
 from raydec.speculative.proposers.base import DecodeState, Prefill, Proposer
 from raydec.speculative.random import RowRandom
@@ -218,7 +219,7 @@ class DecodeSession:
         self.prob_dtype = torch.float32
         self.steps = 0  # decode steps run
         self._sampling: tuple[list[int], SamplingConfig | RowSampling] | None = None  # (rows, their sampling)
-        self._buffer: torch.Tensor | None = None  # this step's P (``_probs_buffer``)
+        self._probs = KeptBuffer()  # this step's P: lives until the proposer's ``observe``
 
     # -- the public surface ----------------------------------------------------------------------
 
@@ -426,15 +427,9 @@ class DecodeSession:
         return probs, output
 
     def _probs_buffer(self, logits: torch.Tensor) -> torch.Tensor:
-        """A [B, N, V] buffer for this step's P, kept while the shape stays: P lives until the
-        proposer's ``observe`` of the same step, and a fresh tensor of that size per step costs
-        its page faults on the CPU (the GPU's caching allocator makes either free)."""
-        batch = len(self.active)
+        """This step's [B, N, V] P buffer, float64 for float64 logits and float32 otherwise."""
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        shape = (batch, *logits.shape[1:])
-        if self._buffer is None or self._buffer.shape != shape or self._buffer.dtype != dtype or self._buffer.device != logits.device:
-            self._buffer = torch.empty(shape, dtype=dtype, device=logits.device)
-        return self._buffer
+        return self._probs.get((len(self.active), *logits.shape[1:]), dtype, logits.device)
 
     def _commit(self, tree: DraftTree, result: VerifyResult) -> list[int]:
         """Bring the step's outcome to the host in one read-back, apply caps and stop tokens,

@@ -34,6 +34,7 @@ import torch
 
 from raydec.config import DraftSpec, full_tree_nodes
 from raydec.speculative import random as streams
+from raydec.speculative.buffers import KeptBuffer
 from raydec.speculative.proposers.base import DecodeState, Proposer
 from raydec.speculative.sampling import sample_with_uniform
 from raydec.speculative.tree import DraftTree, identity_mask
@@ -155,6 +156,7 @@ class JacobiProposer(Proposer):
         self.pending_count: torch.Tensor | None = None
         self._last: dict[str, torch.Tensor] = {}
         self._on_device: dict = {}  # per device: the layout tensors there
+        self._spine_buffer = KeptBuffer()  # P at the spine's parents, within one ``observe``
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -232,12 +234,9 @@ class JacobiProposer(Proposer):
         self._last = {}
 
     def _spine_probs(self, target_probs: torch.Tensor, spine: torch.Tensor) -> torch.Tensor:
-        """P at the spine's parents [B, S, V], into a buffer kept while the shape stays (a fresh
-        [B, S, V] per step costs its page faults on the CPU); it is read only within ``observe``."""
+        """P at the spine's parents [B, S, V], in a kept buffer; it is read only within ``observe``."""
         shape = (target_probs.shape[0], len(spine), target_probs.shape[2])
-        buffer = self._on_device.get("spine_probs")
-        if buffer is None or buffer.shape != shape or buffer.dtype != target_probs.dtype or buffer.device != target_probs.device:
-            buffer = self._on_device["spine_probs"] = target_probs.new_empty(shape)
+        buffer = self._spine_buffer.get(shape, target_probs.dtype, target_probs.device)
         return torch.index_select(target_probs, 1, spine, out=buffer)
 
     # -- pieces (overridable by tests' broken variants) ------------------------------------------
