@@ -22,7 +22,10 @@ AR in the same rounds, keeps the choice stable on a busy machine: a slow spell s
 round alike and its ratios hold; the median drops a round that a spell split. The monotone fit
 encodes what is known (a wider window or a larger tree never makes a step cheaper) and pools
 candidates whose timings contradict it. SJD-PAC's candidates include chains (K = 1: SJD-AC's
-shapes), so its pick is never worse than SJD-AC's by prediction. The whole step is timed, not
+shapes), so its pick is never worse than SJD-AC's by prediction; and a tree replaces the best
+chain only when its predicted lead exceeds the calibration's noise (paired per-row forwards,
+:func:`tree_beats_chain`): a tree's extra work per step is certain, its fewer forwards on a few
+prompts are not. The whole step is timed, not
 just the forward: at batch > 1 verification and bookkeeping grow with the rows, and a window's
 forward in a decode (over a growing cache) costs more than ``cost(n)`` measured after the
 prompt. Without step timing (a cost curve given from elsewhere) ``step(c) = cost(window + 1)``.
@@ -196,7 +199,16 @@ def calibration_rows(target: Any, config: DecodeConfig, prompts: Sequence[str], 
 def calibration_run(
     target: Any, config: DecodeConfig, prompts: Sequence[str], seeds: Sequence[int], batch: int
 ) -> tuple[float, float]:
-    """Decode the calibration prompts with ``config``: (target forwards per batch, seconds per forward).
+    """(target forwards per batch, seconds per forward) of :func:`calibration_counts`."""
+    steps, per_step, _ = calibration_counts(target, config, prompts, seeds, batch)
+    return steps, per_step
+
+
+def calibration_counts(
+    target: Any, config: DecodeConfig, prompts: Sequence[str], seeds: Sequence[int], batch: int
+) -> tuple[float, float, list[int]]:
+    """Decode the calibration prompts with ``config``: (target forwards per batch, seconds per
+    forward, each row's forwards in prompt order).
 
     Consecutive batches (``config.batching``; "auto": a CPU): a batch lasts as long as its
     slowest row, so its forwards are that row's. Continuous batching ("auto": an accelerator): a
@@ -207,13 +219,29 @@ def calibration_run(
     from raydec.api import continuous_batching
 
     results = calibration_rows(target, config, prompts, seeds, batch)
-    if batch > 1 and continuous_batching(target.device, config.batching):
-        forwards = [r.target_forwards for r in results]  # latency_s: from the row's admission
-        return float(np.mean(forwards)), sum(r.latency_s for r in results) / sum(forwards)
+    forwards = [r.target_forwards for r in results]
+    if batch > 1 and continuous_batching(target.device, config.batching):  # latency_s: from the row's admission
+        return float(np.mean(forwards)), sum(r.latency_s for r in results) / sum(forwards), forwards
     batches = [results[i : i + batch] for i in range(0, len(results), batch)]
     steps = [max(r.target_forwards for r in rows) for rows in batches]
     seconds = [max(r.latency_s for r in rows) for rows in batches]
-    return float(np.mean(steps)), sum(seconds) / sum(steps)
+    return float(np.mean(steps)), sum(seconds) / sum(steps), forwards
+
+
+def tree_beats_chain(tree: "TunedShape", chain: "TunedShape", tree_rows: Sequence[int], chain_rows: Sequence[int]) -> bool:
+    """Whether ``tree``'s predicted lead over ``chain`` is more than the calibration's noise.
+
+    The same prompts and seeds decode under both, so each row gives a paired log ratio of
+    forwards; the lead (log of the predicted speedups' ratio) must exceed twice the standard
+    error of those ratios' mean. With one row the noise is unknown and the chain is kept: a
+    tree's extra work per step is certain, its fewer forwards are not.
+    """
+    if len(tree_rows) < 2:
+        return False
+    ratios = np.log(np.asarray(chain_rows, dtype=float) / np.asarray(tree_rows, dtype=float))
+    stderr = float(np.std(ratios, ddof=1)) / np.sqrt(len(ratios))
+    lead = float(np.log(tree.predicted_speedup / chain.predicted_speedup))
+    return lead > 2.0 * stderr
 
 
 def fit_step_costs(shapes: Sequence[tuple[int, int]], step_costs: Sequence[float], iterations: int = 500) -> list[float]:
@@ -336,11 +364,12 @@ def tune_draft(
         one_token_seconds, costs = seconds[1], relative_costs(seconds)
     timed = one_token_seconds is not None
     configs = [DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft, batching=batching) for draft in shapes]
-    counted, first = [], []  # steps per batch; seconds per step of the counting runs
+    counted, first, rows = [], [], []  # steps per batch; seconds per step of the counting runs; rows' forwards
     for config in configs:
-        steps, per_step = calibration_run(target, config, prompts, seeds, batch)
+        steps, per_step, forwards = calibration_counts(target, config, prompts, seeds, batch)
         counted.append(steps)
         first.append(per_step)
+        rows.append(forwards)
     sizes = [(draft.window + 1, full_tree_nodes(draft.branching, draft.tree_depth)) for draft in shapes]
     if timed:
         ar = DecodeConfig(method="ar", max_new_tokens=length, sampling=sampling, batching=batching)
@@ -361,4 +390,12 @@ def tune_draft(
         tried.append(TunedShape(method, draft, steps, costs[draft.window + 1], length * base / (steps * step), step, raw))
         logger.info("tune %s %s: %.1f steps per batch, step cost %.2f (measured %.2f), predicted speedup %.2f",
                     method, draft, steps, step, raw, tried[-1].predicted_speedup)
-    return max(tried, key=lambda t: t.predicted_speedup), tried
+    best = max(tried, key=lambda t: t.predicted_speedup)
+    chains = [i for i, t in enumerate(tried) if t.draft.branching == 1 or t.draft.tree_depth == 0]
+    if method == "sjd_pac" and chains and best not in [tried[i] for i in chains]:
+        chain = max(chains, key=lambda i: tried[i].predicted_speedup)
+        if not tree_beats_chain(best, tried[chain], rows[tried.index(best)], rows[chain]):
+            logger.info("tune sjd_pac: the tree %s leads the chain %s by %.2fx, within the calibration's noise: "
+                        "keeping the chain", best.draft, tried[chain].draft, best.predicted_speedup / tried[chain].predicted_speedup)
+            best = tried[chain]
+    return best, tried

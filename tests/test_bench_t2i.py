@@ -86,6 +86,22 @@ def test_tune_draft_follows_the_cost_curve(tmp_path):
     assert best.predicted_speedup == max(t.predicted_speedup for t in tried)
 
 
+def test_a_tree_replaces_the_chain_only_past_the_calibration_noise():
+    from raydec.config import DraftSpec
+    from raydec.tune_t2i import TunedShape, tree_beats_chain
+
+    def shape(branching: int, depth: int, speedup: float) -> TunedShape:
+        return TunedShape("sjd_pac", DraftSpec(window=32, branching=branching, tree_depth=depth), 30.0, 1.5, speedup)
+
+    chain, tree = shape(1, 0, 4.65), shape(3, 1, 5.13)  # a 10% predicted lead
+    steady = [30, 31, 29, 30], [27, 28, 26, 27]  # chain's, tree's forwards per row: the same ~10% on every row
+    assert tree_beats_chain(tree, chain, steady[1], steady[0])
+    noisy = [30, 31, 29, 30], [20, 38, 24, 35]  # the same mean lead, one row against it: noise
+    assert not tree_beats_chain(tree, chain, noisy[1], noisy[0])
+    assert not tree_beats_chain(tree, chain, [27], [30])  # one row: the noise is unknown
+    assert not tree_beats_chain(shape(3, 1, 4.0), chain, steady[1], steady[0])  # predicted behind
+
+
 def test_fit_step_costs_is_monotone_in_window_and_tree_size():
     from raydec.tune_t2i import fit_step_costs
 
