@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The benchmarks of issues 4 and 5 on one CUDA GPU, as one prepared run.
+# The benchmarks of issues 4, 5 and 30 on one CUDA GPU, as one prepared run.
 #
 #   benchmarks/gpu_check.sh OUT_DIR [SCALE]
 #
 # Stages, in order of priority, each bench in its own process under its own time limit, so one
-# failure or overrun leaves the others' results: bench caption at T=0, bench t2i at batch 1,
-# bench caption at T=1, bench t2i at batch 8 (all bf16), bench engine (a 60M random Llama: our
-# AR vs HF generate, and an oracle drafter's ceiling), then a cProfile of ViSpec and SJD-PAC
-# decoding. Each bench asks for the issues' counts (200 images / prompts) and stops taking
+# failure or overrun leaves the others' results: bench step (the decode step outside the target
+# forward at Janus-Pro's sizes: syncs, bytes to host, ops, ms), bench engine on a random model of
+# Janus-Pro-7B's language model with an oracle drafter (known compression: its engine_efficiency
+# = speedup / (compression / window forward cost) says what the step's own work leaves of the
+# gain), bench caption at T=0, bench t2i at batch 1, bench caption at T=1, bench t2i at batch 8
+# (all bf16), bench engine (a 60M random Llama: our AR vs HF generate, and an oracle drafter's
+# ceiling), then a cProfile of ViSpec and SJD-PAC decoding. Each bench asks for the issues' counts (200 images / prompts) and stops taking
 # new ones at its --max-seconds budget (every method finishes the same items); SCALE (default
 # 1.0) multiplies the budgets. JSON, plots and logs land in OUT_DIR.
 #   DEVICE=cpu           run the same on the CPU (a dry run: SCALE 0.05)
@@ -17,6 +20,9 @@
 #                        cheap on a GPU; fewer shapes keep tuning short)
 #   LIMIT_SCALE=0.5      multiplies each stage's hard time limit (default 1.0; the whole run's
 #                        limits add up to 1170 s at 1.0), to fit a short device lease
+#   STAGES="step engine_7b"  run only these stages (default: all; names as in OUT_DIR/NAME.json:
+#                        step engine_7b caption_t0 t2i_b1 caption_t1 t2i_b8 engine profile)
+#   ENGINE_SIZE=small    the engine_7b stage's model (default janus-pro-7b on a GPU, small on the CPU)
 #   DRAIN=1              after the batch-8 stage, the same with --batching consecutive: the
 #                        draining-batch baseline continuous batching replaces (limit 240 s more)
 set -u
@@ -36,7 +42,12 @@ pack() {
 
 seconds() { $py -c "print(round($1 * $scale, 3))"; }
 
+stages=${STAGES:-step engine_7b caption_t0 t2i_b1 caption_t1 t2i_b8 t2i_b8_drain engine profile}
+engine_size=${ENGINE_SIZE:-$([ "$device" = cpu ] && echo small || echo janus-pro-7b)}
+wanted() { case " $stages " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
 run() {  # run NAME LIMIT_S ARGS...: one bench under a time limit, its JSON as OUT_DIR/NAME.json
+  wanted "$1" || return 0
   local name=$1 limit; limit=$($py -c "print(max(10, round($2 * $limit_scale)))"); shift 2
   local start=$SECONDS
   echo "=== $name (limit ${limit}s): raydec bench $*"
@@ -53,6 +64,9 @@ import torch, transformers
 print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
 PY
+if [ "$device" = cpu ]; then step_grid=(--vocab 16384 --batch 1,8 --window 16,64 --steps 1); else step_grid=(); fi
+run step 180 step --threads 0 "${step_grid[@]}"
+run engine_7b 300 engine --size "$engine_size" --prompts 3 --new-tokens 256 --window 16 --dtype bfloat16
 run caption_t0 240 caption --methods ar,hf_assisted,eagle,vispec --temperature 0 --images 200 --max-seconds "$(seconds 100)"
 run t2i_b1 360 t2i --methods ar,hf,sjd,sjd_ac,sjd_pac --prompts 200 --batch 1 --tune-windows "$windows" \
   --max-seconds "$(seconds 150)" --plots "$out/plots_b1"
@@ -64,7 +78,7 @@ if [ "${DRAIN:-0}" = 1 ]; then
     --batching consecutive --max-seconds "$(seconds 60)"
 fi
 run engine 120 engine --prompts 6 --new-tokens 128
-echo "=== profile"
+wanted profile && { echo "=== profile"
 PYTHONUNBUFFERED=1 timeout "$($py -c "print(max(10, round(90 * $limit_scale)))")" $py benchmarks/profile_decode.py --device "$device" --out "$out/profile" --top 25 \
-  2>&1 | grep -av "Loading weights" > "$out/profile.log"; echo "=== profile: exit $?"; pack
+  2>&1 | grep -av "Loading weights" > "$out/profile.log"; echo "=== profile: exit $?"; pack; }
 echo "=== done"

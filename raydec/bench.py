@@ -15,7 +15,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -180,18 +180,58 @@ def _timed(fn: Callable[[], object]) -> tuple[float, object]:
 # bench engine
 
 
-def build_bench_llama(size: str, dtype: torch.dtype, seed: int = 0):
-    """A random-weight LlamaForCausalLM: "default" ~60M parameters (vocab 16384), "small" for CI."""
+BENCH_LLAMA_SHAPES = {
+    "default": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=8),
+    "small": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4),
+    # Janus-Pro-7B's language model (a Llama: 30 layers, 4096 wide, 32 heads) with its
+    # 16,384-code image head as the output layer: the shape SJD-PAC decodes on a GPU
+    "janus-pro-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=30, num_attention_heads=32,
+                         num_key_value_heads=32, rms_norm_eps=1e-6),
+}
+
+
+def build_bench_llama(size: str, dtype: torch.dtype, seed: int = 0, device: str = "cpu"):
+    """A random-weight LlamaForCausalLM (vocab 16384): "default" ~60M parameters, "small" for CI,
+    "janus-pro-7b" ~6.5B (built on ``device`` directly, in ``dtype``: no fp32 copy on the host)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    shapes = {
-        "default": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=8),
-        "small": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4),
-    }[size]
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=16384, max_position_embeddings=4096, tie_word_embeddings=False, **shapes)
-    model = LlamaForCausalLM(config).to(dtype).eval()
-    return model
+    config = LlamaConfig(vocab_size=16384, max_position_embeddings=4096, tie_word_embeddings=False, **BENCH_LLAMA_SHAPES[size])
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default_dtype)
+    return model.to(dtype).eval()
+
+
+def forward_cost_ratio(model: Any, device: str, tokens: int, context: int, repeats: int = 5) -> float:
+    """Seconds of one ``tokens``-token forward over a ``context``-token cache, over a 1-token
+    forward's (median of ``repeats``): the window cost a speculative step pays for its forward."""
+    from transformers import DynamicCache
+
+    from raydec.models.base import decoding_attention
+
+    def timed_forward(n: int, cache: Any) -> float:
+        ids = torch.zeros((1, n), dtype=torch.long, device=device)
+        positions = torch.arange(context, context + n, device=device).unsqueeze(0)
+        synchronize(device)
+        start = time.perf_counter()
+        model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
+        synchronize(device)
+        cache.crop(context)
+        return time.perf_counter() - start
+
+    with torch.inference_mode(), decoding_attention(device):
+        cache = DynamicCache()
+        model(input_ids=torch.zeros((1, context), dtype=torch.long, device=device), past_key_values=cache, use_cache=True)
+        seconds = {n: [] for n in (1, tokens)}
+        for _ in range(repeats + 1):  # the first round warms up
+            for n in seconds:
+                seconds[n].append(timed_forward(n, cache))
+    return statistics.median(seconds[tokens][1:]) / statistics.median(seconds[1][1:])
 
 
 def _self_consistent_reference(target, window: int, config, prompt: list[int], ar_tokens: list[int], passes: int = 3) -> list[int]:
@@ -226,7 +266,7 @@ def bench_engine(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads) if args.threads else None
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     device = resolve_device(args.device)
-    model = build_bench_llama(args.size, dtype).to(device)
+    model = build_bench_llama(args.size, dtype, device=device)
     target = CausalLMTarget(model)
     params = sum(p.numel() for p in model.parameters())
     generator = torch.Generator().manual_seed(1)
@@ -267,6 +307,9 @@ def bench_engine(args: argparse.Namespace) -> dict:
         logger.info("prompt %d/%d: hf %.2fs ar %.2fs oracle %.2fs", i + 1, len(prompts), t_hf, t_ar, t_or)
 
     ar_total = times["ar"].total_seconds
+    oracle_speedup = ar_total / times["oracle"].total_seconds
+    # the forward of a (window + 1)-token step over a cache of prompt + half the new tokens
+    window_cost = forward_cost_ratio(model, device, args.window + 1, context=24 + args.new_tokens // 2)
     result = {
         "model": {"parameters": params, "dtype": args.dtype, "vocab_size": 16384, "size": args.size},
         "device": device,
@@ -275,7 +318,11 @@ def bench_engine(args: argparse.Namespace) -> dict:
         "window": args.window,
         "ar_vs_hf_time_ratio": ar_total / times["hf"].total_seconds,
         "oracle_tokens_per_forward": times["oracle"].tokens_per_forward,
-        "oracle_speedup": ar_total / times["oracle"].total_seconds,
+        "oracle_speedup": oracle_speedup,
+        "window_forward_cost": window_cost,
+        # measured speedup over the ideal one (compression / window cost): what the step's work
+        # outside the target forward leaves of the speculation's gain
+        "engine_efficiency": oracle_speedup / (times["oracle"].tokens_per_forward / window_cost),
         "hf_vs_ar_mismatched_prompts": mismatches,
         "oracle_vs_ar_mismatched_tokens": oracle_drift,
         "methods": {
@@ -300,6 +347,7 @@ def bench_engine(args: argparse.Namespace) -> dict:
     )
     print(f"ar_vs_hf_time_ratio={result['ar_vs_hf_time_ratio']:.3f}  oracle_tokens_per_forward="
           f"{result['oracle_tokens_per_forward']:.2f}  oracle_speedup={result['oracle_speedup']:.2f}  "
+          f"window_forward_cost={window_cost:.2f}  engine_efficiency={result['engine_efficiency']:.2f}  "
           f"prompts where hf != our AR: {mismatches}; oracle tokens != AR tokens: {oracle_drift}")
     return result
 
@@ -311,7 +359,9 @@ def add_engine_parser(subparsers) -> None:
     parser.add_argument("--window", type=positive_int, default=16, help="oracle draft window")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (cuda when torch sees a GPU)")
-    parser.add_argument("--size", choices=["default", "small"], default="default", help="default ~60M params; small for smoke tests")
+    parser.add_argument("--size", choices=list(BENCH_LLAMA_SHAPES), default="default",
+                        help="default ~60M params; small for smoke tests; janus-pro-7b: Janus-Pro-7B's language model "
+                             "with its 16,384-code image head, random weights, built on --device (a GPU: ~13 GB in bf16)")
     parser.add_argument("--threads", type=non_negative_int, default=0, help="torch threads (0 = torch default)")
     parser.add_argument("--json", type=json_path_arg, default=None, help="write results here")
     parser.set_defaults(bench=bench_engine)

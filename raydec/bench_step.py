@@ -13,7 +13,9 @@ over a random Llama with a 32,000-token vocabulary runs the draft-tree path. For
     ops_per_step         tensor operators launched outside the target forward (torch.profiler,
                          top-level aten ops): on a GPU, kernel launches
     host_ms_per_step     wall milliseconds of the step minus its target forward (CPU: the host
-                         work itself; this machine's timings say little about a GPU's)
+                         work itself; this machine's timings say little about a GPU's). With
+                         --device cuda the forward is timed to its kernels' end, so this is the
+                         step's own work on host and device together
 
 What carries over to a GPU is the structure: read-backs and operator counts that do not grow
 with the batch or the window. Table on stdout, JSON (``--json``) with one object per shape
@@ -33,7 +35,7 @@ from typing import Any, Iterator
 
 import torch
 
-from raydec.bench import json_path_arg, non_negative_int, positive_int, print_table
+from raydec.bench import json_path_arg, non_negative_int, positive_int, print_table, resolve_device, synchronize
 
 logger = logging.getLogger(__name__)
 
@@ -83,9 +85,12 @@ class TimedTarget:
         return getattr(self._target, name)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        device = self._target.device
+        synchronize(device)  # on a GPU: the forward's time is its kernels', not its launches'
         start = time.perf_counter()
         with torch.profiler.record_function(FORWARD_SCOPE):
             out = self._target.forward(*args, **kwargs)
+        synchronize(device)
         self.forward_seconds += time.perf_counter() - start
         return out
 
@@ -133,6 +138,7 @@ def measure_session(session: Any, timed: TimedTarget, steps: int, warmup: int) -
         start = time.perf_counter()
         with read_backs.counting():
             original(session)
+        synchronize(timed.device)
         host_ms.append(1e3 * ((time.perf_counter() - start) - (timed.forward_seconds - forward_before)))
         session._retire()
         if not session.active:
@@ -171,7 +177,7 @@ def build_janus(folder: Path, codebook: int) -> Path:
     return folder
 
 
-def jacobi_runs(codebook: int, methods: list[str], batches: list[int], windows: list[int], steps: int) -> list[dict]:
+def jacobi_runs(codebook: int, methods: list[str], batches: list[int], windows: list[int], steps: int, device: str = "cpu") -> list[dict]:
     from raydec.api import _make_proposer
     from raydec.config import DecodeConfig, DraftSpec
     from raydec.models.image_gen import ImagePrompt
@@ -181,6 +187,7 @@ def jacobi_runs(codebook: int, methods: list[str], batches: list[int], windows: 
 
     with tempfile.TemporaryDirectory() as tmp:
         target = load_t2i_target(build_janus(Path(tmp) / "janus", codebook), dtype=torch.float32)
+    target.model.to(device)
     timed = TimedTarget(target)
     prompts = [make_sample(HELD_OUT_SEED_START + i).prompt for i in range(max(batches))]
     runs = []
@@ -201,7 +208,7 @@ def jacobi_runs(codebook: int, methods: list[str], batches: list[int], windows: 
     return runs
 
 
-def draft_tree_runs(vocab: int, batches: list[int], windows: list[int], steps: int) -> list[dict]:
+def draft_tree_runs(vocab: int, batches: list[int], windows: list[int], steps: int, device: str = "cpu") -> list[dict]:
     """A random EAGLE draft (the draft-tree path ViSpec shares) over a random Llama."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -217,9 +224,10 @@ def draft_tree_runs(vocab: int, batches: list[int], windows: list[int], steps: i
     with tempfile.TemporaryDirectory() as tmp:
         LlamaForCausalLM(config).save_pretrained(Path(tmp) / "llama")
         target = CausalLMTarget.from_pretrained(Path(tmp) / "llama", dtype=torch.float32)
+    target.model.to(device)
     draft = VispecDraft(DraftConfig.for_target(target.model.config, vision=False, num_q=1))
     draft.attach_target(target.model.get_input_embeddings(), target.model.get_output_embeddings())
-    draft = draft.eval().prepare_inference()
+    draft = draft.to(device).eval().prepare_inference()
     timed = TimedTarget(target)
     runs = []
     for window in windows:
@@ -258,18 +266,19 @@ def _methods(text: str) -> list[str]:
 def bench_step(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
     runs: list[dict] = []
     jacobi = [m for m in args.methods if m in JACOBI]
     for codebook in args.vocab if jacobi else []:
-        runs += jacobi_runs(codebook, jacobi, args.batch, args.window, args.steps)
+        runs += jacobi_runs(codebook, jacobi, args.batch, args.window, args.steps, device)
     if "eagle" in args.methods:
-        runs += draft_tree_runs(args.draft_vocab, args.batch, args.window, args.steps)
+        runs += draft_tree_runs(args.draft_vocab, args.batch, args.window, args.steps, device)
     rows = [[r["method"], r["vocab"], r["batch"], r["window"], f"{r['syncs_per_step']:.1f}", f"{r['host_bytes_per_step']:.0f}",
              f"{r['ops_per_step']:.0f}", f"{r['host_ms_per_step']:.2f}"] for r in runs]
     print_table(f"raydec bench step: per decode step outside the target forward ({torch.get_num_threads()} thread(s), "
-                f"{'CUDA' if torch.cuda.is_available() else 'CPU'})",
+                f"{device})",
                 ["method", "vocab", "batch", "window", "syncs", "bytes to host", "ops", "host ms"], rows)
-    return {"bench": "step", "threads": torch.get_num_threads(), "runs": runs}
+    return {"bench": "step", "device": device, "threads": torch.get_num_threads(), "runs": runs}
 
 
 def add_step_parser(subparsers: Any) -> None:
@@ -281,6 +290,7 @@ def add_step_parser(subparsers: Any) -> None:
     parser.add_argument("--batch", type=_int_list, default=[1, 8, 16], help="batch sizes (comma-separated)")
     parser.add_argument("--window", type=_int_list, default=[16, 64, 96], help="draft windows / tree sizes (comma-separated)")
     parser.add_argument("--steps", type=positive_int, default=3, help="timed decode steps per shape (each followed by a profiled one)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (cuda when torch sees a GPU)")
     parser.add_argument("--threads", type=non_negative_int, default=0, help="torch threads (0 = torch default)")
     parser.add_argument("--json", type=json_path_arg, default=None, help="write results here")
     parser.set_defaults(bench=bench_step)

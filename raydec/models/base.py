@@ -29,10 +29,9 @@ def decoding_attention(device: str | torch.device) -> AbstractContextManager:
 
     Every decode step attends from a window of new tokens, under an arbitrary tree mask, to a
     cache whose length changes every step. On Hopper GPUs PyTorch may pick its cuDNN attention
-    kernel for such calls, and cuDNN builds a new execution graph for each new sequence length:
-    on an H200 (torch 2.11) that made a 10-token ViSpec step cost ~18 AR steps and an SJD step
-    ~13. The memory-efficient kernel takes any additive mask and length without a per-shape
-    build. On the CPU this changes nothing. The backend flags are process-wide: two threads
+    kernel for such calls, and cuDNN builds a new execution graph for each new sequence length,
+    so every step would pay a build (docs/benchmarks.md, "GPU check"). The memory-efficient
+    kernel takes any additive mask and length without a per-shape build. On the CPU this changes nothing. The backend flags are process-wide: two threads
     decoding at once may briefly see each other's setting, which costs speed, never results.
     """
     if torch.device(device).type != "cuda":

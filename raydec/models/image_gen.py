@@ -83,9 +83,9 @@ def vq_for_decoding(vqmodel: torch.nn.Module) -> torch.nn.Module:
     """``vqmodel``, moved to float32 (once, in place) when it is on a CPU in bf16 / fp16.
 
     PyTorch has no fast CPU kernel for half-precision convolutions (they fall back to
-    ``aten::_slow_conv2d_forward``): the reference Janus's VQ decoder takes 3.4 s per image in
-    bf16 and 27 ms in float32 on two cores, more than the whole token decode. The VQ model is a
-    small part of the checkpoint and only decodes pixels, so it pays its float32 weights. On a
+    ``aten::_slow_conv2d_forward``), slow enough to outweigh the whole token decode
+    (docs/benchmarks.md, "Pixels in float32 on a CPU"). The VQ model is a small part of the
+    checkpoint and only decodes pixels, so it pays its float32 weights. On a
     GPU it keeps the checkpoint's dtype.
     """
     weight = next(vqmodel.parameters())
