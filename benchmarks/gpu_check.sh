@@ -21,8 +21,13 @@
 #   LIMIT_SCALE=0.5      multiplies each stage's hard time limit (default 1.0; the whole run's
 #                        limits add up to 1170 s at 1.0), to fit a short device lease
 #   STAGES="step engine_7b"  run only these stages (default: all; names as in OUT_DIR/NAME.json:
-#                        step engine_7b caption_t0 t2i_b1 caption_t1 t2i_b8 engine profile)
+#                        host_work step engine_7b caption_t0 t2i_b1 caption_t1 t2i_b8 engine profile)
 #   ENGINE_SIZE=small    the engine_7b stage's model (default janus-pro-7b on a GPU, small on the CPU)
+#   OLD_RAYDEC=DIR       a folder holding an earlier raydec package (e.g. a git worktree of the
+#                        commit before issue 30): stage host_work times benchmarks/host_work.py
+#                        (sjd_pac, 16,384 codes, CFG, batch 8, window 64) new / old / new / old
+#   HW_THREADS=4         torch threads of the host_work stage
+#   STEP_ARGS="..."      bench step's grid (default: its own full grid on a GPU)
 #   DRAIN=1              after the batch-8 stage, the same with --batching consecutive: the
 #                        draining-batch baseline continuous batching replaces (limit 240 s more)
 set -u
@@ -42,7 +47,7 @@ pack() {
 
 seconds() { $py -c "print(round($1 * $scale, 3))"; }
 
-stages=${STAGES:-step engine_7b caption_t0 t2i_b1 caption_t1 t2i_b8 t2i_b8_drain engine profile}
+stages=${STAGES:-host_work step engine_7b caption_t0 t2i_b1 caption_t1 t2i_b8 t2i_b8_drain engine profile}
 engine_size=${ENGINE_SIZE:-$([ "$device" = cpu ] && echo small || echo janus-pro-7b)}
 wanted() { case " $stages " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
@@ -64,7 +69,21 @@ import torch, transformers
 print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
 PY
+if wanted host_work && [ -n "${OLD_RAYDEC:-}" ]; then
+  echo "=== host_work: benchmarks/host_work.py, this checkout against $OLD_RAYDEC"
+  hw_limit=$($py -c "print(max(10, round(150 * $limit_scale)))")
+  for round in 1 2; do
+    for side in new old; do
+      if [ $side = old ]; then path=$OLD_RAYDEC; else path=$(cd "$(dirname "$0")/.." && pwd); fi
+      PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}" timeout "$hw_limit" $py "$(dirname "$0")/host_work.py" --codebook 16384 \
+        --batch 8 --window 64 --method sjd_pac --repeats 3 --threads "${HW_THREADS:-4}" --device "$device" \
+        --json "$out/host_work_${side}_$round.json" 2>&1 | grep -av "Loading weights" | tail -n 2
+    done
+  done
+  pack
+fi
 if [ "$device" = cpu ]; then step_grid=(--vocab 16384 --batch 1,8 --window 16,64 --steps 1); else step_grid=(); fi
+[ -n "${STEP_ARGS:-}" ] && read -r -a step_grid <<< "$STEP_ARGS"
 run step 180 step --threads 0 "${step_grid[@]}"
 run engine_7b 300 engine --size "$engine_size" --prompts 3 --new-tokens 256 --window 16 --dtype bfloat16
 run caption_t0 240 caption --methods ar,hf_assisted,eagle,vispec --temperature 0 --images 200 --max-seconds "$(seconds 100)"

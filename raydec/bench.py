@@ -221,7 +221,7 @@ def forward_cost_ratio(model: Any, device: str, tokens: int, context: int, repea
         start = time.perf_counter()
         model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
         synchronize(device)
-        cache.crop(context)
+        cache.crop(-n)  # drop the n tokens just written
         return time.perf_counter() - start
 
     with torch.inference_mode(), decoding_attention(device):
