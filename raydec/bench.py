@@ -212,21 +212,21 @@ def forward_cost_ratio(model: Any, device: str, tokens: int, context: int, repea
     forward's (median of ``repeats``): the window cost a speculative step pays for its forward."""
     from transformers import DynamicCache
 
-    from raydec.models.base import decoding_attention
+    from raydec.models.base import cache_keyword, decoding_attention
 
     def timed_forward(n: int, cache: Any) -> float:
         ids = torch.zeros((1, n), dtype=torch.long, device=device)
         positions = torch.arange(context, context + n, device=device).unsqueeze(0)
         synchronize(device)
         start = time.perf_counter()
-        model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
+        model(input_ids=ids, position_ids=positions, use_cache=True, **{cache_keyword(model): cache})
         synchronize(device)
         cache.crop(-n)  # drop the n tokens just written
         return time.perf_counter() - start
 
     with torch.inference_mode(), decoding_attention(device):
         cache = DynamicCache()
-        model(input_ids=torch.zeros((1, context), dtype=torch.long, device=device), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.zeros((1, context), dtype=torch.long, device=device), use_cache=True, **{cache_keyword(model): cache})
         seconds = {n: [] for n in (1, tokens)}
         for _ in range(repeats + 1):  # the first round warms up
             for n in seconds:
@@ -257,7 +257,7 @@ def _self_consistent_reference(target, window: int, config, prompt: list[int], a
 def bench_engine(args: argparse.Namespace) -> dict:
     """Our AR vs Hugging Face generate(); an oracle proposer (window 16, T=0) vs our AR."""
     from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
-    from raydec.models.base import decoding_attention
+    from raydec.models.base import cache_keyword, decoding_attention
     from raydec.models.causal_lm import CausalLMTarget
     from raydec.speculative.engine import Engine, RowRequest
     from raydec.speculative.proposers.ar import ARProposer

@@ -98,16 +98,24 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
         seconds = forward_seconds(target, prompts[0], sizes, batch=args.batch)
         costs = relative_costs(seconds)
     configs, tried, priors = {}, [], []
+    def choose_prior(method: str, probe: Any) -> str:
+        known = next((chosen for m, p, _, chosen in priors if m == method and p == probe), None)
+        if known is not None:  # the same prompts and seeds count the same forwards
+            return known
+        init, steps = choose_fresh_drafts(target, method, probe, prompts, seeds, sampling, args.batch, batching=args.batching)
+        priors.append((method, probe, steps, init))
+        return init
+
     for method in jacobi:
-        init = args.init
+        init = chain_init = args.init
         if init == "auto":
-            probe = probe_shape(method, windows) if tune_shape else fixed_draft(method, args)
-            init, steps = choose_fresh_drafts(target, method, probe, prompts, seeds, sampling, args.batch, batching=args.batching)
-            priors.append((method, probe, steps, init))
+            init = choose_prior(method, probe_shape(method, windows) if tune_shape else fixed_draft(method, args))
+            # SJD-PAC's chains (SJD-AC's shapes) take the prior SJD-AC's would
+            chain_init = choose_prior("sjd_ac", probe_shape("sjd_ac", windows)) if method == "sjd_pac" and tune_shape else init
         if tune_shape:
             best, shapes = tune_draft(
                 target, method, prompts, seeds, sampling, args.batch, windows=windows,
-                costs=costs, one_token_seconds=seconds[1], inits=(init,), batching=args.batching,
+                costs=costs, one_token_seconds=seconds[1], inits=(init,), batching=args.batching, chain_init=chain_init,
             )
             draft, tried = best.draft, tried + shapes
         else:

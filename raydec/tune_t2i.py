@@ -144,6 +144,11 @@ def candidate_shapes(
     return shapes
 
 
+def is_chain(draft: DraftSpec) -> bool:
+    """No proactive tree (K = 1 or D - 1 = 0): the shape runs as SJD-AC's chain."""
+    return draft.branching == 1 or draft.tree_depth == 0
+
+
 def probe_shape(
     method: str, windows: Sequence[int] = DEFAULT_WINDOWS, trees: Sequence[tuple[int, int]] = DEFAULT_TREES
 ) -> DraftSpec:
@@ -339,11 +344,17 @@ def tune_draft(
     inits: Sequence[str] = FRESH_DRAFTS,
     batching: str = "auto",
     rounds: int = TIMING_ROUNDS,
+    chain_init: str | None = None,
 ) -> tuple[TunedShape, list[TunedShape]]:
     """The best draft shape of ``method`` for ``target`` at ``batch``, and every candidate tried.
 
     prompts / seeds: calibration prompts (a few, at least ``batch``; keep them apart from
     evaluation prompts). inits: fresh-draft priors to choose from first (just one: use it).
+    chain_init: SJD-PAC's prior for its chains (K = 1: SJD-AC's shapes), chosen as SJD-AC's
+    would be (at SJD-AC's probe) when ``inits`` has several and this is None; otherwise the
+    trees' prior. A prior good for trees can be poor for chains (copies from above feed a
+    tree's siblings, copies from the left a long chain), and the chains must be the ones SJD-AC
+    would pick for SJD-PAC's search to hold SJD-AC's.
     costs: a cost curve already measured at this batch (keys: window + 1, and 1). one_token_seconds: the absolute seconds behind ``costs[1]``; with it whole decode
     steps are timed (``ar_step`` = step(ar) is measured when not given). Without it (a cost
     curve from elsewhere) the prediction counts forwards only. rounds: rounds of step timing
@@ -357,7 +368,11 @@ def tune_draft(
         init = inits[0]
     else:  # refuses an empty list
         init, _ = choose_fresh_drafts(target, method, probe_shape(method, windows, trees), prompts, seeds, sampling, batch, inits, batching)
-    shapes = [DraftSpec(**{**shape.model_dump(), "init": init}) for shape in candidate_shapes(method, windows, trees)]
+        if method == "sjd_pac" and chain_init is None:
+            chain_init, _ = choose_fresh_drafts(target, "sjd_ac", probe_shape("sjd_ac", windows), prompts, seeds, sampling, batch, inits, batching)
+    chain_init = chain_init or init
+    shapes = [DraftSpec(**{**shape.model_dump(), "init": chain_init if is_chain(shape) else init})
+              for shape in candidate_shapes(method, windows, trees)]
     length = int(target.num_image_tokens)
     if costs is None or any(s.window + 1 not in costs for s in shapes):
         seconds = forward_seconds(target, prompts[0], sorted({1} | {s.window + 1 for s in shapes}), batch=batch)
@@ -391,7 +406,7 @@ def tune_draft(
         logger.info("tune %s %s: %.1f steps per batch, step cost %.2f (measured %.2f), predicted speedup %.2f",
                     method, draft, steps, step, raw, tried[-1].predicted_speedup)
     best = max(tried, key=lambda t: t.predicted_speedup)
-    chains = [i for i, t in enumerate(tried) if t.draft.branching == 1 or t.draft.tree_depth == 0]
+    chains = [i for i, t in enumerate(tried) if is_chain(t.draft)]
     if method == "sjd_pac" and chains and best not in [tried[i] for i in chains]:
         chain = max(chains, key=lambda i: tried[i].predicted_speedup)
         if not tree_beats_chain(best, tried[chain], rows[tried.index(best)], rows[chain]):

@@ -205,6 +205,15 @@ def test_tune_draft_chooses_the_fresh_draft_prior_first(tmp_path):
     assert {t.draft.init for t in tried} == {probe_choice}
     _, tried = tune_draft(target, "sjd_ac", windows=(2, 8), costs={1: 1.0, 3: 1.0, 9: 1.0}, inits=("above",), **args)
     assert {t.draft.init for t in tried} == {"above"}
+    # SJD-PAC: trees take the prior chosen at its tree probe, chains the one SJD-AC's probe chooses
+    _, tried = tune_draft(target, "sjd_pac", windows=(8,), trees=((1, 0), (2, 1)), costs={1: 1.0, 9: 1.0},
+                          inits=("uniform", "above"), **args)
+    ac_choice, _ = choose_fresh_drafts(target, "sjd_ac", probe_shape("sjd_ac", (8,)), inits=("uniform", "above"), **args)
+    pac_choice, _ = choose_fresh_drafts(target, "sjd_pac", probe_shape("sjd_pac", (8,), ((1, 0), (2, 1))), inits=("uniform", "above"), **args)
+    assert {(t.draft.branching, t.draft.init) for t in tried} == {(1, ac_choice), (2, pac_choice)}
+    _, tried = tune_draft(target, "sjd_pac", windows=(8,), trees=((1, 0), (2, 1)), costs={1: 1.0, 9: 1.0},
+                          inits=("above",), chain_init="uniform", **args)
+    assert {(t.draft.branching, t.draft.init) for t in tried} == {(1, "uniform"), (2, "above")}
     with pytest.raises(ValueError, match="inits: expected at least one"):
         tune_draft(target, "sjd_ac", windows=(2, 8), costs={1: 1.0, 3: 1.0, 9: 1.0}, inits=(), **args)
     with pytest.raises(ValueError, match="init"):  # pydantic names the field and the value

@@ -7,6 +7,8 @@ attention kernels a decode loop may use, and the checkpoint error. The target pr
 from __future__ import annotations
 
 import abc
+import functools
+import inspect
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -17,7 +19,7 @@ from raydec.speculative.target import DecodingTarget, ForwardOutput, PromptInput
 
 __all__ = [
     "CheckpointError", "DecodingTarget", "ForwardOutput", "PromptInputs", "SharedVocabularyForward", "WindowForward",
-    "decoder_window_forward", "decoding_attention", "stack_prompts",
+    "cache_keyword", "decoder_window_forward", "decoding_attention", "stack_prompts",
 ]
 
 # Every fused attention kernel but cuDNN's (see decoding_attention).
@@ -37,6 +39,18 @@ def decoding_attention(device: str | torch.device) -> AbstractContextManager:
     if torch.device(device).type != "cuda":
         return nullcontext()
     return sdpa_kernel(list(DECODING_SDPA_BACKENDS))
+
+
+@functools.cache
+def _cache_keyword(forward: Any) -> str:
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def cache_keyword(module: torch.nn.Module) -> str:
+    """The keyword ``module``'s forward takes its KV cache by in the installed transformers:
+    ``cache`` in recent 5.x releases, ``past_key_values`` before (5.17 still has it). The other
+    name would be swallowed by ``**kwargs`` and the forward would run without the cache."""
+    return _cache_keyword(type(module).forward)
 
 
 class CheckpointError(ValueError):
@@ -64,8 +78,8 @@ def decoder_window_forward(
         inputs_embeds=inputs_embeds,
         position_ids=position_ids.to(device),
         attention_mask=attention_mask.to(device),
-        cache=cache,
         use_cache=True,
+        **{cache_keyword(decoder): cache},
     )
     hidden = out.last_hidden_state
     return ForwardOutput(logits=head(hidden), hidden=hidden if want_hidden else None)

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from raydec.config import StrictModel
-from raydec.models.base import CheckpointError, decoding_attention
+from raydec.models.base import CheckpointError, cache_keyword, decoding_attention
 from raydec.models.cpu_matmul import row_major_weight
 from raydec.models.folded_input import DecodeRows, FoldedDraftInput
 from raydec.models.fused_layer import FusedDecoderLayer
@@ -297,9 +297,10 @@ class VispecDraft(nn.Module):
             return self._fused(x, position_ids, attention_mask, cache)
         # the one decoder layer, called directly (no LlamaModel wrappers: this runs every draft step)
         rotary = self.decoder.rotary_emb(x, position_ids=position_ids)
-        return self.decoder.layers[0](
-            x, attention_mask=attention_mask.to(x.dtype), position_ids=position_ids, cache=cache,
-            use_cache=cache is not None, position_embeddings=rotary,
+        layer = self.decoder.layers[0]
+        return layer(
+            x, attention_mask=attention_mask.to(x.dtype), position_ids=position_ids,
+            use_cache=cache is not None, position_embeddings=rotary, **{cache_keyword(layer): cache},
         )
 
     def decode_rows(self, row_globals: torch.Tensor, row_has_global: torch.Tensor) -> DecodeRows:

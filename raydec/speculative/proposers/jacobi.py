@@ -192,7 +192,7 @@ class JacobiProposer(Proposer):
             draws = uniforms[:, slots + level * self.branching : slots + (level + 1) * self.branching - 1]
             extra, extra_valid = self._extra_candidates(proposals[:, level], tokens[:, level], draws)
             candidates = torch.cat([tokens[:, level : level + 1], extra], dim=1)            # [B, K]
-            candidate_valid = torch.cat([torch.ones(batch, 1, dtype=torch.bool), extra_valid], dim=1)
+            candidate_valid = torch.cat([torch.ones(batch, 1, dtype=torch.bool, device=device), extra_valid], dim=1)
             at_level = layout.level_nodes[level]
             ranks = layout.level_rank[at_level]
             node_tokens[:, at_level] = candidates[:, ranks]
