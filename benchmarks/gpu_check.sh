@@ -77,7 +77,8 @@ if wanted host_work && [ -n "${OLD_RAYDEC:-}" ]; then
       if [ $side = old ]; then path=$OLD_RAYDEC; else path=$(cd "$(dirname "$0")/.." && pwd); fi
       PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}" timeout "$hw_limit" $py "$(dirname "$0")/host_work.py" --codebook 16384 \
         --batch 8 --window 64 --method sjd_pac --repeats 3 --threads "${HW_THREADS:-4}" --device "$device" \
-        --json "$out/host_work_${side}_$round.json" 2>&1 | grep -av "Loading weights" | tail -n 2
+        --json "$out/host_work_${side}_$round.json" 2>&1 | grep -av -e "Loading weights" -e "Writing model" > "$out/host_work_${side}_$round.log"
+      tail -n 2 "$out/host_work_${side}_$round.log"
     done
   done
   pack
