@@ -97,7 +97,7 @@ def forward_seconds(target: Any, prompt: Any, sizes: Sequence[int], batch: int =
         prefix = target.prompt_inputs(prompt)
         embeds = prefix.inputs_embeds if prefix.inputs_embeds is not None else target.embed_prompt_tokens(prefix.input_ids.view(1, -1))[0]
         length = embeds.shape[0]
-        cache = RaggedCache(batch, compaction="never")
+        cache = RaggedCache(batch, compaction="never", device=target.device)
         causal = torch.tril(torch.ones(length, length, dtype=torch.bool)).expand(batch, -1, -1)
         positions = torch.arange(length).expand(batch, -1)
         target.forward(embeds.expand(batch, -1, -1), None, positions, cache.attention_mask(causal, target.dtype), cache.kv)

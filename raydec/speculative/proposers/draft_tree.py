@@ -164,7 +164,7 @@ class DraftTreeProposer(Proposer):
         pos = torch.zeros(batch, width, dtype=torch.long, device=device)
         valid = torch.zeros(batch, width, dtype=torch.bool)
         last_global = torch.zeros(batch, size, device=device, dtype=dtype)
-        has_global = torch.zeros(batch, dtype=torch.bool)
+        has_global = torch.zeros(batch, dtype=torch.bool)  # host-known, as DecodeRows keeps it
         for r, s in enumerate(sequences):
             lo = width - s.length
             tok[r, lo:], feat[r, lo:], pos[r, lo:] = s.token_embeds, s.features, s.positions
@@ -175,7 +175,7 @@ class DraftTreeProposer(Proposer):
                 last_global[r], has_global[r] = s.globals_[-1], True
         causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
         allowed = (causal.unsqueeze(0) & valid.unsqueeze(1)) | identity_mask(width).unsqueeze(0)
-        cache = RaggedCache(batch, compaction="auto")
+        cache = RaggedCache(batch, compaction="auto", device=device)
         mask = _additive(allowed, dtype).to(device)
         h = self.draft(tok, feat, pos, mask, cache.kv, glob, use)
         lengths = torch.tensor([int(prefill.valid[r].sum()) for r in range(batch)])
