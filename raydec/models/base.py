@@ -32,7 +32,7 @@ def decoding_attention(device: str | torch.device) -> AbstractContextManager:
     Every decode step attends from a window of new tokens, under an arbitrary tree mask, to a
     cache whose length changes every step. On Hopper GPUs PyTorch may pick its cuDNN attention
     kernel for such calls, and cuDNN builds a new execution graph for each new sequence length,
-    so every step would pay a build (docs/benchmarks.md, "GPU check"). The memory-efficient
+    so every step would pay a build (docs/benchmarks.md, "On one H200"). The memory-efficient
     kernel takes any additive mask and length without a per-shape build. On the CPU this changes nothing. The backend flags are process-wide: two threads
     decoding at once may briefly see each other's setting, which costs speed, never results.
     """
