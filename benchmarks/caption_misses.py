@@ -21,10 +21,9 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-import numpy as np
 import torch
 
-from raydec.bench import json_path_arg, parse_methods, positive_int, write_json
+from raydec.bench.common import json_path_arg, parse_methods, positive_int, write_json
 
 
 def miss_positions(accepted_lengths: list[int], depth: int, length: int) -> list[int]:

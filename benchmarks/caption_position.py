@@ -18,7 +18,7 @@ import argparse
 import numpy as np
 import torch
 
-from raydec.bench import json_path_arg, parse_methods, positive_int, write_json
+from raydec.bench.common import json_path_arg, parse_methods, positive_int, write_json
 
 
 

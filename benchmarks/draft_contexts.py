@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from raydec.bench import json_path_arg, positive_int, write_json
+from raydec.bench.common import json_path_arg, positive_int, write_json
 from raydec.train.reference import temperatures_arg
 
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import torch
 
-from raydec.bench import json_path_arg, positive_int, write_json
+from raydec.bench.common import json_path_arg, positive_int, write_json
 
 
 @contextmanager

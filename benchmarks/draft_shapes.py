@@ -17,7 +17,6 @@ import torch
 
 
 def parse_shape(text: str):
-    from raydec.config import DraftSpec
 
     method, *numbers = text.split(":")
     if method not in ("sjd", "sjd_ac", "sjd_pac") or len(numbers) not in (1, 3) or not all(n.isdigit() for n in numbers):

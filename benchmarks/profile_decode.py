@@ -41,7 +41,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     from raydec.api import caption_images, generate_images, load_pipeline
-    from raydec.bench import resolve_device
+    from raydec.bench.common import resolve_device
     from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
 

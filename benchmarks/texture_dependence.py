@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from raydec.bench import count_arg, json_path_arg, positive_int, write_json
+from raydec.bench.common import count_arg, json_path_arg, positive_int, write_json
 
 METHODS = ("sjd", "sjd_ac", "sjd_pac")
 

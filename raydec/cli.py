@@ -13,12 +13,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="raydec", description="Lossless speculative decoding on Ray.")
     parser.add_argument("command", choices=["bench", "demo"], help="bench: measurements; demo: the quickstart job")
     known, rest = parser.parse_known_args(argv[:1])
-    if known.command == "bench" and argv[1:2] == ["pipeline"]:
-        from raydec.bench_pipeline import main as bench_pipeline_main
-
-        return bench_pipeline_main(argv[1:])
     if known.command == "bench":
-        from raydec.bench import main as bench_main
+        from raydec.bench.cli import main as bench_main
 
         return bench_main(argv[1:])
     from raydec.demo import main as demo_main

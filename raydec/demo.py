@@ -78,7 +78,7 @@ def reference_ready(model: str) -> bool:
 
 
 def _parse(argv: List[str]) -> argparse.Namespace:
-    from raydec.bench import non_negative_int, positive_int
+    from raydec.bench.common import non_negative_int, positive_int
 
     parser = argparse.ArgumentParser(prog="raydec demo", description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=Path, default=EXAMPLE_PROMPTS, help="input Parquet (created if missing)")

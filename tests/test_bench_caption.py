@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from raydec.api import load_pipeline
-from raydec.bench import main as bench_main
-from raydec.bench_caption import difference_cell, paired_difference
+from raydec.bench.cli import main as bench_main
+from raydec.bench.caption import difference_cell, paired_difference
 from raydec.models.vispec_draft import DraftConfig, VispecDraft
 
 torch.set_num_threads(1)

@@ -11,7 +11,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest
 
-from raydec.bench_pipeline import add_pipeline_parser
+from raydec.bench.pipeline import add_pipeline_parser
 
 
 @pytest.fixture(scope="module")
@@ -62,16 +62,16 @@ def test_bench_pipeline_json(tiny_janus, ray_cluster, tmp_path, capsys):
 
 def test_bench_pipeline_cli_routes_to_pipeline(monkeypatch):
     """`raydec bench pipeline ...` reaches this bench (argument parsing only, nothing runs)."""
-    import raydec.bench_pipeline as bench_pipeline
+    import raydec.bench.cli as bench_cli
     from raydec.cli import main
 
     seen = {}
-    add_parser = bench_pipeline.add_pipeline_parser
+    add_parser = bench_cli.add_pipeline_parser
 
     def patched(subparsers):
         add_parser(subparsers)
         subparsers.choices["pipeline"].set_defaults(bench=lambda args: seen.setdefault("args", args) and {})
 
-    monkeypatch.setattr(bench_pipeline, "add_pipeline_parser", patched)
+    monkeypatch.setattr(bench_cli, "add_pipeline_parser", patched)
     assert main(["bench", "pipeline", "--rows", "3", "--method", "sjd_pac"]) == 0
     assert seen["args"].rows == 3 and seen["args"].method == "sjd_pac"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from raydec.bench import main as bench_main
-from raydec.bench_t2i import score_agreement
+from raydec.bench.cli import main as bench_main
+from raydec.bench.t2i import score_agreement
 
 torch.set_num_threads(1)
 
@@ -50,7 +50,7 @@ def test_bench_t2i_runs_every_method_on_a_tiny_janus(tmp_path):
 
 
 def test_candidate_shapes_skip_trees_that_do_not_fit():
-    from raydec.tune_t2i import candidate_shapes
+    from raydec.tuning import candidate_shapes
 
     chains = candidate_shapes("sjd_ac", windows=(4, 16))
     assert [(s.window, s.branching, s.tree_depth) for s in chains] == [(4, 1, 0), (16, 1, 0)]
@@ -63,7 +63,7 @@ def test_tune_draft_follows_the_cost_curve(tmp_path):
     """Flat costs (a GPU) reward the widest window; costs growing like the window (a slow
     CPU) make every wide window a loss, so the narrowest wins."""
     from raydec.api import load_pipeline
-    from raydec.tune_t2i import tune_draft
+    from raydec.tuning import tune_draft
     from tests.tiny_models import build_tiny_janus
 
     target = load_pipeline(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
@@ -88,7 +88,7 @@ def test_tune_draft_follows_the_cost_curve(tmp_path):
 
 def test_a_tree_replaces_the_chain_only_past_the_calibration_noise():
     from raydec.config import DraftSpec
-    from raydec.tune_t2i import TunedShape, tree_beats_chain
+    from raydec.tuning import TunedShape, tree_beats_chain
 
     def shape(branching: int, depth: int, speedup: float) -> TunedShape:
         return TunedShape("sjd_pac", DraftSpec(window=32, branching=branching, tree_depth=depth), 30.0, 1.5, speedup)
@@ -103,7 +103,7 @@ def test_a_tree_replaces_the_chain_only_past_the_calibration_noise():
 
 
 def test_fit_step_costs_is_monotone_in_window_and_tree_size():
-    from raydec.tune_t2i import fit_step_costs
+    from raydec.tuning import fit_step_costs
 
     assert fit_step_costs([(9, 0), (17, 0), (33, 0)], [3.0, 5.0, 9.0]) == pytest.approx([3.0, 5.0, 9.0])  # already monotone
     # a busy spell made window 8 look as dear as 48: the two are pooled, 32 in between with them
@@ -133,7 +133,7 @@ def test_step_ratios_cancel_a_slow_round(tmp_path, monkeypatch):
     """Every round times the baseline and each candidate; a round where the whole machine runs
     at a third of its speed leaves the ratios where they were, and the median drops a round
     that a slow spell split."""
-    from raydec import tune_t2i
+    from raydec import tuning as tune_t2i
 
     speed = {"value": 1.0}
     cost = {"ar": 1.0, "a": 2.0, "b": 3.0}
@@ -190,7 +190,7 @@ def test_tune_draft_chooses_the_fresh_draft_prior_first(tmp_path):
     """The prior needing the fewest forwards at the probe shape is the one every shape is tried with."""
     from raydec.api import load_pipeline
     from raydec.config import DraftSpec
-    from raydec.tune_t2i import choose_fresh_drafts, probe_shape, tune_draft
+    from raydec.tuning import choose_fresh_drafts, probe_shape, tune_draft
     from tests.tiny_models import build_tiny_janus
 
     target = load_pipeline(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
@@ -225,7 +225,7 @@ def test_fresh_drafts_are_chosen_by_the_rows_mean_forwards_at_batch_2(tmp_path):
     mean forwards, while a shape's steps per batch stay the slowest row's (consecutive batches)."""
     from raydec.api import load_pipeline
     from raydec.config import DecodeConfig, DraftSpec
-    from raydec.tune_t2i import calibration_rows, calibration_run, choose_fresh_drafts
+    from raydec.tuning import calibration_rows, calibration_run, choose_fresh_drafts
     from tests.tiny_models import build_tiny_janus
 
     target = load_pipeline(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
@@ -244,7 +244,7 @@ def test_fresh_drafts_are_chosen_by_the_rows_mean_forwards_at_batch_2(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the messages of a machine without a GPU")
 def test_device_option_resolves_auto_and_names_what_is_missing():
-    from raydec.bench import resolve_device
+    from raydec.bench.common import resolve_device
 
     assert resolve_device("auto") == "cpu" and resolve_device("cpu") == "cpu"
     with pytest.raises(SystemExit, match="--device cuda: .* sees no CUDA device"):
@@ -254,7 +254,7 @@ def test_device_option_resolves_auto_and_names_what_is_missing():
 
 
 def test_methods_option_names_unknown_methods_and_asks_for_the_ar_baseline():
-    from raydec.bench import parse_methods, ratio_cell
+    from raydec.bench.common import parse_methods, ratio_cell
 
     known = ("ar", "hf", "sjd")
     assert parse_methods(" ar, sjd ,", known) == ["ar", "sjd"]
@@ -315,7 +315,7 @@ def test_bench_checks_option_values_before_loading_a_model(tmp_path, capsys):
 def test_tune_windows_option_parses_a_list_and_rejects_nonsense():
     import argparse
 
-    from raydec.bench_t2i import _windows_arg
+    from raydec.bench.t2i import _windows_arg
 
     assert _windows_arg("8,16, 64") == (8, 16, 64)
     for bad in ("", "0,8", "eight"):
@@ -340,7 +340,7 @@ def test_calibration_counts_the_slowest_row_or_the_mean_as_batches_are_run(tmp_p
     accelerator's by default) a finished row's place is refilled, so a batch's images take the mean."""
     from raydec.api import generate_images, load_pipeline
     from raydec.config import DecodeConfig, DraftSpec
-    from raydec.tune_t2i import calibration_run
+    from raydec.tuning import calibration_run
     from tests.tiny_models import build_tiny_janus
 
     target = load_pipeline(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
@@ -359,7 +359,7 @@ def test_calibration_counts_the_slowest_row_or_the_mean_as_batches_are_run(tmp_p
 
 
 def test_bench_refuses_runs_that_would_measure_nothing_or_the_calibration_prompts():
-    from raydec.bench_t2i import TUNE_OFFSET
+    from raydec.bench.t2i import TUNE_OFFSET
 
     with pytest.raises(SystemExit, match="give more rows than --batch-size 8"):
         bench_main(["pipeline", "--rows", "8"])

@@ -189,7 +189,7 @@ def test_draft_contexts_measures_each_draft_on_greedy_and_sampled_captions(tmp_p
 
 def test_bench_step_reports_every_shape(tmp_path, capsys):
     """``raydec bench step`` at small sizes: one JSON object per shape, one read-back per step."""
-    from raydec.bench import main as bench_main
+    from raydec.bench.cli import main as bench_main
 
     out = tmp_path / "step.json"
     code = bench_main(["step", "--methods", "sjd_pac,eagle", "--vocab", "512", "--draft-vocab", "512", "--batch", "1,2",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raydec.bench_step import ReadBacks
+from raydec.bench.step import ReadBacks
 from raydec.config import DecodeConfig, DraftSpec, DraftTreeSpec, SamplingConfig
 from raydec.models.causal_lm import CfgPrompt
 from raydec.speculative.engine import DecodeSession, Engine, RowRequest

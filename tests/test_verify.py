@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from raydec.speculative.tree import DETERMINISTIC, DraftTree, TreeBuilder
-from raydec.speculative.verify import acceptance_probability, output_law, residual, verify_tree
+from raydec.speculative.verify import VerifyResult, acceptance_probability, output_law, residual, verify_tree
 
 torch.set_num_threads(1)  # tiny tensors: threads only add synchronisation cost
 
@@ -363,7 +363,6 @@ def test_recursion_equals_walking_each_row_with_chains_under_sibling_groups():
     """SJD-PAC's shape (sibling groups, then a long chain of only children under each) and
     random shapes: the batched recursion, which crosses runs of only children in one jump,
     decides exactly what a node-by-node walk decides with the same uniforms."""
-    import raydec.speculative.verify as verify
 
     vocab, batch = 5, 48
     generator = torch.Generator().manual_seed(7)

@@ -18,7 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from raydec.config import SamplingConfig
 from raydec.models.causal_lm import CausalLMTarget, CfgPrompt
 from raydec.reference.textures import MarkovChainTarget as MarkovTarget
-from raydec.speculative.sampling import VocabConstraint, process_logits, sample_with_uniform
+from raydec.speculative.sampling import VocabConstraint, process_logits
 
 
 def random_markov(vocab: int, seed: int, sharpness: float = 1.5) -> MarkovTarget:

@@ -19,7 +19,7 @@ from raydec.speculative.target import DecodingTarget, ForwardOutput, PromptInput
 
 __all__ = [
     "CheckpointError", "DecodingTarget", "ForwardOutput", "PromptInputs", "SharedVocabularyForward", "WindowForward",
-    "cache_keyword", "decoder_window_forward", "decoding_attention", "stack_prompts",
+    "cache_keyword", "decoder_window_forward", "decoding_attention", "stack_prompts", "synchronize",
 ]
 
 # Every fused attention kernel but cuDNN's (see decoding_attention).
@@ -51,6 +51,12 @@ def cache_keyword(module: torch.nn.Module) -> str:
     ``cache`` in recent 5.x releases, ``past_key_values`` before (5.17 still has it). The other
     name would be swallowed by ``**kwargs`` and the forward would run without the cache."""
     return _cache_keyword(type(module).forward)
+
+
+def synchronize(device: str | torch.device) -> None:
+    """Wait for queued GPU work, so a host clock read after it times the work (no-op on CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class CheckpointError(ValueError):

@@ -7,7 +7,6 @@ errors that name the key, so a typo fails before any model loads.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import ClassVar, Literal, Optional
 
 from pydantic import Field, model_validator

@@ -23,7 +23,7 @@ prefix that matches the argmax".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 

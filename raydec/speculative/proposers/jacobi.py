@@ -17,7 +17,7 @@ it is distributed as (dense ``[V]``; one-hot for deterministic spatial-prior dra
 Fresh drafts: a uniform random allowed token with Q = uniform over the allowed ids, or a
 spatial prior (the token to the left / above in the image grid) with Q one-hot; forced layout
 tokens (e.g. Emu3 end-of-line) are drafted as themselves. Which prior pays depends on the
-model's images: ``raydec.tune_t2i.choose_fresh_drafts`` counts forwards to pick one.
+model's images: ``raydec.tuning.choose_fresh_drafts`` counts forwards to pick one.
 
 Everything is batched tensor work on the target's device: pending drafts are [B, S] / [B, S, V]
 tensors aligned with the batch, and each row's uniforms come from its own counter-based
@@ -127,7 +127,7 @@ class JacobiProposer(Proposer):
             logger.log(
                 logging.DEBUG if chosen else logging.WARNING,
                 "sjd_pac with draft.branching=%d, draft.tree_depth=%d has no proactive tree: it runs as sjd_ac "
-                "(set both, e.g. branching=3, tree_depth=1, or tune them with raydec.tune_t2i.tune_draft)",
+                "(set both, e.g. branching=3, tree_depth=1, or tune them with raydec.tuning.tune_draft)",
                 draft.branching, draft.tree_depth,
             )
         extra = full_tree_nodes(self.branching, self.depth) - self.depth
@@ -176,7 +176,7 @@ class JacobiProposer(Proposer):
         return self._on_device[device]
 
     def propose(self, state: DecodeState) -> DraftTree:
-        batch, vocab, slots = state.batch_size, state.vocab_size, self.spine_slots
+        batch, slots = state.batch_size, self.spine_slots
         dtype, device = state.prob_dtype, state.device
         uniforms = state.random.uniforms(streams.JACOBI_FILL, slots + self.depth * self.branching)
         tokens, proposals = self._fill_window(state, uniforms[:, :slots])  # [B, S], [B, S, V]
@@ -309,7 +309,7 @@ class JacobiProposer(Proposer):
 
     def _fill_window(self, state: DecodeState, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pending drafts, then fresh ones, for slots 1..S. uniforms: [B, S] -> [B, S], [B, S, V]"""
-        batch, vocab, slots, device = state.batch_size, state.vocab_size, self.spine_slots, state.device
+        batch, slots, device = state.batch_size, self.spine_slots, state.device
         pending_tokens, pending_q, have = self._pending(state)
         fresh = have.unsqueeze(1) <= torch.arange(slots, device=device)                   # [B, S]
         tokens = torch.where(fresh, 0, pending_tokens)

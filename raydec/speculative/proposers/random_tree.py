@@ -77,7 +77,6 @@ class RandomTreeProposer(Proposer):
 
     def propose(self, state: DecodeState) -> DraftTree:
         batch, vocab, width = state.batch_size, state.vocab_size, len(self.parents)
-        dtype = torch.float64
         normals = state.random.normals(streams.RANDOM_TREE, self.num_groups * vocab).view(batch, self.num_groups, vocab)
         uniforms = state.random.uniforms(streams.RANDOM_TREE_PICK, width - 1)
         logits = normals * self.sharpness  # [B, G, V]

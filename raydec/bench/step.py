@@ -35,7 +35,8 @@ from typing import Any, Iterator
 
 import torch
 
-from raydec.bench import json_path_arg, non_negative_int, positive_int, print_table, resolve_device, synchronize
+from raydec.bench.common import json_path_arg, non_negative_int, positive_int, print_table, resolve_device
+from raydec.models.base import synchronize
 
 logger = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from raydec.bench import folder_path_arg, json_path_arg, non_negative_int, positive_float, positive_int, print_table, run_bench
+from raydec.bench.common import folder_path_arg, json_path_arg, non_negative_int, positive_float, positive_int, print_table
 from raydec.config import IMAGE_METHODS
 
 logger = logging.getLogger(__name__)
@@ -444,12 +444,3 @@ def add_pipeline_parser(subparsers) -> None:
     parser.add_argument("--work-dir", type=folder_path_arg, default=None, help="keep the prompts and pipeline outputs here")
     parser.add_argument("--json", type=json_path_arg, default=None, help="write results here")
     parser.set_defaults(bench=bench_pipeline)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`raydec bench pipeline ...` (the same --json handling as `raydec bench`)."""
-    parser = argparse.ArgumentParser(prog="raydec bench", description=__doc__.splitlines()[0])
-    subparsers = parser.add_subparsers(dest="which", required=True)
-    add_pipeline_parser(subparsers)
-    args = parser.parse_args(argv)
-    return run_bench(args)

@@ -22,12 +22,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from raydec.bench import (
+from raydec.bench.common import (
     json_path_arg, non_negative_int, parse_methods, positive_int, positive_float, print_table, ratio_cell, resolve_device,
-    synchronize,
 )
 from raydec.config import DecodeConfig, DraftTreeSpec, SamplingConfig
-from raydec.models.base import decoding_attention
+from raydec.models.base import decoding_attention, synchronize
 
 logger = logging.getLogger(__name__)
 
@@ -260,7 +259,7 @@ def bench_caption(args: argparse.Namespace) -> dict:
             entry["judge_accuracy_vs_ar"], entry["judge_accuracy_vs_ar_se"] = paired_difference(record.scores, ar.scores)
         summary[method] = entry
     identical = {m: sum(a == b for a, b in zip(ar.captions, r.captions)) for m, r in records.items()}
-    from raydec.tune_t2i import window_cost
+    from raydec.tuning import window_cost
 
     cost = window_cost(target, VlmPrompt(target.format_prompt(args.prompt, 1), [images[0]]), sorted({1, 4, 8, 16, tree.total_tokens}))
     header = ["method", "tokens/fwd", "tau", "latency x AR", "x hf_assisted", "accuracy", "accuracy - AR (± SE)",

@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from raydec.bench import (
+from raydec.bench.common import (
     folder_path_arg, json_path_arg, non_negative_int, parse_methods, positive_int, positive_float, print_table,
-    ratio_cell, resolve_device, synchronize,
+    ratio_cell, resolve_device,
 )
 from raydec.config import JACOBI_METHODS, DecodeConfig, DraftSpec
-from raydec.models.base import decoding_attention
-from raydec.tune_t2i import window_cost
+from raydec.models.base import decoding_attention, synchronize
+from raydec.tuning import window_cost
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
     calibration prompts (held-out seeds far from the benchmark's).
     -> (configs, shapes tried, [(method, probe shape, forwards per image of each prior, chosen)])"""
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
-    from raydec.tune_t2i import (
+    from raydec.tuning import (
         DEFAULT_WINDOWS, candidate_shapes, choose_fresh_drafts, forward_seconds, probe_shape,
         relative_costs, tune_draft,
     )
@@ -127,7 +127,7 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
 def _check_before_loading(methods: list[str], args: argparse.Namespace) -> None:
     """Options that cannot run, refused before any model loads."""
     from raydec.models.registry import T2I_LOADERS, checkpoint_model_type, resolve_t2i_path
-    from raydec.tune_t2i import DEFAULT_WINDOWS, candidate_shapes
+    from raydec.tuning import DEFAULT_WINDOWS, candidate_shapes
 
     if args.seed + args.prompts > 2**63:
         raise SystemExit(f"--seed {args.seed}: prompts take seeds {args.seed}..{args.seed + args.prompts - 1}, past 2**63 - 1")

@@ -51,9 +51,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from raydec.bench import synchronize
+
 from raydec.config import JACOBI_METHODS, DecodeConfig, DraftSpec, SamplingConfig, full_tree_nodes
-from raydec.models.base import decoding_attention
+from raydec.models.base import decoding_attention, synchronize
 
 logger = logging.getLogger(__name__)
 
