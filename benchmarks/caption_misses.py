@@ -90,19 +90,19 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     methods = parse_methods(args.methods, ("eagle", "vispec"), baseline=None)
 
-    from raydec.api import DEFAULT_CAPTION_PROMPT, caption_images, load_pipeline
-    from raydec.config import DecodeConfig, DraftTreeSpec
+    from raydec.api import DEFAULT_CAPTION_PROMPT, caption_images, load_target
+    from raydec.config import DecodeConfig, DraftTreeConfig
     from raydec.models.registry import resolve_draft_path
     from raydec.reference.judge import WORD_KINDS
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
 
-    target = load_pipeline(args.model, "vlm", dtype=getattr(torch, args.dtype))
+    target = load_target(args.model, "caption", dtype=getattr(torch, args.dtype))
     tokenizer = target.processor.tokenizer
     images = [to_pil(make_sample(HELD_OUT_SEED_START + i).image) for i in range(args.images)]
-    default = DraftTreeSpec.for_temperature(0.0)
+    default = DraftTreeConfig.for_temperature(0.0)
     shape = {"depth": args.depth, "top_k": args.top_k, "total_tokens": args.total_tokens}
     try:
-        tree = DraftTreeSpec(**{**default.model_dump(), **{k: v for k, v in shape.items() if v is not None}})
+        tree = DraftTreeConfig(**{**default.model_dump(), **{k: v for k, v in shape.items() if v is not None}})
     except ValueError as error:
         parser.error(f"draft tree: {error}")
     tables = {}

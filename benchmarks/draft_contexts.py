@@ -96,12 +96,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", type=json_path_arg, default=None, help="also write the table here")
     args = parser.parse_args(argv)
 
-    from raydec.api import load_pipeline
+    from raydec.api import load_target
     from raydec.models.registry import REFERENCE_DRAFT_DIRS
     from raydec.models.vispec_draft import VispecDraft
 
     torch.set_num_threads(args.threads)
-    target = load_pipeline(args.model, kind="vlm", dtype=torch.float32)
+    target = load_target(args.model, task="caption", dtype=torch.float32)
     drafts = dict(args.draft) if args.draft else {m: str(REFERENCE_DRAFT_DIRS[m]) for m in ("vispec", "eagle")}
     loaded = {name: VispecDraft.from_pretrained(Path(path), target=target, dtype=torch.float32).eval() for name, path in drafts.items()}
     seeds = list(range(args.first_seed, args.first_seed + args.images))

@@ -54,14 +54,14 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError as error:
         parser.error(f"--temperature: {error}")
 
-    from raydec.api import caption_images, load_pipeline
-    from raydec.config import DecodeConfig, DraftTreeSpec
+    from raydec.api import caption_images, load_target
+    from raydec.config import DecodeConfig, DraftTreeConfig
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
 
-    target = load_pipeline("reference", "vlm", dtype=getattr(torch, args.dtype))
+    target = load_target("reference", "caption", dtype=getattr(torch, args.dtype))
     images = [to_pil(make_sample(HELD_OUT_SEED_START + i).image) for i in range(args.images)]
     seeds = list(range(args.images))
-    tree = DraftTreeSpec.for_temperature(args.temperature)
+    tree = DraftTreeConfig.for_temperature(args.temperature)
 
     def tokens_per_forward(method: str) -> float:
         decode = DecodeConfig(method=method, sampling=sampling, draft_tree=tree, max_new_tokens=args.max_new_tokens)

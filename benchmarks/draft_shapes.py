@@ -35,18 +35,18 @@ def main() -> None:
     parser.add_argument("--by-background", action="store_true", help="also split each shape's figures by the prompt's background")
     args = parser.parse_args()
 
-    from raydec.api import generate_images, load_pipeline
-    from raydec.config import DecodeConfig, DraftSpec
+    from raydec.api import generate_images, load_target
+    from raydec.config import DecodeConfig, JacobiDraftConfig
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
 
-    target = load_pipeline(args.model, "t2i", dtype=getattr(torch, args.dtype))
+    target = load_target(args.model, "t2i", dtype=getattr(torch, args.dtype))
     samples = [make_sample(HELD_OUT_SEED_START + i) for i in range(args.prompts)]
     prompts = [sample.prompt for sample in samples]
     seeds = list(range(args.prompts))
     print(f"draft shapes: {args.model}, {args.prompts} prompts, batch 1, {args.dtype}, {args.init} fresh drafts")
     print(f"{'method':8} {'window':>6} {'K':>3} {'D-1':>3} {'forwards/image':>15} {'step compression':>17}")
     for method, shape in args.shapes:
-        decode = DecodeConfig(method=method, draft=DraftSpec(**shape, init=args.init))
+        decode = DecodeConfig(method=method, draft=JacobiDraftConfig(**shape, init=args.init))
         results = generate_images(prompts, model=target, decode=decode, seeds=seeds, batch_size=1)
         forwards = sum(r.target_forwards for r in results)
         tokens = sum(r.num_tokens for r in results)

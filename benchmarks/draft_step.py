@@ -29,11 +29,11 @@ def main() -> None:
     import torch
     from transformers import DynamicCache
 
-    from raydec.api import load_draft, load_pipeline
+    from raydec.api import load_draft, load_target
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
-    target = load_pipeline("reference", "vlm", dtype=torch.bfloat16)
+    target = load_target("reference", "caption", dtype=torch.bfloat16)
     draft = load_draft(target, "vispec", dtype=torch.float32)
     b, n, s, h = args.batch, args.nodes, args.cache, target.hidden_size
     cache = DynamicCache()

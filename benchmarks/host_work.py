@@ -3,7 +3,8 @@
     python benchmarks/host_work.py --codebook 16384 --batch 8 --window 64 --method sjd_pac
     PYTHONPATH=/path/to/old/worktree python benchmarks/host_work.py ...   # an earlier commit
 
-It uses only the public ``generate_images`` / ``load_pipeline`` (present in every version), so
+It uses only the public ``generate_images`` and the target loader (``load_target``, named
+``load_pipeline`` before the layout change; present in every version), so
 the same script measures the code before and after a change side by side: a small random
 Janus (2 layers, 64 wide) with the given codebook, CFG on, float32, left copies, shapes
 prompts. Per decode step: the whole wall time minus the target's forwards (prefill included)
@@ -71,12 +72,17 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     import raydec
-    from raydec.api import generate_images, load_pipeline
-    from raydec.config import DecodeConfig, DraftSpec
+    from raydec.api import generate_images
+
+    try:
+        from raydec.api import load_target
+    except ImportError:  # a commit before the rename
+        from raydec.api import load_pipeline as load_target
+    from raydec.config import DecodeConfig, JacobiDraftConfig
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
 
     with tempfile.TemporaryDirectory() as tmp:
-        target = load_pipeline(str(build_janus(Path(tmp), args.codebook)), "t2i", dtype=torch.float32, device=args.device)
+        target = load_target(str(build_janus(Path(tmp), args.codebook)), "t2i", dtype=torch.float32, device=args.device)
     # on an accelerator the forward is timed to its end, so its kernels are not charged to the step
     settle = torch.cuda.synchronize if args.device and args.device.startswith("cuda") else (lambda: None)
     spent = {"forward": 0.0, "pixels": 0.0, "steps": 0}
@@ -103,7 +109,7 @@ def main() -> None:
 
     owner._commit = counted_commit
     branching, depth = (3, 1) if args.method == "sjd_pac" else (1, 0)
-    decode = DecodeConfig(method=args.method, draft=DraftSpec(window=args.window, branching=branching, tree_depth=depth, init="left"))
+    decode = DecodeConfig(method=args.method, draft=JacobiDraftConfig(window=args.window, branching=branching, tree_depth=depth, init="left"))
     prompts = [make_sample(HELD_OUT_SEED_START + i).prompt for i in range(args.batch)]
 
     def run() -> float:

@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    from raydec.api import generate_images, load_pipeline
+    from raydec.api import generate_images, load_target
     from raydec.config import DecodeConfig
     from raydec.models.image_gen import ImagePrompt
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
@@ -36,7 +36,7 @@ def main() -> None:
     from raydec.speculative.proposers.random_tree import OracleProposer
     from raydec.speculative.verify import verify_tree
 
-    target = load_pipeline(args.model, "t2i", dtype=torch.float32)
+    target = load_target(args.model, "t2i", dtype=torch.float32)
     length = int(target.num_image_tokens)
     config = DecodeConfig(method="ar", max_new_tokens=length, sampling=target.default_sampling())
     prompts = [make_sample(HELD_OUT_SEED_START + i).prompt for i in range(args.prompts)]

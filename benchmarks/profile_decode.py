@@ -40,25 +40,25 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    from raydec.api import caption_images, generate_images, load_pipeline
+    from raydec.api import caption_images, generate_images, load_target
     from raydec.bench.common import resolve_device
-    from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+    from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
 
     device = resolve_device(args.device)
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     place = None if device == "cpu" else device
 
-    vlm = load_pipeline("reference", "vlm", dtype=dtype, device=place)
+    vlm = load_target("reference", "caption", dtype=dtype, device=place)
     images = [to_pil(make_sample(HELD_OUT_SEED_START + i).image) for i in range(args.images)]
     for method in ("ar", "vispec"):
         decode = DecodeConfig(method=method, sampling=SamplingConfig(temperature=0.0), max_new_tokens=128)
         run = lambda items, seeds: caption_images(items, model=vlm, decode=decode, seeds=seeds, batch_size=1)  # noqa: E731
         _profiled(run, images, f"caption_{method}", args)
 
-    t2i = load_pipeline("reference", "t2i", dtype=dtype, device=place)
+    t2i = load_target("reference", "t2i", dtype=dtype, device=place)
     prompts = [make_sample(HELD_OUT_SEED_START + i).prompt for i in range(args.prompts)]
-    for method, draft in (("ar", None), ("sjd_pac", DraftSpec(window=96, branching=3, tree_depth=1, init="left"))):
+    for method, draft in (("ar", None), ("sjd_pac", JacobiDraftConfig(window=96, branching=3, tree_depth=1, init="left"))):
         decode = DecodeConfig(method=method, draft=draft) if draft else DecodeConfig(method=method)
         run = lambda items, seeds: generate_images(items, model=t2i, decode=decode, seeds=seeds, batch_size=1)  # noqa: E731
         _profiled(run, prompts, f"t2i_{method}", args)

@@ -32,13 +32,13 @@ def non_negative_float(text: str) -> float:
 
 
 def tokens_per_forward(target, method: str, args) -> float:
-    from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+    from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
     from raydec.speculative.engine import Engine, RowRequest
     from raydec.speculative.proposers.jacobi import JacobiProposer
 
     tree = dict(branching=args.branching, tree_depth=args.tree_depth) if method == "sjd_pac" else {}
     config = DecodeConfig(method=method, max_new_tokens=args.length, sampling=SamplingConfig(temperature=1.0),
-                          draft=DraftSpec(window=args.window, init=args.init, **tree))
+                          draft=JacobiDraftConfig(window=args.window, init=args.init, **tree))
     engine = Engine(target, JacobiProposer(config.draft, method, args.init), config)
     rows = engine.generate([RowRequest([0], seed=seed) for seed in range(args.sequences)])
     return sum(len(r.tokens) for r in rows) / sum(r.stats.target_forwards for r in rows)

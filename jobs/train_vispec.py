@@ -44,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         raise SystemExit(config_error_line(args.config, exc)) from None
     command = "python jobs/train_vispec.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
-    result = run_draft_job(job, command=command)
+    from raydec.reference.shapes import sample_images  # the job's images: the shapes world (no other source yet)
+
+    result = run_draft_job(job, sample_images, command=command)
     print(json.dumps(result, indent=2, default=str))
     return 0
 

@@ -49,8 +49,8 @@ def full_tree_nodes(branching: int, depth: int) -> int:
     return sum(branching**level for level in range(1, depth + 1))
 
 
-class DraftSpec(StrictModel):
-    """Shape of the draft window / tree a proposer builds each step."""
+class JacobiDraftConfig(StrictModel):
+    """The Jacobi draft (sjd, sjd_ac, sjd_pac): window, SJD-PAC tree and fresh-draft prior of each step."""
 
     window: int = Field(16, ge=1, le=1024, description="Total draft nodes per step, root excluded (SJD's L-1).")
     branching: int = Field(1, ge=1, le=64, description="Candidates per tree level (K); 1 means a single chain.")
@@ -60,7 +60,7 @@ class DraftSpec(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _tree_fits_window(self) -> "DraftSpec":
+    def _tree_fits_window(self) -> "JacobiDraftConfig":
         tree_nodes = full_tree_nodes(self.branching, self.tree_depth)
         if tree_nodes > self.window:
             raise ValueError(
@@ -70,7 +70,7 @@ class DraftSpec(StrictModel):
         return self
 
 
-class DraftTreeSpec(StrictModel):
+class DraftTreeConfig(StrictModel):
     """EAGLE-2 dynamic draft tree of a draft model (ViSpec / EAGLE).
 
     ``DecodeConfig.draft_tree=None`` picks ``for_temperature``: measured best for latency with
@@ -88,7 +88,7 @@ class DraftTreeSpec(StrictModel):
     total_tokens: int = Field(12, ge=2, le=512, description="Tree size the target verifies, root included.")
 
     @model_validator(mode="after")
-    def _tree_can_grow_to_total(self) -> "DraftTreeSpec":
+    def _tree_can_grow_to_total(self) -> "DraftTreeConfig":
         # level 1 holds top_k candidates, every later level top_k * top_k; the tree keeps the best
         candidates = self.top_k + (self.depth - 1) * self.top_k * self.top_k
         if self.total_tokens - 1 > candidates:
@@ -99,7 +99,7 @@ class DraftTreeSpec(StrictModel):
         return self
 
     @classmethod
-    def for_temperature(cls, temperature: float) -> "DraftTreeSpec":
+    def for_temperature(cls, temperature: float) -> "DraftTreeConfig":
         """The default tree for greedy decoding (temperature 0) or for sampling."""
         return cls() if temperature == 0 else cls(depth=6, top_k=4, total_tokens=20)
 
@@ -115,11 +115,11 @@ IMAGE_METHODS = ("ar",) + JACOBI_METHODS
 class DecodeConfig(StrictModel):
     """Which decoding method to run and its knobs."""
 
-    method: Literal["ar", "sjd", "sjd_ac", "sjd_pac", "vispec", "eagle", "oracle", "random"] = Field(
+    method: Literal["ar", "sjd", "sjd_ac", "sjd_pac", "vispec", "eagle"] = Field(
         "ar", description="Decoding method (proposer); every method uses the same lossless verifier."
     )
     max_new_tokens: int = Field(256, ge=1, le=65536, description="Upper bound on generated tokens per row.")
-    draft: DraftSpec = Field(default_factory=DraftSpec, description="Draft window / tree shape.")
+    draft: JacobiDraftConfig = Field(default_factory=JacobiDraftConfig, description="Draft window / tree shape.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Target sampling distribution.")
     compaction: Literal["auto", "always", "never"] = Field(
         "auto", description="When the ragged KV cache drops rejected slots physically."
@@ -132,8 +132,8 @@ class DecodeConfig(StrictModel):
         "consecutive on a CPU (a step costs in proportion to its rows). It changes speed, not the output law: each "
         "row's randomness is its own (in low precision, batched kernels may round a row differently).",
     )
-    draft_tree: DraftTreeSpec | None = Field(
-        None, description="Draft-model tree (vispec, eagle); None: DraftTreeSpec.for_temperature(sampling.temperature)."
+    draft_tree: DraftTreeConfig | None = Field(
+        None, description="Draft-model tree (vispec, eagle); None: DraftTreeConfig.for_temperature(sampling.temperature)."
     )
     draft_model: str | None = Field(
         None, min_length=1,
@@ -148,7 +148,7 @@ class DecodeConfig(StrictModel):
     )
 
     @property
-    def tree(self) -> DraftTreeSpec:
+    def tree(self) -> DraftTreeConfig:
         """The draft tree this config decodes with (``draft_tree`` or the temperature's default)."""
-        return self.draft_tree or DraftTreeSpec.for_temperature(self.sampling.temperature)
+        return self.draft_tree or DraftTreeConfig.for_temperature(self.sampling.temperature)
 

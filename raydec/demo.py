@@ -128,7 +128,7 @@ def measure_speedups(t2i_job, caption_job, rows: int) -> List[str]:
     import torch
     from PIL import Image
 
-    from raydec.api import caption_images, generate_images, load_pipeline
+    from raydec.api import caption_images, generate_images, load_target
     from raydec.io import read_results
 
     torch.set_num_threads(1)
@@ -137,7 +137,7 @@ def measure_speedups(t2i_job, caption_job, rows: int) -> List[str]:
         return ["  speedups: no good text-to-image rows to re-run"]
     lines, timings = [], {}
     prompts, seeds = [r["prompt"] for r in done], [int(r["seed"]) for r in done]
-    target = load_pipeline(t2i_job.model, "t2i")
+    target = load_target(t2i_job.model, "t2i")
     for method in (t2i_job.decode.method, "ar"):
         decode = t2i_job.decode.model_copy(update={"method": method})
         start = time.perf_counter()
@@ -150,7 +150,7 @@ def measure_speedups(t2i_job, caption_job, rows: int) -> List[str]:
         caption_seeds = {r["id"]: int(r["seed"]) for r in read_results(caption_job.output).to_pylist()}
         pairs = [(Image.open(r["output_uri"]).convert("RGB"), caption_seeds[r["id"]]) for r in done if r["id"] in caption_seeds]
         images, seeds = [image for image, _ in pairs], [seed for _, seed in pairs]
-        vlm = load_pipeline(caption_job.model, "vlm")
+        vlm = load_target(caption_job.model, "caption")
         for method in (caption_job.decode.method, "ar"):
             decode = caption_job.decode.model_copy(update={"method": method})
             start = time.perf_counter()

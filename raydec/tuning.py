@@ -30,7 +30,7 @@ just the forward: at batch > 1 verification and bookkeeping grow with the rows, 
 forward in a decode (over a growing cache) costs more than ``cost(n)`` measured after the
 prompt. Without step timing (a cost curve given from elsewhere) ``step(c) = cost(window + 1)``.
 
-Before the shapes, the fresh-draft prior (``DraftSpec.init``: what a never-predicted slot is
+Before the shapes, the fresh-draft prior (``JacobiDraftConfig.init``: what a never-predicted slot is
 guessed as) is chosen by counting forwards at one probe shape: a prior moves acceptance, not
 the cost of a step, so the rows' mean forwards decide (every row measures acceptance; the
 slowest row of a batch is one image). Copying the left neighbour wins where images hold runs
@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 
-from raydec.config import JACOBI_METHODS, DecodeConfig, DraftSpec, SamplingConfig, full_tree_nodes
+from raydec.config import JACOBI_METHODS, DecodeConfig, JacobiDraftConfig, SamplingConfig, full_tree_nodes
 from raydec.models.base import decoding_attention, synchronize
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_WINDOWS: tuple[int, ...] = (8, 16, 32, 48)
 DEFAULT_TREES: tuple[tuple[int, int], ...] = ((1, 0), (2, 1), (3, 1), (3, 2))  # (K, D - 1) for sjd_pac; (1, 0): SJD-AC's chain
 TIMING_ROUNDS = 3  # rounds of step timing (the counting run is the first)
-FRESH_DRAFTS: tuple[str, ...] = ("uniform", "left", "above")  # DraftSpec.init, in tie-break order
+FRESH_DRAFTS: tuple[str, ...] = ("uniform", "left", "above")  # JacobiDraftConfig.init, in tie-break order
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class TunedShape:
     """One candidate draft shape and what it was measured to give."""
 
     method: str
-    draft: DraftSpec
+    draft: JacobiDraftConfig
     steps_per_batch: float  # mean target forwards per batch (prefill included; see calibration_run)
     window_cost: float  # cost(window + 1) / cost(1)
     predicted_speedup: float
@@ -122,15 +122,15 @@ def forward_seconds(target: Any, prompt: Any, sizes: Sequence[int], batch: int =
 
 def candidate_shapes(
     method: str, windows: Sequence[int] = DEFAULT_WINDOWS, trees: Sequence[tuple[int, int]] = DEFAULT_TREES
-) -> list[DraftSpec]:
+) -> list[JacobiDraftConfig]:
     """Every draft shape worth trying for ``method`` (trees that do not fit a window are skipped).
 
     Raises ValueError when no shape with a tree (K > 1, D - 1 > 0) is left: SJD-PAC with chains only is SJD-AC.
     """
     if method != "sjd_pac":
-        return [DraftSpec(window=w) for w in windows]
+        return [JacobiDraftConfig(window=w) for w in windows]
     shapes = [
-        DraftSpec(window=w, branching=k, tree_depth=d)
+        JacobiDraftConfig(window=w, branching=k, tree_depth=d)
         for w, (k, d) in itertools.product(windows, trees)
         if full_tree_nodes(k, d) < w
     ]
@@ -144,28 +144,28 @@ def candidate_shapes(
     return shapes
 
 
-def is_chain(draft: DraftSpec) -> bool:
+def is_chain(draft: JacobiDraftConfig) -> bool:
     """No proactive tree (K = 1 or D - 1 = 0): the shape runs as SJD-AC's chain."""
     return draft.branching == 1 or draft.tree_depth == 0
 
 
 def probe_shape(
     method: str, windows: Sequence[int] = DEFAULT_WINDOWS, trees: Sequence[tuple[int, int]] = DEFAULT_TREES
-) -> DraftSpec:
+) -> JacobiDraftConfig:
     """The shape a fresh-draft prior is chosen at: the first candidate of the median window with a
     tree (SJD-PAC), else its chain."""
     middle = sorted(windows)[len(windows) // 2]
     try:
         shapes = candidate_shapes(method, [middle], trees)
     except ValueError:  # no tree fits that window: probe with the chain
-        return DraftSpec(window=middle)
+        return JacobiDraftConfig(window=middle)
     return next((shape for shape in shapes if shape.branching > 1 and shape.tree_depth > 0), shapes[0])
 
 
 def choose_fresh_drafts(
     target: Any,
     method: str,
-    probe: DraftSpec,
+    probe: JacobiDraftConfig,
     prompts: Sequence[str],
     seeds: Sequence[int],
     sampling: SamplingConfig,
@@ -185,7 +185,7 @@ def choose_fresh_drafts(
     length = int(target.num_image_tokens)
     steps = {}
     for init in inits:
-        draft = DraftSpec(**{**probe.model_dump(), "init": init})
+        draft = JacobiDraftConfig(**{**probe.model_dump(), "init": init})
         config = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft, batching=batching)
         rows = calibration_rows(target, config, prompts, seeds, batch)
         steps[init] = float(np.mean([r.target_forwards for r in rows]))
@@ -371,7 +371,7 @@ def tune_draft(
         if method == "sjd_pac" and chain_init is None:
             chain_init, _ = choose_fresh_drafts(target, "sjd_ac", probe_shape("sjd_ac", windows), prompts, seeds, sampling, batch, inits, batching)
     chain_init = chain_init or init
-    shapes = [DraftSpec(**{**shape.model_dump(), "init": chain_init if is_chain(shape) else init})
+    shapes = [JacobiDraftConfig(**{**shape.model_dump(), "init": chain_init if is_chain(shape) else init})
               for shape in candidate_shapes(method, windows, trees)]
     length = int(target.num_image_tokens)
     if costs is None or any(s.window + 1 not in costs for s in shapes):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from raydec.api import load_pipeline
+from raydec.api import load_target
 from raydec.bench.cli import main as bench_main
 from raydec.bench.caption import difference_cell, paired_difference
 from raydec.models.vispec_draft import DraftConfig, VispecDraft
@@ -18,7 +18,7 @@ torch.set_num_threads(1)
 
 
 def test_bench_caption_writes_every_method(tmp_path):
-    target = load_pipeline("reference", "vlm")
+    target = load_target("reference", "caption")
     for name, vision in (("vispec", True), ("eagle", False)):
         torch.manual_seed(0)
         VispecDraft(DraftConfig.for_target(target.text_config, vision=vision)).save_pretrained(tmp_path / name)

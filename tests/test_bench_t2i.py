@@ -62,11 +62,11 @@ def test_candidate_shapes_skip_trees_that_do_not_fit():
 def test_tune_draft_follows_the_cost_curve(tmp_path):
     """Flat costs (a GPU) reward the widest window; costs growing like the window (a slow
     CPU) make every wide window a loss, so the narrowest wins."""
-    from raydec.api import load_pipeline
+    from raydec.api import load_target
     from raydec.tuning import tune_draft
     from tests.tiny_models import build_tiny_janus
 
-    target = load_pipeline(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
+    target = load_target(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
     sampling = target.default_sampling()
     args = dict(prompts=["a red circle", "a blue square"], seeds=[0, 1], sampling=sampling, windows=(2, 8))
     args["inits"] = ("uniform",)  # the prior's choice has its own test
@@ -87,11 +87,11 @@ def test_tune_draft_follows_the_cost_curve(tmp_path):
 
 
 def test_a_tree_replaces_the_chain_only_past_the_calibration_noise():
-    from raydec.config import DraftSpec
+    from raydec.config import JacobiDraftConfig
     from raydec.tuning import TunedShape, tree_beats_chain
 
     def shape(branching: int, depth: int, speedup: float) -> TunedShape:
-        return TunedShape("sjd_pac", DraftSpec(window=32, branching=branching, tree_depth=depth), 30.0, 1.5, speedup)
+        return TunedShape("sjd_pac", JacobiDraftConfig(window=32, branching=branching, tree_depth=depth), 30.0, 1.5, speedup)
 
     chain, tree = shape(1, 0, 4.65), shape(3, 1, 5.13)  # a 10% predicted lead
     steady = [30, 31, 29, 30], [27, 28, 26, 27]  # chain's, tree's forwards per row: the same ~10% on every row
@@ -188,16 +188,16 @@ def test_bench_t2i_fixed_window_and_prior_tune_nothing(tmp_path):
 
 def test_tune_draft_chooses_the_fresh_draft_prior_first(tmp_path):
     """The prior needing the fewest forwards at the probe shape is the one every shape is tried with."""
-    from raydec.api import load_pipeline
-    from raydec.config import DraftSpec
+    from raydec.api import load_target
+    from raydec.config import JacobiDraftConfig
     from raydec.tuning import choose_fresh_drafts, probe_shape, tune_draft
     from tests.tiny_models import build_tiny_janus
 
-    target = load_pipeline(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
+    target = load_target(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
     args = dict(prompts=["a red circle", "a blue square"], seeds=[0, 1], sampling=target.default_sampling())
-    assert probe_shape("sjd", (2, 8, 4)) == DraftSpec(window=4)
-    assert probe_shape("sjd_pac", (4, 16), trees=((3, 2), (2, 1))) == DraftSpec(window=16, branching=3, tree_depth=2)
-    chosen, steps = choose_fresh_drafts(target, "sjd_ac", DraftSpec(window=4), **args)
+    assert probe_shape("sjd", (2, 8, 4)) == JacobiDraftConfig(window=4)
+    assert probe_shape("sjd_pac", (4, 16), trees=((3, 2), (2, 1))) == JacobiDraftConfig(window=16, branching=3, tree_depth=2)
+    chosen, steps = choose_fresh_drafts(target, "sjd_ac", JacobiDraftConfig(window=4), **args)
     assert set(steps) == {"uniform", "left", "above"} and all(v >= 1 for v in steps.values())
     assert steps[chosen] == min(steps.values())
     best, tried = tune_draft(target, "sjd_ac", windows=(2, 8), costs={1: 1.0, 3: 1.0, 9: 1.0}, **args)
@@ -217,23 +217,23 @@ def test_tune_draft_chooses_the_fresh_draft_prior_first(tmp_path):
     with pytest.raises(ValueError, match="inits: expected at least one"):
         tune_draft(target, "sjd_ac", windows=(2, 8), costs={1: 1.0, 3: 1.0, 9: 1.0}, inits=(), **args)
     with pytest.raises(ValueError, match="init"):  # pydantic names the field and the value
-        choose_fresh_drafts(target, "sjd_ac", DraftSpec(window=4), inits=("diagonal",), **args)
+        choose_fresh_drafts(target, "sjd_ac", JacobiDraftConfig(window=4), inits=("diagonal",), **args)
 
 
 def test_fresh_drafts_are_chosen_by_the_rows_mean_forwards_at_batch_2(tmp_path):
     """A prior moves acceptance, which every row measures: at batch > 1 its figure is the rows'
     mean forwards, while a shape's steps per batch stay the slowest row's (consecutive batches)."""
-    from raydec.api import load_pipeline
-    from raydec.config import DecodeConfig, DraftSpec
+    from raydec.api import load_target
+    from raydec.config import DecodeConfig, JacobiDraftConfig
     from raydec.tuning import calibration_rows, calibration_run, choose_fresh_drafts
     from tests.tiny_models import build_tiny_janus
 
-    target = load_pipeline(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
+    target = load_target(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
     prompts, seeds = ["a red circle", "a blue square", "a green cross", "a big red circle"], [0, 1, 2, 3]
     sampling = target.default_sampling()
-    _, steps = choose_fresh_drafts(target, "sjd", DraftSpec(window=4), prompts, seeds, sampling, batch=2, inits=("uniform",))
+    _, steps = choose_fresh_drafts(target, "sjd", JacobiDraftConfig(window=4), prompts, seeds, sampling, batch=2, inits=("uniform",))
     config = DecodeConfig(
-        method="sjd", max_new_tokens=int(target.num_image_tokens), sampling=sampling, draft=DraftSpec(window=4, init="uniform")
+        method="sjd", max_new_tokens=int(target.num_image_tokens), sampling=sampling, draft=JacobiDraftConfig(window=4, init="uniform")
     )
     forwards = [r.target_forwards for r in calibration_rows(target, config, prompts, seeds, 2)]
     assert steps["uniform"] == pytest.approx(np.mean(forwards))
@@ -304,7 +304,7 @@ def test_bench_checks_option_values_before_loading_a_model(tmp_path, capsys):
         bench_main(["t2i", "--methods", "ar,sjd_pac", "--window", "8", "--init", "left", "--model", str(tmp_path / "none")])
     with pytest.raises(SystemExit, match=r"bad option value: SamplingConfig.temperature: .* \(got -1.0\)"):
         bench_main(["caption", "--temperature", "-1", "--model", str(tmp_path / "none")])
-    with pytest.raises(SystemExit, match=r"DraftTreeSpec: .*total_tokens=200: a tree of depth=6, top_k=2 has at most 22"):
+    with pytest.raises(SystemExit, match=r"DraftTreeConfig: .*total_tokens=200: a tree of depth=6, top_k=2 has at most 22"):
         bench_main(["caption", "--depth", "6", "--top-k", "2", "--total-tokens", "200", "--model", str(tmp_path / "none")])
     with pytest.raises(SystemExit, match=f"no text-to-image checkpoint at {tmp_path / 'none'}"):
         bench_main(["t2i", "--methods", "ar", "--model", str(tmp_path / "none")])
@@ -338,14 +338,14 @@ def test_bench_t2i_max_seconds_stops_after_a_whole_chunk(tmp_path):
 def test_calibration_counts_the_slowest_row_or_the_mean_as_batches_are_run(tmp_path):
     """Consecutive batches last as long as their slowest row; under continuous batching (an
     accelerator's by default) a finished row's place is refilled, so a batch's images take the mean."""
-    from raydec.api import generate_images, load_pipeline
-    from raydec.config import DecodeConfig, DraftSpec
+    from raydec.api import generate_images, load_target
+    from raydec.config import DecodeConfig, JacobiDraftConfig
     from raydec.tuning import calibration_run
     from tests.tiny_models import build_tiny_janus
 
-    target = load_pipeline(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
+    target = load_target(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
     config = DecodeConfig(method="sjd", max_new_tokens=int(target.num_image_tokens), sampling=target.default_sampling(),
-                          draft=DraftSpec(window=4))
+                          draft=JacobiDraftConfig(window=4))
     prompts, seeds = ["a red circle", "a blue square", "a green circle", "a red square"], [0, 1, 2, 3]
     forwards = [r.target_forwards for r in generate_images(prompts, model=target, decode=config, seeds=seeds, batch_size=2)]
     assert len(set(forwards)) > 1  # rows finish apart, so the two counts differ

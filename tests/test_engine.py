@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
 from raydec.models.base import ForwardOutput
 from raydec.models.causal_lm import CfgPrompt
 from raydec.speculative.engine import Engine, RowRequest
@@ -20,9 +20,9 @@ torch.set_num_threads(1)  # tiny tensors: threads only add synchronisation cost
 PROMPTS = [[1, 5, 7, 9, 2], [3, 4], [8, 8, 8, 8, 8, 8, 2, 11], [10]]
 GREEDY = SamplingConfig(temperature=0.0)
 DRAFTS = {
-    "chain-dense": (DraftSpec(window=5), "dense"),
-    "chain-onehot": (DraftSpec(window=4), "onehot"),
-    "tree": (DraftSpec(window=8, branching=2, tree_depth=2), "dense"),
+    "chain-dense": (JacobiDraftConfig(window=5), "dense"),
+    "chain-onehot": (JacobiDraftConfig(window=4), "onehot"),
+    "tree": (JacobiDraftConfig(window=8, branching=2, tree_depth=2), "dense"),
 }
 
 
@@ -76,7 +76,7 @@ def test_ar_equals_hf_and_oracle_compresses(llama32):
 
 
 def test_eos_stops_rows_independently(llama32):
-    config = DecodeConfig(max_new_tokens=30, sampling=GREEDY, draft=DraftSpec(window=4))
+    config = DecodeConfig(max_new_tokens=30, sampling=GREEDY, draft=JacobiDraftConfig(window=4))
     free = Engine(llama32, ARProposer(), config).generate([RowRequest(p, seed=0) for p in PROMPTS])
     eos = free[0].tokens[5]
     engine = Engine(llama32, RandomTreeProposer(config.draft), config, eos_token_ids=[eos])
@@ -108,7 +108,7 @@ def test_ragged_cache_matches_fresh_prefill(llama32, compaction):
     """After any sequence of ragged commits, every tree node's logits equal a fresh prefill of
     the row's prompt + committed tokens + the node's draft path (max abs diff <= 1e-4)."""
     recorder = RecordingTarget(llama32)
-    spec = DraftSpec(window=6, branching=2, tree_depth=1)
+    spec = JacobiDraftConfig(window=6, branching=2, tree_depth=1)
     config = DecodeConfig(max_new_tokens=40, sampling=SamplingConfig(temperature=1.0), draft=spec, compaction=compaction)
     worst = [0.0]
     checks = [0]
@@ -150,7 +150,7 @@ def test_ragged_cache_matches_fresh_prefill(llama32, compaction):
 
 def test_row_alone_equals_row_in_batch(llama64):
     """Same seed -> identical tokens alone and inside a batch of 4 (float64 model)."""
-    spec = DraftSpec(window=5, branching=2, tree_depth=1)
+    spec = JacobiDraftConfig(window=5, branching=2, tree_depth=1)
     config = DecodeConfig(max_new_tokens=16, sampling=SamplingConfig(temperature=1.0, top_p=0.9), draft=spec)
     prompts = [[p % 16 for p in prompt] for prompt in PROMPTS]
     requests = [RowRequest(p, seed=100 + i) for i, p in enumerate(prompts)]
@@ -163,7 +163,7 @@ def test_row_alone_equals_row_in_batch(llama64):
 
 def test_cfg_rows_share_one_decision(llama64):
     """CFG: paired cond/uncond model rows, one window and one acceptance per prompt."""
-    spec = DraftSpec(window=4)
+    spec = JacobiDraftConfig(window=4)
     sampling = SamplingConfig(temperature=1.0, cfg_scale=2.5, top_k=5)
     config = DecodeConfig(max_new_tokens=12, sampling=sampling, draft=spec)
     prompts = [CfgPrompt(cond=[1, 2, 3], uncond=[0]), CfgPrompt(cond=[4, 5], uncond=[0])]
@@ -177,7 +177,7 @@ def test_cfg_rows_share_one_decision(llama64):
 def test_continuous_batching_equals_each_row_alone(llama64, method):
     """max_batch=2 over 6 requests of different prompts and lengths (CFG on, float64): queued
     rows take finished rows' places, and every row's tokens equal its run alone."""
-    spec = DraftSpec(window=5, branching=2, tree_depth=1)
+    spec = JacobiDraftConfig(window=5, branching=2, tree_depth=1)
     sampling = SamplingConfig(temperature=1.0, cfg_scale=2.5, top_k=6)
     config = DecodeConfig(method=method, max_new_tokens=14, sampling=sampling, draft=spec)
     proposer = lambda: ARProposer() if method == "ar" else JacobiProposer(spec, "sjd_pac", "uniform")  # noqa: E731
@@ -206,7 +206,7 @@ def test_continuous_batching_equals_each_row_alone(llama64, method):
 
 
 def test_proposers_that_cannot_admit_rows_run_consecutive_batches(llama64):
-    spec = DraftSpec(window=4)
+    spec = JacobiDraftConfig(window=4)
     config = DecodeConfig(max_new_tokens=5, sampling=SamplingConfig(temperature=1.0), draft=spec)
     requests = [RowRequest([p % 16 for p in PROMPTS[i % 4]], seed=i, max_new_tokens=[5, 2, 4][i]) for i in range(3)]
     together = Engine(llama64, RandomTreeProposer(spec), config).generate(requests, max_batch=2)
@@ -222,7 +222,7 @@ def test_config_rejects_unknown_keys_and_bad_values():
     with pytest.raises(ValueError, match="temperature"):
         SamplingConfig(temperature=-1)
     with pytest.raises(ValueError, match="window"):
-        DecodeConfig(draft=DraftSpec(window=4, branching=3, tree_depth=2))
+        DecodeConfig(draft=JacobiDraftConfig(window=4, branching=3, tree_depth=2))
 
 
 def test_config_numbers_refuse_booleans():
@@ -230,17 +230,17 @@ def test_config_numbers_refuse_booleans():
     from raydec.runtime.config import PoolConfig
 
     for make, field in [
-        (lambda: DraftSpec(window=True), "window"),
+        (lambda: JacobiDraftConfig(window=True), "window"),
         (lambda: SamplingConfig(temperature=False), "temperature"),
         (lambda: DecodeConfig.model_validate({"max_new_tokens": True}), "max_new_tokens"),
         (lambda: PoolConfig(workers=True), "workers"),
     ]:
         with pytest.raises(ValueError, match=rf"{field}\n.*expected a number, got the boolean"):
             make()
-    spec = DraftSpec(window=8)
+    spec = JacobiDraftConfig(window=8)
     with pytest.raises(ValueError, match="boolean"):  # on assignment too
         spec.branching = True
-    assert DraftSpec(window=8, branching=2, tree_depth=1).window == 8 and SamplingConfig(temperature=1).temperature == 1.0
+    assert JacobiDraftConfig(window=8, branching=2, tree_depth=1).window == 8 and SamplingConfig(temperature=1).temperature == 1.0
 
 
 def test_gpu_decoding_excludes_cudnn_attention_and_restores_the_flags():

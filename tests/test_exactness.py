@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
 from raydec.models.causal_lm import CfgPrompt
 from raydec.speculative.engine import Engine, RowRequest
 from raydec.speculative.proposers.ar import ARProposer
@@ -57,7 +57,7 @@ def llama(tmp_path_factory):
 
 
 def _config(sampling: SamplingConfig, **draft) -> DecodeConfig:
-    return DecodeConfig(max_new_tokens=LENGTH, sampling=sampling, draft=DraftSpec(**draft), compaction="always")
+    return DecodeConfig(max_new_tokens=LENGTH, sampling=sampling, draft=JacobiDraftConfig(**draft), compaction="always")
 
 
 SAMPLING = SamplingConfig(temperature=1.0)

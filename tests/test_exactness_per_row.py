@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
 from raydec.speculative.engine import Engine, RowRequest
 from raydec.speculative.proposers.jacobi import JacobiProposer
 from raydec.speculative.proposers.random_tree import RandomTreeProposer
@@ -36,7 +36,7 @@ def llama(tmp_path_factory):
     return tiny_llama(tmp_path_factory.mktemp("per-row"), vocab=8, seed=1)
 
 
-def _proposer(name: str, draft: DraftSpec):
+def _proposer(name: str, draft: JacobiDraftConfig):
     if name == "tree":
         return RandomTreeProposer(draft, "dense", sharpness=3.0)
     return JacobiProposer(draft, "sjd_pac")
@@ -44,7 +44,7 @@ def _proposer(name: str, draft: DraftSpec):
 
 @pytest.mark.parametrize("name", ["tree", "sjd_pac"])
 def test_rows_with_different_sampling_each_match_their_own_law(llama, name):
-    draft = DraftSpec(window=6, branching=2, tree_depth=1)
+    draft = JacobiDraftConfig(window=6, branching=2, tree_depth=1)
     config = DecodeConfig(max_new_tokens=LENGTH, sampling=KINDS[0], draft=draft, compaction="always")
     engine = Engine(llama, _proposer(name, draft), config)
     rows = len(KINDS) * SAMPLES
@@ -62,7 +62,7 @@ def test_per_row_sampling_has_teeth(llama, monkeypatch):
     """If every row were decoded with the first row's parameters, the other rows' samples fail."""
     import raydec.speculative.engine as engine_module
 
-    draft = DraftSpec(window=6, branching=2, tree_depth=1)
+    draft = JacobiDraftConfig(window=6, branching=2, tree_depth=1)
     config = DecodeConfig(max_new_tokens=LENGTH, sampling=KINDS[0], draft=draft, compaction="always")
     monkeypatch.setattr(engine_module.DecodeSession, "_sampling_of", lambda self, handles, device: KINDS[0])
     engine = Engine(llama, _proposer("tree", draft), config)
@@ -72,7 +72,7 @@ def test_per_row_sampling_has_teeth(llama, monkeypatch):
 
 
 def test_a_greedy_row_in_a_sampled_batch_decodes_greedily(llama):
-    draft = DraftSpec(window=6, branching=2, tree_depth=1)
+    draft = JacobiDraftConfig(window=6, branching=2, tree_depth=1)
     config = DecodeConfig(max_new_tokens=8, sampling=KINDS[0], draft=draft)
     greedy = SamplingConfig(temperature=0.0)
     expected = llama.model.generate(input_ids=torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False,
@@ -84,7 +84,7 @@ def test_a_greedy_row_in_a_sampled_batch_decodes_greedily(llama):
 
 
 def test_per_row_stop_tokens_and_caps(llama):
-    config = DecodeConfig(max_new_tokens=8, sampling=SamplingConfig(temperature=0.0), draft=DraftSpec(window=4))
+    config = DecodeConfig(max_new_tokens=8, sampling=SamplingConfig(temperature=0.0), draft=JacobiDraftConfig(window=4))
     engine = Engine(llama, JacobiProposer(config.draft, "sjd_ac"), config)
     plain = engine.generate([RowRequest(PROMPT, seed=0)])[0].tokens
     stop = plain[3]
@@ -96,7 +96,7 @@ def test_per_row_stop_tokens_and_caps(llama):
 
 
 def test_a_request_with_its_own_guidance_is_refused_by_name(llama):
-    config = DecodeConfig(max_new_tokens=4, sampling=SamplingConfig(temperature=1.0), draft=DraftSpec(window=4))
+    config = DecodeConfig(max_new_tokens=4, sampling=SamplingConfig(temperature=1.0), draft=JacobiDraftConfig(window=4))
     session = Engine(llama, JacobiProposer(config.draft, "sjd"), config).session()
     with pytest.raises(ValueError, match=r"requests\[0\].sampling.cfg_scale: 2.0 differs from the engine's 1.0"):
         session.submit(RowRequest(PROMPT, seed=0, sampling=SamplingConfig(cfg_scale=2.0)))

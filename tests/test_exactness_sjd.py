@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
 from raydec.models.causal_lm import CfgPrompt
 from raydec.speculative.engine import Engine, RowRequest
 from raydec.speculative.proposers.jacobi import JacobiProposer
@@ -37,7 +37,7 @@ def llama(tmp_path_factory):
 
 
 def _config(length: int, sampling: SamplingConfig = SAMPLING, **draft) -> DecodeConfig:
-    return DecodeConfig(max_new_tokens=length, sampling=sampling, draft=DraftSpec(**draft))
+    return DecodeConfig(max_new_tokens=length, sampling=sampling, draft=JacobiDraftConfig(**draft))
 
 
 @pytest.mark.parametrize(
@@ -192,7 +192,7 @@ def test_spatial_prior_fresh_drafts_on_hand_made_rows(init, expected_a, expected
     vocab = 6
     allowed = torch.tensor([True, True, True, True, False, True])  # 4 only where forced (an end-of-row token)
     constraint = VocabConstraint(allowed=allowed, forced=lambda index: torch.where(index % 5 == 4, 4, -1))
-    proposer = JacobiProposer(DraftSpec(window=4, init=init), "sjd", init, grid_width=2)
+    proposer = JacobiProposer(JacobiDraftConfig(window=4, init=init), "sjd", init, grid_width=2)
     pending_q = torch.tensor([[0.25, 0.25, 0.25, 0.25, 0.0, 0.0]], dtype=torch.float64)
     slots = proposer.spine_slots  # row 7 carries one draft (2) into the next window
     proposer.pending_rows = [7]
@@ -223,12 +223,12 @@ def test_adaptive_continuation_couples_drafts_on_hand_made_slots():
     old_tokens = torch.tensor([[0, 3, 0, 0]])
     # acceptance: 0.5, 1 (0.4 / 0.25 capped), 0.4, 0.4
     uniforms = torch.tensor([[[0.7, 0.5], [0.99, 0.5], [0.3, 0.5], [0.85, 0.8]]], dtype=torch.float64)
-    ac = JacobiProposer(DraftSpec(window=4), "sjd_ac", "uniform")
+    ac = JacobiProposer(JacobiDraftConfig(window=4), "sjd_ac", "uniform")
     tokens, recorded = ac._couple(p, old_tokens, old_q, uniforms)
     # slot 0: rejected, the residual is all on token 1; slots 1, 2 keep; slot 3: residual [0, 0, .25, .75], u 0.8 -> 2
     assert tokens.tolist() == [[1, 3, 0, 2]]
     assert recorded is p
-    sjd = JacobiProposer(DraftSpec(window=4), "sjd", "uniform")
+    sjd = JacobiProposer(JacobiDraftConfig(window=4), "sjd", "uniform")
     tokens, recorded = sjd._couple(p, old_tokens, old_q, uniforms)
     # fresh draws from P with u[..., 0]: the first token whose cumulative mass reaches 1 - u
     assert tokens.tolist() == [[0, 0, 3, 1]] and recorded is p

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from raydec.bench.step import ReadBacks
-from raydec.config import DecodeConfig, DraftSpec, DraftTreeSpec, SamplingConfig
+from raydec.config import DecodeConfig, JacobiDraftConfig, DraftTreeConfig, SamplingConfig
 from raydec.models.causal_lm import CfgPrompt
 from raydec.speculative.engine import DecodeSession, Engine, RowRequest
 from raydec.speculative.proposers.ar import ARProposer
@@ -34,8 +34,8 @@ def llama(tmp_path_factory):
 
 def _proposer(method: str, window: int):
     if method == "ar":
-        return ARProposer(), DraftSpec(window=window)
-    spec = DraftSpec(window=window, branching=3, tree_depth=1, init="left")
+        return ARProposer(), JacobiDraftConfig(window=window)
+    spec = JacobiDraftConfig(window=window, branching=3, tree_depth=1, init="left")
     variant = {"sjd": "sjd", "sjd_ac": "sjd_ac", "sjd_pac": "sjd_pac"}[method]
     return JacobiProposer(spec, variant, "left"), spec
 
@@ -101,7 +101,7 @@ def test_the_counter_sees_a_read_back(llama, monkeypatch):
 
 # -- draft-model trees (EAGLE, ViSpec) ----------------------------------------------------------
 
-TREES = {16: DraftTreeSpec(depth=4, top_k=3, total_tokens=16), 64: DraftTreeSpec(depth=5, top_k=4, total_tokens=64)}
+TREES = {16: DraftTreeConfig(depth=4, top_k=3, total_tokens=16), 64: DraftTreeConfig(depth=5, top_k=4, total_tokens=64)}
 
 
 def _draft(target, vision: bool):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
 from raydec.reference.textures import MarkovChainTarget, neighbour_tv, potts_texture
 from raydec.speculative.engine import Engine, RowRequest
 from raydec.speculative.proposers.jacobi import JacobiProposer
@@ -35,7 +35,7 @@ class RedrawingCoupling(JacobiProposer):
 def tokens_per_forward(target: MarkovChainTarget, method: str, proposer_class=JacobiProposer) -> float:
     tree = dict(branching=3, tree_depth=1) if method == "sjd_pac" else {}
     config = DecodeConfig(method=method, max_new_tokens=LENGTH, sampling=SamplingConfig(temperature=1.0),
-                          draft=DraftSpec(window=WINDOW, init="left", **tree))
+                          draft=JacobiDraftConfig(window=WINDOW, init="left", **tree))
     rows = Engine(target, proposer_class(config.draft, method, "left"), config).generate(
         [RowRequest([0], seed=seed) for seed in range(SEQUENCES)]
     )

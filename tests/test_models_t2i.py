@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from raydec import api
-from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
 from raydec.models.base import CheckpointError
 from raydec.models.emu3 import Emu3T2ITarget
 from raydec.models.generation_config import sampling_from_generation_config
@@ -23,6 +23,8 @@ from raydec.models.registry import load_t2i_target
 from raydec.speculative.engine import Engine, RowRequest
 from raydec.speculative.sampling import process_logits
 from raydec.speculative.proposers.ar import ARProposer
+from raydec.speculative.proposers.factory import make_proposer
+from raydec.speculative.proposers.random_tree import RandomTreeProposer
 from tests.t2i_toys import tiny_emu3, tiny_janus
 
 torch.set_num_threads(1)
@@ -51,7 +53,7 @@ def emu3(emu3_path):
     return load_t2i_target(emu3_path, image_area=EMU3_AREA)
 
 
-def decode(target, proposer, sampling: SamplingConfig, prompts, seeds, draft: DraftSpec = DraftSpec()):
+def decode(target, proposer, sampling: SamplingConfig, prompts, seeds, draft: JacobiDraftConfig = JacobiDraftConfig()):
     config = DecodeConfig(max_new_tokens=target.num_image_tokens, sampling=sampling, draft=draft)
     engine = Engine(target, proposer, config, constraint=target.vocab_constraint(), eos_token_ids=target.eos_token_ids)
     return engine.generate([RowRequest(p, seed=s) for p, s in zip(prompts, seeds)])
@@ -154,12 +156,15 @@ def test_emu3_decodes_over_its_image_tokens_only(emu3):
 
 
 METHODS = ["ar", "random", "sjd", "sjd_ac", "sjd_pac"]
-PAC_DRAFT = DraftSpec(window=8, branching=2, tree_depth=1)
+PAC_DRAFT = JacobiDraftConfig(window=8, branching=2, tree_depth=1)
 
 
 def method_proposer(method: str, target):
-    """The proposer ``api.generate_images`` uses for ``method`` ("random" = RandomTreeProposer)."""
-    return api._make_proposer(DecodeConfig(method=method, draft=PAC_DRAFT), target)
+    """The proposer ``api.generate_images`` uses for ``method``; "random": the test-only
+    RandomTreeProposer (dense q), which no public method names."""
+    if method == "random":
+        return RandomTreeProposer(PAC_DRAFT, "dense")
+    return make_proposer(DecodeConfig(method=method, draft=PAC_DRAFT), target)
 
 
 @pytest.mark.parametrize("name", ["janus", "emu3"])
@@ -194,7 +199,7 @@ def test_spatial_prior_drafts_greedy_equal_ar(request, name, init):
     target = request.getfixturevalue(name)
     greedy = SamplingConfig(temperature=0.0, cfg_scale=3.0, cfg_space=target.default_sampling().cfg_space)
     draft = PAC_DRAFT.model_copy(update={"init": init})
-    proposer = api._make_proposer(DecodeConfig(method="sjd_pac", draft=draft), target)
+    proposer = make_proposer(DecodeConfig(method="sjd_pac", draft=draft), target)
     assert proposer.init == init and proposer.grid_width == target.layout_grid[1]
     ar = decode(target, ARProposer(), greedy, PROMPTS, [0, 1, 2])
     drafted = decode(target, proposer, greedy, PROMPTS, [0, 1, 2], draft)
@@ -238,8 +243,8 @@ def test_row_in_batch_equals_row_alone(request, name, method):
 
 
 def test_generate_images_end_to_end(janus_path):
-    pipeline = api.load_pipeline(janus_path)
-    assert api.load_pipeline(str(janus_path)) is pipeline  # loaded once
+    pipeline = api.load_target(janus_path)
+    assert api.load_target(str(janus_path)) is pipeline  # loaded once
     results = api.generate_images(PROMPTS, model=janus_path, seeds=[3, 4, 5], batch_size=2, progress=True)
     assert [r.seed for r in results] == [3, 4, 5]
     for result in results:
@@ -259,7 +264,7 @@ def test_generate_images_end_to_end(janus_path):
 def test_generate_images_batching_refills_rows_without_changing_them(janus_path):
     """batching="continuous" gives a finished row's place to the next prompt (the default on
     an accelerator); each row's sampled image equals the one from consecutive batches."""
-    pipeline = api.load_pipeline(janus_path)
+    pipeline = api.load_target(janus_path)
     prompts, seeds = PROMPTS + PROMPTS[:2], [3, 4, 5, 6, 7]
     assert api.continuous_batching("cpu") is False and api.continuous_batching("cpu", "continuous") is True
     assert api.continuous_batching("cuda") is True and api.continuous_batching("cuda", "consecutive") is False
@@ -290,7 +295,7 @@ def test_generate_images_validation(janus):
     for device, message in (("gpu", "device: 'gpu' is not a torch device"), ("cuda:7", "device: 'cuda:7', but")):
         if not (device.startswith("cuda") and torch.cuda.device_count() > 7):
             with pytest.raises(ValueError, match=message):
-                api.load_pipeline("reference", kind="t2i", device=device)
+                api.load_target("reference", task="t2i", device=device)
     with pytest.raises(TypeError, match=r"prompts must be a list of strings, got generator"):
         api.generate_images((p for p in ["a"]), model=janus)
     limit = janus.model.config.get_text_config().max_position_embeddings
@@ -301,9 +306,9 @@ def test_generate_images_validation(janus):
     with pytest.raises(TypeError, match="batch_size must be an integer >= 1, got float: 2.5"):
         api.generate_images(["a"], model=janus, batch_size=2.5)
     with pytest.raises(ValueError, match="model: a loaded .* is not a vision-language target"):
-        api.load_pipeline(janus, kind="vlm")
-    with pytest.raises(ValueError, match="unknown kind='nonsense'"):
-        api.load_pipeline(janus, kind="nonsense")
+        api.load_target(janus, task="caption")
+    with pytest.raises(ValueError, match="unknown task='nonsense'"):
+        api.load_target(janus, task="nonsense")
     with pytest.raises(TypeError, match="list of strings"):
         api.generate_images("a red circle", model=janus)
     with pytest.raises(ValueError, match="max_new_tokens=10"):
@@ -427,7 +432,7 @@ def test_an_emu3_with_32768_codes_samples_over_its_codes_not_its_head(tmp_path):
         return verify_tree(tree, target_probs, uniforms)
 
     decode_config = DecodeConfig(method="sjd_pac", max_new_tokens=target.num_image_tokens, sampling=target.default_sampling(), draft=PAC_DRAFT)
-    engine = Engine(target, api._make_proposer(decode_config, target), decode_config, constraint=target.vocab_constraint(), verifier=recording)
+    engine = Engine(target, make_proposer(decode_config, target), decode_config, constraint=target.vocab_constraint(), verifier=recording)
     out = engine.generate([RowRequest(ImagePrompt(PROMPTS[0], None), seed=0)])[0]
     assert widths == {32768 + 5} and target.model.lm_head.weight.shape[0] > 32768 + 5
     assert len(out.tokens) == target.num_image_tokens and len(target.decode_tokens(torch.tensor([out.tokens]))) == 1

@@ -48,14 +48,14 @@ def test_hf_assisted_greedy_equals_plain_greedy(models) -> None:
 
 
 def test_sampled_caption_rows_follow_their_seed_and_line_up_with_generate(models) -> None:
-    from raydec.api import caption_images, load_pipeline
+    from raydec.api import caption_images, load_target
     from raydec.config import DecodeConfig, SamplingConfig
     from raydec.reference.llava_assistant import AssistantSettings, build_caption_set, teacher_logits
     from raydec.reference.llava_vlm import DESCRIBE_INSTRUCTION
     from raydec.reference.shapes import to_pil
 
     target, _, processor = models
-    decoder = load_pipeline(DEFAULT_WEIGHTS_DIR, kind="vlm")
+    decoder = load_target(DEFAULT_WEIGHTS_DIR, task="caption")
     settings = AssistantSettings(first_seed=200_000, temperatures=(0.0, 1.0))
     seeds = list(range(200_000, 200_006))
     rows = build_caption_set(target, processor, seeds, question_share=0.0, batch_size=3, max_new_tokens=24,

@@ -247,13 +247,13 @@ def test_neighbour_copies_are_the_prior_the_reference_shapes_want(shipped):
     copying a neighbour as the fresh draft needs far fewer forwards than a uniform guess, and
     the tuner sees it. (Which neighbour wins varies by image: on these two, above by 2 forwards;
     on the bench's calibration prompts, left by 26.)"""
-    from raydec.api import load_pipeline
-    from raydec.config import DraftSpec
+    from raydec.api import load_target
+    from raydec.config import JacobiDraftConfig
     from raydec.tuning import choose_fresh_drafts
 
-    target = load_pipeline("reference", "t2i", dtype=torch.float32)
+    target = load_target("reference", "t2i", dtype=torch.float32)
     prompts = [make_sample(HELD_OUT_SEED_START + 900 + i).prompt for i in range(2)]
-    chosen, steps = choose_fresh_drafts(target, "sjd", DraftSpec(window=16), prompts, [0, 1], target.default_sampling())
+    chosen, steps = choose_fresh_drafts(target, "sjd", JacobiDraftConfig(window=16), prompts, [0, 1], target.default_sampling())
     assert chosen in ("left", "above") and steps[chosen] == min(steps.values()), steps
     assert steps[chosen] < 0.75 * steps["uniform"], steps
 

@@ -111,7 +111,7 @@ def test_caption_images_refuses_bad_input_by_name_and_reads_16_bit_images() -> N
     from raydec import api
     from raydec.reference.shapes import make_sample, to_pil
 
-    target = api.load_pipeline("reference", kind="vlm")
+    target = api.load_target("reference", task="caption")
     image = to_pil(make_sample(1_000_000).image)
     greedy = {"method": "ar", "max_new_tokens": 4, "sampling": {"temperature": 0.0}}
     with pytest.raises(TypeError, match="batch_size must be an integer >= 1, got str: '2'"):
@@ -136,7 +136,7 @@ def test_a_draft_of_the_wrong_kind_is_refused_even_when_cached() -> None:
     from raydec.models.registry import resolve_draft_path
     from raydec.reference.shapes import make_sample, to_pil
 
-    target = api.load_pipeline("reference", kind="vlm")
+    target = api.load_target("reference", task="caption")
     vision_draft = str(resolve_draft_path("reference", "vispec", None))
     image = to_pil(make_sample(1_000_000).image)
     decode = {"max_new_tokens": 4, "sampling": {"temperature": 0.0}, "draft_model": vision_draft}

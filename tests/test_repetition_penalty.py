@@ -13,7 +13,7 @@ import logging
 import pytest
 import torch
 
-from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
 from raydec.speculative.engine import Engine, RowRequest
 from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.jacobi import JacobiProposer
@@ -47,7 +47,7 @@ def test_greedy_with_a_penalty_equals_hf_generate_and_drafts_are_accepted(llama3
     length = 24
     expected = hf_greedy(llama32, PROMPTS, length, PENALTY)
     assert expected != hf_greedy(llama32, PROMPTS, length, 1.0), "the penalty should change the greedy output"
-    config = DecodeConfig(max_new_tokens=length, sampling=GREEDY, draft=DraftSpec(window=6))
+    config = DecodeConfig(max_new_tokens=length, sampling=GREEDY, draft=JacobiDraftConfig(window=6))
     ar = Engine(llama32, ARProposer(), config).generate([RowRequest(p, seed=0) for p in PROMPTS])
     assert [o.tokens for o in ar] == expected
     # the oracle drafts the true continuation: every draft node's P must see its own path
@@ -55,7 +55,7 @@ def test_greedy_with_a_penalty_equals_hf_generate_and_drafts_are_accepted(llama3
     fast = Engine(llama32, oracle, config).generate([RowRequest(p, seed=0) for p in PROMPTS])
     assert [o.tokens for o in fast] == expected
     assert all(o.stats.target_forwards == 4 for o in fast)  # 1 + 8 + 8 + 7 tokens
-    for proposer in (JacobiProposer(config.draft), RandomTreeProposer(DraftSpec(window=8, branching=2, tree_depth=2), "dense")):
+    for proposer in (JacobiProposer(config.draft), RandomTreeProposer(JacobiDraftConfig(window=8, branching=2, tree_depth=2), "dense")):
         outs = Engine(llama32, proposer, config).generate([RowRequest(p, seed=0) for p in PROMPTS])
         assert [o.tokens for o in outs] == expected, type(proposer).__name__
 
@@ -83,7 +83,7 @@ def test_a_path_blind_context_fails(llama32, monkeypatch):
 def test_sampling_with_a_penalty_keeps_the_law(tmp_path):
     llama = tiny_llama(tmp_path / "toy", vocab=8, seed=1)
     sampling = SamplingConfig(temperature=1.0, repetition_penalty=2.0)
-    spec = DraftSpec(window=6, branching=2, tree_depth=2)
+    spec = JacobiDraftConfig(window=6, branching=2, tree_depth=2)
     config = DecodeConfig(max_new_tokens=4, sampling=sampling, draft=spec, compaction="always")
     samples = sample_engine(llama, RandomTreeProposer(spec, "dense", sharpness=3.0), config, [[3, 1, 4]], list(range(SAMPLES)), 5000)
     assert compare_to_law(samples, lm_law(llama, [3, 1, 4], 4, sampling)).passed
@@ -126,8 +126,8 @@ def test_captions_follow_the_checkpoints_penalty_as_hf_generate_does(tmp_path):
     """A VLM checkpoint whose generation_config sets a repetition penalty (Qwen2.5-VL's do):
     captioning's default sampling keeps it, and the image placeholders and the question count
     as context, as in HF ``generate``."""
-    from raydec.api import _caption_decode_config
-    from raydec.config import DraftTreeSpec
+    from raydec.api.inputs import caption_decode_config
+    from raydec.config import DraftTreeConfig
     from raydec.models.hf_vlm import VisionLanguageTarget
     from raydec.speculative.proposers.draft_tree import DraftTreeProposer
     from tests.test_vispec import _hf_greedy, _prompts, draft_for
@@ -139,9 +139,9 @@ def test_captions_follow_the_checkpoints_penalty_as_hf_generate_does(tmp_path):
     llava.model.generation_config.repetition_penalty = PENALTY
     expected = [_hf_greedy(llava, p, 16) for p in prompts]
     assert expected != plain
-    config = _caption_decode_config(None, llava).model_copy(update={"max_new_tokens": 16})
+    config = caption_decode_config(None, llava).model_copy(update={"max_new_tokens": 16})
     assert config.sampling == SamplingConfig(temperature=0.0, repetition_penalty=PENALTY)
-    tree = DraftTreeSpec(depth=3, top_k=3, total_tokens=10)
+    tree = DraftTreeConfig(depth=3, top_k=3, total_tokens=10)
     config = config.model_copy(update={"draft_tree": tree})
     for proposer in (ARProposer(), DraftTreeProposer(draft_for(llava, True), tree)):
         outs = Engine(llava, proposer, config, eos_token_ids=llava.eos_token_ids).generate([RowRequest(p, seed=0) for p in prompts])
@@ -150,19 +150,20 @@ def test_captions_follow_the_checkpoints_penalty_as_hf_generate_does(tmp_path):
 
 def test_sampling_fields_set_override_the_checkpoints_one_by_one(tmp_path):
     """As HF ``generate(temperature=...)`` keeps the rest of the generation_config."""
-    from raydec.api import _caption_decode_config, _image_decode_config, load_pipeline
+    from raydec.api import load_target
+    from raydec.api.inputs import caption_decode_config, image_decode_config
     from raydec.config import DecodeConfig
     from raydec.models.hf_vlm import VisionLanguageTarget
     from tests.vlm_toys import build_tiny_llava
 
-    janus = load_pipeline("reference", kind="t2i")
+    janus = load_target("reference", task="t2i")
     checkpoint = janus.default_sampling()
     assert checkpoint.uses_cfg and checkpoint.top_k  # the reference Janus samples with CFG and top-k
-    merged = _image_decode_config(DecodeConfig.model_validate({"sampling": {"temperature": 0.5}}), janus).sampling
+    merged = image_decode_config(DecodeConfig.model_validate({"sampling": {"temperature": 0.5}}), janus).sampling
     assert merged == checkpoint.model_copy(update={"temperature": 0.5})
-    whole = _image_decode_config(DecodeConfig(sampling=SamplingConfig(temperature=0.5, cfg_scale=1.0, top_k=0)), janus).sampling
+    whole = image_decode_config(DecodeConfig(sampling=SamplingConfig(temperature=0.5, cfg_scale=1.0, top_k=0)), janus).sampling
     assert not whole.uses_cfg and whole.top_k == 0  # fields set explicitly win, defaults included
     llava = VisionLanguageTarget.from_pretrained(build_tiny_llava(tmp_path / "llava"))
     llava.model.generation_config.repetition_penalty = 1.3
-    sampled = _caption_decode_config(DecodeConfig.model_validate({"sampling": {"temperature": 1.0}}), llava).sampling
+    sampled = caption_decode_config(DecodeConfig.model_validate({"sampling": {"temperature": 1.0}}), llava).sampling
     assert sampled == SamplingConfig(temperature=1.0, top_k=50, repetition_penalty=1.3)  # HF's top_k default, its penalty

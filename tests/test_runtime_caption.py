@@ -145,7 +145,7 @@ def test_caption_configs_fail_fast(tiny_llava, images_file, tmp_path):
     import json
     import shutil
 
-    from raydec.api import load_draft, load_pipeline
+    from raydec.api import load_draft, load_target
 
     with pytest.raises(ValueError, match=r"^decode.draft_model: .* holds a ViSpec \(vision\) draft; decode.method='eagle' needs a text-only"):
         preflight(caption_job(tiny_llava["model"], str(images_file), str(tmp_path / "o"), method="eagle", draft=tiny_llava["draft"]))
@@ -159,7 +159,7 @@ def test_caption_configs_fail_fast(tiny_llava, images_file, tmp_path):
         preflight(caption_job(tiny_llava["model"], str(images_file), str(tmp_path / "o"), method="vispec", draft=str(narrow)))
     assert not (tmp_path / "o").exists()
     # ... and by load_draft before any weight loads (not deep inside the network)
-    target = load_pipeline(tiny_llava["model"], kind="vlm")
+    target = load_target(tiny_llava["model"], task="caption")
     with pytest.raises(ValueError, match=message):
         load_draft(target, "vispec", tiny_llava["model"], str(narrow))
     with pytest.raises(ValueError, match="needs a text-only"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
 from raydec.speculative.engine import Engine, RowRequest
 from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.jacobi import JacobiProposer
@@ -23,7 +23,7 @@ def llama(tmp_path_factory):
 
 
 def _engine(llama, method: str) -> Engine:
-    spec = DraftSpec(window=8, branching=2, tree_depth=1)
+    spec = JacobiDraftConfig(window=8, branching=2, tree_depth=1)
     config = DecodeConfig(max_new_tokens=12, sampling=SamplingConfig(temperature=1.0), draft=spec)
     proposer = ARProposer() if method == "ar" else JacobiProposer(spec, method)
     return Engine(llama, proposer, config)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from raydec.reference.shapes import sample_images
 from raydec.train.config import DataGenConfig, DraftTrainConfig, LossConfig
 from raydec.train.losses import listmle_topk, prob_l1, vispec_loss
 from tests.vlm_toys import build_tiny_llava
@@ -28,10 +29,10 @@ def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def target(tiny_folder: Path):
-    from raydec.api import load_pipeline
+    from raydec.api import load_target
 
     torch.set_num_threads(1)
-    return load_pipeline(str(tiny_folder), kind="vlm")
+    return load_target(str(tiny_folder), task="caption")
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def dataset(ray_cluster, tiny_folder: Path, tmp_path_factory: pytest.TempPathFac
         target=str(tiny_folder), output_dir=out, num_samples=6, max_new_tokens=NEW_TOKENS, batch_size=3,
         workers=2, cpus_per_worker=0.5, storage_dtype="float32",
     )
-    generate_dataset(config)
+    generate_dataset(config, sample_images)
     return out
 
 
@@ -89,9 +90,9 @@ def test_dataset_is_reused_only_with_the_same_content(dataset: Path, tiny_folder
 
     same = DataGenConfig(target=str(tiny_folder), output_dir=dataset, num_samples=6, max_new_tokens=NEW_TOKENS,
                          batch_size=2, workers=1, storage_dtype="float32")
-    assert generate_dataset(same)["num_samples"] == 6  # other batch / worker settings: same content
+    assert generate_dataset(same, sample_images)["num_samples"] == 6  # other batch / worker settings: same content
     with pytest.raises(FileExistsError, match="other settings or target weights"):
-        generate_dataset(same.model_copy(update={"num_samples": 5}))
+        generate_dataset(same.model_copy(update={"num_samples": 5}), sample_images)
 
 
 def test_reuse_reads_a_manifest_from_before_temperatures_as_greedy(dataset: Path, tiny_folder: Path, tmp_path: Path) -> None:
@@ -105,9 +106,9 @@ def test_reuse_reads_a_manifest_from_before_temperatures_as_greedy(dataset: Path
     del manifest["identity"]["temperatures"]  # written before the field existed: greedy answers
     (old / "manifest.json").write_text(json.dumps(manifest))
     greedy = DataGenConfig(target=str(tiny_folder), output_dir=old, num_samples=6, max_new_tokens=NEW_TOKENS, storage_dtype="float32")
-    assert generate_dataset(greedy)["num_samples"] == 6
+    assert generate_dataset(greedy, sample_images)["num_samples"] == 6
     with pytest.raises(FileExistsError, match="other settings or target weights"):
-        generate_dataset(greedy.model_copy(update={"temperatures": [0.0, 1.0]}))
+        generate_dataset(greedy.model_copy(update={"temperatures": [0.0, 1.0]}), sample_images)
 
 
 def test_sampled_answers_follow_their_seed_and_temperature(target) -> None:

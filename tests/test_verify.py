@@ -435,10 +435,10 @@ def test_a_uniform_just_below_one_neither_samples_a_zero_mass_token_nor_rejects_
 
 
 def test_jacobi_coupling_keeps_a_certain_draft_at_a_uniform_just_below_one():
-    from raydec.config import DraftSpec
+    from raydec.config import JacobiDraftConfig
     from raydec.speculative.proposers.jacobi import JacobiProposer
 
-    proposer = JacobiProposer(DraftSpec(window=2, branching=2, tree_depth=1), "sjd_ac")
+    proposer = JacobiProposer(JacobiDraftConfig(window=2, branching=2, tree_depth=1), "sjd_ac")
     p = torch.tensor([[[0.2, 0.3, 0.5]]])  # [B, S, V] float32; the old draft, token 2: p = q, kept for sure
     old_q = torch.tensor([[[0.3, 0.2, 0.5]]])  # a rejection would redraw from max(0, p - q) = token 1
     uniforms = torch.tensor([[[1 - 2**-26, 0.5]]], dtype=torch.float64)

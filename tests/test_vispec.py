@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raydec.config import DecodeConfig, DraftTreeSpec, SamplingConfig
+from raydec.config import DecodeConfig, DraftTreeConfig, SamplingConfig
 from raydec.models.hf_vlm import VisionLanguageTarget, VlmPrompt
 from raydec.models.vispec_draft import DraftConfig, VispecDraft
 from raydec.reference.shapes import make_sample, to_pil
@@ -138,7 +138,7 @@ def test_fresh_img_fc_reproduces_the_eagle_draft(tmp_path):
     pos = torch.arange(5).expand(2, 5)
     use = torch.rand(2, 5) < 0.5
     assert torch.equal(vispec(x, f, pos, globals_=g, use_global=use), eagle(x, f, pos))
-    config = DecodeConfig(max_new_tokens=12, sampling=SamplingConfig(temperature=1.0), draft_tree=DraftTreeSpec(depth=3, top_k=2, total_tokens=6))
+    config = DecodeConfig(max_new_tokens=12, sampling=SamplingConfig(temperature=1.0), draft_tree=DraftTreeConfig(depth=3, top_k=2, total_tokens=6))
     outs = []
     for draft in (vispec, eagle):
         engine = Engine(target, DraftTreeProposer(draft, config.tree), config)
@@ -282,7 +282,7 @@ def test_greedy_equals_hf_generate(llava, vision, batch):
     length = 16
     prompts = _prompts(llava, 4)
     expected = [_hf_greedy(llava, prompt, length) for prompt in prompts]
-    config = DecodeConfig(max_new_tokens=length, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeSpec(depth=3, top_k=3, total_tokens=10))
+    config = DecodeConfig(max_new_tokens=length, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeConfig(depth=3, top_k=3, total_tokens=10))
     draft = successor_draft(llava, expected, vision)
     if batch > 1:  # the inference form loaded drafts run (fused layer, folded input)
         draft.prepare_inference()
@@ -301,7 +301,7 @@ def test_continuous_batching_with_image_rows_equals_hf_generate(llava):
     prompts = _prompts(llava, 5)
     lengths = [16, 5, 11, 16, 3]
     expected = [_hf_greedy(llava, prompt, n) for prompt, n in zip(prompts, lengths)]
-    config = DecodeConfig(max_new_tokens=16, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeSpec(depth=3, top_k=3, total_tokens=10))
+    config = DecodeConfig(max_new_tokens=16, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeConfig(depth=3, top_k=3, total_tokens=10))
     engine = Engine(llava, DraftTreeProposer(successor_draft(llava, expected, True), config.tree), config, eos_token_ids=llava.eos_token_ids)
     outputs = engine.generate([RowRequest(p, seed=0, max_new_tokens=n) for p, n in zip(prompts, lengths)], max_batch=2)
     assert [out.tokens for out in outputs] == expected
@@ -313,7 +313,7 @@ def test_a_draft_in_another_precision_than_the_target_stays_lossless(llava):
     embedding and head in their own dtype) still gives HF's greedy output."""
     length = 12
     prompts = _prompts(llava, 2)
-    config = DecodeConfig(max_new_tokens=length, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeSpec(depth=3, top_k=2, total_tokens=6))
+    config = DecodeConfig(max_new_tokens=length, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeConfig(depth=3, top_k=2, total_tokens=6))
     draft = draft_for(llava, vision=True, dtype=torch.bfloat16)
     engine = Engine(llava, DraftTreeProposer(draft, config.tree), config, eos_token_ids=llava.eos_token_ids)
     outputs = engine.generate([RowRequest(p, seed=0) for p in prompts])
@@ -345,7 +345,7 @@ PROMPTS = [[5, 2, 6], [1], [3, 3], [7, 0, 1, 2]]
 
 def _sampling_config(length: int = 5) -> DecodeConfig:
     return DecodeConfig(max_new_tokens=length, sampling=SamplingConfig(temperature=1.0),
-                        draft_tree=DraftTreeSpec(depth=3, top_k=2, total_tokens=6))
+                        draft_tree=DraftTreeConfig(depth=3, top_k=2, total_tokens=6))
 
 
 def test_draft_tree_exactness(llama64):
@@ -366,7 +366,7 @@ def test_tree_structure_the_proposer_records_is_the_trees_own(llama64, shape):
 
     depth, top_k, total = shape
     config = DecodeConfig(max_new_tokens=8, sampling=SamplingConfig(temperature=1.0),
-                          draft_tree=DraftTreeSpec(depth=depth, top_k=top_k, total_tokens=total))
+                          draft_tree=DraftTreeConfig(depth=depth, top_k=top_k, total_tokens=total))
     proposer = DraftTreeProposer(draft_for(llama64, vision=False, seed=3), config.tree)
     original, checked = proposer.propose, []
 
@@ -411,7 +411,7 @@ def test_tree_expansion_equals_sequential_drafting(llama64):
     from raydec.speculative.proposers.base import DecodeState
 
     config = _sampling_config(length=8)
-    config = config.model_copy(update={"draft_tree": DraftTreeSpec(depth=4, top_k=3, total_tokens=12)})
+    config = config.model_copy(update={"draft_tree": DraftTreeConfig(depth=4, top_k=3, total_tokens=12)})
     draft = draft_for(llama64, vision=False, seed=3)
     proposer = DraftTreeProposer(draft, config.tree)
     engine = Engine(llama64, proposer, config)

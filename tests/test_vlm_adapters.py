@@ -19,7 +19,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from raydec.config import DecodeConfig, DraftTreeSpec, SamplingConfig
+from raydec.config import DecodeConfig, DraftTreeConfig, SamplingConfig
 from raydec.models.hf_vlm import VisionLanguageTarget, VlmPrompt
 from raydec.models.vispec_draft import DraftConfig, VispecDraft
 from raydec.reference.shapes import make_sample, to_pil
@@ -33,7 +33,7 @@ torch.set_num_threads(1)  # tiny tensors: threads only add synchronisation cost
 
 MAX_NEW_TOKENS = 16
 GREEDY = SamplingConfig(temperature=0.0)
-TREE = DraftTreeSpec(depth=3, top_k=3, total_tokens=8)
+TREE = DraftTreeConfig(depth=3, top_k=3, total_tokens=8)
 
 BUILDERS: dict[str, Callable[..., Any]] = {
     "llava": build_tiny_llava,

@@ -25,7 +25,7 @@ import torch
 from raydec.bench.common import (
     json_path_arg, non_negative_int, parse_methods, positive_int, positive_float, print_table, ratio_cell, resolve_device,
 )
-from raydec.config import DecodeConfig, DraftTreeSpec, SamplingConfig
+from raydec.config import DecodeConfig, DraftTreeConfig, SamplingConfig
 from raydec.models.base import decoding_attention, synchronize
 
 logger = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ def _draft_path(args: argparse.Namespace, method: str) -> str:
 
 
 def bench_caption(args: argparse.Namespace) -> dict:
-    from raydec.api import caption_images, continuous_batching, draft_dtype, load_pipeline
+    from raydec.api import caption_images, continuous_batching, draft_dtype, load_target
     from raydec.models.hf_vlm import VlmPrompt
     from raydec.models.registry import REFERENCE_DRAFT_DIRS
     from raydec.reference.judge import score_caption
@@ -176,8 +176,8 @@ def bench_caption(args: argparse.Namespace) -> dict:
     device = resolve_device(args.device)
     sampling = SamplingConfig(temperature=args.temperature)  # validated before any model loads
     shape = {k: v for k, v in (("depth", args.depth), ("top_k", args.top_k), ("total_tokens", args.total_tokens)) if v is not None}
-    tree = DraftTreeSpec(**{**DraftTreeSpec.for_temperature(args.temperature).model_dump(), **shape})
-    target = load_pipeline(args.model, "vlm", dtype=dtype, device=None if device == "cpu" else device)
+    tree = DraftTreeConfig(**{**DraftTreeConfig.for_temperature(args.temperature).model_dump(), **shape})
+    target = load_target(args.model, "caption", dtype=dtype, device=None if device == "cpu" else device)
     configs = {
         m: DecodeConfig(
             method="ar" if m in ("ar", "hf", "hf_assisted") else m, max_new_tokens=args.max_new_tokens,
@@ -323,7 +323,7 @@ def add_caption_parser(subparsers) -> None:
         help="precision of the eagle / vispec drafts and the hf_assisted assistant (auto: float32 on a CPU, "
         "--dtype on a GPU)",
     )
-    parser.add_argument("--depth", type=positive_int, default=None, help="draft tree depth (default: DraftTreeSpec.for_temperature)")
+    parser.add_argument("--depth", type=positive_int, default=None, help="draft tree depth (default: DraftTreeConfig.for_temperature)")
     parser.add_argument("--top-k", type=positive_int, default=None, help="draft tree top-k (default: as --depth)")
     parser.add_argument("--total-tokens", type=positive_int, default=None, help="draft tree size, root included (default: as --depth)")
     parser.add_argument("--vispec-draft", type=Path, default=None, help="ViSpec draft folder (default: the shipped one)")

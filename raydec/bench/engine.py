@@ -100,7 +100,7 @@ def _self_consistent_reference(target, window: int, config, prompt: list[int], a
 
 def bench_engine(args: argparse.Namespace) -> dict:
     """Our AR vs Hugging Face generate(); an oracle proposer (window 16, T=0) vs our AR."""
-    from raydec.config import DecodeConfig, DraftSpec, SamplingConfig
+    from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
     from raydec.models.base import decoding_attention
     from raydec.models.causal_lm import CausalLMTarget
     from raydec.speculative.engine import Engine, RowRequest
@@ -115,7 +115,7 @@ def bench_engine(args: argparse.Namespace) -> dict:
     params = sum(p.numel() for p in model.parameters())
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 16384, (int(torch.randint(16, 33, (1,), generator=generator)),), generator=generator).tolist() for _ in range(args.prompts)]
-    greedy = DecodeConfig(max_new_tokens=args.new_tokens, sampling=SamplingConfig(temperature=0.0), draft=DraftSpec(window=args.window))
+    greedy = DecodeConfig(max_new_tokens=args.new_tokens, sampling=SamplingConfig(temperature=0.0), draft=JacobiDraftConfig(window=args.window))
     ar_engine = Engine(target, ARProposer(), greedy)
 
     def run_hf(prompt):

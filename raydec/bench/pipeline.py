@@ -3,7 +3,7 @@
 Both sides get the same validated rows (prompts and seeds from one Parquet file), the same
 model, dtype, decode config, batch size and torch threads:
 
-- **direct**: `raydec.api.load_pipeline` then `raydec.api.generate_images` in this process,
+- **direct**: `raydec.api.load_target` then `raydec.api.generate_images` in this process,
   `batch_size` rows per call (images decoded to PIL, nothing written).
 - **pipeline**: `raydec.runtime.run_job` with a 1-actor pool on a local Ray cluster (started
   here unless Ray is already up): preflight, Ray Data `map_batches` over a `GenerationWorker`
@@ -73,12 +73,12 @@ def _shard_marks(output: Path) -> List[tuple[float, int]]:
 
 
 def _decode_config(args: argparse.Namespace) -> Any:
-    from raydec.config import DecodeConfig, DraftSpec
+    from raydec.config import DecodeConfig, JacobiDraftConfig
 
     if args.method == "ar":
         return DecodeConfig(method="ar")
     tree = dict(branching=args.branching, tree_depth=args.tree_depth) if args.method == "sjd_pac" else {}
-    return DecodeConfig(method=args.method, draft=DraftSpec(window=args.window, **tree))
+    return DecodeConfig(method=args.method, draft=JacobiDraftConfig(window=args.window, **tree))
 
 
 def _write_prompts(path: Path, rows: int, seed: int) -> None:
@@ -175,10 +175,10 @@ class _CpuSampler:
 
 def _run_direct(job: Any, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Load (cached after the first round) and generate in this process, batch by batch."""
-    from raydec.api import generate_images, load_pipeline
+    from raydec.api import generate_images, load_target
 
     started = time.time()
-    target = load_pipeline(job.model, "t2i", dtype=getattr(torch, job.dtype), device="cpu")
+    target = load_target(job.model, "t2i", dtype=getattr(torch, job.dtype), device="cpu")
     loaded = time.time()
     marks: List[tuple[float, int]] = []
     cpu_marks: List[float] = []

@@ -179,8 +179,8 @@ def build_janus(folder: Path, codebook: int) -> Path:
 
 
 def jacobi_runs(codebook: int, methods: list[str], batches: list[int], windows: list[int], steps: int, device: str = "cpu") -> list[dict]:
-    from raydec.api import _make_proposer
-    from raydec.config import DecodeConfig, DraftSpec
+    from raydec.speculative.proposers.factory import make_proposer
+    from raydec.config import DecodeConfig, JacobiDraftConfig
     from raydec.models.image_gen import ImagePrompt
     from raydec.models.registry import load_t2i_target
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
@@ -195,10 +195,10 @@ def jacobi_runs(codebook: int, methods: list[str], batches: list[int], windows: 
     for method in methods:
         for window in windows:
             branching, depth = (3, 1) if method == "sjd_pac" else (1, 0)
-            draft = DraftSpec(window=window, branching=branching, tree_depth=depth, init="left")
+            draft = JacobiDraftConfig(window=window, branching=branching, tree_depth=depth, init="left")
             config = DecodeConfig(method=method, max_new_tokens=target.num_image_tokens, sampling=target.default_sampling(), draft=draft)
             for batch in batches:
-                engine = Engine(timed, _make_proposer(config, target), config, constraint=target.vocab_constraint(),
+                engine = Engine(timed, make_proposer(config, target), config, constraint=target.vocab_constraint(),
                                 eos_token_ids=target.eos_token_ids)
                 session = engine.session(max_batch=batch)
                 for i in range(batch):
@@ -213,7 +213,7 @@ def draft_tree_runs(vocab: int, batches: list[int], windows: list[int], steps: i
     """A random EAGLE draft (the draft-tree path ViSpec shares) over a random Llama."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from raydec.config import DecodeConfig, DraftTreeSpec, SamplingConfig
+    from raydec.config import DecodeConfig, DraftTreeConfig, SamplingConfig
     from raydec.models.causal_lm import CausalLMTarget
     from raydec.models.vispec_draft import DraftConfig, VispecDraft
     from raydec.speculative.engine import Engine, RowRequest
@@ -233,7 +233,7 @@ def draft_tree_runs(vocab: int, batches: list[int], windows: list[int], steps: i
     runs = []
     for window in windows:
         depth, top_k = (4, 3) if window <= 16 else (6, 4)
-        tree = DraftTreeSpec(depth=depth, top_k=top_k, total_tokens=min(window, top_k + (depth - 1) * top_k * top_k))
+        tree = DraftTreeConfig(depth=depth, top_k=top_k, total_tokens=min(window, top_k + (depth - 1) * top_k * top_k))
         decode = DecodeConfig(method="eagle", max_new_tokens=256, sampling=SamplingConfig(temperature=1.0), draft_tree=tree)
         for batch in batches:
             engine = Engine(timed, DraftTreeProposer(draft, tree), decode)

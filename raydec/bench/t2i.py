@@ -24,7 +24,7 @@ from raydec.bench.common import (
     folder_path_arg, json_path_arg, non_negative_int, parse_methods, positive_int, positive_float, print_table,
     ratio_cell, resolve_device,
 )
-from raydec.config import JACOBI_METHODS, DecodeConfig, DraftSpec
+from raydec.config import JACOBI_METHODS, DecodeConfig, JacobiDraftConfig
 from raydec.models.base import decoding_attention, synchronize
 from raydec.tuning import window_cost
 
@@ -43,10 +43,10 @@ class MethodRecord:
     scores: list[float] = field(default_factory=list)
 
 
-def fixed_draft(method: str, args: argparse.Namespace, init: str = "uniform") -> DraftSpec:
+def fixed_draft(method: str, args: argparse.Namespace, init: str = "uniform") -> JacobiDraftConfig:
     """The draft shape from the CLI (``--window N``, ``--branching``, ``--tree-depth``)."""
     tree = dict(branching=args.branching, tree_depth=args.tree_depth) if method == "sjd_pac" else {}
-    return DraftSpec(window=int(args.window), init=init, **tree)
+    return JacobiDraftConfig(window=int(args.window), init=init, **tree)
 
 
 def _check_fixed_drafts(methods: list[str], args: argparse.Namespace) -> None:
@@ -212,7 +212,7 @@ def _plots(records: dict[str, MethodRecord], grid: tuple[int, int], out_dir: Pat
 
 
 def bench_t2i(args: argparse.Namespace) -> dict:
-    from raydec.api import continuous_batching, generate_images, load_pipeline
+    from raydec.api import continuous_batching, generate_images, load_target
     from raydec.reference.judge import score_image
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
 
@@ -229,7 +229,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
         )
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     device = resolve_device(args.device)
-    target = load_pipeline(args.model, "t2i", dtype=dtype, device=None if device == "cpu" else device)
+    target = load_target(args.model, "t2i", dtype=dtype, device=None if device == "cpu" else device)
     sampling = target.default_sampling()
     length = int(target.num_image_tokens)
     prompts = [make_sample(HELD_OUT_SEED_START + args.offset + i).prompt for i in range(args.prompts)]

@@ -271,7 +271,7 @@ def sampled_answers(
 ) -> list[dict[str, Any]]:
     """The target's answers sampled at ``temperature``, as rows of :func:`target_answers`.
 
-    ``decoder`` is the same target loaded by :func:`raydec.api.load_pipeline`; the answers follow
+    ``decoder`` is the same target loaded by :func:`raydec.api.load_target`; the answers follow
     the drafts' data rule (:func:`raydec.train.datagen.answers_at_temperatures`): each draws from a
     generator seeded by its image's seed, so it does not depend on its batch.
     """
@@ -322,7 +322,7 @@ def build_caption_set(
     jobs = [(seed, example_prompt(seed, question_share), temperature_of(seed)) for seed in seeds]
     if decoder is None and any(t > 0 for _, _, t in jobs):
         bad = max(t for _, _, t in jobs)
-        raise ValueError(f"temperature {bad}: sampled answers need decoder= (the target from load_pipeline)")
+        raise ValueError(f"temperature {bad}: sampled answers need decoder= (the target from load_target)")
     batches = caption_batches(jobs, batch_size, max_new_tokens)
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()
@@ -359,9 +359,9 @@ def load_or_build_captions(settings: AssistantSettings, target, processor, targe
         raise ValueError(f"training seeds reach {seeds[-1]} (held-out range starts at {HELD_OUT_SEED_START})")
     decoder = None
     if any(t > 0 for t in settings.temperatures):
-        from raydec.api import load_pipeline
+        from raydec.api import load_target
 
-        decoder = load_pipeline(settings.target, kind="vlm")
+        decoder = load_target(settings.target, task="caption")
     start = time.perf_counter()
     rows = build_caption_set(target, processor, seeds, settings.question_share, settings.caption_batch_size,
                              settings.max_new_tokens, settings.caption_max_minutes,
@@ -946,7 +946,7 @@ def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
 
 def add_assistant_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m raydec.reference.train assistant``."""
-    from raydec.train.reference import temperatures_arg
+    from raydec.reference.draft_command import temperatures_arg
 
     d = AssistantSettings()
     parser.add_argument("--target", type=Path, default=d.target, help="the target LLaVA folder")

@@ -317,6 +317,12 @@ def to_pil(image: np.ndarray) -> Image.Image:
 # ----------------------------------------------------------------------------- sampling
 
 
+def sample_images(seeds: Sequence[int]) -> list[Image.Image]:
+    """The shapes-world images of ``seeds``: the image source the reference drafts train and
+    are evaluated on (``raydec.train``'s ``image_source``)."""
+    return [to_pil(make_sample(int(seed)).image) for seed in seeds]
+
+
 def _randint(rng: RandomSource, n: int) -> int:
     """Uniform integer in ``[0, n)`` from a numpy Generator or a ``random.Random``."""
     if isinstance(rng, random.Random):

@@ -154,7 +154,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "vlm": Subcommand("raydec.reference.llava_vlm", "add_vlm_arguments", "train_vlm", "the small LLaVA VLM"),
     "assistant": Subcommand("raydec.reference.llava_assistant", "add_assistant_arguments", "distill_from_args",
                             "a 1-2 layer LLaVA assistant distilled from the reference VLM (HF assisted generation)"),
-    "draft": Subcommand("raydec.train.reference", "add_draft_arguments", "train_drafts_from_args",
+    "draft": Subcommand("raydec.reference.draft_command", "add_draft_arguments", "train_drafts_from_args",
                         "the reference VLM's ViSpec and EAGLE drafts (same data and budget)"),
 }
 

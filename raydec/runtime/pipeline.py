@@ -37,7 +37,7 @@ from raydec.io import (
 )
 from raydec.io.filesystem import is_s3_uri
 from raydec.io.writers import shard_uris
-from raydec.config import DRAFT_METHODS, DraftTreeSpec, SamplingConfig
+from raydec.config import DRAFT_METHODS, DraftTreeConfig, SamplingConfig
 from raydec.runtime.cluster import connect_ray
 from raydec.runtime.config import JobConfig
 from raydec.runtime.processors import PROCESSORS
@@ -196,7 +196,7 @@ def _decode_identity(decode: Any) -> Any:
     tree = decode.pop("draft_tree")
     if decode.get("method") in DRAFT_METHODS:
         temperature = (decode.get("sampling") or {}).get("temperature", SamplingConfig().temperature)
-        decode["draft_tree"] = tree if tree is not None else DraftTreeSpec.for_temperature(temperature).model_dump()
+        decode["draft_tree"] = tree if tree is not None else DraftTreeConfig.for_temperature(temperature).model_dump()
     return decode
 
 

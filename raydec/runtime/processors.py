@@ -8,16 +8,12 @@ Processors hold no decoding logic: they call `raydec.api`.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import logging
 from typing import Any, Callable, Dict, List, Protocol, runtime_checkable
 
 from raydec.runtime.config import JobConfig
 
 logger = logging.getLogger(__name__)
-
-API_MODULE = "raydec.api"
 
 
 @runtime_checkable
@@ -31,11 +27,6 @@ class Processor(Protocol):
 
     def __call__(self, batch: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         """Result rows for `batch`, one per row, in any order."""
-
-
-def _api() -> Any:
-    """The public API module (imported on first use, inside the actor)."""
-    return importlib.import_module(API_MODULE)
 
 
 def _torch_dtype(name: str) -> Any:
@@ -72,14 +63,6 @@ def assigned_gpu_ids() -> list:
         return []
 
 
-def _call_with_supported(function: Callable[..., Any], /, **kwargs: Any) -> Any:
-    """Call `function` with the keyword arguments its signature accepts (optional extras dropped)."""
-    parameters = inspect.signature(function).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return function(**kwargs)
-    return function(**{k: v for k, v in kwargs.items() if k in parameters})
-
-
 class T2IProcessor:
     """Text-to-image rows -> images and decoding statistics, via `raydec.api.generate_images`."""
 
@@ -91,17 +74,17 @@ class T2IProcessor:
     def setup(self) -> None:
         import torch
 
+        from raydec.api import load_target  # in the actor: the driver never imports the models
+
         torch.set_num_threads(self.job.pool.torch_threads)
-        api = _api()
-        self.pipeline = _call_with_supported(
-            api.load_pipeline, model=self.job.model, kind="t2i",
-            dtype=_torch_dtype(self.job.dtype), device=_device(self.job),
-        )
+        self.pipeline = load_target(model=self.job.model, task="t2i", dtype=_torch_dtype(self.job.dtype), device=_device(self.job))
         logger.info("t2i processor: loaded %s (%s, method %s)", self.job.model, self.job.dtype, self.method)
 
     def _generate(self, rows: List[Dict[str, Any]]) -> List[Any]:
+        from raydec.api import generate_images
+
         negatives = [row.get("negative_prompt") for row in rows]
-        return _api().generate_images(
+        return generate_images(
             [row["prompt"] for row in rows],
             model=self.pipeline,
             decode=self.job.decode,
@@ -167,21 +150,22 @@ class CaptionProcessor:
     def setup(self) -> None:
         import torch
 
+        from raydec.api import draft_dtype, load_draft, load_target
+        from raydec.config import DRAFT_METHODS
+
         torch.set_num_threads(self.job.pool.torch_threads)
-        api = _api()
-        self.pipeline = api.load_pipeline(
-            model=self.job.model, kind="vlm", dtype=_torch_dtype(self.job.dtype), device=_device(self.job)
-        )
-        if self.method in api.DRAFT_METHODS:  # load the draft once, now, so a bad path fails here
-            dtype = api.draft_dtype(self.pipeline, self.job.decode.draft_dtype)
-            api.load_draft(self.pipeline, self.method, self.job.model, self.job.decode.draft_model, dtype=dtype)
+        self.pipeline = load_target(model=self.job.model, task="caption", dtype=_torch_dtype(self.job.dtype), device=_device(self.job))
+        if self.method in DRAFT_METHODS:  # load the draft once, now, so a bad path fails here
+            dtype = draft_dtype(self.pipeline, self.job.decode.draft_dtype)
+            load_draft(self.pipeline, self.method, self.job.model, self.job.decode.draft_model, dtype=dtype)
         logger.info("caption processor: loaded %s (%s, method %s)", self.job.model, self.job.dtype, self.method)
 
     def _caption(self, rows: List[Dict[str, Any]]) -> List[Any]:
-        api = _api()
-        return api.caption_images(
+        from raydec.api import DEFAULT_CAPTION_PROMPT, caption_images
+
+        return caption_images(
             [row["pil_image"] for row in rows],
-            prompt=[row.get("prompt") or api.DEFAULT_CAPTION_PROMPT for row in rows],
+            prompt=[row.get("prompt") or DEFAULT_CAPTION_PROMPT for row in rows],
             model=self.pipeline,
             decode=self.job.decode,
             seeds=[int(row["seed"]) for row in rows],

@@ -11,7 +11,7 @@ from typing import Literal, Sequence
 
 from pydantic import Field, field_validator, model_validator
 
-from raydec.config import DraftTreeSpec, StrictModel
+from raydec.config import DraftTreeConfig, StrictModel
 
 #: first held-out seed of the shapes world (training data must stay below it)
 HELD_OUT_SEED_START = 1_000_000
@@ -145,7 +145,7 @@ class EvalConfig(StrictModel):
     max_new_tokens: int = Field(128, ge=1, le=4096)
     batch_size: int = Field(10, ge=1, le=1024)
     methods: list[Literal["ar", "eagle", "vispec"]] = Field(default_factory=lambda: ["ar", "eagle", "vispec"])
-    draft_tree: DraftTreeSpec = Field(default_factory=DraftTreeSpec, description="Tree shape for the drafts.")
+    draft_tree: DraftTreeConfig = Field(default_factory=DraftTreeConfig, description="Tree shape for the drafts.")
     threads: int = Field(1, ge=1, le=256)
 
 

@@ -39,6 +39,9 @@ import torch
 
 from raydec.train.config import DataGenConfig
 
+#: seeds -> one image per seed; where a draft's training and evaluation images come from
+ImageSource = Callable[[Sequence[int]], list[Any]]
+
 logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
@@ -126,12 +129,11 @@ def caption_seeds(target: Any, seeds: Sequence[int], images: Sequence[Any], conf
                                    config.batch_size)
 
 
-def generate_rows(target: Any, seeds: Sequence[int], config: DataGenConfig) -> list[dict[str, Any]]:
+def generate_rows(target: Any, seeds: Sequence[int], config: DataGenConfig, image_source: ImageSource) -> list[dict[str, Any]]:
     """Caption the images of ``seeds`` (``caption_seeds``) and return one storage row per sample."""
     from raydec.models.hf_vlm import VlmPrompt
-    from raydec.reference.shapes import make_sample, to_pil
 
-    images = [to_pil(make_sample(int(s)).image) for s in seeds]
+    images = image_source(seeds)
     results = caption_seeds(target, seeds, images, config)
     store = np.float16 if config.storage_dtype == "float16" else np.float32
     rows = []
@@ -155,19 +157,20 @@ def generate_rows(target: Any, seeds: Sequence[int], config: DataGenConfig) -> l
 class _TargetWorker:
     """Ray Data actor: loads the target once, turns a batch of seeds into storage rows."""
 
-    def __init__(self, config_json: str) -> None:
-        from raydec.api import load_pipeline
+    def __init__(self, config_json: str, image_source: ImageSource) -> None:
+        from raydec.api import load_target
 
+        self.image_source = image_source
         self.config = DataGenConfig.model_validate_json(config_json)
         torch.set_num_threads(self.config.threads_per_worker)
         device = "cuda" if self.config.gpus_per_worker > 0 and torch.cuda.is_available() else None
-        self.target = load_pipeline(self.config.target, kind="vlm", device=device)
+        self.target = load_target(self.config.target, task="caption", device=device)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> Any:
         import pyarrow as pa
 
         seeds = [int(s) for s in batch["seed"]]
-        return pa.Table.from_pylist(generate_rows(self.target, seeds, self.config), schema=_schema())
+        return pa.Table.from_pylist(generate_rows(self.target, seeds, self.config, self.image_source), schema=_schema())
 
 
 #: settings that decide a dataset's content (reuse needs them equal, and the same target weights)
@@ -193,8 +196,11 @@ def read_manifest(data_dir: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def generate_dataset(config: DataGenConfig) -> dict[str, Any]:
+def generate_dataset(config: DataGenConfig, image_source: ImageSource) -> dict[str, Any]:
     """Run the Ray Data job (connects to / starts Ray) and write shards + manifest. Returns the manifest.
+
+    image_source: seeds -> their images, called in the workers (a module-level function, so
+    Ray sends it by reference); the reference drafts use ``raydec.reference.shapes.sample_images``.
 
     An existing dataset in ``output_dir`` with the same content settings (``CONTENT_FIELDS``) and
     the same target weights is reused unless ``overwrite``; otherwise an error.
@@ -231,7 +237,7 @@ def generate_dataset(config: DataGenConfig) -> dict[str, Any]:
     seeds = [{"seed": config.seed_start + i} for i in range(config.num_samples)]
     dataset = ray.data.from_items(seeds, override_num_blocks=blocks).map_batches(
         _TargetWorker,
-        fn_constructor_args=(config.model_dump_json(),),
+        fn_constructor_args=(config.model_dump_json(), image_source),
         batch_size=config.batch_size,
         batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=min(config.workers, blocks)),

@@ -15,21 +15,23 @@ from typing import Any
 import torch
 
 from raydec.train.config import EvalConfig
+from raydec.train.datagen import ImageSource
 
 logger = logging.getLogger(__name__)
 
 
-def measure_acceptance(target: Any, drafts: dict[str, str | Path], config: EvalConfig) -> dict[str, dict[str, Any]]:
+def measure_acceptance(
+    target: Any, drafts: dict[str, str | Path], config: EvalConfig, image_source: ImageSource
+) -> dict[str, dict[str, Any]]:
     """drafts: method (vispec | eagle) -> draft folder. Methods without a draft are skipped
-    (except ar). Returns method -> statistics."""
-    from raydec.api import caption_images, load_pipeline
+    (except ar). image_source: the evaluation seeds' images. Returns method -> statistics."""
+    from raydec.api import caption_images, load_target
     from raydec.config import DecodeConfig, SamplingConfig
-    from raydec.reference.shapes import make_sample, to_pil
 
     torch.set_num_threads(config.threads)
-    target = load_pipeline(target, kind="vlm")
+    target = load_target(target, task="caption")
     seeds = list(range(config.seed_start, config.seed_start + config.num_images))
-    images = [to_pil(make_sample(s).image) for s in seeds]
+    images = image_source(seeds)
     report: dict[str, dict[str, Any]] = {}
     reference_tokens = None
     for method in config.methods:

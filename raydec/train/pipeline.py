@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from raydec.train.config import METHOD_OF_VISION, DraftJobConfig, DraftTrainConfig
+from raydec.train.datagen import ImageSource
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +37,10 @@ def preflight_draft_job(job: DraftJobConfig) -> list[DraftTrainConfig]:
     return drafts
 
 
-def run_draft_job(job: DraftJobConfig, command: str = "") -> dict[str, Any]:
-    """Run ``job``; returns {"data": manifest summary, "drafts": [summaries], "acceptance": {...}}."""
+def run_draft_job(job: DraftJobConfig, image_source: ImageSource, command: str = "") -> dict[str, Any]:
+    """Run ``job``; returns {"data": manifest summary, "drafts": [summaries], "acceptance": {...}}.
+    image_source: seeds -> images, for the generated data and the evaluation (see
+    ``raydec.train.datagen.generate_dataset``)."""
     from raydec.train.card import write_model_card
     from raydec.train.datagen import generate_dataset, read_manifest
     from raydec.train.evaluate import measure_acceptance
@@ -45,7 +48,7 @@ def run_draft_job(job: DraftJobConfig, command: str = "") -> dict[str, Any]:
 
     drafts = preflight_draft_job(job)
     uses_job_data = any(d.data_dir == job.data.output_dir for d in drafts)
-    manifest = generate_dataset(job.data) if uses_job_data else read_manifest(drafts[0].data_dir)
+    manifest = generate_dataset(job.data, image_source) if uses_job_data else read_manifest(drafts[0].data_dir)
     from raydec.runtime.cluster import connect_ray
 
     connect_ray()  # once, here: trainers started from several threads must not each start a cluster
@@ -59,7 +62,7 @@ def run_draft_job(job: DraftJobConfig, command: str = "") -> dict[str, Any]:
     acceptance: dict[str, Any] = {}
     if job.evaluate is not None:
         paths = {METHOD_OF_VISION[d.vision]: d.output_dir for d in drafts}
-        acceptance = measure_acceptance(manifest["target"], paths, job.evaluate)
+        acceptance = measure_acceptance(manifest["target"], paths, job.evaluate, image_source)
         for draft, summary in zip(drafts, summaries):
             write_model_card(draft, summary, manifest, acceptance, job.evaluate, command, parallel=job.parallel)
     data = {k: manifest[k] for k in ("num_samples", "num_tokens", "num_generated_tokens", "wall_s") if k in manifest}

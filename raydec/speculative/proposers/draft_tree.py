@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from raydec.config import DraftTreeSpec
+from raydec.config import DraftTreeConfig
 from raydec.speculative.cache import RaggedCache
 from raydec.speculative.proposers.base import DecodeState, Prefill, Proposer
 from raydec.speculative.tree import DraftTree, identity_mask
@@ -85,9 +85,9 @@ class DraftTreeProposer(Proposer):
 
     wants_hidden = True
 
-    def __init__(self, draft: Any, tree: DraftTreeSpec | None = None) -> None:
+    def __init__(self, draft: Any, tree: DraftTreeConfig | None = None) -> None:
         self.draft = draft
-        self.spec = tree or DraftTreeSpec()
+        self.spec = tree or DraftTreeConfig()
         self.cache: RaggedCache | None = None
         self.row_ids: list[int] = []
         self.root_hidden: torch.Tensor | None = None  # [B, H] draft hidden at each root

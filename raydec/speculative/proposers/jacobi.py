@@ -32,7 +32,7 @@ from typing import Literal
 
 import torch
 
-from raydec.config import DraftSpec, full_tree_nodes
+from raydec.config import JacobiDraftConfig, full_tree_nodes
 from raydec.speculative import random as streams
 from raydec.speculative.buffers import KeptBuffer
 from raydec.speculative.proposers.base import DecodeState, Proposer
@@ -112,7 +112,7 @@ class JacobiProposer(Proposer):
     grid_width:       tokens per image row in generation order (for the "above" prior)
     """
 
-    def __init__(self, draft: DraftSpec, variant: Variant = "sjd_pac", init: FreshInit = "uniform", grid_width: int | None = None) -> None:
+    def __init__(self, draft: JacobiDraftConfig, variant: Variant = "sjd_pac", init: FreshInit = "uniform", grid_width: int | None = None) -> None:
         if init == "above" and not grid_width:
             raise ValueError("init='above' needs grid_width (tokens per image row)")
         self.draft = draft

@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from raydec.config import DraftSpec
+from raydec.config import JacobiDraftConfig
 from raydec.speculative import random as streams
 from raydec.speculative.proposers.base import DecodeState, Proposer
 from raydec.speculative.sampling import sample_with_uniform
@@ -58,7 +58,7 @@ class RandomTreeProposer(Proposer):
     Each row draws ``groups * V`` normals and ``nodes - 1`` uniforms from its own streams.
     """
 
-    def __init__(self, draft: DraftSpec, mode: Literal["dense", "onehot"] = "dense", sharpness: float = 2.0) -> None:
+    def __init__(self, draft: JacobiDraftConfig, mode: Literal["dense", "onehot"] = "dense", sharpness: float = 2.0) -> None:
         self.mode = mode
         self.sharpness = sharpness
         parents, groups, ranks = tree_shape(draft.branching, draft.tree_depth, draft.window)

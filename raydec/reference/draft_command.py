@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from raydec.config import DraftTreeSpec
+from raydec.config import DraftTreeConfig
 
-DRAFTS_DIR = Path(__file__).resolve().parent.parent / "reference" / "weights" / "vlm-drafts"
+DRAFTS_DIR = Path(__file__).resolve().parent / "weights" / "vlm-drafts"
 
 
 def temperatures_arg(text: str) -> list[float]:
@@ -30,7 +30,7 @@ def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m raydec.reference.train draft``."""
     from raydec.train.config import DataGenConfig, DraftTrainConfig, EvalConfig
 
-    data, train, evaluation, tree = DataGenConfig(), DraftTrainConfig(), EvalConfig(), DraftTreeSpec()
+    data, train, evaluation, tree = DataGenConfig(), DraftTrainConfig(), EvalConfig(), DraftTreeConfig()
     parser.add_argument("--target", default="reference", help="target VLM ('reference' or a folder)")
     parser.add_argument("--out", type=Path, default=DRAFTS_DIR, help="parent folder of vispec/ and eagle/")
     parser.add_argument("--data-dir", type=Path, default=Path("out/draft_data_reference"), help="generated data (reused when present)")
@@ -83,13 +83,14 @@ def job_from_args(args: argparse.Namespace) -> Any:
     drafts = [DraftTrainConfig(name=m, vision=m == "vispec", output_dir=args.out / m, **shared) for m in methods]
     evaluation = None
     if args.eval_images > 0:
-        tree = DraftTreeSpec(depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
+        tree = DraftTreeConfig(depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
         evaluation = EvalConfig(num_images=args.eval_images, draft_tree=tree, threads=args.threads)
     return DraftJobConfig(data=data, drafts=drafts, parallel=args.parallel, evaluate=evaluation)
 
 
 def train_drafts_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    from raydec.reference.shapes import sample_images
     from raydec.train.pipeline import run_draft_job
 
     command = "python -m raydec.reference.train " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    return run_draft_job(job_from_args(args), command=command)
+    return run_draft_job(job_from_args(args), sample_images, command=command)

@@ -1,0 +1,122 @@
+"""``caption_images``: image captioning and visual questions with any caption method (ar,
+vispec, eagle)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from PIL import Image
+
+from raydec.api.batching import continuous_batching, decode_batches, progress_callback
+from raydec.api.inputs import as_decode_config, as_image_list, caption_decode_config, check_batch_size, check_seeds, max_positions
+from raydec.config import DRAFT_METHODS, DecodeConfig
+from raydec.models.loading import draft_dtype, load_draft, load_target
+from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.proposers.factory import make_proposer
+
+DEFAULT_CAPTION_PROMPT = "describe the image ."
+
+
+@dataclass
+class CaptionResult:
+    """One caption and its decoding statistics (fields as in ``ImageResult``).
+
+    tau: accepted draft tokens per verification, without the bonus token (mean_accepted - 1
+    over decode forwards); finish_reason: "eos" or "length".
+    """
+
+    caption: str
+    tokens: list[int]
+    seed: int
+    target_forwards: int
+    num_tokens: int
+    mean_accepted: float
+    tau: float
+    latency_s: float
+    finish_reason: str
+    accepted_lengths: list[int] = field(default_factory=list)
+
+
+def caption_images(
+    images: Sequence[Any],
+    prompt: str | Sequence[str] = DEFAULT_CAPTION_PROMPT,
+    model: str | Path | Any = "reference",
+    decode: DecodeConfig | dict | None = None,
+    seeds: Sequence[int] | None = None,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> list[CaptionResult]:
+    """Caption (or answer a question about) each image with a vision-language model.
+
+    images: per row a PIL image, image bytes, a path, or a list of them (several images in one
+    prompt). prompt: one question for every row or one per row. model: "reference", a local
+    LLaVA / LLaVA-NeXT / Qwen2-VL / Qwen2.5-VL folder, or a target from ``load_target``.
+    decode (a DecodeConfig, or a dict of its fields): method ar | vispec | eagle
+    (``decode.draft_model`` names the draft; the reference VLM ships its own), sampling (unset:
+    the checkpoint's generation_config, resolved as its HF ``generate`` does; fields you set
+    override it one by one), max_new_tokens (unset: 128). seeds: one per image,
+    integers in [0, 2**63). A row's caption depends only on its inputs, seed and config.
+    """
+    from raydec.models.hf_vlm import VlmPrompt
+
+    if isinstance(images, (str, bytes, Image.Image)):
+        raise TypeError("images must be a list (one entry per row)")
+    if not isinstance(prompt, (str, list, tuple)):
+        raise TypeError(f"prompt must be a string or a list of strings (one per row), got {type(prompt).__name__}")
+    questions = [prompt] * len(images) if isinstance(prompt, str) else list(prompt)
+    if len(questions) != len(images):
+        raise ValueError(f"prompt has {len(questions)} entries but images has {len(images)}")
+    for index, question in enumerate(questions):
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"prompt[{index}] must be a non-empty string, got {question!r}")
+    check_seeds(seeds, len(images), "images")
+    decode = as_decode_config(decode)
+    check_batch_size(batch_size)
+    if len(images) == 0:
+        return []
+    rows = [as_image_list(item, i) for i, item in enumerate(images)]
+    target = load_target(model, task="caption")
+    config = caption_decode_config(decode, target)
+    seeds = list(seeds) if seeds is not None else list(range(len(images)))
+    requests = [
+        RowRequest(VlmPrompt(target.format_prompt(q, len(imgs)), imgs), seed=int(seed), max_new_tokens=config.max_new_tokens)
+        for q, imgs, seed in zip(questions, rows, seeds)
+    ]
+    tokenizer = getattr(target.processor, "tokenizer", target.processor)
+    eos = set(target.eos_token_ids)
+    results: list[CaptionResult] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(requests), desc=f"caption_images ({config.method})", unit="image")
+    try:
+        draft = load_draft(target, config.method, model, config.draft_model, dtype=draft_dtype(target, config.draft_dtype)) \
+            if config.method in DRAFT_METHODS else None
+        engine = Engine(target, make_proposer(config, target, draft), config, eos_token_ids=target.eos_token_ids,
+                        max_positions=max_positions(target))
+        continuous = continuous_batching(target.device, config.batching)
+        outputs = decode_batches(engine, requests, batch_size, continuous, progress_callback(bar, len(requests), f"caption_images ({config.method})"))
+        for request, output in zip(requests, outputs):
+            text_tokens = [t for t in output.tokens if t not in eos]
+            lengths = output.stats.accepted_lengths
+            results.append(
+                CaptionResult(
+                    caption=tokenizer.decode(text_tokens, skip_special_tokens=True).strip(),
+                    tokens=list(output.tokens),
+                    seed=request.seed,
+                    target_forwards=output.stats.target_forwards,
+                    num_tokens=len(output.tokens),
+                    mean_accepted=output.stats.tokens_per_forward,
+                    tau=(sum(lengths) - len(lengths)) / max(1, len(lengths)),
+                    latency_s=output.stats.wall_time_s,
+                    finish_reason=output.stats.finish_reason,
+                    accepted_lengths=list(lengths),
+                )
+            )
+    finally:
+        if bar is not None:
+            bar.close()
+    return results
