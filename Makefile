@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # A local CPU build of torch; users with GPUs install their own torch first (see README).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup test demo bench clean
+.PHONY: setup lint test demo bench clean
 
 $(BIN)/.installed: pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -16,7 +16,11 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed
 
-test: setup
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+
+test: lint
 	$(BIN)/python -m pytest -q
 
 demo: setup
