@@ -32,7 +32,8 @@ def main() -> None:
     from raydec.config import DecodeConfig
     from raydec.models.image_gen import ImagePrompt
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
-    from raydec.speculative.engine import Engine, RowRequest
+    from raydec.speculative.engine import Engine
+    from raydec.speculative.requests import RowRequest
     from raydec.speculative.proposers.random_tree import OracleProposer
     from raydec.speculative.verify import verify_tree
 

@@ -33,7 +33,8 @@ def non_negative_float(text: str) -> float:
 
 def tokens_per_forward(target, method: str, args) -> float:
     from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
-    from raydec.speculative.engine import Engine, RowRequest
+    from raydec.speculative.engine import Engine
+    from raydec.speculative.requests import RowRequest
     from raydec.speculative.proposers.jacobi import JacobiProposer
 
     tree = dict(branching=args.branching, tree_depth=args.tree_depth) if method == "sjd_pac" else {}

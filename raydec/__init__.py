@@ -30,8 +30,8 @@ _PUBLIC = {
     "DraftTreeConfig": "raydec.config",
     "DecodeSession": "raydec.speculative.engine",
     "Engine": "raydec.speculative.engine",
-    "RowRequest": "raydec.speculative.engine",
-    "RowOutput": "raydec.speculative.engine",
+    "RowRequest": "raydec.speculative.requests",
+    "RowOutput": "raydec.speculative.requests",
 }
 
 __all__ = [
@@ -57,4 +57,5 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from raydec.api import DEFAULT_CAPTION_PROMPT, CaptionResult, ImageResult, caption_images, generate_images, load_draft, load_target
     from raydec.config import DecodeConfig, DraftTreeConfig, JacobiDraftConfig, SamplingConfig
-    from raydec.speculative.engine import DecodeSession, Engine, RowOutput, RowRequest
+    from raydec.speculative.engine import DecodeSession, Engine
+    from raydec.speculative.requests import RowOutput, RowRequest

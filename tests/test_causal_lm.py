@@ -7,7 +7,7 @@ import torch
 
 from raydec.models.causal_lm import CausalLMTarget, LogitTransformHead
 from raydec.speculative.cache import RaggedCache
-from raydec.speculative.engine import _prefill_mask
+from raydec.speculative.prefill import prefill_mask
 
 torch.set_num_threads(1)
 
@@ -36,7 +36,7 @@ def test_window_logits_equal_the_models_forward(kind, tmp_path):
     assert isinstance(target.window_head, LogitTransformHead) == (kind != "llama")
     ids = torch.tensor([[1, 5, 7, 9, 2]])
     cache = RaggedCache(1)
-    mask = cache.attention_mask(_prefill_mask(torch.ones(1, 5, dtype=torch.bool)), target.dtype)
+    mask = cache.attention_mask(prefill_mask(torch.ones(1, 5, dtype=torch.bool)), target.dtype)
     with torch.no_grad():
         theirs = target.model(input_ids=ids).logits
         ours = target.forward(target.embed_prompt_tokens(ids), None, torch.arange(5)[None], mask, cache.kv).logits

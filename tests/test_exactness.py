@@ -19,7 +19,8 @@ import torch
 
 from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
 from raydec.models.causal_lm import CfgPrompt
-from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.engine import Engine
+from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.random_tree import RandomTreeProposer
 from raydec.speculative.sampling import VocabConstraint

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
-from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.engine import Engine
+from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.jacobi import JacobiProposer
 from raydec.speculative.proposers.random_tree import RandomTreeProposer
 from tests.lawtest import compare_to_law

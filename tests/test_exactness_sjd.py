@@ -12,7 +12,8 @@ import torch
 
 from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
 from raydec.models.causal_lm import CfgPrompt
-from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.engine import Engine
+from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.jacobi import JacobiProposer
 from raydec.speculative.sampling import VocabConstraint, sample_with_uniform
 from raydec.speculative.tree import DraftTree

@@ -15,7 +15,8 @@ import torch
 from raydec.bench.step import ReadBacks
 from raydec.config import DecodeConfig, JacobiDraftConfig, DraftTreeConfig, SamplingConfig
 from raydec.models.causal_lm import CfgPrompt
-from raydec.speculative.engine import DecodeSession, Engine, RowRequest
+from raydec.speculative.engine import DecodeSession, Engine
+from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.jacobi import JacobiProposer
 from raydec.speculative.sampling import VocabConstraint

@@ -16,7 +16,8 @@ import torch
 
 from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
 from raydec.reference.textures import MarkovChainTarget, neighbour_tv, potts_texture
-from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.engine import Engine
+from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.jacobi import JacobiProposer
 from raydec.speculative.sampling import sample_with_uniform
 

@@ -20,7 +20,8 @@ from raydec.models.generation_config import sampling_from_generation_config
 from raydec.models.image_gen import ImagePrompt
 from raydec.models.janus import JanusT2ITarget
 from raydec.models.registry import load_t2i_target
-from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.engine import Engine
+from raydec.speculative.requests import RowRequest
 from raydec.speculative.sampling import process_logits
 from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.factory import make_proposer

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
-from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.engine import Engine
+from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.jacobi import JacobiProposer
 from tests.toys import tiny_llama

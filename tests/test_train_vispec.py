@@ -181,7 +181,8 @@ def test_training_pairs_match_the_proposer(dataset: Path, target) -> None:
     from raydec.config import DecodeConfig, SamplingConfig
     from raydec.models.hf_vlm import VlmPrompt
     from raydec.reference.shapes import make_sample, to_pil
-    from raydec.speculative.engine import Engine, RowRequest
+    from raydec.speculative.engine import Engine
+    from raydec.speculative.requests import RowRequest
     from raydec.speculative.proposers.draft_tree import DraftTreeProposer
     from raydec.train.dataset import load_samples
     from raydec.train.step import build_pairs

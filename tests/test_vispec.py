@@ -10,7 +10,8 @@ from raydec.config import DecodeConfig, DraftTreeConfig, SamplingConfig
 from raydec.models.hf_vlm import VisionLanguageTarget, VlmPrompt
 from raydec.models.vispec_draft import DraftConfig, VispecDraft
 from raydec.reference.shapes import make_sample, to_pil
-from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.engine import Engine
+from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.draft_tree import DraftTreeProposer, _select_on_tensors, _TreeLayout, select_tree_nodes
 from tests.lawtest import compare_to_law
 from tests.test_exactness import sample_engine

@@ -23,7 +23,8 @@ from raydec.config import DecodeConfig, DraftTreeConfig, SamplingConfig
 from raydec.models.hf_vlm import VisionLanguageTarget, VlmPrompt
 from raydec.models.vispec_draft import DraftConfig, VispecDraft
 from raydec.reference.shapes import make_sample, to_pil
-from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.engine import Engine
+from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.draft_tree import DraftTreeProposer
 from raydec.speculative.proposers.random_tree import OracleProposer

@@ -8,7 +8,8 @@ from typing import Any, Callable
 
 import torch
 
-from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.engine import Engine
+from raydec.speculative.requests import RowRequest
 
 logger = logging.getLogger("raydec.api")
 

@@ -13,7 +13,8 @@ from raydec.api.batching import continuous_batching, decode_batches, progress_ca
 from raydec.api.inputs import as_decode_config, as_image_list, caption_decode_config, check_batch_size, check_seeds, max_positions
 from raydec.config import DRAFT_METHODS, DecodeConfig
 from raydec.models.loading import draft_dtype, load_draft, load_target
-from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.engine import Engine
+from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.factory import make_proposer
 
 DEFAULT_CAPTION_PROMPT = "describe the image ."

@@ -15,7 +15,8 @@ from raydec.api.inputs import as_decode_config, check_inputs, check_positions, i
 from raydec.config import IMAGE_METHODS, DecodeConfig
 from raydec.models.image_gen import ImagePrompt
 from raydec.models.loading import load_target
-from raydec.speculative.engine import Engine, RowRequest
+from raydec.speculative.engine import Engine
+from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.factory import make_proposer
 
 logger = logging.getLogger("raydec.api")

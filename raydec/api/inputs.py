@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from PIL import Image
 
 from raydec.config import CAPTION_METHODS, DecodeConfig, SamplingConfig
-from raydec.speculative.engine import RowRequest
+from raydec.speculative.requests import RowRequest
 
 SEED_LIMIT = 2**63  # seeds are in [0, 2**63), as a job's
 

@@ -86,7 +86,8 @@ def _self_consistent_reference(target, window: int, config, prompt: list[int], a
     keeps drafting the AR tokens after that point measures nothing. Re-run with the last
     output as the reference until it reproduces itself (not timed).
     """
-    from raydec.speculative.engine import Engine, RowRequest
+    from raydec.speculative.engine import Engine
+    from raydec.speculative.requests import RowRequest
     from raydec.speculative.proposers.random_tree import OracleProposer
 
     reference = ar_tokens
@@ -103,7 +104,8 @@ def bench_engine(args: argparse.Namespace) -> dict:
     from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
     from raydec.models.base import decoding_attention
     from raydec.models.causal_lm import CausalLMTarget
-    from raydec.speculative.engine import Engine, RowRequest
+    from raydec.speculative.engine import Engine
+    from raydec.speculative.requests import RowRequest
     from raydec.speculative.proposers.ar import ARProposer
     from raydec.speculative.proposers.random_tree import OracleProposer
 

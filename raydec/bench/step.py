@@ -184,7 +184,8 @@ def jacobi_runs(codebook: int, methods: list[str], batches: list[int], windows: 
     from raydec.models.image_gen import ImagePrompt
     from raydec.models.registry import load_t2i_target
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
-    from raydec.speculative.engine import Engine, RowRequest
+    from raydec.speculative.engine import Engine
+    from raydec.speculative.requests import RowRequest
 
     with tempfile.TemporaryDirectory() as tmp:
         target = load_t2i_target(build_janus(Path(tmp) / "janus", codebook), dtype=torch.float32)
@@ -216,7 +217,8 @@ def draft_tree_runs(vocab: int, batches: list[int], windows: list[int], steps: i
     from raydec.config import DecodeConfig, DraftTreeConfig, SamplingConfig
     from raydec.models.causal_lm import CausalLMTarget
     from raydec.models.vispec_draft import DraftConfig, VispecDraft
-    from raydec.speculative.engine import Engine, RowRequest
+    from raydec.speculative.engine import Engine
+    from raydec.speculative.requests import RowRequest
     from raydec.speculative.proposers.draft_tree import DraftTreeProposer
 
     torch.manual_seed(0)

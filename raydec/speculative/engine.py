@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -33,109 +32,19 @@ from raydec.config import DecodeConfig, SamplingConfig
 from raydec.speculative import random as streams
 from raydec.speculative.buffers import KeptBuffer
 from raydec.speculative.cache import RaggedCache
+from raydec.speculative.prefill import left_pad, prefill_mask
 from raydec.speculative.proposers.base import DecodeState, Prefill, Proposer
 from raydec.speculative.random import RowRandom
+from raydec.speculative.requests import RowOutput, RowRequest, RowState
 from raydec.speculative.sampling import RowSampling, VocabConstraint, process_logits, sample_with_uniform
 from raydec.speculative.target import DecodingTarget, ForwardOutput, PromptInputs, stack_prompts
-from raydec.speculative.tree import DraftTree, identity_mask
+from raydec.speculative.tree import DraftTree
 from raydec.speculative.verify import VerifyResult, verify_tree
 
 logger = logging.getLogger(__name__)
 
 # (tree, P [B, N, V], uniforms [B, N] float64) -> the verification, on P's device
 Verifier = Callable[[DraftTree, torch.Tensor, torch.Tensor], VerifyResult]
-
-
-@dataclass
-class RowRequest:
-    """One generation request: an adapter-specific prompt, a seed, and optionally its own
-    length cap, sampling (temperature, top-k, top-p, repetition penalty; CFG is the engine's)
-    and stop tokens (besides the model's EOS)."""
-
-    prompt: Any
-    seed: int
-    max_new_tokens: int | None = None
-    sampling: SamplingConfig | None = None
-    stop_token_ids: Sequence[int] = ()
-
-
-@dataclass
-class RowStats:
-    """Per-row decoding statistics. ``target_forwards`` includes the prefill."""
-
-    target_forwards: int = 0
-    accepted_lengths: list[int] = field(default_factory=list)  # tokens committed per decode forward
-    wall_time_s: float = 0.0
-    finish_reason: str = ""
-
-    @property
-    def tokens_per_forward(self) -> float:
-        tokens = 1 + sum(self.accepted_lengths)
-        return tokens / max(1, self.target_forwards)
-
-
-@dataclass
-class RowOutput:
-    tokens: list[int]
-    stats: RowStats
-
-
-@dataclass
-class _Row:
-    """One submitted request's state in a session (host side)."""
-
-    request: RowRequest
-    limit: int
-    stats: RowStats = field(default_factory=RowStats)
-    generated: list[int] = field(default_factory=list)
-    admitted_at: float = 0.0  # perf_counter when the row was prefilled (its latency starts)
-    sampling: SamplingConfig | None = None  # the engine's when None
-    stop: frozenset[int] = frozenset()  # EOS and the request's stop tokens
-    context_ids: torch.Tensor | None = None  # prompt token ids (repetition penalty)
-    cancelled: bool = False
-    done: bool = False
-
-
-def _left_pad(prompts: Sequence[PromptInputs], target: DecodingTarget) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Left-pad per-row prefixes into one prefill window.
-
-    returns inputs_embeds [M, L, H], position_ids [M, L] (or [P, M, L]), valid [M, L] bool,
-    next_position [M], image_index [M, L] (-1 = text or padding)
-    """
-    rows, width = len(prompts), max(p.length for p in prompts)
-    lengths = torch.tensor([p.length for p in prompts])
-    valid = torch.arange(width).unsqueeze(0) >= (width - lengths).unsqueeze(1)  # [M, L]
-    if prompts[0].input_ids is not None:
-        ids = torch.zeros(rows, width, dtype=torch.long)
-        ids[valid] = torch.cat([p.input_ids.long() for p in prompts])
-        embeds = target.embed_prompt_tokens(ids)
-    else:
-        first = prompts[0].inputs_embeds
-        embeds = torch.zeros(rows, width, first.shape[-1], dtype=target.dtype, device=target.device)
-        embeds[valid.to(embeds.device)] = torch.cat([p.inputs_embeds.to(embeds) for p in prompts])
-    if all(p.position_ids is None for p in prompts):
-        position_ids = (torch.arange(width).unsqueeze(0) - (width - lengths).unsqueeze(1)).clamp(min=0)
-    else:
-        positions = []
-        for p in prompts:
-            pos = p.position_ids if p.position_ids is not None else torch.arange(p.length)
-            pad = torch.zeros(*pos.shape[:-1], width - p.length, dtype=torch.long)
-            positions.append(torch.cat([pad, pos.long()], dim=-1))
-        position_ids = torch.stack(positions, dim=-2)  # [M, L] or [P, M, L]
-    next_position = torch.tensor([p.next_position if p.next_position is not None else p.length for p in prompts])
-    image_index = torch.full((rows, width), -1, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        if p.image_index is not None:
-            image_index[i, width - p.length :] = p.image_index
-    return embeds, position_ids, valid, next_position, image_index
-
-
-def _prefill_mask(valid: torch.Tensor) -> torch.Tensor:
-    """[M, L] valid -> [M, L, L] bool: causal over real tokens; padding sees only itself."""
-    width = valid.shape[1]
-    causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
-    allowed = causal.unsqueeze(0) & valid.unsqueeze(1)
-    return allowed | identity_mask(width).unsqueeze(0)
 
 
 class Engine:
@@ -211,7 +120,7 @@ class DecodeSession:
         self.engine = engine
         self.max_batch = max_batch
         self.on_finish = on_finish
-        self.rows: list[_Row] = []
+        self.rows: list[RowState] = []
         self.queue: list[int] = []
         self.active: list[int] = []
         self.cache: RaggedCache | None = None
@@ -242,7 +151,7 @@ class DecodeSession:
             if sampling == mine:
                 sampling = None
         stop = frozenset(self.engine.eos_token_ids) | frozenset(int(t) for t in request.stop_token_ids)
-        self.rows.append(_Row(request=request, limit=limit, sampling=sampling, stop=stop))
+        self.rows.append(RowState(request=request, limit=limit, sampling=sampling, stop=stop))
         self.queue.append(handle)
         return handle
 
@@ -314,8 +223,8 @@ class DecodeSession:
 
         # prefill: every model row's prefix, left-padded
         joining = RaggedCache(len(prompts), compaction=engine.config.compaction, device=target.device)
-        embeds, positions, valid, next_position, image_index = _left_pad(prompts, target)
-        mask = joining.attention_mask(_prefill_mask(valid), target.dtype)
+        embeds, positions, valid, next_position, image_index = left_pad(prompts, target)
+        mask = joining.attention_mask(prefill_mask(valid), target.dtype)
         output = target.forward(embeds, None, positions, mask, joining.kv, want_hidden=engine.proposer.wants_hidden)
         joining.start(valid, next_position)
         first_probs = process_logits(
@@ -340,7 +249,7 @@ class DecodeSession:
             self.random = self.random.cat(random)
         self.active = self.active + list(handles)
 
-    def _fit_positions(self, handle: int, row: _Row, prompt: PromptInputs) -> None:
+    def _fit_positions(self, handle: int, row: RowState, prompt: PromptInputs) -> None:
         """Cap a row's new tokens where the model's positions end (a prompt that fills them is an error)."""
         max_positions = self.engine.max_positions
         if max_positions is None:

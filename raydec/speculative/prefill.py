@@ -1,0 +1,52 @@
+"""The prefill window: per-row prompts left-padded into one batch, and its attention mask."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from raydec.speculative.target import DecodingTarget, PromptInputs
+from raydec.speculative.tree import identity_mask
+
+
+def left_pad(prompts: Sequence[PromptInputs], target: DecodingTarget) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-pad per-row prefixes into one prefill window.
+
+    returns inputs_embeds [M, L, H], position_ids [M, L] (or [P, M, L]), valid [M, L] bool,
+    next_position [M], image_index [M, L] (-1 = text or padding)
+    """
+    rows, width = len(prompts), max(p.length for p in prompts)
+    lengths = torch.tensor([p.length for p in prompts])
+    valid = torch.arange(width).unsqueeze(0) >= (width - lengths).unsqueeze(1)  # [M, L]
+    if prompts[0].input_ids is not None:
+        ids = torch.zeros(rows, width, dtype=torch.long)
+        ids[valid] = torch.cat([p.input_ids.long() for p in prompts])
+        embeds = target.embed_prompt_tokens(ids)
+    else:
+        first = prompts[0].inputs_embeds
+        embeds = torch.zeros(rows, width, first.shape[-1], dtype=target.dtype, device=target.device)
+        embeds[valid.to(embeds.device)] = torch.cat([p.inputs_embeds.to(embeds) for p in prompts])
+    if all(p.position_ids is None for p in prompts):
+        position_ids = (torch.arange(width).unsqueeze(0) - (width - lengths).unsqueeze(1)).clamp(min=0)
+    else:
+        positions = []
+        for p in prompts:
+            pos = p.position_ids if p.position_ids is not None else torch.arange(p.length)
+            pad = torch.zeros(*pos.shape[:-1], width - p.length, dtype=torch.long)
+            positions.append(torch.cat([pad, pos.long()], dim=-1))
+        position_ids = torch.stack(positions, dim=-2)  # [M, L] or [P, M, L]
+    next_position = torch.tensor([p.next_position if p.next_position is not None else p.length for p in prompts])
+    image_index = torch.full((rows, width), -1, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if p.image_index is not None:
+            image_index[i, width - p.length :] = p.image_index
+    return embeds, position_ids, valid, next_position, image_index
+
+
+def prefill_mask(valid: torch.Tensor) -> torch.Tensor:
+    """[M, L] valid -> [M, L, L] bool: causal over real tokens; padding sees only itself."""
+    width = valid.shape[1]
+    causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
+    allowed = causal.unsqueeze(0) & valid.unsqueeze(1)
+    return allowed | identity_mask(width).unsqueeze(0)
