@@ -524,7 +524,7 @@ def test_killed_driver_rerun_gives_one_result_per_row_equal_to_an_uninterrupted_
 def test_resume_identity_resolves_the_draft_tree_only_where_one_is_built():
     """A manifest from before the temperature-dependent tree default: an SJD job resumes, a
     greedy ViSpec job written with the old 5/2/10 tree does not (its rows used another tree)."""
-    from raydec.runtime.pipeline import _differs, _resume_identity
+    from raydec.runtime.resume import _differs, _resume_identity
 
     old_tree = {"depth": 5, "top_k": 2, "total_tokens": 10}
     greedy = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "cfg_scale": 1.0, "cfg_space": "logits"}

@@ -13,14 +13,12 @@ from raydec.runtime.pipeline import (
     JobIncompleteError,
     JobReport,
     ModelNotFoundError,
-    ResumeMismatchError,
     check_model,
-    check_resume_compatible,
-    job_weights,
     preflight,
     run_job,
 )
 from raydec.runtime.processors import PROCESSORS, Processor, T2IProcessor, make_processor
+from raydec.runtime.resume import ResumeMismatchError, check_resume_compatible, job_weights
 
 __all__ = [
     "FaultInjection", "JobConfig", "JobIncompleteError", "JobReport", "ModelNotFoundError", "PROCESSORS", "PoolConfig",

@@ -31,16 +31,14 @@ from raydec.io import (
     completed_ids,
     error_result,
     load_rows,
-    read_manifest,
     read_results,
     write_manifest,
 )
 from raydec.io.filesystem import is_s3_uri
-from raydec.io.writers import shard_uris
-from raydec.config import DRAFT_METHODS, DraftTreeConfig, SamplingConfig
 from raydec.runtime.cluster import connect_ray
 from raydec.runtime.config import JobConfig
 from raydec.runtime.processors import PROCESSORS
+from raydec.runtime.resume import check_resume_compatible, job_weights
 from raydec.runtime.worker import GenerationWorker
 
 logger = logging.getLogger(__name__)
@@ -85,119 +83,6 @@ class JobReport:
 
 class ModelNotFoundError(ValueError):
     """`model` names no checkpoint this build can load."""
-
-
-class ResumeMismatchError(ValueError):
-    """The output holds results of a job with another model, dtype, decode config or seed.
-
-    ``field`` names what differs: one of :data:`RESUME_KEYS`, or "weights" when the settings
-    match but the model (or draft) folder now holds other weights than the results were made with.
-    """
-
-    ADVICE = "write to a new output.path or delete the old results"
-
-    def __init__(self, detail: str, field: str = "") -> None:
-        detail = detail.removesuffix(f"; {self.ADVICE}")  # an unpickled copy passes the whole message back
-        super().__init__(f"{detail}; {self.ADVICE}")
-        self.detail, self.field = detail, field
-
-
-RESUME_KEYS = ("task", "model", "dtype", "decode", "seed")
-"""Job fields that must equal those of the manifest already in the output for a resume."""
-
-
-def check_resume_compatible(job: JobConfig) -> None:
-    """Refuse to add rows to an output whose manifest records a different job.
-
-    A resume skips ids already written; mixing in rows made by another model or decode
-    config would give one output two meanings. Outputs without a readable manifest pass.
-    """
-    try:
-        manifest = read_manifest(job.output)
-        earlier = manifest["config"]
-    except (OSError, KeyError, ValueError):  # no manifest yet (OSError covers missing files)
-        return
-    if not shard_uris(job.output):  # e.g. a run whose workers failed to load: nothing to mix with
-        logger.info("output %s has a manifest but no results yet: this job replaces it", job.output.path)
-        return
-    now = _resume_identity(job.model_dump(mode="json"))
-    for key, value in _resume_identity(earlier).items():
-        if _differs(value, now[key]):
-            name, was, is_now = _first_difference(key, value, now[key])
-            raise ResumeMismatchError(
-                f"{name}: output {job.output.path} holds results written with {name}={was!r}, "
-                f"this job has {name}={is_now!r}",
-                field=key,
-            )
-    if "weights" not in manifest:
-        logger.warning(
-            "output %s was written by a raydec that did not record its weights: this resume cannot check "
-            "that the model (and draft) folders still hold the weights its rows were made with", job.output.path,
-        )
-    recorded = manifest.get("weights") or {}
-    current = job_weights(job) if recorded else {}
-    for role, fingerprint in recorded.items():
-        if _differs(fingerprint, current.get(role)):
-            raise ResumeMismatchError(
-                f"weights: output {job.output.path} holds results of {role} weights {fingerprint}, the {role} "
-                f"folder of this job now holds {current.get(role)} (retrained or replaced since)",
-                field="weights",
-            )
-
-
-def job_weights(job: JobConfig) -> Dict[str, str]:
-    """Fingerprints of the weights `job` decodes with: the model's, and the draft's for vispec / eagle.
-
-    Recorded in the manifest so a resume after the folder's weights changed is refused, even
-    when `model` still names the same path (or "reference").
-    """
-    from raydec.models.registry import resolve_draft_path, resolve_t2i_path, resolve_vlm_path, weights_fingerprint
-
-    if job.task != "caption":
-        return {"model": weights_fingerprint(resolve_t2i_path(job.model))}
-    weights = {"model": weights_fingerprint(resolve_vlm_path(job.model))}
-    if job.decode.method in DRAFT_METHODS:
-        weights["draft"] = weights_fingerprint(resolve_draft_path(job.model, job.decode.method, job.decode.draft_model))
-    return weights
-
-
-def _differs(earlier: Any, now: Any) -> bool:
-    """Whether a recorded value disagrees with today's; fields a manifest lacks (an older raydec) pass."""
-    if earlier is None:
-        return False
-    if isinstance(earlier, dict) and isinstance(now, dict):
-        return any(_differs(value, now.get(key)) for key, value in earlier.items())
-    return earlier != now
-
-
-def _first_difference(name: str, earlier: Any, now: Any) -> tuple[str, Any, Any]:
-    """The dotted name and both values of the first nested field where ``_differs`` holds."""
-    if isinstance(earlier, dict) and isinstance(now, dict):
-        for key, value in earlier.items():
-            if _differs(value, now.get(key)):
-                return _first_difference(f"{name}.{key}", value, now.get(key))
-    return name, earlier, now
-
-
-def _resume_identity(config: Dict[str, Any]) -> Dict[str, Any]:
-    """The RESUME_KEYS of a dumped JobConfig (the seed lives in its input section)."""
-    identity = {key: config.get("input", {}).get("seed") if key == "seed" else config.get(key) for key in RESUME_KEYS}
-    identity["decode"] = _decode_identity(identity["decode"])
-    return identity
-
-
-def _decode_identity(decode: Any) -> Any:
-    """A dumped DecodeConfig with the draft tree as decoding uses it: resolved from the sampling
-    temperature when unset, and left out for methods that build no draft tree (a new tree default
-    must not block resuming an SJD job, and must block resuming a ViSpec one)."""
-    if not isinstance(decode, dict) or "draft_tree" not in decode:
-        return decode
-    decode = dict(decode)
-    tree = decode.pop("draft_tree")
-    if decode.get("method") in DRAFT_METHODS:
-        temperature = (decode.get("sampling") or {}).get("temperature", SamplingConfig().temperature)
-        decode["draft_tree"] = tree if tree is not None else DraftTreeConfig.for_temperature(temperature).model_dump()
-    return decode
 
 
 def check_model(job: JobConfig) -> None:
