@@ -17,7 +17,7 @@ import sys
 from pydantic import ValidationError
 
 from raydec.train.config import DraftJobConfig
-from raydec.train.pipeline import preflight_draft_job, run_draft_job
+from raydec.train.job import preflight_draft_job, run_draft_job
 from raydec.validation import config_error_line, validation_problems
 
 

@@ -90,7 +90,7 @@ def job_from_args(args: argparse.Namespace) -> Any:
 
 def train_drafts_from_args(args: argparse.Namespace) -> dict[str, Any]:
     from raydec.reference.shapes import sample_images
-    from raydec.train.pipeline import run_draft_job
+    from raydec.train.job import run_draft_job
 
     command = "python -m raydec.reference.train " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     return run_draft_job(job_from_args(args), sample_images, command=command)
