@@ -280,7 +280,7 @@ def test_train_configs_refuse_nonsense_by_name(tmp_path: Path) -> None:
         DraftJobConfig(drafts=two_vispec, evaluate=EvalConfig())
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_JOB = ROOT / "jobs" / "configs" / "train_vispec_reference.yaml"
 
 

@@ -19,7 +19,7 @@ import raydec.speculative.verify as verify
 from raydec.speculative.tree import DETERMINISTIC, DraftTree
 from raydec.speculative.verify import output_law, verify_tree
 from tests.lawtest import FALSE_ALARM_RATE, _chi2
-from tests.test_verify import RandomProcess, _random_tree
+from tests.core.test_verify import RandomProcess, _random_tree
 
 torch.set_num_threads(1)
 

@@ -1,7 +1,7 @@
 """RaggedCache bookkeeping on hand-made tensors.
 
 (That any sequence of ragged commits still gives every node the logits of a fresh prefill is
-tested on a real Llama in tests/test_engine.py.)"""
+tested on a real Llama in tests/core/test_engine.py.)"""
 
 from __future__ import annotations
 

@@ -142,7 +142,7 @@ def test_s3_job_reads_prompts_and_writes_results_to_s3(baseline, tiny_janus, pro
 def test_shipped_job_configs_validate_and_gpu_requests_fall_back_to_cpu(caplog):
     from raydec.runtime.pipeline import _remote_args
 
-    folder = Path(__file__).resolve().parent.parent / "jobs" / "configs"
+    folder = Path(__file__).resolve().parents[2] / "jobs" / "configs"
     configs = sorted(folder.glob("t2i_*.yaml")) + sorted(folder.glob("caption_*.yaml"))  # batch jobs
     assert len(configs) >= 4, "jobs/configs/{t2i,caption}_*.yaml should exist"
     jobs = {path.name: JobConfig.from_yaml(path) for path in configs}
@@ -487,7 +487,7 @@ def test_killed_driver_rerun_gives_one_result_per_row_equal_to_an_uninterrupted_
     import yaml
 
     _, _, base_results, base_images = baseline
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     out = tmp_path / "out"
     config = tmp_path / "job.yaml"  # what make_job builds, as a user would write it
     config.write_text(yaml.safe_dump(dict(

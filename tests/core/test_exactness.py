@@ -7,7 +7,7 @@ rejects three deliberately broken verifiers (tests/broken.py).
 
 Its power is limited by the sample size: at 20,000 samples it sees deviations of about 0.03 in
 total variation, so a verifier that mixes a quarter of p into its residual can pass here. The
-verifier itself is tested at ten times the sample size in tests/test_verify_law.py, where
+verifier itself is tested at ten times the sample size in tests/core/test_verify_law.py, where
 mixing in a tenth of p fails by hundreds of orders of magnitude (and 3% still fails); this file
 checks what only a whole engine can get wrong (proposals reported honestly, caches, batching).
 """

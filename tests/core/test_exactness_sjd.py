@@ -1,6 +1,6 @@
 """Exactness harness for the SJD family (sjd, sjd_ac, sjd_pac) and their broken variants.
 
-Same law test as tests/test_exactness.py: >= 20,000 samples, chi-square on every marginal and
+Same law test as tests/core/test_exactness.py: >= 20,000 samples, chi-square on every marginal and
 pairwise joint at one family-wise false-alarm rate. Sequences are long enough (8 tokens on the
 Markov chain) for carried-over drafts, coupling and proactive trees to matter.
 """
@@ -18,7 +18,7 @@ from raydec.speculative.proposers.jacobi import JacobiProposer
 from raydec.speculative.sampling import VocabConstraint, sample_with_uniform
 from raydec.speculative.tree import DraftTree
 from tests.lawtest import compare_to_law
-from tests.test_exactness import sample_engine
+from tests.core.test_exactness import sample_engine
 from tests.toys import lm_law, markov_law, random_markov, tiny_llama
 
 torch.set_num_threads(1)

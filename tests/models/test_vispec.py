@@ -14,7 +14,7 @@ from raydec.speculative.engine import Engine
 from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.draft_tree import DraftTreeProposer, _select_on_tensors, _TreeLayout, select_tree_nodes
 from tests.lawtest import compare_to_law
-from tests.test_exactness import sample_engine
+from tests.core.test_exactness import sample_engine
 from tests.toys import lm_law, tiny_llama
 from tests.vlm_toys import build_tiny_llava, successor_draft
 

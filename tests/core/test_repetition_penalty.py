@@ -20,7 +20,7 @@ from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.jacobi import JacobiProposer
 from raydec.speculative.proposers.random_tree import OracleProposer, RandomTreeProposer
 from tests.lawtest import compare_to_law
-from tests.test_exactness import SAMPLES, sample_engine
+from tests.core.test_exactness import SAMPLES, sample_engine
 from tests.toys import lm_law, tiny_llama
 
 torch.set_num_threads(1)
@@ -131,7 +131,7 @@ def test_captions_follow_the_checkpoints_penalty_as_hf_generate_does(tmp_path):
     from raydec.config import DraftTreeConfig
     from raydec.models.hf_vlm import VisionLanguageTarget
     from raydec.speculative.proposers.draft_tree import DraftTreeProposer
-    from tests.test_vispec import _hf_greedy, _prompts, draft_for
+    from tests.models.test_vispec import _hf_greedy, _prompts, draft_for
     from tests.vlm_toys import build_tiny_llava
 
     llava = VisionLanguageTarget.from_pretrained(build_tiny_llava(tmp_path / "llava"))
