@@ -15,6 +15,9 @@ import numpy as np
 import torch
 from scipy import stats
 
+from raydec.speculative.engine import Engine
+from raydec.speculative.requests import RowRequest
+
 FALSE_ALARM_RATE = 1e-3
 
 
@@ -72,3 +75,19 @@ def compare_to_law(samples: torch.Tensor, law: torch.Tensor) -> LawReport:
         names.append(f"(x{s},x{t})")
     worst = int(np.argmin(p_values))
     return LawReport(min(p_values), len(p_values), max(tvs), names[worst])
+
+
+SAMPLES = 20_000  # draws per law test: every exactness test samples this many rows
+
+
+def sample_engine(target, proposer, config, prompts, seeds, batch_size, verifier=None, constraint=None) -> torch.Tensor:
+    """Run the engine over (prompt, seed) rows in batches; returns [n, max_new_tokens] tokens."""
+    kwargs = {"constraint": constraint}
+    if verifier is not None:
+        kwargs["verifier"] = verifier
+    engine = Engine(target, proposer, config, **kwargs)
+    rows = []
+    for start in range(0, len(seeds), batch_size):
+        requests = [RowRequest(prompts[i % len(prompts)], seed=seeds[i]) for i in range(start, min(start + batch_size, len(seeds)))]
+        rows += [out.tokens for out in engine.generate(requests)]
+    return torch.tensor(rows, dtype=torch.long)

@@ -123,3 +123,18 @@ class FixedCandidatesProposer:
                 frontier = [builder.add(node, c) for node in frontier for c in self.candidates]
             builders.append(builder)
         return DraftTree.stack(builders, state.vocab_size, state.prob_dtype)
+
+
+def hf_greedy_lm(target, prompts, max_new_tokens: int, batch: int = 1, repetition_penalty: float = 1.0) -> list[list[int]]:
+    """Hugging Face ``generate(do_sample=False)`` over token-id prompts, in left-padded batches
+    (``batch`` 1: each prompt alone), with HF's repetition penalty."""
+    outputs = []
+    for start in range(0, len(prompts), batch):
+        group = prompts[start : start + batch]
+        width = max(len(p) for p in group)
+        ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in group])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+        out = target.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                                    repetition_penalty=repetition_penalty, pad_token_id=0, eos_token_id=None)
+        outputs += out[:, width:].tolist()
+    return outputs

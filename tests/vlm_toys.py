@@ -21,6 +21,10 @@ from typing import Any
 
 import torch
 
+from raydec.models.hf_vlm import VlmPrompt
+from raydec.models.vispec_draft import DraftConfig, VispecDraft
+from raydec.reference.shapes import make_sample, to_pil
+
 REFERENCE_VLM = Path(__file__).resolve().parent.parent / "raydec" / "reference" / "weights" / "vlm"
 
 #: scale of the output head: random logits become sharp, so greedy argmaxes are not near-ties
@@ -233,3 +237,28 @@ def successor_draft(target: Any, references: list[list[int]], vision: bool, num_
         layer.self_attn.o_proj.weight.mul_(0.01)
         layer.mlp.down_proj.weight.mul_(0.01)
     return draft.to(target.dtype).eval()
+
+
+def draft_for(target, vision: bool, seed: int = 0, dtype=None) -> VispecDraft:
+    torch.manual_seed(seed)
+    model = target.model
+    text_config = model.config.get_text_config()
+    draft = VispecDraft(DraftConfig.for_target(text_config, vision=vision, num_q=3))
+    draft.attach_target(model.get_input_embeddings(), model.get_output_embeddings())
+    return draft.to(dtype or target.dtype).eval()
+
+
+def vlm_prompts(target, count: int) -> list[VlmPrompt]:
+    questions = ["describe the image .", "what colour is the circle ?", "how many objects are there ?", "describe it ."]
+    prompts = []
+    for i in range(count):
+        images = [to_pil(make_sample(100 + i + j).image) for j in range(1 + i % 2)]
+        prompts.append(VlmPrompt(target.format_prompt(questions[i % 4], len(images)), images))
+    return prompts
+
+
+def hf_greedy_vlm(target, prompt, max_new_tokens: int) -> list[int]:
+    """Hugging Face ``generate(do_sample=False)`` on one VLM prompt (text only when it has no image)."""
+    inputs = target.processor(text=[prompt.text], images=list(prompt.images) or None, return_tensors="pt")
+    out = target.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1] :].tolist()

@@ -14,7 +14,7 @@ from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.jacobi import JacobiProposer
 from raydec.speculative.proposers.random_tree import OracleProposer, RandomTreeProposer
 from raydec.speculative.verify import verify_tree
-from tests.toys import tiny_llama
+from tests.toys import hf_greedy_lm, tiny_llama
 
 torch.set_num_threads(1)  # tiny tensors: threads only add synchronisation cost
 
@@ -37,21 +37,6 @@ def llama64(tmp_path_factory):
     return tiny_llama(tmp_path_factory.mktemp("l64"), vocab=16, seed=2, dtype=torch.float64, layers=2, hidden=32)
 
 
-def hf_greedy(target, prompts, max_new_tokens, batch):
-    """Hugging Face generate(do_sample=False), left-padded batches."""
-    outputs = []
-    model = target.model
-    for start in range(0, len(prompts), batch):
-        group = prompts[start : start + batch]
-        width = max(len(p) for p in group)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in group])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=0, eos_token_id=None)
-        outputs += out[:, width:].tolist()
-    return outputs
-
-
 @pytest.mark.parametrize("draft", sorted(DRAFTS))
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_equals_hf_generate(llama32, draft, batch):
@@ -61,13 +46,13 @@ def test_greedy_equals_hf_generate(llama32, draft, batch):
     ours = []
     for start in range(0, len(PROMPTS), batch):
         ours += [o.tokens for o in engine.generate([RowRequest(p, seed=7) for p in PROMPTS[start : start + batch]])]
-    assert ours == hf_greedy(llama32, PROMPTS, 20, batch)
+    assert ours == hf_greedy_lm(llama32, PROMPTS, 20, batch)
 
 
 def test_ar_equals_hf_and_oracle_compresses(llama32):
     config = DecodeConfig(max_new_tokens=24, sampling=GREEDY)
     ar = Engine(llama32, ARProposer(), config).generate([RowRequest(p, seed=0) for p in PROMPTS])
-    assert [o.tokens for o in ar] == hf_greedy(llama32, PROMPTS, 24, 4)
+    assert [o.tokens for o in ar] == hf_greedy_lm(llama32, PROMPTS, 24, 4)
     assert all(o.stats.target_forwards == 24 for o in ar)
     oracle = OracleProposer(window=7, references={i: o.tokens for i, o in enumerate(ar)})
     fast = Engine(llama32, oracle, config).generate([RowRequest(p, seed=0) for p in PROMPTS])

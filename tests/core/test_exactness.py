@@ -25,36 +25,17 @@ from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.random_tree import RandomTreeProposer
 from raydec.speculative.sampling import VocabConstraint
 from tests.broken import batch_minimum_verifier, longest_path_verifier, stale_proposal_verifier
-from tests.lawtest import compare_to_law
-from tests.toys import FixedCandidatesProposer, forked_markov, lm_law, markov_law, random_markov, tiny_llama
+from tests.lawtest import SAMPLES, compare_to_law, sample_engine
+from tests.toys import FixedCandidatesProposer, forked_markov, lm_law, markov_law, random_markov
 
 torch.set_num_threads(1)  # tiny tensors: threads only add synchronisation cost
 
-SAMPLES = 20_000
 LENGTH = 4
-
-
-def sample_engine(target, proposer, config, prompts, seeds, batch_size, verifier=None, constraint=None) -> torch.Tensor:
-    """Run the engine over (prompt, seed) rows in batches; returns [n, max_new_tokens] tokens."""
-    kwargs = {"constraint": constraint}
-    if verifier is not None:
-        kwargs["verifier"] = verifier
-    engine = Engine(target, proposer, config, **kwargs)
-    rows = []
-    for start in range(0, len(seeds), batch_size):
-        requests = [RowRequest(prompts[i % len(prompts)], seed=seeds[i]) for i in range(start, min(start + batch_size, len(seeds)))]
-        rows += [out.tokens for out in engine.generate(requests)]
-    return torch.tensor(rows, dtype=torch.long)
 
 
 @pytest.fixture(scope="module")
 def markov():
     return random_markov(vocab=6, seed=3)
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    return tiny_llama(tmp_path_factory.mktemp("toy"), vocab=8, seed=1)
 
 
 def _config(sampling: SamplingConfig, **draft) -> DecodeConfig:

@@ -18,7 +18,7 @@ from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.jacobi import JacobiProposer
 from raydec.speculative.proposers.random_tree import RandomTreeProposer
 from tests.lawtest import compare_to_law
-from tests.toys import lm_law, tiny_llama
+from tests.toys import lm_law
 
 torch.set_num_threads(1)
 
@@ -30,11 +30,6 @@ KINDS = [
     SamplingConfig(temperature=0.7, top_k=3),
     SamplingConfig(temperature=1.4, top_p=0.8),
 ]
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    return tiny_llama(tmp_path_factory.mktemp("per-row"), vocab=8, seed=1)
 
 
 def _proposer(name: str, draft: JacobiDraftConfig):

@@ -17,24 +17,17 @@ from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.jacobi import JacobiProposer
 from raydec.speculative.sampling import VocabConstraint, sample_with_uniform
 from raydec.speculative.tree import DraftTree
-from tests.lawtest import compare_to_law
-from tests.core.test_exactness import sample_engine
-from tests.toys import lm_law, markov_law, random_markov, tiny_llama
+from tests.lawtest import SAMPLES, compare_to_law, sample_engine
+from tests.toys import lm_law, markov_law, random_markov
 
 torch.set_num_threads(1)
 
-SAMPLES = 20_000
 SAMPLING = SamplingConfig(temperature=1.0)
 
 
 @pytest.fixture(scope="module")
 def markov():
     return random_markov(vocab=6, seed=5, sharpness=1.0)
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    return tiny_llama(tmp_path_factory.mktemp("toy"), vocab=8, seed=1)
 
 
 def _config(length: int, sampling: SamplingConfig = SAMPLING, **draft) -> DecodeConfig:

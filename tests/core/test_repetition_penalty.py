@@ -19,9 +19,8 @@ from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.jacobi import JacobiProposer
 from raydec.speculative.proposers.random_tree import OracleProposer, RandomTreeProposer
-from tests.lawtest import compare_to_law
-from tests.core.test_exactness import SAMPLES, sample_engine
-from tests.toys import lm_law, tiny_llama
+from tests.lawtest import SAMPLES, compare_to_law, sample_engine
+from tests.toys import hf_greedy_lm, lm_law, tiny_llama
 
 torch.set_num_threads(1)
 
@@ -35,19 +34,10 @@ def llama32(tmp_path_factory):
     return tiny_llama(tmp_path_factory.mktemp("l32"), vocab=64, seed=0, dtype=torch.float32, layers=2, hidden=32)
 
 
-def hf_greedy(target, prompts, length, penalty):
-    outputs = []
-    for prompt in prompts:
-        out = target.model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=length, do_sample=False,
-                                    repetition_penalty=penalty, pad_token_id=0, eos_token_id=None)
-        outputs.append(out[0, len(prompt):].tolist())
-    return outputs
-
-
 def test_greedy_with_a_penalty_equals_hf_generate_and_drafts_are_accepted(llama32):
     length = 24
-    expected = hf_greedy(llama32, PROMPTS, length, PENALTY)
-    assert expected != hf_greedy(llama32, PROMPTS, length, 1.0), "the penalty should change the greedy output"
+    expected = hf_greedy_lm(llama32, PROMPTS, length, repetition_penalty=PENALTY)
+    assert expected != hf_greedy_lm(llama32, PROMPTS, length), "the penalty should change the greedy output"
     config = DecodeConfig(max_new_tokens=length, sampling=GREEDY, draft=JacobiDraftConfig(window=6))
     ar = Engine(llama32, ARProposer(), config).generate([RowRequest(p, seed=0) for p in PROMPTS])
     assert [o.tokens for o in ar] == expected
@@ -65,7 +55,7 @@ def test_a_path_blind_context_fails(llama32, monkeypatch):
     """If draft nodes saw only the row's committed context (not their own path), the oracle's
     accepted drafts would be scored under the wrong penalty: the output leaves HF's."""
     length = 24
-    expected = hf_greedy(llama32, PROMPTS, length, PENALTY)
+    expected = hf_greedy_lm(llama32, PROMPTS, length, repetition_penalty=PENALTY)
     config = DecodeConfig(max_new_tokens=length, sampling=GREEDY)
     from raydec.speculative.engine import DecodeSession
 
@@ -131,14 +121,14 @@ def test_captions_follow_the_checkpoints_penalty_as_hf_generate_does(tmp_path):
     from raydec.config import DraftTreeConfig
     from raydec.models.hf_vlm import VisionLanguageTarget
     from raydec.speculative.proposers.draft_tree import DraftTreeProposer
-    from tests.models.test_vispec import _hf_greedy, _prompts, draft_for
+    from tests.vlm_toys import draft_for, hf_greedy_vlm, vlm_prompts
     from tests.vlm_toys import build_tiny_llava
 
     llava = VisionLanguageTarget.from_pretrained(build_tiny_llava(tmp_path / "llava"))
-    prompts = _prompts(llava, 3)
-    plain = [_hf_greedy(llava, p, 16) for p in prompts]
+    prompts = vlm_prompts(llava, 3)
+    plain = [hf_greedy_vlm(llava, p, 16) for p in prompts]
     llava.model.generation_config.repetition_penalty = PENALTY
-    expected = [_hf_greedy(llava, p, 16) for p in prompts]
+    expected = [hf_greedy_vlm(llava, p, 16) for p in prompts]
     assert expected != plain
     config = caption_decode_config(None, llava).model_copy(update={"max_new_tokens": 16})
     assert config.sampling == SamplingConfig(temperature=0.0, repetition_penalty=PENALTY)

@@ -7,27 +7,16 @@ import pytest
 import torch
 
 from raydec.config import DecodeConfig, DraftTreeConfig, SamplingConfig
-from raydec.models.hf_vlm import VisionLanguageTarget, VlmPrompt
+from raydec.models.hf_vlm import VisionLanguageTarget
 from raydec.models.vispec_draft import DraftConfig, VispecDraft
-from raydec.reference.shapes import make_sample, to_pil
 from raydec.speculative.engine import Engine
 from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.draft_tree import DraftTreeProposer, _select_on_tensors, _TreeLayout, select_tree_nodes
-from tests.lawtest import compare_to_law
-from tests.core.test_exactness import sample_engine
+from tests.lawtest import compare_to_law, sample_engine
 from tests.toys import lm_law, tiny_llama
-from tests.vlm_toys import build_tiny_llava, successor_draft
+from tests.vlm_toys import build_tiny_llava, draft_for, hf_greedy_vlm, successor_draft, vlm_prompts
 
 torch.set_num_threads(1)
-
-
-def draft_for(target, vision: bool, seed: int = 0, dtype=None) -> VispecDraft:
-    torch.manual_seed(seed)
-    model = target.model
-    text_config = model.config.get_text_config()
-    draft = VispecDraft(DraftConfig.for_target(text_config, vision=vision, num_q=3))
-    draft.attach_target(model.get_input_embeddings(), model.get_output_embeddings())
-    return draft.to(dtype or target.dtype).eval()
 
 
 # -- tree selection and sequences -----------------------------------------------------------
@@ -260,29 +249,14 @@ def llava(tmp_path_factory):
     return VisionLanguageTarget.from_pretrained(build_tiny_llava(tmp_path_factory.mktemp("llava")))
 
 
-def _prompts(target, count: int) -> list[VlmPrompt]:
-    questions = ["describe the image .", "what colour is the circle ?", "how many objects are there ?", "describe it ."]
-    prompts = []
-    for i in range(count):
-        images = [to_pil(make_sample(100 + i + j).image) for j in range(1 + i % 2)]
-        prompts.append(VlmPrompt(target.format_prompt(questions[i % 4], len(images)), images))
-    return prompts
-
-
-def _hf_greedy(target, prompt: VlmPrompt, length: int) -> list[int]:
-    inputs = target.processor(text=[prompt.text], images=list(prompt.images), return_tensors="pt")
-    out = target.model.generate(**inputs, max_new_tokens=length, do_sample=False)
-    return out[0, inputs["input_ids"].shape[1]:].tolist()
-
-
 @pytest.mark.parametrize("vision", [True, False], ids=["vispec", "eagle"])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_equals_hf_generate(llava, vision, batch):
     """With drafts the target accepts (several tokens per forward), so accepted tree nodes,
     their cache entries and the draft's re-drafting after them are all on the tested path."""
     length = 16
-    prompts = _prompts(llava, 4)
-    expected = [_hf_greedy(llava, prompt, length) for prompt in prompts]
+    prompts = vlm_prompts(llava, 4)
+    expected = [hf_greedy_vlm(llava, prompt, length) for prompt in prompts]
     config = DecodeConfig(max_new_tokens=length, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeConfig(depth=3, top_k=3, total_tokens=10))
     draft = successor_draft(llava, expected, vision)
     if batch > 1:  # the inference form loaded drafts run (fused layer, folded input)
@@ -299,9 +273,9 @@ def test_greedy_equals_hf_generate(llava, vision, batch):
 def test_continuous_batching_with_image_rows_equals_hf_generate(llava):
     """At most 2 rows at a time over 5 prompts of one or two images and different lengths: rows
     join mid-run through their own draft prefill (their image's global feature with them)."""
-    prompts = _prompts(llava, 5)
+    prompts = vlm_prompts(llava, 5)
     lengths = [16, 5, 11, 16, 3]
-    expected = [_hf_greedy(llava, prompt, n) for prompt, n in zip(prompts, lengths)]
+    expected = [hf_greedy_vlm(llava, prompt, n) for prompt, n in zip(prompts, lengths)]
     config = DecodeConfig(max_new_tokens=16, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeConfig(depth=3, top_k=3, total_tokens=10))
     engine = Engine(llava, DraftTreeProposer(successor_draft(llava, expected, True), config.tree), config, eos_token_ids=llava.eos_token_ids)
     outputs = engine.generate([RowRequest(p, seed=0, max_new_tokens=n) for p, n in zip(prompts, lengths)], max_batch=2)
@@ -313,14 +287,14 @@ def test_a_draft_in_another_precision_than_the_target_stays_lossless(llava):
     """decode.draft_dtype: a bfloat16 draft on a float32 target (the draft reads the target's
     embedding and head in their own dtype) still gives HF's greedy output."""
     length = 12
-    prompts = _prompts(llava, 2)
+    prompts = vlm_prompts(llava, 2)
     config = DecodeConfig(max_new_tokens=length, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeConfig(depth=3, top_k=2, total_tokens=6))
     draft = draft_for(llava, vision=True, dtype=torch.bfloat16)
     engine = Engine(llava, DraftTreeProposer(draft, config.tree), config, eos_token_ids=llava.eos_token_ids)
     outputs = engine.generate([RowRequest(p, seed=0) for p in prompts])
     assert next(draft.parameters()).dtype == torch.bfloat16 and llava.dtype == torch.float32
     for prompt, out in zip(prompts, outputs):
-        assert out.tokens == _hf_greedy(llava, prompt, length)
+        assert out.tokens == hf_greedy_vlm(llava, prompt, length)
 
 
 def test_draft_dtype_auto_is_float32_on_a_cpu_else_the_named_one(llava):

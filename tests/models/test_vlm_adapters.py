@@ -28,7 +28,9 @@ from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.draft_tree import DraftTreeProposer
 from raydec.speculative.proposers.random_tree import OracleProposer
-from tests.vlm_toys import build_tiny_llava, build_tiny_llava_next, build_tiny_qwen2_5_vl, build_tiny_qwen2_vl, successor_draft
+from tests.vlm_toys import (
+    build_tiny_llava, build_tiny_llava_next, build_tiny_qwen2_5_vl, build_tiny_qwen2_vl, hf_greedy_vlm, successor_draft,
+)
 
 torch.set_num_threads(1)  # tiny tensors: threads only add synchronisation cost
 
@@ -78,19 +80,13 @@ def hf_inputs(target: VisionLanguageTarget, prompt: VlmPrompt) -> dict[str, torc
     return dict(target.processor(text=[prompt.text], images=list(prompt.images) or None, return_tensors="pt"))
 
 
-def hf_greedy(target: VisionLanguageTarget, prompt: VlmPrompt) -> list[int]:
-    inputs = hf_inputs(target, prompt)
-    out = target.model.generate(**inputs, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
-    return out[0, inputs["input_ids"].shape[1] :].tolist()
-
-
 @pytest.fixture(scope="module", params=sorted(BUILDERS))
 def case(request, tmp_path_factory) -> Case:
     name = request.param
     folder = BUILDERS[name](tmp_path_factory.mktemp(name))
     target = VisionLanguageTarget.from_pretrained(folder)
     prompts = make_prompts(target)
-    return Case(name, target, prompts, [hf_greedy(target, p) for p in prompts])
+    return Case(name, target, prompts, [hf_greedy_vlm(target, p, MAX_NEW_TOKENS) for p in prompts])
 
 
 def decode(case: Case, proposer: Any, rows: list[int]) -> list[Any]:
@@ -206,4 +202,4 @@ def test_text_only_row_beside_image_rows(case, method):
     config = DecodeConfig(max_new_tokens=MAX_NEW_TOKENS, sampling=GREEDY)
     engine = Engine(case.target, proposer, config, eos_token_ids=case.target.eos_token_ids)
     outputs = engine.generate([RowRequest(text_only, seed=0), RowRequest(case.prompts[0], seed=1)])
-    assert [o.tokens for o in outputs] == [hf_greedy(case.target, text_only), case.references[0]]
+    assert [o.tokens for o in outputs] == [hf_greedy_vlm(case.target, text_only, MAX_NEW_TOKENS), case.references[0]]
