@@ -133,7 +133,7 @@ def test_step_ratios_cancel_a_slow_round(tmp_path, monkeypatch):
     """Every round times the baseline and each candidate; a round where the whole machine runs
     at a third of its speed leaves the ratios where they were, and the median drops a round
     that a slow spell split."""
-    from raydec import tuning as tune_t2i
+    from raydec import tuning
 
     speed = {"value": 1.0}
     cost = {"ar": 1.0, "a": 2.0, "b": 3.0}
@@ -143,15 +143,15 @@ def test_step_ratios_cancel_a_slow_round(tmp_path, monkeypatch):
         calls.append(config.method)
         return 10.0, cost[config.method] / speed["value"]
 
-    monkeypatch.setattr(tune_t2i, "calibration_run", fake_run)
+    monkeypatch.setattr(tuning, "calibration_run", fake_run)
     configs = [SimpleNamespace(method="a"), SimpleNamespace(method="b")]
     baseline = SimpleNamespace(method="ar")
     speed["value"] = 1 / 3
-    ratios = tune_t2i.timed_step_ratios(None, configs, baseline, ["p"], [0], 1, rounds=3)
+    ratios = tuning.timed_step_ratios(None, configs, baseline, ["p"], [0], 1, rounds=3)
     assert ratios == pytest.approx([2.0, 3.0]) and calls.count("ar") == 3 and len(calls) == 9
     # round one given (the counting runs): a spell that slowed only candidate "b" there is outvoted
     speed["value"] = 1.0
-    ratios = tune_t2i.timed_step_ratios(None, configs, baseline, ["p"], [0], 1, rounds=3, first=[2.0, 9.0], first_baseline=1.0)
+    ratios = tuning.timed_step_ratios(None, configs, baseline, ["p"], [0], 1, rounds=3, first=[2.0, 9.0], first_baseline=1.0)
     assert ratios == pytest.approx([2.0, 3.0])
 
 
