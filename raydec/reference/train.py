@@ -151,7 +151,7 @@ def train_t2i_from_args(args: argparse.Namespace) -> Path:
 
 SUBCOMMANDS: dict[str, Subcommand] = {
     "t2i": Subcommand(__name__, "add_t2i_arguments", "train_t2i_from_args", "the small Janus text-to-image model"),
-    "vlm": Subcommand("raydec.reference.llava_vlm", "add_vlm_arguments", "train_vlm", "the small LLaVA VLM"),
+    "vlm": Subcommand("raydec.reference.llava_vlm_command", "add_vlm_arguments", "train_vlm", "the small LLaVA VLM"),
     "assistant": Subcommand("raydec.reference.llava_assistant", "add_assistant_arguments", "distill_from_args",
                             "a 1-2 layer LLaVA assistant distilled from the reference VLM (HF assisted generation)"),
     "draft": Subcommand("raydec.reference.draft_command", "add_draft_arguments", "train_drafts_from_args",
