@@ -117,7 +117,7 @@ def _job_lines(job, report, what: str) -> List[str]:
         f"method {job.decode.method}, model {job.model}, {job.pool.workers} worker(s); "
         f"this run processed {report.processed} row(s) in {report.timings.get('generate_s', 0.0):.1f}s",
         f"  per row: {mean('tokens'):.0f} tokens, {mean('target_forwards'):.1f} target forwards, "
-        f"{mean('mean_accepted'):.2f} tokens per forward, {mean('latency_s'):.2f}s decode latency",
+        f"{mean('tokens_per_forward'):.2f} tokens per forward, {mean('latency_s'):.2f}s decode latency",
     ]
 
 

@@ -24,7 +24,7 @@ DEFAULT_CAPTION_PROMPT = "describe the image ."
 class CaptionResult:
     """One caption and its decoding statistics (fields as in ``ImageResult``).
 
-    tau: accepted draft tokens per verification, without the bonus token (mean_accepted - 1
+    tau: accepted draft tokens per verification, without the bonus token (tokens_per_forward - 1
     over decode forwards); finish_reason: "eos" or "length".
     """
 
@@ -33,7 +33,7 @@ class CaptionResult:
     seed: int
     target_forwards: int
     num_tokens: int
-    mean_accepted: float
+    tokens_per_forward: float
     tau: float
     latency_s: float
     finish_reason: str
@@ -110,7 +110,7 @@ def caption_images(
                     seed=request.seed,
                     target_forwards=output.stats.target_forwards,
                     num_tokens=len(output.tokens),
-                    mean_accepted=output.stats.tokens_per_forward,
+                    tokens_per_forward=output.stats.tokens_per_forward,
                     tau=(sum(lengths) - len(lengths)) / max(1, len(lengths)),
                     latency_s=output.stats.wall_time_s,
                     finish_reason=output.stats.finish_reason,

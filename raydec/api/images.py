@@ -27,7 +27,7 @@ class ImageResult:
     """One generated image and its decoding statistics.
 
     target_forwards: target forwards for this row (prefill included); num_tokens: generated
-    tokens (layout tokens included); mean_accepted: tokens per target forward; latency_s: time
+    tokens (layout tokens included); tokens_per_forward: tokens per target forward; latency_s: time
     from the row's prefill until it finished decoding (VQ decoding excluded).
     """
 
@@ -36,7 +36,7 @@ class ImageResult:
     seed: int
     target_forwards: int
     num_tokens: int
-    mean_accepted: float
+    tokens_per_forward: float
     latency_s: float
     accepted_lengths: list[int] = field(default_factory=list)  # tokens committed per decode forward
 
@@ -103,7 +103,7 @@ def generate_images(
                         seed=request.seed,
                         target_forwards=output.stats.target_forwards,
                         num_tokens=len(output.tokens),
-                        mean_accepted=output.stats.tokens_per_forward,
+                        tokens_per_forward=output.stats.tokens_per_forward,
                         latency_s=output.stats.wall_time_s,
                         accepted_lengths=list(output.stats.accepted_lengths),
                     )

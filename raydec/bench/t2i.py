@@ -302,7 +302,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
         entry = {
             "step_compression": float(np.mean([a / m for a, m in zip(ar.forwards, record.forwards)])),
             "latency_speedup": ar.seconds / record.seconds,
-            "mean_accepted": sum(record.tokens) / max(1, sum(record.forwards)),
+            "tokens_per_forward": sum(record.tokens) / max(1, sum(record.forwards)),
             "judge_score": float(np.mean(record.scores)),
             "seconds": record.seconds,
             "images_per_second": len(record.scores) / record.seconds,
@@ -318,7 +318,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
     header = ["method", "step compr.", "latency x AR", "latency x hf", "tokens/fwd", "judge", "judge vs AR (p KS/MW)", "img/s"]
     rows = [
         [m, f"{e['step_compression']:.2f}", f"{e['latency_speedup']:.2f}", ratio_cell(e, "latency_speedup_vs_hf"),
-         f"{e['mean_accepted']:.2f}", f"{e['judge_score']:.3f}",
+         f"{e['tokens_per_forward']:.2f}", f"{e['judge_score']:.3f}",
          f"{e['judge_mean_diff']:+.3f} ({e['judge_ks_p']:.2f}/{e['judge_mw_p']:.2f})" if "judge_ks_p" in e else "-",
          f"{e['images_per_second']:.3f}"]
         for m, e in summary.items()

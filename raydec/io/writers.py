@@ -58,7 +58,7 @@ RESULT_SCHEMA = pa.schema([
     pa.field("method", pa.string(), nullable=False),
     pa.field("target_forwards", pa.int64(), nullable=False),
     pa.field("tokens", pa.int64(), nullable=False),
-    pa.field("mean_accepted", pa.float64(), nullable=False),
+    pa.field("tokens_per_forward", pa.float64(), nullable=False),
     pa.field("latency_s", pa.float64(), nullable=False),
     pa.field("error", pa.string()),
 ])
@@ -67,7 +67,7 @@ RESULT_SCHEMA = pa.schema([
 _REQUIRED = ("id", "source", "seed", "method")
 _DEFAULTS: Dict[str, Any] = dict(
     prompt=None, output_uri=None, caption=None, target_forwards=0, tokens=0,
-    mean_accepted=0.0, latency_s=0.0, error=None,
+    tokens_per_forward=0.0, latency_s=0.0, error=None,
 )
 _SECRET_KEYS = {"secret_access_key", "session_token", "access_key_id", "aws_secret_access_key",
                 "aws_session_token", "aws_access_key_id", "password", "token"}
@@ -175,6 +175,10 @@ def shard_uris(output: OutputConfig) -> List[str]:
     return [uri_of(output, f"{RESULTS_DIR}/{name}") for name in names]
 
 
+LEGACY_COLUMNS = {"tokens_per_forward": "mean_accepted"}
+"""Result columns renamed since: current name -> the name shards written before carry."""
+
+
 def _read_shards(output: OutputConfig, columns: Optional[List[str]] = None) -> pa.Table:
     """Concatenate finished shards, tagging rows with shard and row order; unreadable shards are skipped."""
     uris = shard_uris(output)
@@ -184,7 +188,11 @@ def _read_shards(output: OutputConfig, columns: Optional[List[str]] = None) -> p
     def read_one(uri: str) -> Optional[pa.Table]:
         fs, path = resolve_filesystem(uri, output.s3)
         try:
-            return pq.read_table(path, filesystem=fs, columns=columns).select(columns).cast(schema)
+            stored = pq.read_schema(path, filesystem=fs).names
+            renamed = {old: new for new, old in LEGACY_COLUMNS.items() if new in columns and new not in stored and old in stored}
+            wanted = [next((old for old, new in renamed.items() if new == c), c) for c in columns]
+            table = pq.read_table(path, filesystem=fs, columns=wanted).select(wanted).rename_columns(columns)
+            return table.cast(schema)
         except (OSError, pa.ArrowInvalid, KeyError) as exc:
             logger.warning("skipping unreadable result shard %s: %s", uri, exc)
             return None

@@ -98,7 +98,7 @@ class T2IProcessor:
             id=row["id"], source=row.get("source") or row["prompt"], prompt=row["prompt"], seed=int(row["seed"]),
             method=self.method, image=image_result.image,
             target_forwards=int(image_result.target_forwards), tokens=int(image_result.num_tokens),
-            mean_accepted=float(image_result.mean_accepted), latency_s=float(image_result.latency_s),
+            tokens_per_forward=float(image_result.tokens_per_forward), latency_s=float(image_result.latency_s),
         )
 
     def __call__(self, batch: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -177,7 +177,7 @@ class CaptionProcessor:
             id=row["id"], source=row["source"], prompt=row.get("prompt"), seed=int(row["seed"]),
             method=self.method, caption=caption.caption,
             target_forwards=int(caption.target_forwards), tokens=int(caption.num_tokens),
-            mean_accepted=float(caption.mean_accepted), latency_s=float(caption.latency_s),
+            tokens_per_forward=float(caption.tokens_per_forward), latency_s=float(caption.latency_s),
         )
 
     def __call__(self, batch: List[Dict[str, Any]]) -> List[Dict[str, Any]]:

@@ -52,7 +52,7 @@ def measure_acceptance(
             reference_tokens = outputs
         report[method] = {
             "tokens_per_forward": tokens / max(1, forwards),
-            "mean_row_tokens_per_forward": sum(r.mean_accepted for r in results) / len(results),
+            "mean_row_tokens_per_forward": sum(r.tokens_per_forward for r in results) / len(results),
             "tau": (sum(lengths) - len(lengths)) / max(1, len(lengths)),
             "tokens": tokens, "target_forwards": forwards, "wall_s": round(wall, 2),
             "same_as_ar": None if reference_tokens is None else outputs == reference_tokens,

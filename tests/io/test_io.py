@@ -72,7 +72,7 @@ def _write(path: str, rows: list, fmt: str) -> str:
 
 def _result(row_id: str, error=None, **extra) -> dict:
     return dict(id=row_id, source=f"prompt {row_id}", prompt=f"prompt {row_id}", seed=1, method="sjd_pac",
-                target_forwards=3, tokens=12, mean_accepted=4.0, latency_s=0.5, error=error, **extra)
+                target_forwards=3, tokens=12, tokens_per_forward=4.0, latency_s=0.5, error=error, **extra)
 
 
 # ---------------------------------------------------------------- reading local inputs
@@ -501,3 +501,21 @@ def test_duplicated_shards_are_deduplicated(tmp_path):
     assert results["error"].to_pylist() == [None, None, None]
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['colour'\]"):
         ResultWriter(output).add(_result("d", colour="red"))
+
+
+def test_shards_written_before_the_column_rename_still_read(tmp_path):
+    """Results written as `mean_accepted` (before it was named `tokens_per_forward`) read back under
+    the new name beside new shards, so a resumed output keeps its rows."""
+    output = OutputConfig(path=str(tmp_path / "out"), shard_size=100)
+    with ResultWriter(output, worker_id="new") as writer:
+        writer.add(_result("a"))
+    new_shard = shard_uris(output)[0]
+    table = pq.read_table(new_shard.removeprefix("file://"))
+    old = table.rename_columns(["mean_accepted" if n == "tokens_per_forward" else n for n in table.column_names])
+    old = old.set_column(old.column_names.index("id"), "id", pa.array(["b"]))
+    pq.write_table(old, new_shard.removeprefix("file://").replace("new", "old"))
+    assert len(shard_uris(output)) == 2
+    results = read_results(output)
+    assert sorted(results["id"].to_pylist()) == ["a", "b"]
+    assert results["tokens_per_forward"].to_pylist() == [4.0, 4.0]
+    assert completed_ids(output) == {"a", "b"}

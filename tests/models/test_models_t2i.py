@@ -250,7 +250,7 @@ def test_generate_images_end_to_end(janus_path):
     assert [r.seed for r in results] == [3, 4, 5]
     for result in results:
         assert result.image.size == (8, 8) and len(result.tokens) == result.num_tokens == 16
-        assert result.target_forwards == 16 and result.mean_accepted == pytest.approx(1.0)
+        assert result.target_forwards == 16 and result.tokens_per_forward == pytest.approx(1.0)
         assert result.latency_s > 0
     # a row's image depends on its prompt and seed only, not on the batch
     again = api.generate_images([PROMPTS[2]], model=pipeline, seeds=[5], negative_prompts=[None])
@@ -259,7 +259,7 @@ def test_generate_images_end_to_end(janus_path):
     drafted = api.generate_images(PROMPTS, model=pipeline, decode=decode_pac, seeds=[3, 4, 5])
     greedy = api.generate_images(PROMPTS, model=pipeline, decode=DecodeConfig(sampling=decode_pac.sampling), seeds=[3, 4, 5])
     assert [r.tokens for r in drafted] == [r.tokens for r in greedy]
-    assert all(r.num_tokens == 16 and r.mean_accepted == pytest.approx(16 / r.target_forwards) for r in drafted)
+    assert all(r.num_tokens == 16 and r.tokens_per_forward == pytest.approx(16 / r.target_forwards) for r in drafted)
 
 
 def test_generate_images_batching_refills_rows_without_changing_them(janus_path):
