@@ -27,7 +27,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from raydec.reference import janus_t2i as jt
-from raydec.reference.judge import parse_image, parse_prompt, score_image
+from raydec.reference.judge import score_image
+from raydec.reference.judge_image import parse_image
+from raydec.reference.judge_text import parse_prompt
 from raydec.reference.shapes import COLORS, FILLS, HELD_OUT_SEED_START, SHAPES, SIZES, make_sample
 
 logger = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from raydec.reference import janus_t2i as jt
-from raydec.reference.judge import parse_prompt
+from raydec.reference.judge_text import parse_prompt
 from raydec.reference.shapes import (
     COLORS,
     FILLS,
