@@ -5,7 +5,7 @@
 A decode step ends where the draft's chain first disagrees with the target (or at the tree's
 depth); the token the target commits there is the draft's miss. This decodes the same
 held-out shapes images greedily with each ``--methods`` draft and sorts the misses by the word
-kind of the missed token (``raydec.reference.judge.word_kind``): scene attributes an image
+kind of the missed token (``raydec.reference.judge_text.word_kind``): scene attributes an image
 decides (colour, shape, fill, size, position, background, count) or phrasing ("other").
 
 The **attribute oracle** replays each draft's own answers with every attribute miss turned
@@ -53,7 +53,7 @@ def replay_forwards(length: int, misses: set[int], depth: int) -> int:
 def tally(answers: list[tuple[list[str], list[int]]], depth: int) -> dict:
     """Per word kind: answer tokens and misses; decode forwards measured, replayed, and with
     the attribute misses repaired. answers: (words, accepted lengths) per answer."""
-    from raydec.reference.judge import word_kind
+    from raydec.reference.judge_text import word_kind
 
     tokens, misses = Counter(), Counter()
     measured = replayed = oracle = 0
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
     from raydec.api import DEFAULT_CAPTION_PROMPT, caption_images, load_target
     from raydec.config import DecodeConfig, DraftTreeConfig
     from raydec.models.registry import resolve_draft_path
-    from raydec.reference.judge import WORD_KINDS
+    from raydec.reference.judge_text import WORD_KINDS
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
 
     target = load_target(args.model, "caption", dtype=getattr(torch, args.dtype))

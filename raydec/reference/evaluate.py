@@ -27,7 +27,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from raydec.reference import janus_t2i as jt
-from raydec.reference.judge import parse_image, parse_prompt, score_image
+from raydec.reference.judge import score_image
+from raydec.reference.judge_image import parse_image
+from raydec.reference.judge_text import parse_prompt
 from raydec.reference.shapes import COLORS, FILLS, HELD_OUT_SEED_START, SHAPES, SIZES, make_sample
 
 logger = logging.getLogger(__name__)
@@ -178,7 +180,7 @@ def word_sensitivity(model, processor, num_images: int, offset: int = 0, texture
     """KL(pred(prompt) || pred(prompt with one kind of word replaced)) over the image tokens of
     held-out images (their own VQ ids, teacher-forced): mean over all tokens, mean over the
     tokens of object boxes, and the largest, per kind of word. Zero means the words are ignored."""
-    from raydec.reference.janus_t2i_train import object_token_mask
+    from raydec.reference.janus_t2i_lm import object_token_mask
 
     samples = [make_sample(HELD_OUT_SEED_START + offset + i, texture=texture) for i in range(num_images)]
     ids = jt.vq_encode(model.model.vqmodel, jt.images_to_pixels(torch.from_numpy(np.stack([s.image for s in samples]))))

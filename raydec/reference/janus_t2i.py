@@ -14,7 +14,8 @@ forwards:
   ``JanusForConditionalGeneration.generate(generation_mode="image")`` lays out its
   conditional and unconditional (CFG) rows.
 
-The training loops live in :mod:`raydec.reference.janus_t2i_train`.
+The training run lives in :mod:`raydec.reference.janus_t2i_train`, its loops in
+:mod:`raydec.reference.janus_t2i_vq` and :mod:`raydec.reference.janus_t2i_lm`.
 """
 
 from __future__ import annotations

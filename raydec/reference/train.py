@@ -37,7 +37,7 @@ class Subcommand:
 
 def add_t2i_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m raydec.reference.train t2i``."""
-    from raydec.reference.janus_t2i_train import T2ISettings
+    from raydec.reference.janus_t2i_settings import T2ISettings
 
     d = T2ISettings()
     parser.add_argument("--out", type=Path, default=d.out_dir, help="output folder (from_pretrained layout)")
@@ -106,7 +106,8 @@ def add_t2i_arguments(parser: argparse.ArgumentParser) -> None:
 def train_t2i_from_args(args: argparse.Namespace) -> Path:
     """Build :class:`T2ISettings` from parsed flags and train."""
     from raydec.reference.janus_t2i import T2IArchitecture
-    from raydec.reference.janus_t2i_train import T2ISettings, train_t2i
+    from raydec.reference.janus_t2i_settings import T2ISettings
+    from raydec.reference.janus_t2i_train import train_t2i
 
     arch = T2IArchitecture(
         lm_num_layers=args.lm_layers,

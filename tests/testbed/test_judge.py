@@ -9,15 +9,10 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from raydec.reference import judge, shapes
-from raydec.reference.judge import (
-    attribute_accuracy,
-    parse_image,
-    parse_prompt,
-    parse_text,
-    score_caption,
-    score_image,
-)
+from raydec.reference import judge_scene, shapes
+from raydec.reference.judge import attribute_accuracy, score_caption, score_image
+from raydec.reference.judge_image import parse_image
+from raydec.reference.judge_text import parse_prompt, parse_text
 from raydec.reference.shapes import HELD_OUT_SEED_START, ShapeObject, make_sample, render, to_pil
 
 logger = logging.getLogger(__name__)
@@ -72,7 +67,7 @@ def test_accuracy_on_runs_textured_ground_truth() -> None:
 
 
 def test_word_kind_names_what_the_parser_reads() -> None:
-    from raydec.reference.judge import WORD_KINDS, word_kind
+    from raydec.reference.judge_text import WORD_KINDS, word_kind
 
     assert [word_kind(w) for w in ("red", "crosses", "spotted", "little", "upper", "middle", "gray", "grainy", "two")] == [
         "colour", "shape", "fill", "size", "position", "position", "background", "background", "count"
@@ -179,11 +174,11 @@ def test_empty_and_unusual_scenes() -> None:
 
 def test_attribute_accuracy_counts_missing_and_extra_objects() -> None:
     sample = make_sample(HELD_OUT_SEED_START)  # three objects
-    truth = judge.ParsedScene(sample.objects, sample.background, sample.background_color)
+    truth = judge_scene.ParsedScene(sample.objects, sample.background, sample.background_color)
     assert attribute_accuracy(truth, sample) == 1.0
-    missing = judge.ParsedScene(sample.objects[1:], sample.background, sample.background_color)
+    missing = judge_scene.ParsedScene(sample.objects[1:], sample.background, sample.background_color)
     assert attribute_accuracy(missing, sample) == pytest.approx(12 / 17)
     extra_cell = next(p for p in shapes.POSITIONS if p not in {o.position for o in sample.objects})
     extra = ShapeObject("circle", "red", "small", extra_cell, "solid")
-    more = judge.ParsedScene((*sample.objects, extra), sample.background, "black")
+    more = judge_scene.ParsedScene((*sample.objects, extra), sample.background, "black")
     assert attribute_accuracy(more, sample) == pytest.approx(16 / 22)

@@ -160,7 +160,7 @@ def test_vq_round_trip_keeps_judge_accuracy(shipped, texture):
 def test_object_token_mask_covers_exactly_the_object_boxes():
     """The LM loss weighs the tokens of each stated object's box; read from the prompt alone,
     they must be the boxes the renderer drew."""
-    from raydec.reference.janus_t2i_train import object_token_mask
+    from raydec.reference.janus_t2i_lm import object_token_mask
     from raydec.reference.shapes import GRID_BLOCKS, object_box
 
     for seed in range(40):
@@ -176,7 +176,7 @@ def test_object_token_mask_covers_exactly_the_object_boxes():
 
 def test_attribute_probe_targets_name_each_box_object():
     """The training-only probe must name, at every token of a box, that box's object."""
-    from raydec.reference.janus_t2i_train import IGNORE, object_attribute_targets, object_token_mask
+    from raydec.reference.janus_t2i_lm import IGNORE, object_attribute_targets, object_token_mask
     from raydec.reference.shapes import COLORS, FILLS, SHAPES, object_box
 
     for seed in range(40):
@@ -191,7 +191,7 @@ def test_attribute_probe_targets_name_each_box_object():
 
 
 def test_attribute_loss_ignores_unlabelled_tokens_and_rewards_the_right_names():
-    from raydec.reference.janus_t2i_train import ATTRIBUTE_CLASSES, IGNORE, attribute_loss
+    from raydec.reference.janus_t2i_lm import ATTRIBUTE_CLASSES, IGNORE, attribute_loss
 
     probe = torch.nn.Identity()
     targets = torch.full((1, 3, 2), IGNORE)
@@ -208,7 +208,7 @@ def test_attribute_loss_ignores_unlabelled_tokens_and_rewards_the_right_names():
 
 
 def test_lm_checkpoint_without_the_probe_resumes_with_a_fresh_one(tmp_path):
-    from raydec.reference.janus_t2i_train import _load_checkpoint, _save_checkpoint
+    from raydec.reference.janus_t2i_checkpoint import _load_checkpoint, _save_checkpoint
 
     model, probe = torch.nn.Linear(3, 3), torch.nn.Linear(3, 2)
     _save_checkpoint(tmp_path / "ckpt.pt", 7, {"model": model}, [{"step": 6, "loss": 1.0}], {"seconds": 2.0})
@@ -261,7 +261,9 @@ def test_neighbour_copies_are_the_prior_the_reference_shapes_want(shipped):
 def test_continuing_refuses_another_tokenisation_and_bad_folders(shipped, tmp_path):
     """``init_from`` keeps the shipped VQ-VAE, so the block codes must be the ones it learned:
     a k-means fitted on too few images is another tokenisation and is refused by name."""
-    from raydec.reference.janus_t2i_train import BlockCodes, T2ISettings, block_codes, check_tokenisation, train_t2i
+    from raydec.reference.janus_t2i_codes import BlockCodes, block_codes
+    from raydec.reference.janus_t2i_settings import T2ISettings
+    from raydec.reference.janus_t2i_train import check_tokenisation, train_t2i
 
     model, _ = shipped
     images = np.stack([make_sample(seed).image for seed in range(8)])  # training seeds
@@ -289,7 +291,8 @@ def test_default_recipe_trains_iid_then_continues_on_runs(tmp_path):
 
     from transformers import JanusForConditionalGeneration
 
-    from raydec.reference.janus_t2i_train import T2ISettings, train_t2i
+    from raydec.reference.janus_t2i_settings import T2ISettings
+    from raydec.reference.janus_t2i_train import train_t2i
 
     settings = T2ISettings(
         out_dir=tmp_path / "out", work_dir=tmp_path / "work", num_images=8, vq_steps=2, vq_kmeans_images=8,
