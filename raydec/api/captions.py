@@ -94,8 +94,9 @@ def caption_images(
 
         bar = tqdm(total=len(requests), desc=f"caption_images ({config.method})", unit="image")
     try:
-        draft = load_draft(target, config.method, model, config.draft_model, dtype=draft_dtype(target, config.draft_dtype)) \
-            if config.method in DRAFT_METHODS else None
+        draft = None
+        if config.method in DRAFT_METHODS:
+            draft = load_draft(target, config.method, model, config.draft_model, dtype=draft_dtype(target, config.draft_dtype))
         engine = Engine(target, make_proposer(config, target, draft), config, eos_token_ids=target.eos_token_ids,
                         max_positions=max_positions(target))
         continuous = continuous_batching(target.device, config.batching)
