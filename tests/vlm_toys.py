@@ -213,8 +213,6 @@ def successor_draft(target: Any, references: list[list[int]], vision: bool, num_
     (least squares); the feature half of ``fc`` is zero. The decoder layer's attention and MLP
     outputs are scaled down to 1%, not removed, so the draft's cache and image tokens still run.
     """
-    from raydec.models.vispec_draft import DraftConfig, VispecDraft
-
     torch.manual_seed(seed)
     model = target.model
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
