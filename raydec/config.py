@@ -14,6 +14,10 @@ from pydantic import Field, model_validator
 from raydec.validation import StrictModel
 
 
+DType = Literal["float32", "float64", "bfloat16", "float16"]
+"""Model weight / compute dtypes a job or a served model may ask for."""
+
+
 class SamplingConfig(StrictModel):
     """How target logits become the distribution plain AR sampling draws from.
 

@@ -14,7 +14,7 @@ from raydec.api.inputs import as_decode_config, as_image_list, caption_decode_co
 from raydec.config import DRAFT_METHODS, DecodeConfig
 from raydec.models.loading import draft_dtype, load_draft, load_target
 from raydec.speculative.engine import Engine
-from raydec.speculative.requests import RowRequest
+from raydec.speculative.requests import RowOutput, RowRequest
 from raydec.speculative.proposers.factory import make_proposer
 
 DEFAULT_CAPTION_PROMPT = "describe the image ."
@@ -38,6 +38,30 @@ class CaptionResult:
     latency_s: float
     finish_reason: str
     accepted_lengths: list[int] = field(default_factory=list)
+
+
+def caption_text(target: Any, tokens: Sequence[int]) -> str:
+    """Generated tokens -> the caption (EOS and special tokens dropped, ends stripped)."""
+    tokenizer = getattr(target.processor, "tokenizer", target.processor)
+    eos = set(target.eos_token_ids)
+    return tokenizer.decode([t for t in tokens if t not in eos], skip_special_tokens=True).strip()
+
+
+def caption_result(request: RowRequest, output: RowOutput, caption: str, finish_reason: str | None = None) -> CaptionResult:
+    """A finished row as the public result (finish_reason: the engine's unless given)."""
+    lengths = output.stats.accepted_lengths
+    return CaptionResult(
+        caption=caption,
+        tokens=list(output.tokens),
+        seed=request.seed,
+        target_forwards=output.stats.target_forwards,
+        num_tokens=len(output.tokens),
+        tokens_per_forward=output.stats.tokens_per_forward,
+        tau=(sum(lengths) - len(lengths)) / max(1, len(lengths)),
+        latency_s=output.stats.wall_time_s,
+        finish_reason=finish_reason or output.stats.finish_reason,
+        accepted_lengths=list(lengths),
+    )
 
 
 def caption_images(
@@ -85,8 +109,6 @@ def caption_images(
         RowRequest(VlmPrompt(target.format_prompt(q, len(imgs)), imgs), seed=int(seed), max_new_tokens=config.max_new_tokens)
         for q, imgs, seed in zip(questions, rows, seeds)
     ]
-    tokenizer = getattr(target.processor, "tokenizer", target.processor)
-    eos = set(target.eos_token_ids)
     results: list[CaptionResult] = []
     bar = None
     if progress:
@@ -101,23 +123,7 @@ def caption_images(
                         max_positions=max_positions(target))
         continuous = continuous_batching(target.device, config.batching)
         outputs = decode_batches(engine, requests, batch_size, continuous, progress_callback(bar, len(requests), f"caption_images ({config.method})"))
-        for request, output in zip(requests, outputs):
-            text_tokens = [t for t in output.tokens if t not in eos]
-            lengths = output.stats.accepted_lengths
-            results.append(
-                CaptionResult(
-                    caption=tokenizer.decode(text_tokens, skip_special_tokens=True).strip(),
-                    tokens=list(output.tokens),
-                    seed=request.seed,
-                    target_forwards=output.stats.target_forwards,
-                    num_tokens=len(output.tokens),
-                    tokens_per_forward=output.stats.tokens_per_forward,
-                    tau=(sum(lengths) - len(lengths)) / max(1, len(lengths)),
-                    latency_s=output.stats.wall_time_s,
-                    finish_reason=output.stats.finish_reason,
-                    accepted_lengths=list(lengths),
-                )
-            )
+        results += [caption_result(request, output, caption_text(target, output.tokens)) for request, output in zip(requests, outputs)]
     finally:
         if bar is not None:
             bar.close()

@@ -16,7 +16,7 @@ from raydec.config import IMAGE_METHODS, DecodeConfig
 from raydec.models.image_gen import ImagePrompt
 from raydec.models.loading import load_target
 from raydec.speculative.engine import Engine
-from raydec.speculative.requests import RowRequest
+from raydec.speculative.requests import RowOutput, RowRequest
 from raydec.speculative.proposers.factory import make_proposer
 
 logger = logging.getLogger("raydec.api")
@@ -39,6 +39,27 @@ class ImageResult:
     tokens_per_forward: float
     latency_s: float
     accepted_lengths: list[int] = field(default_factory=list)  # tokens committed per decode forward
+
+
+def decode_image(target: Any, tokens: Sequence[int]) -> Image.Image:
+    """One row's tokens -> its image. Decoded alone: a batched VQ decode rounds a row's pixels
+    differently with different neighbours (measured: off by 1 in float32), and a row's image
+    must not depend on its batch."""
+    return target.decode_tokens(torch.tensor([list(tokens)], dtype=torch.long))[0]
+
+
+def image_result(request: RowRequest, output: RowOutput, image: Image.Image) -> ImageResult:
+    """A finished row as the public result."""
+    return ImageResult(
+        image=image,
+        tokens=list(output.tokens),
+        seed=request.seed,
+        target_forwards=output.stats.target_forwards,
+        num_tokens=len(output.tokens),
+        tokens_per_forward=output.stats.tokens_per_forward,
+        latency_s=output.stats.wall_time_s,
+        accepted_lengths=list(output.stats.accepted_lengths),
+    )
 
 
 def generate_images(
@@ -92,22 +113,8 @@ def generate_images(
         )
         continuous = continuous_batching(target.device, config.batching)
         outputs = decode_batches(engine, requests, batch_size, continuous, progress_callback(bar, len(requests), f"generate_images ({config.method})"))
-        for start in range(0, len(requests), batch_size):
-            batch, chunk = requests[start : start + batch_size], outputs[start : start + batch_size]
-            images = target.decode_tokens(torch.tensor([output.tokens for output in chunk], dtype=torch.long))
-            for request, output, image in zip(batch, chunk, images):
-                results.append(
-                    ImageResult(
-                        image=image,
-                        tokens=list(output.tokens),
-                        seed=request.seed,
-                        target_forwards=output.stats.target_forwards,
-                        num_tokens=len(output.tokens),
-                        tokens_per_forward=output.stats.tokens_per_forward,
-                        latency_s=output.stats.wall_time_s,
-                        accepted_lengths=list(output.stats.accepted_lengths),
-                    )
-                )
+        for request, output in zip(requests, outputs):
+            results.append(image_result(request, output, decode_image(target, output.tokens)))
     finally:
         if bar is not None:
             bar.close()

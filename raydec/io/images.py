@@ -10,6 +10,8 @@ import io
 import logging
 import os
 import re
+import struct
+import warnings
 from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
@@ -100,6 +102,65 @@ def decode_image(data: bytes, *, field: str = "image", mode: Optional[str] = "RG
         head = bytes(data[:8])
         raise ImageError(f"{field}: corrupt bytes ({len(data)} bytes starting {head!r}: {pil_reason(exc)})") from None
     return image
+
+
+class ImageTooLargeError(ImageError):
+    """An image's header declares more pixels than allowed; raised before any decoding."""
+
+
+def _open_header_only(data: bytes) -> Optional[Image.Image]:
+    """Open `data` with PIL's registered format readers, skipping PIL's decompression-bomb check.
+
+    Each reader's constructor parses the header only (no pixel data), so this is safe for any
+    declared size; `Image.open` would raise `DecompressionBombError` instead of telling the size.
+    Returns None when no reader recognises the bytes.
+    """
+    Image.init()  # registers every plugin (once)
+    for format_id in Image.ID:
+        factory, accept = Image.OPEN[format_id]
+        accepted = True if accept is None else accept(data[:16])
+        if not accepted or isinstance(accepted, str):  # str: "looks like X, but unsupported"
+            continue
+        try:
+            return factory(io.BytesIO(data), None)
+        except (SyntaxError, IndexError, TypeError, ValueError, OSError, EOFError, struct.error):
+            continue
+    return None
+
+
+def image_header_pixels(data: bytes, *, field: str) -> tuple[int, int]:
+    """(width, height) as declared by the image header; the pixel data is never decoded.
+
+    Raises `ImageError("<field>: ... bytes are not an image ...")` for bytes PIL cannot identify.
+    """
+    data = bytes(data)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as opened:  # reads the header; no load()
+                return opened.size
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):  # over PIL's limit: still tell the size
+        opened = _open_header_only(data)
+        if opened is not None:
+            with opened:
+                return opened.size
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError):
+        pass
+    raise ImageError(f"{field}: {len(data)} bytes starting {data[:8]!r} are not an image PIL can identify")
+
+
+def check_image_pixels(data: bytes, max_pixels: int, *, field: str) -> tuple[int, int]:
+    """(width, height) from the header, after checking width * height <= `max_pixels`.
+
+    Raises `ImageTooLargeError` (an `ImageError`) before any decoding when the header declares
+    more pixels, and `ImageError` for bytes that are not an image.
+    """
+    width, height = image_header_pixels(data, field=field)
+    if width * height > max_pixels:
+        raise ImageTooLargeError(
+            f"{field}: image declares {width}x{height} = {width * height} pixels, more than max_image_pixels={max_pixels}"
+        )
+    return width, height
 
 
 def load_image_bytes(uri: str, s3: Optional[S3Config] = None, *, field: str = "image_uri") -> bytes:

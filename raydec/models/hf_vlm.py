@@ -204,7 +204,11 @@ class VisionLanguageTarget(SharedVocabularyForward):
     def format_prompt(self, question: str, num_images: int = 1) -> str:
         """A one-turn chat prompt with ``num_images`` images before the question."""
         content = [{"type": "image"} for _ in range(num_images)] + [{"type": "text", "text": question}]
-        messages = [{"role": "user", "content": content}]
+        return self.format_messages([{"role": "user", "content": content}])
+
+    def format_messages(self, messages: list[dict[str, Any]]) -> str:
+        """A chat (Hugging Face message dicts; ``{"type": "image"}`` parts mark where each image
+        goes) as the processor's chat template writes it, ready for the assistant's turn."""
         return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
     def processor_inputs(self, prompt: VlmPrompt) -> dict[str, torch.Tensor]:

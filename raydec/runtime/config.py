@@ -11,13 +11,10 @@ from typing import ClassVar, Literal, Optional
 
 from pydantic import Field, model_validator
 
-from raydec.config import CAPTION_METHODS, IMAGE_METHODS, DecodeConfig, StrictModel
+from raydec.config import CAPTION_METHODS, IMAGE_METHODS, DecodeConfig, DType, StrictModel
 from raydec.io.config import InputConfig, IOConfigError, OutputConfig
 from raydec.io.datasets import listing_root
 from raydec.io.filesystem import is_s3_uri
-
-DType = Literal["float32", "float64", "bfloat16", "float16"]
-"""Model weight / compute dtypes a job may ask for."""
 
 
 class PoolConfig(StrictModel):

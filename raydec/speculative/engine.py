@@ -110,7 +110,8 @@ class DecodeSession:
         session.cancel(handle)             # a queued row never starts; a decoding row leaves
 
     ``step`` returns the handles that finished in it (EOS, length cap or cancel); their
-    ``output(handle)`` is final. Handles count from 0 in submission order. A session is
+    ``output(handle)`` is final, and ``release(handle)`` drops them. Handles count from 0 in
+    submission order. A session is
     single-threaded: a Serve replica or a batch worker drives it from one loop.
     """
 
@@ -120,7 +121,8 @@ class DecodeSession:
         self.engine = engine
         self.max_batch = max_batch
         self.on_finish = on_finish
-        self.rows: list[RowState] = []
+        self.rows: dict[int, RowState] = {}  # submitted and not yet released
+        self._next_handle = 0
         self.queue: list[int] = []
         self.active: list[int] = []
         self.cache: RaggedCache | None = None
@@ -134,7 +136,7 @@ class DecodeSession:
 
     def submit(self, request: RowRequest) -> int:
         """Queue a request; returns its handle."""
-        handle = len(self.rows)
+        handle = self._next_handle
         if request.max_new_tokens is not None and request.max_new_tokens < 1:
             raise ValueError(f"requests[{handle}].max_new_tokens: {request.max_new_tokens} must be >= 1 (None: the config's)")
         limit = request.max_new_tokens if request.max_new_tokens is not None else self.engine.config.max_new_tokens
@@ -151,9 +153,19 @@ class DecodeSession:
             if sampling == mine:
                 sampling = None
         stop = frozenset(self.engine.eos_token_ids) | frozenset(int(t) for t in request.stop_token_ids)
-        self.rows.append(RowState(request=request, limit=limit, sampling=sampling, stop=stop))
+        self.rows[handle] = RowState(request=request, limit=limit, sampling=sampling, stop=stop)
+        self._next_handle += 1
         self.queue.append(handle)
         return handle
+
+    def release(self, handle: int) -> RowOutput:
+        """A finished row's output, and its record dropped (a long-running session, such as a
+        Serve replica's, releases each row it has read so its memory stays flat)."""
+        if not self.rows[handle].done:
+            raise ValueError(f"release({handle}): the row is still queued or decoding (cancel it first)")
+        output = self.output(handle)
+        del self.rows[handle]
+        return output
 
     def cancel(self, handle: int) -> None:
         """Stop a request: a queued one is dropped, a decoding one leaves the batch before the next step."""

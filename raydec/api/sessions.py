@@ -1,0 +1,304 @@
+"""Requests that arrive over time, decoded together: the engine sessions behind a Serve replica.
+
+    images = ImageSession("reference", DecodeConfig(method="sjd_pac"), max_batch=8)
+    ticket = images.submit("a red circle on the left", seed=7)
+    while images.busy:
+        for done in images.step():          # one admission or one decode step
+            result = images.result(done)    # an ImageResult, as generate_images gives it
+
+A request joins the running batch between steps (continuous batching) and can be cancelled.
+Rows of one engine share its method and classifier-free guidance, so a session keeps one engine
+per (method, cfg_scale, draft tree) that requests ask for and steps each in turn; temperature,
+top-k and top-p are per row. A row's output depends only on its inputs, seed and config, so it equals
+``generate_images`` / ``caption_images`` for the same seed (exactly so in float32 and float64).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from PIL import Image
+
+from raydec.api.captions import caption_result, caption_text
+from raydec.api.images import decode_image, image_result
+from raydec.api.inputs import as_decode_config, caption_decode_config, check_positions, image_decode_config, max_positions, over_checkpoint
+from raydec.config import DRAFT_METHODS, IMAGE_METHODS, CAPTION_METHODS, DecodeConfig, SamplingConfig
+from raydec.models.loading import draft_dtype, load_draft, load_target
+from raydec.speculative.engine import DecodeSession, Engine
+from raydec.speculative.proposers.factory import make_proposer
+from raydec.speculative.requests import RowRequest, RowState
+
+# what a request may set per row (CFG is the engine's: a separate key)
+ROW_SAMPLING = ("temperature", "top_k", "top_p", "repetition_penalty")
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A submitted request: which engine decodes it and its handle there."""
+
+    engine: tuple  # (method, cfg_scale, draft tree): rows of one engine share these
+    handle: int
+
+
+class _Sessions:
+    """One DecodeSession per (method, cfg_scale, draft tree), stepped in turn."""
+
+    def __init__(self, base: DecodeConfig, max_batch: int) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.base = base
+        self.max_batch = max_batch
+        self.sessions: dict[tuple, DecodeSession] = {}
+        self._turn = 0
+        self.steps = 0  # decode or admission steps run
+        self.rows_stepped = 0  # rows in the batch, summed over decode steps (mean batch = this / decode_steps)
+        self.decode_steps = 0
+
+    def config_for(self, method: str | None, cfg_scale: float | None, temperature: float | None = None) -> DecodeConfig:
+        """The engine config for a request: the base with its method and CFG scale. A draft
+        model's default tree depends on whether rows sample (``DraftTreeConfig.for_temperature``),
+        so a request whose temperature is on the other side of 0 gets the engine with that tree,
+        as ``caption_images`` with its temperature would."""
+        update: dict[str, Any] = {}
+        sampling = self.base.sampling
+        if method is not None:
+            update["method"] = method
+        if cfg_scale is not None and cfg_scale != sampling.cfg_scale:
+            sampling = sampling.model_copy(update={"cfg_scale": float(cfg_scale)})
+        if temperature is not None and self.base.draft_tree is None and (temperature == 0) != sampling.greedy:
+            sampling = sampling.model_copy(update={"temperature": float(temperature)})
+        if sampling is not self.base.sampling:
+            update["sampling"] = sampling
+        return self.base.model_copy(update=update) if update else self.base
+
+    def session(self, config: DecodeConfig) -> tuple[tuple, DecodeSession]:
+        tree = config.tree
+        key = (config.method, config.sampling.cfg_scale,
+               (tree.depth, tree.top_k, tree.total_tokens) if config.method in DRAFT_METHODS else None)
+        if key not in self.sessions:
+            self.sessions[key] = self.make_engine(config).session(max_batch=self.max_batch)
+        return key, self.sessions[key]
+
+    def make_engine(self, config: DecodeConfig) -> Engine:
+        raise NotImplementedError  # each task builds its own engine
+
+    @property
+    def busy(self) -> bool:
+        return any(session.busy for session in self.sessions.values())
+
+    def step(self) -> list[Ticket]:
+        """One step of the next busy engine (its admission or one decode step); returns the
+        requests that finished in it."""
+        busy = [key for key, session in self.sessions.items() if session.busy]
+        if not busy:
+            return []
+        key = busy[self._turn % len(busy)]
+        self._turn += 1
+        session = self.sessions[key]
+        decoding = len(session.active)
+        steps_before = session.steps
+        finished = session.step()
+        self.steps += 1
+        if session.steps > steps_before:
+            self.decode_steps += 1
+            self.rows_stepped += decoding
+        return [Ticket(key, handle) for handle in finished]
+
+    def row(self, ticket: Ticket) -> RowState:
+        return self.sessions[ticket.engine].rows[ticket.handle]
+
+    def tokens(self, ticket: Ticket) -> list[int]:
+        """The tokens committed so far (read-only)."""
+        return self.row(ticket).generated
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Stop a request; it finishes (reason "cancelled") at the next step."""
+        session = self.sessions.get(ticket.engine)
+        if session is not None and ticket.handle in session.rows:
+            session.cancel(ticket.handle)
+
+    def release(self, ticket: Ticket) -> None:
+        """Forget a finished request (call after reading its result)."""
+        self.sessions[ticket.engine].release(ticket.handle)
+
+    def active_rows(self) -> int:
+        return sum(len(session.active) for session in self.sessions.values())
+
+    def queued_rows(self) -> int:
+        return sum(len(session.queue) for session in self.sessions.values())
+
+    def drop(self) -> list[Ticket]:
+        """Abandon every engine (after a step failed, their state is unknown); returns the
+        requests that were queued or decoding."""
+        lost = [Ticket(key, handle) for key, session in self.sessions.items() for handle, row in session.rows.items() if not row.done]
+        self.sessions.clear()
+        return lost
+
+    def row_sampling(self, config: DecodeConfig, sampling: dict[str, Any] | None) -> SamplingConfig | None:
+        """A row's own sampling: the fields it sets over the engine's (None: the engine's)."""
+        if not sampling:
+            return None
+        unknown = set(sampling) - set(ROW_SAMPLING)
+        if unknown:
+            raise ValueError(f"sampling: {sorted(unknown)} cannot be set per request (per request: {', '.join(ROW_SAMPLING)})")
+        return over_checkpoint(SamplingConfig(**sampling), config.sampling)
+
+
+class ImageSession(_Sessions):
+    """Text-to-image requests (methods ar, sjd, sjd_ac, sjd_pac) decoded as they arrive."""
+
+    def __init__(
+        self, model: str | Path | Any = "reference", decode: DecodeConfig | dict | None = None,
+        dtype: torch.dtype = torch.float32, device: str | None = None, max_batch: int = 8,
+    ) -> None:
+        self.target = load_target(model, task="t2i", dtype=dtype, device=device)
+        config = image_decode_config(as_decode_config(decode), self.target)
+        if config.method not in IMAGE_METHODS:
+            raise ValueError(f"decode.method={config.method!r} is not a text-to-image method (use {', '.join(IMAGE_METHODS)})")
+        super().__init__(config, max_batch)
+        self.rows_per_image = int(self.target.layout_grid[0])
+
+    def make_engine(self, config: DecodeConfig) -> Engine:
+        target = self.target
+        return Engine(target, make_proposer(config, target), config, constraint=target.vocab_constraint(),
+                      eos_token_ids=target.eos_token_ids)
+
+    def submit(
+        self, prompt: str, seed: int, method: str | None = None, cfg_scale: float | None = None,
+        sampling: dict[str, Any] | None = None, negative_prompt: str | None = None,
+    ) -> Ticket:
+        """Queue one image. method / cfg_scale: the engine's unless set; sampling: per-row
+        temperature, top_k, top_p over the config's."""
+        from raydec.models.image_gen import ImagePrompt
+
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
+        if method is not None and method not in IMAGE_METHODS:
+            raise ValueError(f"method={method!r} is not a text-to-image method (use {', '.join(IMAGE_METHODS)})")
+        config = self.config_for(method, cfg_scale, (sampling or {}).get("temperature"))
+        request = RowRequest(ImagePrompt(prompt, negative_prompt), seed=int(seed), max_new_tokens=config.max_new_tokens,
+                             sampling=self.row_sampling(config, sampling))
+        check_positions(self.target, [request], 2 if config.sampling.uses_cfg else 1)
+        key, session = self.session(config)
+        return Ticket(key, session.submit(request))
+
+    def rows_done(self, ticket: Ticket) -> int:
+        """Image rows whose tokens are all committed."""
+        columns = self.target.layout_grid[1]
+        return len(self.tokens(ticket)) // columns
+
+    def partial_image(self, ticket: Ticket) -> Image.Image:
+        """The image as decoded so far: the committed rows, the rest grey. Rows not yet drafted
+        are filled by repeating the last committed row before VQ decoding (their pixels are then
+        greyed), so layout tokens stay in place."""
+        tokens = list(self.tokens(ticket))
+        rows, columns = self.target.layout_grid
+        done = len(tokens) // columns
+        if done == 0:
+            raise ValueError("partial_image: no image row is committed yet")
+        tokens = tokens[: done * columns]
+        while len(tokens) < self.target.num_image_tokens:
+            tokens.append(tokens[len(tokens) - columns])
+        image = self.target.decode_tokens(torch.tensor([tokens], dtype=torch.long))[0]
+        cut = image.height * done // rows
+        if cut < image.height:
+            grey = Image.new("RGB", (image.width, image.height - cut), (128, 128, 128))
+            image.paste(grey, (0, cut))
+        return image
+
+    def result(self, ticket: Ticket):
+        """A finished request's ImageResult (VQ-decoded here)."""
+        session = self.sessions[ticket.engine]
+        row = session.rows[ticket.handle]
+        output = session.output(ticket.handle)
+        if row.stats.finish_reason == "cancelled":
+            raise ValueError("result: the request was cancelled")
+        return image_result(row.request, output, decode_image(self.target, output.tokens))
+
+
+class CaptionSession(_Sessions):
+    """Vision-language requests (methods ar, vispec, eagle) decoded as they arrive, with stop
+    strings."""
+
+    def __init__(
+        self, model: str | Path | Any = "reference", decode: DecodeConfig | dict | None = None,
+        dtype: torch.dtype = torch.float32, device: str | None = None, max_batch: int = 8,
+    ) -> None:
+        self.model = model
+        self.target = load_target(model, task="caption", dtype=dtype, device=device)
+        super().__init__(caption_decode_config(as_decode_config(decode), self.target), max_batch)
+        self.max_positions = max_positions(self.target)
+        self.stops: dict[Ticket, tuple[str, ...]] = {}
+        self.stopped: dict[Ticket, str] = {}  # the text up to a stop string, for requests it ended
+
+    def make_engine(self, config: DecodeConfig) -> Engine:
+        target = self.target
+        draft = None
+        if config.method in DRAFT_METHODS:
+            draft = load_draft(target, config.method, self.model, config.draft_model, dtype=draft_dtype(target, config.draft_dtype))
+        return Engine(target, make_proposer(config, target, draft), config, eos_token_ids=target.eos_token_ids,
+                      max_positions=self.max_positions)
+
+    def submit(
+        self, messages: list[dict[str, Any]], images: Sequence[Image.Image], seed: int, method: str | None = None,
+        sampling: dict[str, Any] | None = None, max_new_tokens: int | None = None, stop: Sequence[str] = (),
+    ) -> Ticket:
+        """Queue one chat: Hugging Face messages whose ``{"type": "image"}`` parts take
+        ``images`` in order. stop: strings that end the answer (not included in it)."""
+        from raydec.models.hf_vlm import VlmPrompt
+
+        if method is not None and method not in CAPTION_METHODS:
+            raise ValueError(f"method={method!r} is not a captioning method (use {', '.join(CAPTION_METHODS)})")
+        config = self.config_for(method, None, (sampling or {}).get("temperature"))
+        text = self.target.format_messages(messages)
+        request = RowRequest(VlmPrompt(text, list(images)), seed=int(seed),
+                             max_new_tokens=max_new_tokens or config.max_new_tokens, sampling=self.row_sampling(config, sampling))
+        key, session = self.session(config)
+        ticket = Ticket(key, session.submit(request))
+        if stop:
+            self.stops[ticket] = tuple(s for s in stop if s)
+        return ticket
+
+    def prompt_tokens(self, messages: list[dict[str, Any]], images: Sequence[Image.Image]) -> int:
+        """The prompt's length in tokens, image tokens included (as the model will see it)."""
+        from raydec.models.hf_vlm import VlmPrompt
+
+        inputs = self.target.processor_inputs(VlmPrompt(self.target.format_messages(messages), list(images)))
+        return int(inputs["input_ids"].shape[-1])
+
+    def text(self, ticket: Ticket) -> str:
+        """The answer so far (up to its stop string, once one has ended it)."""
+        if ticket in self.stopped:
+            return self.stopped[ticket]
+        return caption_text(self.target, self.tokens(ticket))
+
+    def step(self) -> list[Ticket]:
+        finished = super().step()
+        for ticket, stops in list(self.stops.items()):  # a stop string ends its row at this step
+            if ticket in self.stopped or self.row(ticket).done:
+                continue
+            text = caption_text(self.target, self.tokens(ticket))
+            cut = min((text.find(s) for s in stops if s in text), default=-1)
+            if cut >= 0:
+                self.stopped[ticket] = text[:cut]
+                self.cancel(ticket)
+        return finished
+
+    def result(self, ticket: Ticket):
+        """A finished request's CaptionResult (finish_reason eos, length or stop)."""
+        session = self.sessions[ticket.engine]
+        row = session.rows[ticket.handle]
+        output = session.output(ticket.handle)
+        if ticket in self.stopped:
+            return caption_result(row.request, output, self.stopped[ticket], finish_reason="stop")
+        if row.stats.finish_reason == "cancelled":
+            raise ValueError("result: the request was cancelled")
+        return caption_result(row.request, output, caption_text(self.target, output.tokens))
+
+    def release(self, ticket: Ticket) -> None:
+        super().release(ticket)
+        self.stops.pop(ticket, None)
+        self.stopped.pop(ticket, None)

@@ -1,0 +1,1 @@
+"""The `raydec` subcommands that start long-running services (``raydec serve``)."""

@@ -1,0 +1,109 @@
+"""Typed configuration of the Serve app: the models it serves, its limits, media and keys.
+
+One ``ServeConfig`` builds the app (``build_app``), the ``raydec serve --config`` command and the
+``args`` of a Serve config file whose ``import_path`` is ``raydec.serve:app_builder``. A served
+model reuses the batch side's ``DecodeConfig`` and dtypes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal, Optional
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from raydec.config import CAPTION_METHODS, IMAGE_METHODS, DecodeConfig, DType
+from raydec.serve.media import MediaConfig
+from raydec.validation import StrictModel
+
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
+
+
+class ServedModel(StrictModel):
+    """One model behind the API, with its replicas (each runs one engine session)."""
+
+    name: str = Field(..., pattern=MODEL_NAME_PATTERN, description="The API's model id (the request's `model`).")
+    task: Literal["t2i", "caption"] = Field(..., description="t2i: /v1/images/generations; caption: /v1/chat/completions.")
+    model: str = Field("reference", min_length=1, description="'reference', or a local folder saved with save_pretrained.")
+    dtype: DType = Field("float32", description="Weights and compute dtype.")
+    decode: DecodeConfig = Field(
+        default_factory=DecodeConfig,
+        description="Method and sampling; unset sampling takes the checkpoint's. Requests may change the method "
+        "(within the task), cfg_scale and per-row temperature / top_k / top_p.",
+    )
+    max_batch_size: int = Field(8, ge=1, le=1024, description="Rows one replica decodes together (continuous batching).")
+    num_replicas: int = Field(1, ge=1, le=4096, description="Replicas when autoscaling_config is unset.")
+    autoscaling_config: Optional[dict[str, Any]] = Field(
+        None, description="Ray Serve autoscaling_config passed through (min_replicas, max_replicas, target_ongoing_requests, ...).",
+    )
+    num_gpus: float = Field(0.0, ge=0.0, le=8.0, description="GPUs per replica (the model runs on cuda); 0 runs on CPU.")
+    num_cpus: float = Field(0.5, gt=0.0, le=256.0, description="CPUs reserved per replica.")
+    torch_threads: int = Field(1, ge=1, le=256, description="torch.set_num_threads in each replica (CPU decoding).")
+    max_ongoing_requests: int = Field(
+        32, ge=1, le=100_000, description="Requests one replica holds at once (decoding or queued in its session).",
+    )
+    max_queued_requests: int = Field(
+        64, ge=-1, le=1_000_000,
+        description="Requests waiting for a replica beyond max_ongoing_requests; past it the API answers 503 with "
+        "Retry-After. -1: no limit.",
+    )
+    health_check_period_s: float = Field(10.0, gt=0, le=3600, description="Seconds between Serve's health checks.")
+    health_check_timeout_s: float = Field(30.0, gt=0, le=3600, description="Seconds a health check may take.")
+
+    @model_validator(mode="after")
+    def _method_fits_task(self) -> "ServedModel":
+        methods = IMAGE_METHODS if self.task == "t2i" else CAPTION_METHODS
+        if self.decode.method not in methods:
+            raise ValueError(f"decode.method: {self.decode.method!r} does not serve task {self.task!r} (use {', '.join(methods)})")
+        return self
+
+
+class LimitsConfig(StrictModel):
+    """What one request may ask for; past a limit the API answers 4xx naming it."""
+
+    max_request_bytes: int = Field(20 * 2**20, ge=1024, description="Largest request body (413 past it).")
+    max_prompt_chars: int = Field(4096, ge=1, le=1_000_000, description="Longest image prompt or chat text, in characters.")
+    max_prompt_tokens: int = Field(4096, ge=1, le=1_000_000, description="Longest chat prompt in tokens, image tokens included.")
+    max_tokens: int = Field(1024, ge=1, le=65536, description="Largest max_tokens / max_completion_tokens.")
+    max_n: int = Field(4, ge=1, le=16, description="Largest `n` of an image request.")
+    max_messages: int = Field(64, ge=1, le=4096, description="Most messages in one chat.")
+    request_timeout_s: float = Field(300.0, gt=0, le=86400, description="A request still running after this gets 408.")
+    retry_after_s: int = Field(5, ge=1, le=3600, description="Retry-After seconds of a 503 when replicas are full.")
+
+
+class ServeConfig(StrictModel):
+    """The whole Serve app: its models, HTTP options, keys, media access and limits."""
+
+    models: list[ServedModel] = Field(..., min_length=1, description="Served models; names are unique.")
+    host: str = Field("127.0.0.1", min_length=1, description="Address `raydec serve` binds (0.0.0.0 for every interface).")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port `raydec serve` binds.")
+    route_prefix: str = Field("/", pattern=r"^/", description="Prefix of every route (e.g. /raydec).")
+    api_keys: list[SecretStr] = Field(
+        default_factory=list, description="Keys accepted in `Authorization: Bearer`; none and no api_keys_env: open access.",
+    )
+    api_keys_env: Optional[str] = Field(
+        "RAYDEC_API_KEYS", description="Environment variable (in the ingress replica) holding comma-separated keys, added to api_keys.",
+    )
+    ingress_replicas: int = Field(1, ge=1, le=1024, description="Replicas of the HTTP ingress deployment.")
+    ingress_max_ongoing_requests: int = Field(1024, ge=1, le=1_000_000, description="Requests one ingress replica holds at once.")
+    media: MediaConfig = Field(default_factory=MediaConfig, description="How image_url parts are read (data URLs always).")
+    limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Request limits.")
+
+    @field_validator("models")
+    @classmethod
+    def _unique_names(cls, models: list[ServedModel]) -> list[ServedModel]:
+        names = [m.name for m in models]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"model names must be unique; repeated: {repeated}")
+        return models
+
+    def keys(self) -> set[str]:
+        """The accepted API keys (config and environment); empty: no key needed."""
+        keys = {key.get_secret_value() for key in self.api_keys}
+        if self.api_keys_env and os.environ.get(self.api_keys_env):
+            keys |= {k.strip() for k in os.environ[self.api_keys_env].split(",") if k.strip()}
+        return keys
+
+    def model(self, name: str) -> ServedModel | None:
+        return next((m for m in self.models if m.name == name), None)

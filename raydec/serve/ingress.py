@@ -1,0 +1,397 @@
+"""The HTTP ingress: OpenAI's routes over the model replicas.
+
+    GET  /health                    200 once every model answers (503 before)
+    GET  /v1/models, /v1/models/{id}
+    POST /v1/images/generations     text-to-image (SJD-PAC ...), SSE partial images when streamed
+    POST /v1/chat/completions       vision chat (ViSpec ...), SSE chunks when streamed
+    GET  /v1/raydec/stats           per-model engine and speculation totals
+
+Every answer other than success is OpenAI's error envelope. Requests are checked here (schema,
+limits, keys, media) before a replica sees them; a replica's own refusal (a prompt too long for
+the model, ...) comes back as its 4xx. Overload (a model's replicas and their queues full) is a
+503 with Retry-After; a replica that dies mid-request is a 503 too; past the request timeout a
+408.
+"""
+
+
+import asyncio
+import base64
+import hmac
+import json
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray import serve
+from ray.exceptions import RayError, RayTaskError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from raydec.serve.config import ServeConfig
+from raydec.serve.errors import APIError, validation_error
+from raydec.serve.media import MediaError, check_image_count, load_image_url
+from raydec.serve.protocol import ChatCompletionRequest, ImageGenerationRequest
+
+logger = logging.getLogger("raydec.serve")
+
+app = FastAPI(
+    title="raydec",
+    description="OpenAI-compatible image generation (SJD-PAC) and vision chat (ViSpec) with lossless speculative decoding.",
+    version="1",
+)
+
+
+def _answer(error: APIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+@app.exception_handler(APIError)
+async def _api_error(_request: Request, error: APIError) -> JSONResponse:
+    return _answer(error)
+
+
+@app.exception_handler(RequestValidationError)
+async def _invalid(_request: Request, error: RequestValidationError) -> JSONResponse:
+    return _answer(validation_error(list(error.errors())))
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(_request: Request, error: StarletteHTTPException) -> JSONResponse:
+    code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code)
+    message = "no such route" if error.status_code == 404 else str(error.detail)
+    return _answer(APIError(error.status_code, message, code=code))
+
+
+@app.exception_handler(Exception)
+async def _unexpected(_request: Request, error: Exception) -> JSONResponse:
+    logger.exception("unexpected error")
+    return _answer(APIError(500, f"internal error: {type(error).__name__}", code="internal_error"))
+
+
+@app.middleware("http")
+async def _guard(request: Request, call_next: Any) -> Any:
+    """API keys on /v1 routes, and the body size limit (before the body is read)."""
+    state = request.app.state
+    if request.url.path.startswith(getattr(state, "prefix", "") + "/v1") or request.url.path.startswith("/v1"):
+        keys: set[str] = getattr(state, "keys", set())
+        if keys:
+            header = request.headers.get("authorization", "")
+            scheme, _, given = header.partition(" ")
+            if scheme.lower() != "bearer" or not any(hmac.compare_digest(given.strip(), key) for key in keys):
+                why = "no API key given (Authorization: Bearer <key>)" if not header else "the API key is not valid"
+                return _answer(APIError(401, why, code="invalid_api_key"))
+    limit = getattr(state, "max_request_bytes", None)
+    if limit is not None and request.method == "POST":
+        length = request.headers.get("content-length")
+        if length is not None:
+            if not length.isdigit():
+                return _answer(APIError(400, f"Content-Length: {length[:20]!r} is not a number", code="invalid_value"))
+            if int(length) > limit:
+                return _answer(APIError(413, f"the request body is {int(length)} bytes, more than limits.max_request_bytes={limit}",
+                                        code="request_too_large"))
+        else:  # chunked: read it here, with the cap, and hand the body on
+            body = b""
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    return _answer(APIError(413, f"the request body is more than limits.max_request_bytes={limit} bytes",
+                                            code="request_too_large"))
+            request._body = body
+    return await call_next(request)
+
+
+def _sse(data: Any, event: Optional[str] = None) -> bytes:
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(data) if not isinstance(data, str) else data}\n\n".encode()
+
+
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+@serve.ingress(app)
+class Ingress:
+    """Routes requests to the model deployments (``models``: name -> handle)."""
+
+    def __init__(self, config: ServeConfig, models: dict[str, Any]) -> None:
+        logging.getLogger("raydec").setLevel(logging.INFO)
+        self.config = config
+        self.models = models
+        self.info: dict[str, dict[str, Any]] = {}
+        app.state.keys = config.keys()
+        app.state.max_request_bytes = config.limits.max_request_bytes
+        logger.info("raydec ingress: %d model(s): %s; API keys %s", len(models), ", ".join(models),
+                    "required" if app.state.keys else "not required")
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _model(self, name: Optional[str], task: str, param: str = "model") -> str:
+        if name is None:
+            served = next((m for m in self.config.models if m.task == task), None)
+            if served is None:
+                raise APIError(404, f"no {'text-to-image' if task == 't2i' else 'vision-language'} model is served", param=param,
+                               code="model_not_found")
+            return served.name
+        served = self.config.model(name)
+        if served is None:
+            raise APIError(404, f"model {name[:100]!r} does not exist (served: {', '.join(self.models)})", param=param,
+                           code="model_not_found")
+        if served.task != task:
+            route = "/v1/images/generations" if served.task == "t2i" else "/v1/chat/completions"
+            raise APIError(400, f"model {name!r} serves {route}", param=param, code="wrong_model_type")
+        return name
+
+    async def _info(self, name: str) -> dict[str, Any]:
+        if name not in self.info:
+            self.info[name] = await self.models[name].info.remote()
+        return self.info[name]
+
+    async def _events(self, name: str, method: str, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """The replica's events for one request; Serve's and Ray's failures as API errors."""
+        retry = {"Retry-After": str(self.config.limits.retry_after_s)}
+        stream = getattr(self.models[name].options(stream=True), method).remote(payload)
+        try:
+            async for event in stream:
+                if event["kind"] == "error":
+                    if event["status"] == 499:
+                        raise APIError(499, "the request was cancelled", code="cancelled")
+                    raise APIError(event["status"], event["message"], code=event["code"])
+                yield event
+        except (APIError, asyncio.CancelledError):
+            raise
+        except Exception as error:
+            if type(error).__name__ == "BackPressureError":
+                raise APIError(503, f"model {name!r} is at capacity (its replicas and queue are full); retry later",
+                               code="overloaded", headers=retry) from None
+            if isinstance(error, RayTaskError):
+                logger.error("model %s failed a request: %s", name, error)
+                raise APIError(500, f"model {name!r} failed the request: {type(error.cause).__name__}", code="engine_failed") from None
+            if isinstance(error, RayError):
+                logger.warning("model %s replica unavailable: %s", name, type(error).__name__)
+                raise APIError(503, f"model {name!r}: its replica stopped during the request ({type(error).__name__}); retry",
+                               code="replica_unavailable", headers=retry) from None
+            raise
+        finally:
+            stream.cancel()
+
+    async def _with_timeout(self, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+        deadline = time.monotonic() + self.config.limits.request_timeout_s
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                try:
+                    event = await asyncio.wait_for(events.__anext__(), timeout=left)
+                except StopAsyncIteration:
+                    return
+                yield event
+        except TimeoutError:
+            raise APIError(408, f"the request took more than limits.request_timeout_s={self.config.limits.request_timeout_s} s",
+                           code="timeout") from None
+        finally:
+            await events.aclose()
+
+    # -- routes ------------------------------------------------------------------------------------
+
+    @app.get("/health")
+    async def health(self) -> JSONResponse:
+        """200 once every model's replica is up."""
+        try:
+            for name in self.models:
+                await asyncio.wait_for(self._info(name), timeout=5.0)
+        except Exception as error:
+            return _answer(APIError(503, f"not ready: {type(error).__name__}", code="not_ready"))
+        return JSONResponse({"status": "ok", "models": list(self.models)})
+
+    @app.get("/v1/models")
+    async def list_models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [self._card(m.name) for m in self.config.models]}
+
+    @app.get("/v1/models/{model:path}")
+    async def get_model(self, model: str) -> dict[str, Any]:
+        if self.config.model(model) is None:
+            raise APIError(404, f"model {model[:100]!r} does not exist", param="model", code="model_not_found")
+        return self._card(model)
+
+    def _card(self, name: str) -> dict[str, Any]:
+        served = self.config.model(name)
+        return {"id": name, "object": "model", "created": 0, "owned_by": "raydec", "task": served.task,
+                "method": served.decode.method}
+
+    @app.get("/v1/raydec/stats")
+    async def stats(self) -> dict[str, Any]:
+        """Per model: engine steps, mean batch size, speculation totals (one replica's view)."""
+        return {name: await handle.stats.remote() for name, handle in self.models.items()}
+
+    @app.post("/v1/images/generations")
+    async def images(self, body: ImageGenerationRequest) -> Any:
+        limits = self.config.limits
+        name = self._model(body.model, "t2i")
+        if body.response_format == "url":
+            raise APIError(400, "response_format 'url' is not supported (nothing is stored); use 'b64_json'",
+                           param="response_format", code="unsupported_value")
+        if body.n > limits.max_n:
+            raise APIError(400, f"n: {body.n} is more than limits.max_n={limits.max_n}", param="n", code="invalid_value")
+        if len(body.prompt) > limits.max_prompt_chars:
+            raise APIError(400, f"prompt: {len(body.prompt)} characters, more than limits.max_prompt_chars={limits.max_prompt_chars}",
+                           param="prompt", code="invalid_value")
+        if not body.prompt.strip():
+            raise APIError(400, "prompt: is blank", param="prompt", code="invalid_value")
+        info = await self._info(name)
+        if body.size not in (None, "auto", info["size"]):
+            raise APIError(400, f"size: {body.size[:40]!r} is not available; model {name!r} makes {info['size']} images",
+                           param="size", code="unsupported_value")
+        payload = body.model_dump()
+        created = int(time.time())
+        events = self._with_timeout(self._events(name, "generate_images", payload))
+        if body.stream:
+            return await self._stream(events, lambda event: self._image_event(event, created, info["size"]))
+        images: list[Optional[dict[str, Any]]] = [None] * body.n
+        async for event in events:
+            if event["kind"] == "image":
+                images[event["index"]] = event
+        data = [{"b64_json": base64.b64encode(image["png"]).decode(), "revised_prompt": None} for image in images]
+        return {"created": created, "data": data, "output_format": "png", "size": info["size"],
+                "usage": self._image_usage([image["stats"] for image in images])}
+
+    @staticmethod
+    def _image_usage(stats: list[dict[str, Any]]) -> dict[str, Any]:
+        output = sum(s["tokens"] for s in stats)
+        return {"input_tokens": 0, "input_tokens_details": {"image_tokens": 0, "text_tokens": 0}, "output_tokens": output,
+                "total_tokens": output, "images": stats}
+
+    def _image_event(self, event: dict[str, Any], created: int, size: str) -> Optional[bytes]:
+        common = {"b64_json": base64.b64encode(event["png"]).decode(), "created_at": created, "size": size, "quality": "auto",
+                  "background": "opaque", "output_format": "png", "index": event["index"]}
+        if event["kind"] == "partial":
+            kind = "image_generation.partial_image"
+            return _sse({"type": kind, "partial_image_index": event["partial_image_index"], **common}, kind)
+        if event["kind"] == "image":
+            kind = "image_generation.completed"
+            return _sse({"type": kind, "usage": self._image_usage([event["stats"]]), **common}, kind)
+        return None
+
+    async def _stream(self, events: AsyncIterator[dict[str, Any]], render: Any, done: Optional[bytes] = None) -> StreamingResponse:
+        """SSE from ``events``: the first event is awaited here, so a request refused before it
+        starts still gets its status; a failure later is an error event."""
+        try:
+            first = await events.__anext__()
+        except StopAsyncIteration:
+            first = None
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                if first is not None:
+                    chunk = render(first)
+                    if chunk:
+                        yield chunk
+                    async for event in events:
+                        chunk = render(event)
+                        if chunk:
+                            yield chunk
+                if done:
+                    yield done
+            except APIError as error:
+                yield _sse(error.body())
+            finally:
+                await events.aclose()
+
+        return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    @app.post("/v1/chat/completions")
+    async def chat(self, body: ChatCompletionRequest) -> Any:
+        limits = self.config.limits
+        name = self._model(body.model, "caption")
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        if max_tokens is not None and max_tokens > limits.max_tokens:
+            field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+            raise APIError(400, f"{field}: {max_tokens} is more than limits.max_tokens={limits.max_tokens}", param=field,
+                           code="invalid_value")
+        if max_tokens is None:
+            max_tokens = min(self.config.model(name).decode.max_new_tokens, limits.max_tokens)
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        if len(stop) > 4 or any(not s for s in stop):
+            raise APIError(400, "stop: up to 4 non-empty strings", param="stop", code="invalid_value")
+        messages, images = await self._chat_inputs(body)
+        payload = {"messages": messages, "images": images, "seed": body.seed, "temperature": body.temperature,
+                   "top_p": body.top_p, "top_k": body.top_k, "method": body.method, "max_tokens": max_tokens, "stop": stop,
+                   "stream": body.stream}
+        created, completion = int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
+        events = self._with_timeout(self._events(name, "chat", payload))
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            head = {"id": completion, "object": "chat.completion.chunk", "created": created, "model": name}
+            state = {"role_sent": False}
+
+            def render(event: dict[str, Any]) -> Optional[bytes]:
+                if event["kind"] == "delta":
+                    delta = {"content": event["text"]}
+                    if not state["role_sent"]:
+                        delta = {"role": "assistant", **delta}
+                        state["role_sent"] = True
+                    return _sse({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}]})
+                if event["kind"] == "done":
+                    delta = {} if state["role_sent"] else {"role": "assistant", "content": ""}
+                    last = _sse({**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                       "finish_reason": FINISH_REASONS.get(event["finish_reason"], "stop")}]})
+                    if usage:
+                        last += _sse({**head, "choices": [], "usage": self._chat_usage(event)})
+                    return last
+                return None
+
+            return await self._stream(events, render, done=_sse("[DONE]"))
+        answer: dict[str, Any] = {}
+        async for event in events:
+            if event["kind"] == "done":
+                answer = event
+        return {
+            "id": completion, "object": "chat.completion", "created": created, "model": name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer["text"]}, "logprobs": None,
+                         "finish_reason": FINISH_REASONS.get(answer["finish_reason"], "stop")}],
+            "usage": self._chat_usage(answer),
+        }
+
+    @staticmethod
+    def _chat_usage(event: dict[str, Any]) -> dict[str, Any]:
+        return {"prompt_tokens": event["prompt_tokens"], "completion_tokens": event["completion_tokens"],
+                "total_tokens": event["prompt_tokens"] + event["completion_tokens"], **event["stats"]}
+
+    async def _chat_inputs(self, body: ChatCompletionRequest) -> tuple[list[dict[str, Any]], list[Any]]:
+        """OpenAI messages -> Hugging Face chat messages (an image part becomes {"type": "image"}) and
+        the images, read and checked (off the event loop)."""
+        limits, media = self.config.limits, self.config.media
+        if len(body.messages) > limits.max_messages:
+            raise APIError(400, f"messages: {len(body.messages)} messages, more than limits.max_messages={limits.max_messages}",
+                           param="messages", code="invalid_value")
+        messages, urls, chars = [], [], 0
+        for m, message in enumerate(body.messages):
+            parts = [{"type": "text", "text": message.content}] if isinstance(message.content, str) else message.content
+            content = []
+            for p, part in enumerate(parts):
+                if isinstance(part, dict):
+                    content.append(part)
+                    chars += len(part["text"])
+                elif part.type == "text":
+                    content.append({"type": "text", "text": part.text})
+                    chars += len(part.text)
+                else:
+                    content.append({"type": "image"})
+                    urls.append((part.image_url.url, f"messages[{m}].content[{p}].image_url.url"))
+            messages.append({"role": message.role, "content": content})
+        if chars > limits.max_prompt_chars:
+            raise APIError(400, f"messages: {chars} characters of text, more than limits.max_prompt_chars={limits.max_prompt_chars}",
+                           param="messages", code="invalid_value")
+        try:
+            check_image_count(len(urls), media, param="messages")
+        except MediaError as error:
+            raise APIError(error.status, str(error), param=error.param, code=error.code) from None
+        images = []
+        for url, param in urls:
+            try:
+                images.append(await asyncio.to_thread(load_image_url, url, media, param=param))
+            except MediaError as error:
+                raise APIError(error.status, str(error), param=error.param, code=error.code) from None
+        return messages, images

@@ -1,0 +1,60 @@
+"""One running raydec Serve app on 127.0.0.1 for the serving tests (started once per session):
+the reference text-to-image model and the reference VLM in float32 (so a row's output does
+not depend on which rows share its batch), with an API key, an https allow-list that names
+loopback hosts (so the private-address refusal after DNS is what stops them) and small limits."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import pytest
+
+from tests.ray_fixture import REPO_ROOT, _free_ports
+
+API_KEY = "rk-test-7Hq2vX9pLm4Zt8Wc"  # the tests search every log line for it
+
+
+@pytest.fixture(scope="session")
+def serve_app() -> Iterator[dict]:
+    """Yields {"url", "key", "config"}: the app's base URL (routes under /v1) and its key."""
+    import ray
+    from ray import serve
+
+    from raydec.commands.serve import start
+    from raydec.runtime.cluster import init_local_ray
+    from raydec.serve import ServeConfig
+
+    if ray.is_initialized():
+        ray.shutdown()
+    (port,) = _free_ports(1)
+    config = ServeConfig.model_validate({
+        "port": port,
+        "api_keys": [API_KEY],
+        "api_keys_env": None,
+        "models": [
+            {"name": "t2i", "task": "t2i", "decode": {"method": "sjd_pac"}, "max_batch_size": 8, "max_ongoing_requests": 48,
+             "max_queued_requests": 64, "health_check_period_s": 2.0},
+            {"name": "vlm", "task": "caption", "decode": {"method": "vispec"}, "max_batch_size": 8},
+        ],
+        "media": {"allowed_domains": ["localhost", "127.0.0.1"], "max_images_per_request": 2},
+        "limits": {"max_request_bytes": 2 * 2**20, "max_n": 4, "request_timeout_s": 120},
+    })
+    env_vars = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
+    init_local_ray(num_cpus=2, env_vars=env_vars, object_store_memory=300 * 2**20)
+    try:
+        url = start(config, ready_timeout_s=300)
+        yield {"url": url, "key": API_KEY, "config": config}
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def client(serve_app):
+    """The official openai client, pointed at the app with its key."""
+    from openai import OpenAI
+
+    return OpenAI(base_url=serve_app["url"] + "/v1", api_key=serve_app["key"], max_retries=0, timeout=120)
