@@ -140,7 +140,10 @@ def image_header_pixels(data: bytes, *, field: str) -> tuple[int, int]:
             with Image.open(io.BytesIO(data)) as opened:  # reads the header; no load()
                 return opened.size
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):  # over PIL's limit: still tell the size
-        opened = _open_header_only(data)
+        try:
+            opened = _open_header_only(data)
+        except Image.DecompressionBombError as exc:  # a reader that checks in its constructor (GIF)
+            raise ImageTooLargeError(f"{field}: image declares too many pixels ({pil_reason(exc)})") from None
         if opened is not None:
             with opened:
                 return opened.size

@@ -28,6 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from ray.exceptions import RayError, RayTaskError
+from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from raydec.serve.config import ServeConfig
@@ -151,8 +152,9 @@ class Ingress:
     async def _events(self, name: str, method: str, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """The replica's events for one request; Serve's and Ray's failures as API errors."""
         retry = {"Retry-After": str(self.config.limits.retry_after_s)}
-        stream = getattr(self.models[name].options(stream=True), method).remote(payload)
+        stream = None
         try:
+            stream = getattr(self.models[name].options(stream=True), method).remote(payload)
             async for event in stream:
                 if event["kind"] == "error":
                     if event["status"] == 499:
@@ -162,7 +164,7 @@ class Ingress:
         except (APIError, asyncio.CancelledError):
             raise
         except Exception as error:
-            if type(error).__name__ == "BackPressureError":
+            if isinstance(error, BackPressureError):
                 raise APIError(503, f"model {name!r} is at capacity (its replicas and queue are full); retry later",
                                code="overloaded", headers=retry) from None
             if isinstance(error, RayTaskError):
@@ -174,7 +176,11 @@ class Ingress:
                                code="replica_unavailable", headers=retry) from None
             raise
         finally:
-            stream.cancel()
+            if stream is not None:
+                try:
+                    stream.cancel()  # a request that never started re-raises its refusal here
+                except Exception:
+                    pass
 
     async def _with_timeout(self, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
         deadline = time.monotonic() + self.config.limits.request_timeout_s

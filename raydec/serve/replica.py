@@ -145,7 +145,7 @@ class ModelReplica:
         return info
 
     def stats(self) -> dict[str, Any]:
-        return {**self.loop.stats(), **self.metrics.snapshot(), "requests": self.requests}
+        return {**self.loop.stats(), **self.metrics.snapshot(), "requests": self.requests, "pid": os.getpid()}
 
     def check_health(self) -> None:
         """Serve's health check: fails once the engine loop has died (Serve then replaces the replica)."""

@@ -35,7 +35,8 @@ def serve_app() -> Iterator[dict]:
         "models": [
             {"name": "t2i", "task": "t2i", "decode": {"method": "sjd_pac"}, "max_batch_size": 8, "max_ongoing_requests": 48,
              "max_queued_requests": 64, "health_check_period_s": 2.0},
-            {"name": "vlm", "task": "caption", "decode": {"method": "vispec"}, "max_batch_size": 8},
+            {"name": "vlm", "task": "caption", "decode": {"method": "vispec"}, "max_batch_size": 8,
+             "max_ongoing_requests": 2, "max_queued_requests": 2},  # small: the overload test fills it
         ],
         "media": {"allowed_domains": ["localhost", "127.0.0.1"], "max_images_per_request": 2},
         "limits": {"max_request_bytes": 2 * 2**20, "max_n": 4, "request_timeout_s": 120},

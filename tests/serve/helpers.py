@@ -29,7 +29,7 @@ def pixels(b64: str) -> np.ndarray:
 
 def call(url: str, path: str, body: Any = None, key: str | None = None, raw: bytes | None = None,
          headers: dict[str, str] | None = None, method: str | None = None) -> tuple[int, dict, dict]:
-    """One HTTP request; returns (status, JSON body, headers)."""
+    """One HTTP request; returns (status, JSON body, headers with lower-case names)."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     request = urllib.request.Request(url + path, data=data, method=method or ("POST" if data is not None else "GET"))
     request.add_header("Content-Type", "application/json")
@@ -39,14 +39,14 @@ def call(url: str, path: str, body: Any = None, key: str | None = None, raw: byt
         request.add_header(name, value)
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.loads(response.read() or b"{}"), dict(response.headers)
+            return response.status, json.loads(response.read() or b"{}"), {k.lower(): v for k, v in response.headers.items()}
     except urllib.error.HTTPError as error:
         text = error.read()
         try:
             payload = json.loads(text)
         except ValueError:
             payload = {"raw": text.decode(errors="replace")}
-        return error.code, payload, dict(error.headers)
+        return error.code, payload, {k.lower(): v for k, v in error.headers.items()}
 
 
 def stats(app: dict, model: str) -> dict:
