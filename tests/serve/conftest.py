@@ -1,4 +1,4 @@
-"""One running raydec Serve app on 127.0.0.1 for the serving tests (started once per session):
+"""One running raydec Serve app on 127.0.0.1 for the serving tests (started once for this folder):
 the reference text-to-image model and the reference VLM in float32 (so a row's output does
 not depend on which rows share its batch), with an API key, an https allow-list that names
 loopback hosts (so the private-address refusal after DNS is what stops them) and small limits."""
@@ -15,7 +15,7 @@ from tests.ray_fixture import REPO_ROOT, _free_ports
 API_KEY = "rk-test-7Hq2vX9pLm4Zt8Wc"  # the tests search every log line for it
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def serve_app() -> Iterator[dict]:
     """Yields {"url", "key", "config"}: the app's base URL (routes under /v1) and its key."""
     import ray
@@ -53,7 +53,7 @@ def serve_app() -> Iterator[dict]:
             ray.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def client(serve_app):
     """The official openai client, pointed at the app with its key."""
     from openai import OpenAI
