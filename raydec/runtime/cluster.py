@@ -15,8 +15,11 @@ LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disa
 Values already set in the environment win."""
 
 
-def init_local_ray(num_cpus: Optional[int] = None, env_vars: Optional[Dict[str, str]] = None, **kwargs: Any) -> None:
+def init_local_ray(
+    num_cpus: Optional[int] = None, env_vars: Optional[Dict[str, str]] = None, log_to_driver: bool = True, **kwargs: Any
+) -> None:
     """Start a private local Ray cluster on 127.0.0.1 (no dashboard), unless Ray is already up.
+    log_to_driver: print the workers' logs here too (they are always in Ray's log files).
 
     Safe to call from several threads at once (e.g. a notebook's parallel jobs): one starts it.
     """
@@ -30,7 +33,7 @@ def init_local_ray(num_cpus: Optional[int] = None, env_vars: Optional[Dict[str, 
         runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
         ray.init(
             address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-            runtime_env=runtime_env, log_to_driver=True, **kwargs,
+            runtime_env=runtime_env, log_to_driver=log_to_driver, **kwargs,
         )
     logger.info("started a local Ray cluster on 127.0.0.1 with %s CPU(s)", ray.cluster_resources().get("CPU"))
 

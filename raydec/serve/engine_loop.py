@@ -67,6 +67,7 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="raydec-engine", daemon=True)
         self._stopping = False
         self.died: Optional[BaseException] = None
+        self.cancelled = 0  # rows whose request went away (a client disconnect, a timeout)
 
     def start(self) -> None:
         self._thread.start()
@@ -166,6 +167,7 @@ class EngineLoop:
             if watcher is None:  # nobody follows it any more
                 return
             if self.session.row(ticket).stats.finish_reason == "cancelled" and not self._stopped_by_text(ticket):
+                self.cancelled += 1
                 watcher.fail(499, "cancelled", "cancelled")
                 return
             watcher.admitted_at = self.session.row(ticket).admitted_at
@@ -203,6 +205,7 @@ class EngineLoop:
             "active_rows": self.session.active_rows(),
             "queued_rows": self.session.queued_rows(),
             "following": len(self._watchers),
+            "cancelled": self.cancelled,
             "alive": self.alive,
         }
 

@@ -112,6 +112,26 @@ def _sse(data: Any, event: Optional[str] = None) -> bytes:
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
+async def with_deadline(events: AsyncIterator[dict[str, Any]], seconds: float) -> AsyncIterator[dict[str, Any]]:
+    """``events`` until ``seconds`` have passed since the first wait: then a 408 (and ``events``
+    is closed, which cancels the request's rows)."""
+    deadline = time.monotonic() + seconds
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            try:
+                event = await asyncio.wait_for(events.__anext__(), timeout=left)
+            except StopAsyncIteration:
+                return
+            yield event
+    except TimeoutError:
+        raise APIError(408, f"the request took more than limits.request_timeout_s={seconds} s", code="timeout") from None
+    finally:
+        await events.aclose()
+
+
 @serve.ingress(app)
 class Ingress:
     """Routes requests to the model deployments (``models``: name -> handle)."""
@@ -182,23 +202,8 @@ class Ingress:
                 except Exception:
                     pass
 
-    async def _with_timeout(self, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-        deadline = time.monotonic() + self.config.limits.request_timeout_s
-        try:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError
-                try:
-                    event = await asyncio.wait_for(events.__anext__(), timeout=left)
-                except StopAsyncIteration:
-                    return
-                yield event
-        except TimeoutError:
-            raise APIError(408, f"the request took more than limits.request_timeout_s={self.config.limits.request_timeout_s} s",
-                           code="timeout") from None
-        finally:
-            await events.aclose()
+    def _with_timeout(self, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+        return with_deadline(events, self.config.limits.request_timeout_s)
 
     # -- routes ------------------------------------------------------------------------------------
 

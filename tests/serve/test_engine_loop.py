@@ -94,3 +94,29 @@ def test_health_check_fails_once_the_engine_loop_died(serve_app):
     asyncio.run(kill())
     with pytest.raises(RuntimeError, match="engine loop .* died"):
         replica.check_health()
+
+
+def test_a_request_past_its_deadline_gets_408_and_is_closed():
+    from raydec.serve.errors import APIError
+    from raydec.serve.ingress import with_deadline
+
+    closed = []
+
+    async def slow():
+        try:
+            yield {"kind": "partial"}
+            await asyncio.sleep(10)
+            yield {"kind": "image"}
+        finally:
+            closed.append(True)
+
+    async def run() -> list:
+        seen = []
+        with pytest.raises(APIError) as caught:
+            async for event in with_deadline(slow(), 0.2):
+                seen.append(event["kind"])
+        assert caught.value.status == 408 and caught.value.body()["error"]["code"] == "timeout"
+        return seen
+
+    assert asyncio.run(run()) == ["partial"]
+    assert closed == [True]

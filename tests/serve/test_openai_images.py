@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -54,6 +55,22 @@ def test_streamed_image_sends_partials_then_the_same_image(client, reference_ima
     grey = np.all(first == 128, axis=2).all(axis=1)  # rows not yet decoded are grey
     assert grey[-1] and not grey[0]
     assert events[-1].usage.output_tokens == 256
+
+
+def test_a_client_that_disconnects_cancels_its_row(client, serve_app):
+    before = stats(serve_app, "t2i")
+    stream = client.images.generate(prompt=PROMPT, model="t2i", stream=True, partial_images=3,
+                                    extra_body={"seed": 8, "method": "ar"})
+    next(iter(stream))  # the first partial image: the row is decoding
+    stream.response.close()  # the client goes away
+    deadline = time.monotonic() + 30
+    while True:
+        now = stats(serve_app, "t2i")
+        if now["cancelled"] > before["cancelled"] and now["active_rows"] == 0:
+            break
+        assert time.monotonic() < deadline, now
+        time.sleep(0.1)
+    assert now["rows"] == before["rows"]  # it never finished
 
 
 def test_concurrent_requests_all_succeed_in_shared_batches(serve_app):
