@@ -1,54 +1,18 @@
 """ViSpec / EAGLE draft training job: `ray job submit --working-dir . -- python jobs/train_vispec.py --config CONFIG`.
 
-Generates the training data with the target as a Ray Data job (reused when already present
-with the same settings), trains each draft of the config with Ray Train's TorchTrainer and
-saves it (safetensors + draft_config.json, loss curve, train_log.json); with `evaluate:` set,
-measures acceptance on held-out images and writes a MODEL_CARD.md per draft.
+The same as `raydec train --config CONFIG` (raydec/commands/train.py): generates the training
+data with the target as a Ray Data job, trains each draft with Ray Train and saves it.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import logging
-import shlex
 import sys
 
-from pydantic import ValidationError
-
-from raydec.train.config import DraftJobConfig
-from raydec.train.job import preflight_draft_job, run_draft_job
-from raydec.validation import config_error_line, validation_problems
+from raydec.commands.train import main as _main
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="YAML job file (see jobs/configs/train_vispec_*.yaml)")
-    parser.add_argument("--steps", type=int, help="override every draft's steps")
-    parser.add_argument("--samples", type=int, help="override data.num_samples")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:  # a bad config, target or output folder: one clear message, before Ray starts
-        job = DraftJobConfig.from_yaml(args.config)
-        values = job.model_dump()
-        if args.samples is not None:
-            values["data"]["num_samples"] = args.samples
-        if args.steps is not None:
-            for draft in values["drafts"]:
-                draft["steps"] = args.steps
-        try:  # overrides are checked like the file (a 0 or negative count is an error, not ignored)
-            job = DraftJobConfig.model_validate(values)
-        except ValidationError as error:
-            parser.error("bad override: " + "; ".join(validation_problems(error)))
-        preflight_draft_job(job)
-    except ValueError as exc:
-        raise SystemExit(config_error_line(args.config, exc)) from None
-    command = "python jobs/train_vispec.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
-    from raydec.reference.shapes import sample_images  # the job's images: the shapes world (no other source yet)
-
-    result = run_draft_job(job, sample_images, command=command)
-    print(json.dumps(result, indent=2, default=str))
-    return 0
+    return _main(argv, prog="python jobs/train_vispec.py")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ This layer knows nothing of models; `runtime/` and `jobs/` compose it with the e
 from raydec.io.config import (
     DatasetSchemaError,
     InputConfig,
+    RowFormat,
     IOConfigError,
     OutputConfig,
     OutputNotWritableError,
@@ -35,7 +36,7 @@ from raydec.io.writers import (
 )
 
 __all__ = [
-    "DatasetSchemaError", "IOConfigError", "ImageError", "InputConfig", "InputFile", "OutputConfig",
+    "DatasetSchemaError", "IOConfigError", "ImageError", "InputConfig", "InputFile", "OutputConfig", "RowFormat",
     "OutputNotWritableError", "RESULT_SCHEMA", "ResultWriter", "S3Config", "attach_caption_images",
     "check_dataset", "check_output_writable", "completed_ids", "decode_image", "derive_row_id",
     "derive_seed", "encode_png", "error_result", "iter_validated_batches", "list_input_files",

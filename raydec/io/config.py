@@ -118,7 +118,31 @@ def _column(name: str, description: str) -> Any:
     return Field(name, min_length=1, description=description)
 
 
-class InputConfig(StrictModel):
+class RowFormat(StrictModel):
+    """How rows name their columns and what a row may hold: shared by a job's input files and a
+    user's own Dataset (``build_processor``). A row past a limit becomes an error row."""
+
+    id_column: str = _column("id", "Column holding the row id; derived from file and row when absent.")
+    prompt_column: str = _column("prompt", "Text-to-image prompt / captioning instruction column.")
+    negative_prompt_column: str = _column("negative_prompt", "Optional negative prompt column (t2i).")
+    seed_column: str = _column("seed", "Optional per-row seed column; derived from id and `seed` when absent.")
+    image_column: str = _column("image", "Captioning: column of encoded image bytes.")
+    image_uri_column: str = _column("image_uri", "Captioning: column of local paths or s3:// URIs.")
+    max_prompt_words: int = Field(256, ge=1, le=100_000, description="Longer prompts become row errors.")
+    max_prompt_chars: int = Field(4096, ge=1, le=1_000_000, description="Longer prompts become row errors.")
+    max_image_bytes: int = Field(
+        64 * 2**20, ge=1, description="Larger encoded images become row errors instead of being decoded."
+    )
+    max_image_pixels: int = Field(
+        16 * 2**20, ge=1,
+        description="Images whose header declares more pixels (width x height) become row errors, checked before "
+        "decoding (a small file can declare a huge canvas).",
+    )
+    seed: int = Field(0, ge=0, lt=2**63, description="Job seed from which rows without a seed derive theirs.")
+    s3: S3Config = Field(default_factory=S3Config, description="S3 access for s3:// inputs and image URIs.")
+
+
+class InputConfig(RowFormat):
     """Where a job's rows come from and how their columns are named and checked."""
 
     path: str = Field(
@@ -132,19 +156,6 @@ class InputConfig(StrictModel):
         description="File format; inferred from each file's extension when unset. When set, folders "
         "and globs keep files with that format's extension or none.",
     )
-    id_column: str = _column("id", "Column holding the row id; derived from file and row when absent.")
-    prompt_column: str = _column("prompt", "Text-to-image prompt / captioning instruction column.")
-    negative_prompt_column: str = _column("negative_prompt", "Optional negative prompt column (t2i).")
-    seed_column: str = _column("seed", "Optional per-row seed column; derived from id and `seed` when absent.")
-    image_column: str = _column("image", "Captioning: column of encoded image bytes.")
-    image_uri_column: str = _column("image_uri", "Captioning: column of local paths or s3:// URIs.")
-    max_prompt_words: int = Field(256, ge=1, le=100_000, description="Longer prompts become row errors.")
-    max_prompt_chars: int = Field(4096, ge=1, le=1_000_000, description="Longer prompts become row errors.")
-    max_image_bytes: int = Field(
-        64 * 2**20, ge=1, description="Larger encoded images become row errors instead of being decoded."
-    )
-    seed: int = Field(0, ge=0, lt=2**63, description="Job seed from which rows without a seed derive theirs.")
-    s3: S3Config = Field(default_factory=S3Config, description="S3 access for s3:// inputs and image URIs.")
 
     @field_validator("path")
     @classmethod

@@ -210,13 +210,17 @@ def _load_s3_bytes(uri: str, s3: Optional[S3Config], *, field: str) -> bytes:
         raise ImageError(f"{field}: {uri} cannot be read from {describe_endpoint(s3)} ({exc})") from None
 
 
-def load_image(uri: str, s3: Optional[S3Config] = None, *, mode: Optional[str] = "RGB") -> Image.Image:
-    """Fetch and decode the image at a local path or `s3://` URI."""
-    return decode_image(load_image_bytes(uri, s3), field=f"image_uri: {uri}", mode=mode)
+def load_image(uri: str, s3: Optional[S3Config] = None, *, mode: Optional[str] = "RGB", max_pixels: Optional[int] = None) -> Image.Image:
+    """Fetch and decode the image at a local path or `s3://` URI (refused from its header when it
+    declares more than `max_pixels` pixels)."""
+    data = load_image_bytes(uri, s3)
+    if max_pixels is not None:
+        check_image_pixels(data, max_pixels, field=f"image_uri: {uri}")
+    return decode_image(data, field=f"image_uri: {uri}", mode=mode)
 
 
 def attach_caption_images(
-    rows: List[Dict[str, Any]], s3: Optional[S3Config] = None, *, mode: Optional[str] = "RGB"
+    rows: List[Dict[str, Any]], s3: Optional[S3Config] = None, *, mode: Optional[str] = "RGB", max_pixels: Optional[int] = None,
 ) -> List[Dict[str, Any]]:
     """Decode or fetch the image of every validated captioning row.
 
@@ -231,7 +235,7 @@ def attach_caption_images(
                 if row.get("image") is not None:
                     row["pil_image"] = decode_image(row["image"], field="image", mode=mode)
                 else:
-                    row["pil_image"] = load_image(row["image_uri"], s3, mode=mode)
+                    row["pil_image"] = load_image(row["image_uri"], s3, mode=mode, max_pixels=max_pixels)
             except ImageError as exc:
                 row["error"] = str(exc)
                 logger.warning("row %s: %s", row.get("id"), exc)

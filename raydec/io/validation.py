@@ -15,8 +15,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from PIL import Image, UnidentifiedImageError
 
-from raydec.io.config import InputConfig
-from raydec.io.images import pil_reason
+from raydec.io.config import RowFormat
+from raydec.io.images import ImageError, ImageTooLargeError, check_image_pixels, pil_reason
 
 MAX_ID_CHARS = 512
 SEED_LIMIT = 2**63
@@ -86,7 +86,7 @@ def _normalise_seed(value: Any) -> Tuple[Optional[int], Optional[str]]:
     return value, None
 
 
-def _text_errors(field: str, value: Any, cfg: InputConfig, *, required: bool) -> Tuple[Optional[str], List[str]]:
+def _text_errors(field: str, value: Any, cfg: RowFormat, *, required: bool) -> Tuple[Optional[str], List[str]]:
     """(text, errors) for a prompt-like field, checking type, emptiness and length limits."""
     if _is_null(value):
         return None, ([f"{field}: missing (null)"] if required else [])
@@ -103,7 +103,7 @@ def _text_errors(field: str, value: Any, cfg: InputConfig, *, required: bool) ->
     return value, errors
 
 
-def _id_and_seed(row: Dict[str, Any], cfg: InputConfig, file_key: str, row_index: int) -> Tuple[str, int, List[str]]:
+def _id_and_seed(row: Dict[str, Any], cfg: RowFormat, file_key: str, row_index: int) -> Tuple[str, int, List[str]]:
     """Normalised id and seed of a row, deriving either when absent or invalid."""
     row_id, id_error = _normalise_id(row.get(cfg.id_column))
     seed, seed_error = _normalise_seed(row.get(cfg.seed_column))
@@ -117,7 +117,7 @@ def _join(errors: List[str]) -> Optional[str]:
 
 
 def validate_t2i_rows(
-    rows: List[Dict[str, Any]], cfg: InputConfig, *, file_key: str = "rows", first_row_index: int = 0
+    rows: List[Dict[str, Any]], cfg: RowFormat, *, file_key: str = "rows", first_row_index: int = 0
 ) -> List[Dict[str, Any]]:
     """Normalise text-to-image rows read from one file, starting at `first_row_index`.
 
@@ -147,7 +147,7 @@ def validate_t2i_rows(
     return validated
 
 
-def _image_bytes_error(value: Any, cfg: InputConfig) -> Optional[str]:
+def _image_bytes_error(value: Any, cfg: RowFormat) -> Optional[str]:
     """Cheap checks on inline image bytes: type, size and a recognisable header."""
     if not isinstance(value, (bytes, bytearray, memoryview)):
         return f"image: {short_repr(value)} is a {type(value).__name__}, not bytes"
@@ -155,6 +155,12 @@ def _image_bytes_error(value: Any, cfg: InputConfig) -> Optional[str]:
         return "image: empty bytes"
     if len(value) > cfg.max_image_bytes:
         return f"image: {len(value)} bytes exceeds max_image_bytes={cfg.max_image_bytes}"
+    try:
+        check_image_pixels(bytes(value), cfg.max_image_pixels, field="image")  # from the header: before any decoding
+    except ImageTooLargeError as exc:
+        return str(exc)
+    except ImageError:
+        pass  # not identifiable: the open below says how
     try:
         with Image.open(io.BytesIO(bytes(value))):
             pass
@@ -174,7 +180,7 @@ def _image_uri_error(value: Any) -> Optional[str]:
 
 
 def validate_caption_rows(
-    rows: List[Dict[str, Any]], cfg: InputConfig, *, file_key: str = "rows", first_row_index: int = 0
+    rows: List[Dict[str, Any]], cfg: RowFormat, *, file_key: str = "rows", first_row_index: int = 0
 ) -> List[Dict[str, Any]]:
     """Normalise captioning rows read from one file, starting at `first_row_index`.
 

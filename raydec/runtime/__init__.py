@@ -5,10 +5,13 @@
     files = preflight(job)        # fails fast, before any model loads
     connect_ray()
     report = run_job(job, files)
+
+    processor = build_processor(ProcessorConfig(task="t2i", model="reference"))   # a stage for your own Dataset
+    images = processor(ray.data.read_parquet("prompts/"))
 """
 
 from raydec.runtime.cluster import connect_ray, init_local_ray
-from raydec.runtime.config import FaultInjection, JobConfig, PoolConfig
+from raydec.runtime.config import FaultInjection, JobConfig, PoolConfig, ProcessorConfig
 from raydec.runtime.pipeline import (
     JobIncompleteError,
     JobReport,
@@ -19,9 +22,10 @@ from raydec.runtime.pipeline import (
 )
 from raydec.runtime.processors import PROCESSORS, Processor, T2IProcessor, make_processor
 from raydec.runtime.resume import ResumeMismatchError, check_resume_compatible, job_weights
+from raydec.runtime.stage import DatasetProcessor, build_processor
 
 __all__ = [
-    "FaultInjection", "JobConfig", "JobIncompleteError", "JobReport", "ModelNotFoundError", "PROCESSORS", "PoolConfig",
-    "Processor", "ResumeMismatchError", "T2IProcessor", "check_model", "check_resume_compatible", "connect_ray",
+    "DatasetProcessor", "FaultInjection", "JobConfig", "JobIncompleteError", "JobReport", "ModelNotFoundError", "PROCESSORS", "PoolConfig",
+    "Processor", "ProcessorConfig", "ResumeMismatchError", "T2IProcessor", "build_processor", "check_model", "check_resume_compatible", "connect_ray",
     "init_local_ray", "job_weights", "make_processor", "preflight", "run_job",
 ]

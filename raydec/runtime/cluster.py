@@ -38,15 +38,58 @@ def init_local_ray(
     logger.info("started a local Ray cluster on 127.0.0.1 with %s CPU(s)", ray.cluster_resources().get("CPU"))
 
 
-def connect_ray() -> None:
-    """Join the cluster this process belongs to (RAY_ADDRESS / job submit), else start a local one."""
+CONNECT_TIMEOUT_ENV = "RAYDEC_CONNECT_TIMEOUT_S"
+"""Seconds to wait for the cluster in RAY_ADDRESS to answer (default 60)."""
+
+
+class ClusterUnreachableError(RuntimeError):
+    """The Ray cluster named by RAY_ADDRESS does not answer."""
+
+
+def check_reachable(address: str, timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for a TCP connection to the host and port of a Ray address
+    (``host:port``, ``ray://host:port`` or ``http(s)://host:port``); "auto" and "local" pass.
+    Ray's own ``init`` retries an unreachable address for many minutes; this fails first, clearly."""
+    import socket
+    import time
+    from urllib.parse import urlparse
+
+    if address in ("auto", "local") or not address:
+        return
+    parsed = urlparse(address if "://" in address else f"tcp://{address}")
+    host, port = parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80 if parsed.scheme == "http" else 6379)
+    if not host:
+        raise ClusterUnreachableError(f"RAY_ADDRESS={address!r} names no host (use host:port, ray://host:10001 or http://host:8265)")
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=min(5.0, max(0.1, deadline - time.monotonic()))):
+                return
+        except OSError as error:
+            last = error
+        if time.monotonic() >= deadline:
+            raise ClusterUnreachableError(
+                f"cannot reach the Ray cluster at RAY_ADDRESS={address!r} ({host}:{port}) after {timeout_s:.0f} s: {last}; "
+                f"is it running, and is the address right? ({CONNECT_TIMEOUT_ENV} sets the wait)"
+            )
+        time.sleep(1.0)
+
+
+def connect_ray(timeout_s: Optional[float] = None) -> None:
+    """Join the cluster this process belongs to (RAY_ADDRESS / job submit), else start a local one.
+    An address that does not answer within ``timeout_s`` (RAYDEC_CONNECT_TIMEOUT_S, default 60 s)
+    raises ClusterUnreachableError."""
     import ray
 
     with _INIT_LOCK:
         if ray.is_initialized():
             return
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(address=os.environ["RAY_ADDRESS"])
-            logger.info("connected to Ray at %s", os.environ["RAY_ADDRESS"])
+        address = os.environ.get("RAY_ADDRESS")
+        if address:
+            wait = timeout_s if timeout_s is not None else float(os.environ.get(CONNECT_TIMEOUT_ENV, "60"))
+            check_reachable(address, wait)
+            ray.init(address=address)
+            logger.info("connected to Ray at %s", address)
             return
     init_local_ray()

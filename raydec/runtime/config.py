@@ -7,12 +7,12 @@ errors that name the key, so a typo fails before any model loads.
 from __future__ import annotations
 
 import os
-from typing import ClassVar, Literal, Optional
+from typing import ClassVar, Literal, Optional, Union
 
 from pydantic import Field, model_validator
 
 from raydec.config import CAPTION_METHODS, IMAGE_METHODS, DecodeConfig, DType, StrictModel
-from raydec.io.config import InputConfig, IOConfigError, OutputConfig
+from raydec.io.config import InputConfig, IOConfigError, OutputConfig, RowFormat
 from raydec.io.datasets import listing_root
 from raydec.io.filesystem import is_s3_uri
 
@@ -35,6 +35,43 @@ class PoolConfig(StrictModel):
         3, ge=-1, le=1000, description="Times a batch lost with its actor is retried; -1 means forever."
     )
     torch_threads: int = Field(1, ge=1, le=256, description="torch.set_num_threads in each actor (CPU decoding).")
+
+
+class ProcessorConfig(StrictModel):
+    """A text-to-image or captioning stage over a Ray Dataset (``build_processor``): the model,
+    its decoding, the row columns and limits, and the actor pool that runs it."""
+
+    task: Literal["t2i", "caption"] = Field("t2i", description="t2i: prompts to images; caption: images to text.")
+    model: str = Field(..., min_length=1, description="'reference', or a local folder saved with save_pretrained.")
+    dtype: DType = Field("float32", description="Weights and compute dtype.")
+    decode: DecodeConfig = Field(default_factory=DecodeConfig, description="Decoding method and sampling.")
+    rows: RowFormat = Field(default_factory=RowFormat, description="Column names, row limits, the seed for rows without one.")
+    concurrency: Union[int, tuple[int, int]] = Field(
+        1, description="Actors running the model: a fixed number, or (min, max) for a pool Ray Data grows and shrinks.",
+    )
+    batch_size: int = Field(8, ge=1, le=4096, description="Rows per actor call (decoded together).")
+    cpus_per_worker: float = Field(0.5, gt=0.0, le=256.0, description="CPUs reserved per actor.")
+    gpus_per_worker: float = Field(0.0, ge=0.0, le=1.0, description="GPUs per actor (the model runs on cuda); 0 runs on CPU.")
+    torch_threads: int = Field(1, ge=1, le=256, description="torch.set_num_threads in each actor (CPU decoding).")
+    images_to: Optional[OutputConfig] = Field(
+        None, description="t2i: write PNGs under this location and return their `image_uri`; unset: return PNG bytes in `image`.",
+    )
+
+    @model_validator(mode="after")
+    def _fits(self) -> "ProcessorConfig":
+        methods = IMAGE_METHODS if self.task == "t2i" else CAPTION_METHODS
+        if self.decode.method not in methods:
+            kind = "text-to-image" if self.task == "t2i" else "captioning"
+            raise ValueError(f"decode.method: {self.decode.method!r} is not a {kind} method (use {', '.join(methods)})")
+        if isinstance(self.concurrency, tuple):
+            low, high = self.concurrency
+            if not 1 <= low <= high:
+                raise ValueError(f"concurrency: {self.concurrency} must be (min, max) with 1 <= min <= max")
+        elif self.concurrency < 1:
+            raise ValueError(f"concurrency: {self.concurrency} must be >= 1")
+        if self.images_to is not None and self.task != "t2i":
+            raise ValueError("images_to: only text-to-image stages write images")
+        return self
 
 
 class FaultInjection(StrictModel):
@@ -90,6 +127,16 @@ class JobConfig(StrictModel):
                 f"read the job's own results and manifest as input rows (write the output elsewhere)"
             )
         return self
+
+    def processor_config(self) -> ProcessorConfig:
+        """The stage this job runs over its rows."""
+        rows = RowFormat.model_validate({name: getattr(self.input, name) for name in RowFormat.model_fields})
+        pool = self.pool
+        return ProcessorConfig(
+            task=self.task, model=self.model, dtype=self.dtype, decode=self.decode, rows=rows, concurrency=pool.workers,
+            batch_size=pool.batch_size, cpus_per_worker=pool.cpus_per_worker, gpus_per_worker=pool.gpus_per_worker,
+            torch_threads=pool.torch_threads,
+        )
 
     @property
     def job_seed(self) -> int:

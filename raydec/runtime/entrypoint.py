@@ -12,7 +12,8 @@ import logging
 
 from pydantic import ValidationError
 
-from raydec.runtime.cluster import connect_ray
+from raydec.io import IOConfigError
+from raydec.runtime.cluster import ClusterUnreachableError
 from raydec.runtime.config import JobConfig
 from raydec.runtime.pipeline import preflight, run_job
 from raydec.validation import config_error_line, validation_problems
@@ -40,7 +41,9 @@ def job_main(task: str, description: str, argv: list[str] | None = None) -> int:
         files = preflight(job)
     except ValueError as exc:  # config, dataset, output, model and resume errors are ValueErrors
         raise SystemExit(config_error_line(args.config, exc)) from None
-    connect_ray()
-    report = run_job(job, files)
+    try:
+        report = run_job(job, files)  # it joins the cluster (connect_ray) once it has rows to decode
+    except (ClusterUnreachableError, IOConfigError) as exc:  # an unreachable cluster, a duplicate id: one line
+        raise SystemExit(config_error_line(args.config, exc)) from None
     logging.getLogger(f"{task}_batch").info("done: %s", report)
     return 0

@@ -155,8 +155,28 @@ def preflight(job: JobConfig) -> List[InputFile]:
     check_model(job)
     check_output_writable(job.output)
     check_resume_compatible(job)
-    logger.info("preflight ok: %d input file(s), output %s writable, model %s", len(files), job.output.path, job.model)
+    logger.info("preflight ok: %d input file(s), output %s writable, model %s", len(files), output_location(job), job.model)
     return files
+
+
+def output_location(job: JobConfig) -> str:
+    """Where the results go, absolute: a relative path is relative to this process's working
+    directory (for a submitted job, Ray's copy of the working dir)."""
+    import os
+
+    path = job.output.path
+    return path if is_s3_uri(path) else os.path.abspath(os.path.expanduser(path))
+
+
+def storage_for_workers(job: JobConfig) -> JobConfig:
+    """The job as its workers get it: S3 endpoint, region and credentials resolved here, from
+    the config and this driver's environment (AWS_*), so workers on other nodes or in a submitted
+    job's runtime env use what the preflight listing used. The manifest keeps the unresolved
+    config (and redacts secrets)."""
+    return job.model_copy(update={
+        "input": job.input.model_copy(update={"s3": job.input.s3.resolved()}),
+        "output": job.output.model_copy(update={"s3": job.output.s3.resolved()}),
+    })
 
 
 def _write_validation_errors(job: JobConfig, rows: List[Dict[str, Any]]) -> None:
@@ -270,7 +290,7 @@ def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobRepor
     manifest, so the gap is on record).
     """
     started = time.perf_counter()
-    report = JobReport(output=job.output.path)
+    report = JobReport(output=output_location(job))
     files = files if files is not None else preflight(job)
     rows = load_rows(job.input, job.task, files)
     report.input_rows = len(rows)
@@ -281,8 +301,8 @@ def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobRepor
     good = [row for row in todo if not row["error"]]
     report.validation_errors = len(bad)
     logger.info(
-        "job: %d row(s), %d already done, %d invalid, %d to generate on %d worker(s)",
-        len(rows), report.skipped_completed, len(bad), len(good), job.pool.workers,
+        "job: %d row(s), %d already done, %d invalid, %d to generate on %d worker(s); results go to %s",
+        len(rows), report.skipped_completed, len(bad), len(good), job.pool.workers, report.output,
     )
     report.timings["prepare_s"] = time.perf_counter() - started
     if good:
@@ -294,7 +314,7 @@ def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobRepor
     _manifest(job, report, weights, status="running")
     _write_validation_errors(job, bad)
     generate_started = time.perf_counter()
-    _run_pool(job, good, report)
+    _run_pool(storage_for_workers(job), good, report)
     report.timings["generate_s"] = time.perf_counter() - generate_started
     _verify(job, rows, report)
     if report.processed and report.processing_errors == report.processed:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict, List, Protocol, runtime_checkable
 
-from raydec.runtime.config import JobConfig
+from raydec.runtime.config import ProcessorConfig
 
 logger = logging.getLogger(__name__)
 
@@ -35,20 +35,20 @@ def _torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-def _device(job: JobConfig) -> str:
+def _device(config: ProcessorConfig) -> str:
     """'cuda' when Ray gave this actor a GPU (it then sets CUDA_VISIBLE_DEVICES to it) and torch
     sees one, else 'cpu'. A GPU torch can see but Ray did not assign is never used: another
     actor may own it."""
     import torch
 
-    if job.pool.gpus_per_worker <= 0:
+    if config.gpus_per_worker <= 0:
         return "cpu"
     assigned = assigned_gpu_ids()
     if assigned and torch.cuda.is_available():
         return "cuda"
     logger.warning(
-        "pool.gpus_per_worker=%s but this actor has no GPU (Ray assigned %s, torch sees %d): running on CPU",
-        job.pool.gpus_per_worker, assigned or "none", torch.cuda.device_count(),
+        "gpus_per_worker=%s but this actor has no GPU (Ray assigned %s, torch sees %d): running on CPU",
+        config.gpus_per_worker, assigned or "none", torch.cuda.device_count(),
     )
     return "cpu"
 
@@ -66,9 +66,9 @@ def assigned_gpu_ids() -> list:
 class T2IProcessor:
     """Text-to-image rows -> images and decoding statistics, via `raydec.api.generate_images`."""
 
-    def __init__(self, job: JobConfig) -> None:
-        self.job = job
-        self.method = job.decode.method
+    def __init__(self, config: ProcessorConfig) -> None:
+        self.config = config
+        self.method = config.decode.method
         self.pipeline: Any = None
 
     def setup(self) -> None:
@@ -76,9 +76,9 @@ class T2IProcessor:
 
         from raydec.api import load_target  # in the actor: the driver never imports the models
 
-        torch.set_num_threads(self.job.pool.torch_threads)
-        self.pipeline = load_target(model=self.job.model, task="t2i", dtype=_torch_dtype(self.job.dtype), device=_device(self.job))
-        logger.info("t2i processor: loaded %s (%s, method %s)", self.job.model, self.job.dtype, self.method)
+        torch.set_num_threads(self.config.torch_threads)
+        self.pipeline = load_target(model=self.config.model, task="t2i", dtype=_torch_dtype(self.config.dtype), device=_device(self.config))
+        logger.info("t2i processor: loaded %s (%s, method %s)", self.config.model, self.config.dtype, self.method)
 
     def _generate(self, rows: List[Dict[str, Any]]) -> List[Any]:
         from raydec.api import generate_images
@@ -87,10 +87,10 @@ class T2IProcessor:
         return generate_images(
             [row["prompt"] for row in rows],
             model=self.pipeline,
-            decode=self.job.decode,
+            decode=self.config.decode,
             seeds=[int(row["seed"]) for row in rows],
             negative_prompts=negatives if any(n is not None for n in negatives) else None,
-            batch_size=self.job.pool.batch_size,
+            batch_size=self.config.batch_size,
         )
 
     def _result(self, row: Dict[str, Any], image_result: Any) -> Dict[str, Any]:
@@ -142,9 +142,9 @@ class CaptionProcessor:
     actor; a corrupt or missing image becomes that row's `error` and the batch goes on.
     """
 
-    def __init__(self, job: JobConfig) -> None:
-        self.job = job
-        self.method = job.decode.method
+    def __init__(self, config: ProcessorConfig) -> None:
+        self.config = config
+        self.method = config.decode.method
         self.pipeline: Any = None
 
     def setup(self) -> None:
@@ -153,12 +153,12 @@ class CaptionProcessor:
         from raydec.api import draft_dtype, load_draft, load_target
         from raydec.config import DRAFT_METHODS
 
-        torch.set_num_threads(self.job.pool.torch_threads)
-        self.pipeline = load_target(model=self.job.model, task="caption", dtype=_torch_dtype(self.job.dtype), device=_device(self.job))
+        torch.set_num_threads(self.config.torch_threads)
+        self.pipeline = load_target(model=self.config.model, task="caption", dtype=_torch_dtype(self.config.dtype), device=_device(self.config))
         if self.method in DRAFT_METHODS:  # load the draft once, now, so a bad path fails here
-            dtype = draft_dtype(self.pipeline, self.job.decode.draft_dtype)
-            load_draft(self.pipeline, self.method, self.job.model, self.job.decode.draft_model, dtype=dtype)
-        logger.info("caption processor: loaded %s (%s, method %s)", self.job.model, self.job.dtype, self.method)
+            dtype = draft_dtype(self.pipeline, self.config.decode.draft_dtype)
+            load_draft(self.pipeline, self.method, self.config.model, self.config.decode.draft_model, dtype=dtype)
+        logger.info("caption processor: loaded %s (%s, method %s)", self.config.model, self.config.dtype, self.method)
 
     def _caption(self, rows: List[Dict[str, Any]]) -> List[Any]:
         from raydec.api import DEFAULT_CAPTION_PROMPT, caption_images
@@ -167,9 +167,9 @@ class CaptionProcessor:
             [row["pil_image"] for row in rows],
             prompt=[row.get("prompt") or DEFAULT_CAPTION_PROMPT for row in rows],
             model=self.pipeline,
-            decode=self.job.decode,
+            decode=self.config.decode,
             seeds=[int(row["seed"]) for row in rows],
-            batch_size=self.job.pool.batch_size,
+            batch_size=self.config.batch_size,
         )
 
     def _result(self, row: Dict[str, Any], caption: Any) -> Dict[str, Any]:
@@ -183,18 +183,18 @@ class CaptionProcessor:
     def __call__(self, batch: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         from raydec.io import attach_caption_images
 
-        rows = attach_caption_images(batch, self.job.input.s3)
+        rows = attach_caption_images(batch, self.config.rows.s3, max_pixels=self.config.rows.max_image_pixels)
         results = [failed_result(row, self.method, row["error"]) for row in rows if row.get("error")]
         good = [row for row in rows if not row.get("error")]
         return results + run_rows(good, self._caption, self._result, self.method, "captioning")
 
 
-PROCESSORS: Dict[str, Callable[[JobConfig], Processor]] = {"t2i": T2IProcessor, "caption": CaptionProcessor}
+PROCESSORS: Dict[str, Callable[[ProcessorConfig], Processor]] = {"t2i": T2IProcessor, "caption": CaptionProcessor}
 """Processor per task."""
 
 
-def make_processor(job: JobConfig) -> Processor:
-    """The processor for `job.task`; raises ValueError naming the task when none is registered."""
-    if job.task not in PROCESSORS:
-        raise ValueError(f"task: {job.task!r} has no processor in this build (available: {sorted(PROCESSORS)})")
-    return PROCESSORS[job.task](job)
+def make_processor(config: ProcessorConfig) -> Processor:
+    """The processor for `config.task`; raises ValueError naming the task when none is registered."""
+    if config.task not in PROCESSORS:
+        raise ValueError(f"task: {config.task!r} has no processor in this build (available: {sorted(PROCESSORS)})")
+    return PROCESSORS[config.task](config)

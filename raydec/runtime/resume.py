@@ -1,5 +1,6 @@
 """Whether an output folder may take this job's rows: the resume identity (task, model, dtype,
-decode config, seed) and the weights' fingerprints recorded in its manifest must match."""
+decode config, seed, input location and columns) and the weights' fingerprints recorded in its
+manifest must match."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ logger = logging.getLogger("raydec.runtime.pipeline")
 
 
 class ResumeMismatchError(ValueError):
-    """The output holds results of a job with another model, dtype, decode config or seed.
+    """The output holds results of a job with another model, dtype, decode config, seed or input.
 
     ``field`` names what differs: one of :data:`RESUME_KEYS`, or "weights" when the settings
     match but the model (or draft) folder now holds other weights than the results were made with.
@@ -29,8 +30,12 @@ class ResumeMismatchError(ValueError):
         self.detail, self.field = detail, field
 
 
-RESUME_KEYS = ("task", "model", "dtype", "decode", "seed")
-"""Job fields that must equal those of the manifest already in the output for a resume."""
+RESUME_KEYS = ("task", "model", "dtype", "decode", "seed", "input")
+"""Job fields that must equal those of the manifest already in the output for a resume ("input":
+where the rows come from and which columns give their ids, seeds, prompts and images)."""
+
+INPUT_IDENTITY = ("path", "format", "id_column", "seed_column", "prompt_column", "negative_prompt_column", "image_column",
+                  "image_uri_column")
 
 
 def check_resume_compatible(job: JobConfig) -> None:
@@ -110,6 +115,8 @@ def _resume_identity(config: Dict[str, Any]) -> Dict[str, Any]:
     """The RESUME_KEYS of a dumped JobConfig (the seed lives in its input section)."""
     identity = {key: config.get("input", {}).get("seed") if key == "seed" else config.get(key) for key in RESUME_KEYS}
     identity["decode"] = _decode_identity(identity["decode"])
+    if isinstance(identity["input"], dict):
+        identity["input"] = {key: identity["input"].get(key) for key in INPUT_IDENTITY}
     return identity
 
 

@@ -73,7 +73,7 @@ class GenerationWorker:
 
     def __init__(self, job: JobConfig) -> None:
         self.job = job
-        self.processor = make_processor(job)
+        self.processor = make_processor(job.processor_config())
         self.processor.setup()
         self.worker_id = worker_id()
         self.writer = ResultWriter(job.output, worker_id=self.worker_id)

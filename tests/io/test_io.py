@@ -210,8 +210,13 @@ def test_decompression_bomb_is_a_row_error(tmp_path):
     _write(str(tmp_path / "c.parquet"), [{"id": "bomb", "image": bomb.getvalue()}, {"id": "ok", "image": _png()}],
            "parquet")
     out = {r["id"]: r for r in load_rows(InputConfig(path=str(tmp_path / "c.parquet")), "caption")}
-    assert out["bomb"]["error"].startswith("image: corrupt bytes") and "exceeds limit" in out["bomb"]["error"]
+    # refused from its header, before any decoding: 20000x20000 is past max_image_pixels
+    assert out["bomb"]["error"] == "image: image declares 20000x20000 = 400000000 pixels, more than max_image_pixels=16777216"
     assert out["ok"]["error"] is None
+    # a limit above it leaves PIL's own decompression-bomb check, which still refuses it
+    lenient = InputConfig(path=str(tmp_path / "c.parquet"), max_image_pixels=10**9)
+    out = {r["id"]: r for r in load_rows(lenient, "caption")}
+    assert out["bomb"]["error"].startswith("image: corrupt bytes") and "exceeds limit" in out["bomb"]["error"]
 
 
 def test_16_bit_images_are_scaled_and_float_images_refused():

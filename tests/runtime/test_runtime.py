@@ -192,7 +192,7 @@ def test_device_failures_fail_the_batch_and_row_failures_become_error_rows(caplo
     worker.processor = Failing(ValueError("bad row"))
     assert worker._process(rows)[0]["error"] == "ValueError: bad row"
     gpu_job = make_job("reference", "p.parquet", "out", pool={"gpus_per_worker": 0.5})
-    assert _device(gpu_job) == "cpu" and "this actor has no GPU" in caplog.text  # Ray assigned none here
+    assert _device(gpu_job.processor_config()) == "cpu" and "this actor has no GPU" in caplog.text  # Ray assigned none here
 
 
 def test_bad_configs_fail_fast_before_any_model_loads(tmp_path, prompts_file, tiny_janus):
@@ -287,6 +287,11 @@ def test_rerun_after_lost_shards_redoes_only_missing_rows(baseline, tmp_path):
         preflight(other_decode)
     with pytest.raises(ResumeMismatchError, match=r"^seed: .*seed=7.*seed=8"):
         preflight(make_job(job.model, job.input.path, str(output), seed=8))
+    other_input = tmp_path / "other" / "prompts.parquet"  # the same rows elsewhere: another job's input all the same
+    other_input.parent.mkdir()
+    shutil.copy(job.input.path, other_input)
+    with pytest.raises(ResumeMismatchError, match=r"^input\.path: .*holds results written with input\.path="):
+        preflight(make_job(job.model, str(other_input), str(output)))
     preflight(make_job(job.model, job.input.path, str(output), pool={"workers": 1}))  # the pool may change
     lost = len(read_results(job.output)) - len(read_results(rerun.output))
     assert lost >= 2
