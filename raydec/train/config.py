@@ -97,13 +97,13 @@ class DraftTrainConfig(StrictModel):
     vision: bool = Field(True, description="ViSpec vision modules (False: the text-only EAGLE-2 draft).")
     num_q: int = Field(2, ge=1, le=64, description="Adaptor queries (num_q - 1 compressed tokens + a global feature).")
     stage1_steps: int = Field(0, ge=0, description="First steps on the stage-1 (EAGLE) loss, the rest on stage 2.")
-    loss: LossConfig = Field(default_factory=LossConfig)
+    loss: LossConfig = Field(default_factory=LossConfig, description="Loss terms and their weights.")
     steps: int = Field(2000, ge=1, le=10_000_000, description="Optimizer steps.")
     batch_size: int = Field(16, ge=1, le=65536, description="Global batch (samples per step, over all workers).")
     lr: float = Field(1e-3, gt=0, le=1.0, description="Peak learning rate (AdamW).")
     warmup_steps: int = Field(50, ge=0, description="Linear warm-up steps; cosine decay to min_lr_ratio after.")
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
-    weight_decay: float = Field(0.0, ge=0, le=1)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Learning rate at the end of the cosine decay, as a fraction of lr.")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas.")
     grad_clip: float = Field(1.0, ge=0, description="Gradient norm clip (0: off).")
     mtp_steps: int = Field(2, ge=0, le=16, description="Self-rollout passes on the draft's own features after the first.")
@@ -111,7 +111,7 @@ class DraftTrainConfig(StrictModel):
     seed: int = Field(0, ge=0, description="Initialisation, data order and noise seed.")
     num_workers: int = Field(1, ge=1, le=1024, description="Ray Train workers (data parallel).")
     use_gpu: bool = Field(False, description="Workers on GPUs (NCCL); else CPU (gloo).")
-    cpus_per_worker: float = Field(1.0, gt=0, le=256)
+    cpus_per_worker: float = Field(1.0, gt=0, le=256, description="CPUs each Ray Train worker asks for.")
     threads_per_worker: int = Field(1, ge=1, le=256, description="torch CPU threads per worker.")
     log_every: int = Field(25, ge=1, description="Log progress every this many steps.")
     checkpoint_every: int = Field(0, ge=0, description="Report a checkpoint every this many steps (0: only at the end).")
@@ -140,20 +140,24 @@ class DraftTrainConfig(StrictModel):
 class EvalConfig(StrictModel):
     """Acceptance on held-out images: ``caption_images`` greedy, tokens per target forward."""
 
-    num_images: int = Field(50, ge=1, le=100_000)
+    num_images: int = Field(50, ge=1, le=100_000, description="Held-out images the drafts are measured on.")
     seed_start: int = Field(HELD_OUT_SEED_START, ge=HELD_OUT_SEED_START, description="First held-out seed.")
-    max_new_tokens: int = Field(128, ge=1, le=4096)
-    batch_size: int = Field(10, ge=1, le=1024)
-    methods: list[Literal["ar", "eagle", "vispec"]] = Field(default_factory=lambda: ["ar", "eagle", "vispec"])
+    max_new_tokens: int = Field(128, ge=1, le=4096, description="Answer length cap per image.")
+    batch_size: int = Field(10, ge=1, le=1024, description="Images captioned together.")
+    methods: list[Literal["ar", "eagle", "vispec"]] = Field(
+        default_factory=lambda: ["ar", "eagle", "vispec"], description="Methods measured side by side (ar is the baseline)."
+    )
     draft_tree: DraftTreeConfig = Field(default_factory=DraftTreeConfig, description="Tree shape for the drafts.")
-    threads: int = Field(1, ge=1, le=256)
+    threads: int = Field(1, ge=1, le=256, description="torch CPU threads for the measurement.")
 
 
 class DraftJobConfig(StrictModel):
     """A whole job: generate data (unless present), train each draft, optionally evaluate and write cards."""
 
-    data: DataGenConfig = Field(default_factory=DataGenConfig)
-    drafts: list[DraftTrainConfig] = Field(default_factory=lambda: [DraftTrainConfig()], min_length=1)
+    data: DataGenConfig = Field(default_factory=DataGenConfig, description="The training data the target generates.")
+    drafts: list[DraftTrainConfig] = Field(
+        default_factory=lambda: [DraftTrainConfig()], min_length=1, description="Drafts to train on that data (ViSpec, EAGLE).",
+    )
     parallel: bool = Field(False, description="Train the drafts concurrently (each on its own workers).")
     evaluate: EvalConfig | None = Field(None, description="Measure acceptance and write MODEL_CARD.md files.")
 

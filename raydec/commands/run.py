@@ -1,0 +1,31 @@
+"""``raydec run CONFIG``: a batch job (text-to-image or captioning) from its YAML config, on the
+cluster in RAY_ADDRESS or a local one. The same as ``python jobs/<task>_batch.py --config
+CONFIG``; re-running resumes (rows already written are skipped)."""
+
+from __future__ import annotations
+
+import argparse
+
+import yaml
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="raydec run", description=__doc__.splitlines()[0],
+                                     epilog="Config fields: docs/configuration.md (JobConfig). Examples: jobs/configs/.")
+    parser.add_argument("config", help="a JobConfig YAML file (task: t2i or caption)")
+    parser.add_argument("--input", help="override input.path")
+    parser.add_argument("--output", help="override output.path")
+    args = parser.parse_args(argv)
+    try:
+        with open(args.config) as handle:
+            raw = yaml.safe_load(handle) or {}
+    except OSError as error:
+        raise SystemExit(f"raydec run: cannot read {args.config}: {error.strerror or error}") from None
+    except yaml.YAMLError as error:
+        raise SystemExit(f"raydec run: {args.config} is not YAML: {error}") from None
+    task = raw.get("task", "t2i") if isinstance(raw, dict) else "t2i"
+    from raydec.runtime.entrypoint import job_main
+
+    rest = ["--config", args.config] + [f for name in ("input", "output") if getattr(args, name) is not None
+                                        for f in (f"--{name}", getattr(args, name))]
+    return job_main(task if task in ("t2i", "caption") else "t2i", f"raydec run: a {task} batch job", rest)

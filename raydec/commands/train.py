@@ -1,0 +1,54 @@
+"""``raydec train --config CONFIG``: train ViSpec / EAGLE drafts for a target (the job behind
+``jobs/train_vispec.py``).
+
+Generates the training data with the target as a Ray Data job (reused when already present
+with the same settings), trains each draft of the config with Ray Train's TorchTrainer and
+saves it (safetensors + draft_config.json, loss curve, train_log.json); with `evaluate:` set,
+measures acceptance on held-out images and writes a MODEL_CARD.md per draft.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import sys
+
+from pydantic import ValidationError
+
+from raydec.train.config import DraftJobConfig
+from raydec.train.job import preflight_draft_job, run_draft_job
+from raydec.validation import config_error_line, validation_problems
+
+
+def main(argv: list[str] | None = None, prog: str = "raydec train") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0],
+                                     epilog="Images: the shapes world's (raydec.reference.shapes.sample_images); from Python, "
+                                            "raydec.train.job.run_draft_job takes your own image source.")
+    parser.add_argument("--config", required=True, help="YAML job file (see jobs/configs/train_vispec_*.yaml)")
+    parser.add_argument("--steps", type=int, help="override every draft's steps")
+    parser.add_argument("--samples", type=int, help="override data.num_samples")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:  # a bad config, target or output folder: one clear message, before Ray starts
+        job = DraftJobConfig.from_yaml(args.config)
+        values = job.model_dump()
+        if args.samples is not None:
+            values["data"]["num_samples"] = args.samples
+        if args.steps is not None:
+            for draft in values["drafts"]:
+                draft["steps"] = args.steps
+        try:  # overrides are checked like the file (a 0 or negative count is an error, not ignored)
+            job = DraftJobConfig.model_validate(values)
+        except ValidationError as error:
+            parser.error("bad override: " + "; ".join(validation_problems(error)))
+        preflight_draft_job(job)
+    except ValueError as exc:
+        raise SystemExit(config_error_line(args.config, exc)) from None
+    command = f"{prog} " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    from raydec.reference.shapes import sample_images  # the job's images: the shapes world (no other source yet)
+
+    result = run_draft_job(job, sample_images, command=command)
+    print(json.dumps(result, indent=2, default=str))
+    return 0

@@ -1,0 +1,87 @@
+"""Every `raydec` command: its --help, and a run on a tiny input (the reference models)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from raydec.cli import COMMANDS, main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_documents_its_options(command, capsys):
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage:") and "--" in text
+
+
+def test_top_level_help_lists_every_command(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in COMMANDS)
+    assert main(["nonsense"]) == 2
+
+
+def test_generate_writes_the_images_generate_images_gives(tmp_path):
+    from raydec.api import generate_images
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle on the left\n\na blue square at the top\n")
+    assert main(["generate", "--prompts-file", str(prompts), "--method", "sjd", "--seed", "5", "--out", str(tmp_path / "png")]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "png" / "results.jsonl").read_text().splitlines()]
+    assert [row["seed"] for row in rows] == [5, 6] and rows[0]["method"] == "sjd"
+    expected = generate_images(["a red circle on the left", "a blue square at the top"], decode={"method": "sjd"}, seeds=[5, 6])
+    for row, result in zip(rows, expected):
+        assert np.array_equal(np.asarray(Image.open(row["image"]).convert("RGB")), np.asarray(result.image))
+    table = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"id": ["x1"], "prompt": ["a green cross"]}), table)
+    assert main(["generate", "--parquet", str(table), "--method", "ar", "--out", str(tmp_path / "pq")]) == 0
+    assert (tmp_path / "pq" / "x1.png").is_file()
+    with pytest.raises(SystemExit, match="exactly one"):
+        main(["generate", "a cat", "--parquet", str(table), "--out", str(tmp_path / "x")])
+
+
+def test_caption_prints_what_caption_images_gives(tmp_path, capsys):
+    from raydec.api import caption_images
+    from raydec.reference.shapes import sample_images
+
+    image = sample_images([3])[0]
+    path = tmp_path / "shape.png"
+    image.save(path)
+    assert main(["caption", str(path), "--method", "vispec", "--json", str(tmp_path / "c.jsonl")]) == 0
+    expected = caption_images([image], decode={"method": "vispec"}, seeds=[0])[0].caption
+    assert capsys.readouterr().out.strip() == f"shape: {expected}"
+    assert json.loads((tmp_path / "c.jsonl").read_text())["caption"] == expected
+
+
+def test_run_takes_a_job_config_and_reports_bad_ones_in_one_line(tmp_path):
+    config = tmp_path / "job.yaml"
+    config.write_text("task: t2i\nmodel: reference\ninput:\n  path: nowhere/*.parquet\noutput:\n  path: out\n")
+    done = subprocess.run([sys.executable, "-m", "raydec.cli", "run", str(config)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode != 0 and "input" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_run_executes_a_small_job(tmp_path):
+    data = tmp_path / "in" / "prompts.parquet"
+    data.parent.mkdir()
+    pq.write_table(pa.table({"id": ["a", "b"], "prompt": ["a red circle on the left", "a blue square at the top"]}), data)
+    config = tmp_path / "job.yaml"
+    config.write_text(f"task: t2i\nmodel: reference\ninput:\n  path: {data}\noutput:\n  path: {tmp_path / 'out'}\n"
+                      "decode:\n  method: ar\npool:\n  workers: 1\n  batch_size: 2\n")
+    env = {"PYTHONPATH": str(ROOT), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "raydec.cli", "run", str(config)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "out" / "images").glob("*.png")) == ["a.png", "b.png"]
