@@ -20,7 +20,12 @@ from raydec.io.filesystem import is_s3_uri
 class PoolConfig(StrictModel):
     """The Ray Data actor pool that runs the model: one model copy per actor."""
 
-    workers: int = Field(1, ge=1, le=4096, description="Actors in the pool, each loading the model once.")
+    workers: int = Field(1, ge=1, le=4096, description="Actors in the pool, each loading the model once (the most, with min_workers).")
+    min_workers: Optional[int] = Field(
+        None, ge=1, le=4096,
+        description="Set: an autoscaling pool that Ray Data grows from min_workers to workers actors as the queue asks; "
+        "unset: a fixed pool of workers.",
+    )
     gpus_per_worker: float = Field(
         0.0, ge=0.0, le=1.0,
         description="GPUs per actor, at most 1 (an actor's model runs on one GPU; fractional shares one); 0 runs on CPU.",
@@ -35,6 +40,12 @@ class PoolConfig(StrictModel):
         3, ge=-1, le=1000, description="Times a batch lost with its actor is retried; -1 means forever."
     )
     torch_threads: int = Field(1, ge=1, le=256, description="torch.set_num_threads in each actor (CPU decoding).")
+
+    @model_validator(mode="after")
+    def _min_within_max(self) -> "PoolConfig":
+        if self.min_workers is not None and self.min_workers > self.workers:
+            raise ValueError(f"pool.min_workers={self.min_workers} is more than pool.workers={self.workers} (the pool's most)")
+        return self
 
 
 class ProcessorConfig(StrictModel):
@@ -133,7 +144,8 @@ class JobConfig(StrictModel):
         rows = RowFormat.model_validate({name: getattr(self.input, name) for name in RowFormat.model_fields})
         pool = self.pool
         return ProcessorConfig(
-            task=self.task, model=self.model, dtype=self.dtype, decode=self.decode, rows=rows, concurrency=pool.workers,
+            task=self.task, model=self.model, dtype=self.dtype, decode=self.decode, rows=rows,
+            concurrency=(pool.min_workers, pool.workers) if pool.min_workers is not None else pool.workers,
             batch_size=pool.batch_size, cpus_per_worker=pool.cpus_per_worker, gpus_per_worker=pool.gpus_per_worker,
             torch_threads=pool.torch_threads,
         )

@@ -71,6 +71,7 @@ class JobReport:
     workers_seen: int = 0
     timings: Dict[str, float] = field(default_factory=dict)
     missing_ids: List[str] = field(default_factory=list)
+    per_worker: Dict[str, int] = field(default_factory=dict)  # rows each actor wrote this run
 
     @property
     def complete(self) -> bool:
@@ -255,10 +256,19 @@ def _warn_if_output_is_node_local(job: JobConfig) -> None:
         )
 
 
+def _pool_strategy(job: JobConfig, rows: int) -> Any:
+    """A fixed pool of pool.workers actors, or an autoscaling one from pool.min_workers; never
+    more actors than batches."""
+    import ray.data
+
+    most = max(1, min(job.pool.workers, math.ceil(rows / job.pool.batch_size)))
+    if job.pool.min_workers is None:
+        return ray.data.ActorPoolStrategy(size=most)
+    return ray.data.ActorPoolStrategy(min_size=min(job.pool.min_workers, most), max_size=most)
+
+
 def _run_pool(job: JobConfig, rows: List[Dict[str, Any]], report: JobReport) -> None:
     """Run the actor pool over `rows`, consuming its per-row summaries for progress and counts."""
-    import ray
-    import ray.data
 
     if not rows:
         return
@@ -271,16 +281,21 @@ def _run_pool(job: JobConfig, rows: List[Dict[str, Any]], report: JobReport) -> 
             fn_constructor_kwargs={"job": job},
             batch_size=job.pool.batch_size,
             batch_format="pyarrow",
-            compute=ray.data.ActorPoolStrategy(size=min(job.pool.workers, math.ceil(len(rows) / job.pool.batch_size))),
+            compute=_pool_strategy(job, len(rows)),
             **_remote_args(job, *_cluster_gpus()),
         )
-    workers = set()
+    started = time.perf_counter()
     for batch in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
         report.processed += batch.num_rows
         report.processing_errors += batch.num_rows - batch["error"].null_count
-        workers.update(batch["worker"].to_pylist())
-        logger.info("progress: %d / %d row(s) done", report.processed, len(rows))
-    report.workers_seen = len(workers)
+        for worker in batch["worker"].to_pylist():
+            report.per_worker[worker] = report.per_worker.get(worker, 0) + 1
+        elapsed = time.perf_counter() - started
+        rate = report.processed / elapsed if elapsed > 0 else 0.0
+        left = len(rows) - report.processed
+        eta = f"{left / rate:.0f} s" if rate > 0 else "unknown"
+        logger.info("progress: %d / %d row(s) done, %.2f rows/s, ETA %s", report.processed, len(rows), rate, eta)
+    report.workers_seen = len(report.per_worker)
 
 
 def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobReport:
@@ -351,6 +366,7 @@ def _manifest(job: JobConfig, report: JobReport, weights: Dict[str, str], status
         "workers": job.pool.workers,
         "rows_per_s": report.processed / generate_s if generate_s > 0 and report.processed else None,
         "missing_ids": report.missing_ids[:100],
+        "rows_per_worker": dict(sorted(report.per_worker.items())),
         "weights": weights,
         "status": status,
     }

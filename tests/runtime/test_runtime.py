@@ -116,6 +116,8 @@ def test_local_job_writes_one_result_per_row_and_bad_rows_get_errors(baseline):
     assert manifest["counts"]["results"] == 6 and manifest["method"] == "ar"
     assert manifest["config"]["pool"]["workers"] == 2
     assert manifest["status"] == "complete" and manifest["weights"] == job_weights(job)
+    assert sum(manifest["rows_per_worker"].values()) == report.processed == 4  # throughput per actor on record
+    assert manifest["rows_per_s"] > 0 and report.output == str(Path(job.output.path).resolve())
 
 
 def test_s3_job_reads_prompts_and_writes_results_to_s3(baseline, tiny_janus, prompts_file, s3_config, s3_bucket):
