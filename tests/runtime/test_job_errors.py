@@ -46,3 +46,19 @@ def test_a_duplicate_id_is_a_one_line_error(tmp_path, caplog):
     message = str(stopped.value)
     assert "\n" not in message and "id 'a' appears twice" in message and str(config) in message
     assert str(tmp_path / "out") in caplog.text  # preflight logs where the results go, absolute
+
+
+def test_an_autoscaling_pool_grows_from_min_workers_and_never_past_the_batches():
+    from raydec.runtime.config import JobConfig
+    from raydec.runtime.pipeline import _pool_strategy
+
+    def job(**pool):
+        return JobConfig.model_validate({"task": "t2i", "model": "reference", "input": {"path": "in.parquet"},
+                                         "output": {"path": "out"}, "pool": {"batch_size": 8, **pool}})
+
+    fixed = _pool_strategy(job(workers=4), rows=100)
+    assert (fixed.min_size, fixed.max_size) == (4, 4)
+    scaling = _pool_strategy(job(workers=4, min_workers=1), rows=100)
+    assert (scaling.min_size, scaling.max_size) == (1, 4)
+    small = _pool_strategy(job(workers=4, min_workers=2), rows=8)  # one batch: one actor
+    assert (small.min_size, small.max_size) == (1, 1)
