@@ -17,6 +17,14 @@ from raydec.io.datasets import listing_root
 from raydec.io.filesystem import is_s3_uri
 
 
+def check_method(task: str, decode: DecodeConfig) -> None:
+    """``decode.method`` is one of ``task``'s methods (an error naming both otherwise)."""
+    methods = IMAGE_METHODS if task == "t2i" else CAPTION_METHODS
+    if decode.method not in methods:
+        kind = "text-to-image" if task == "t2i" else "captioning"
+        raise ValueError(f"decode.method: {decode.method!r} is not a {kind} method (use {', '.join(methods)})")
+
+
 class PoolConfig(StrictModel):
     """The Ray Data actor pool that runs the model: one model copy per actor."""
 
@@ -70,10 +78,7 @@ class ProcessorConfig(StrictModel):
 
     @model_validator(mode="after")
     def _fits(self) -> "ProcessorConfig":
-        methods = IMAGE_METHODS if self.task == "t2i" else CAPTION_METHODS
-        if self.decode.method not in methods:
-            kind = "text-to-image" if self.task == "t2i" else "captioning"
-            raise ValueError(f"decode.method: {self.decode.method!r} is not a {kind} method (use {', '.join(methods)})")
+        check_method(self.task, self.decode)
         if isinstance(self.concurrency, tuple):
             low, high = self.concurrency
             if not 1 <= low <= high:
@@ -122,10 +127,7 @@ class JobConfig(StrictModel):
 
     @model_validator(mode="after")
     def _method_fits_task(self) -> "JobConfig":
-        methods = IMAGE_METHODS if self.task == "t2i" else CAPTION_METHODS
-        if self.decode.method not in methods:
-            kind = "text-to-image" if self.task == "t2i" else "captioning"
-            raise ValueError(f"decode.method: {self.decode.method!r} is not a {kind} method (use {', '.join(methods)})")
+        check_method(self.task, self.decode)
         return self
 
     @model_validator(mode="after")
