@@ -1,5 +1,5 @@
-"""The long-running commands on tiny inputs, as a user runs them: `raydec serve` until SIGTERM,
-and `raydec train` on a tiny VLM."""
+"""`raydec serve` as a user runs it: until SIGTERM, answering meanwhile. (`raydec train` on a tiny
+VLM: tests/runtime/test_train_vispec.py, beside the data it reuses.)"""
 
 from __future__ import annotations
 
@@ -47,21 +47,3 @@ def test_raydec_serve_serves_until_sigterm(tmp_path):
         if process.poll() is None:
             process.kill()
         log.close()
-
-
-def test_raydec_train_trains_a_draft_for_a_tiny_vlm(tmp_path):
-    from tests.vlm_toys import build_tiny_llava
-
-    target = build_tiny_llava(tmp_path / "tiny_llava")
-    config = tmp_path / "draft.yaml"
-    config.write_text(yaml.safe_dump({
-        "data": {"target": str(target), "output_dir": str(tmp_path / "data"), "num_samples": 4, "max_new_tokens": 8,
-                 "batch_size": 2, "workers": 1, "cpus_per_worker": 0.5, "storage_dtype": "float32"},
-        "drafts": [{"name": "eagle", "vision": False, "output_dir": str(tmp_path / "eagle"), "steps": 2, "batch_size": 2,
-                    "warmup_steps": 0, "num_workers": 1, "cpus_per_worker": 0.5, "log_every": 1}],
-    }))
-    done = subprocess.run([sys.executable, "-m", "raydec.cli", "train", "--config", str(config)], capture_output=True, text=True,
-                          timeout=300, env=ENV, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "eagle" / "draft_config.json").is_file()
-    assert list((tmp_path / "eagle").glob("*.safetensors"))

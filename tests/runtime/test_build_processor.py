@@ -30,13 +30,13 @@ def test_t2i_stage_composes_with_a_users_map_and_filter(ray_cluster, tmp_path):
     processor = build_processor(ProcessorConfig(task="t2i", model="reference", decode={"method": "sjd"}, batch_size=2,
                                                 concurrency=(1, 2), rows={"prompt_column": "prompt"}))
     dataset = ray.data.from_items(rows).map(lambda row: {**row, "prompt": row["text"].strip()})  # the user's map
-    out = processor(dataset)
+    out = processor(dataset).materialize()  # decoded once; the user's filter below runs on it
     everything = sorted(out.take_all(), key=lambda row: row["id"])
     assert [row["id"] for row in everything] == ["p0", "p1", "p2", "p3"]
     assert everything[0]["text"] == "a red circle on the left"  # input columns are kept
     assert "prompt: empty" in everything[1]["error"] and everything[1]["image"] is None
     assert "max_prompt_words" in everything[3]["error"]
-    good = sorted(processor(dataset).filter(lambda row: row["error"] is None).take_all(), key=lambda row: row["id"])  # the user's filter
+    good = sorted(out.filter(lambda row: row["error"] is None).take_all(), key=lambda row: row["id"])  # the user's filter
     assert [row["id"] for row in good] == ["p0", "p2"]
     expected = generate_images([good[0]["prompt"], good[1]["prompt"]], decode={"method": "sjd"}, seeds=[100, 102])
     for row, result in zip(good, expected):

@@ -226,6 +226,24 @@ def trained(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int
     return {w: train_draft(_train_config(dataset, root / f"w{w}", w)) for w in (1, 2)}
 
 
+def test_raydec_train_command_trains_a_draft(dataset: Path, tiny_folder: Path, tmp_path: Path, capsys) -> None:
+    """`raydec train --config` on the module's tiny VLM: its data (same settings) is reused, one draft trains."""
+    import yaml
+
+    from raydec.cli import main
+
+    data = DataGenConfig(target=str(tiny_folder), output_dir=dataset, num_samples=6, max_new_tokens=NEW_TOKENS, batch_size=3,
+                         workers=2, cpus_per_worker=0.5, storage_dtype="float32")
+    draft = _train_config(dataset, tmp_path / "eagle", 1, name="eagle", vision=False, steps=2, data_dir=None)
+    config = tmp_path / "draft.yaml"
+    config.write_text(yaml.safe_dump({"data": data.model_dump(mode="json"), "drafts": [draft.model_dump(mode="json")]}))
+    generated = (dataset / "manifest.json").stat().st_mtime_ns
+    assert main(["train", "--config", str(config)]) == 0
+    assert (dataset / "manifest.json").stat().st_mtime_ns == generated  # the data was reused, not generated again
+    assert {"draft_config.json", "model.safetensors"} <= {p.name for p in (tmp_path / "eagle").iterdir()}
+    assert '"steps"' in capsys.readouterr().out  # the job's result, printed as JSON
+
+
 def test_two_workers_match_one_worker(trained: dict[int, dict]) -> None:
     one, two = (json.loads((Path(trained[w]["output_dir"]) / "train_log.json").read_text())["steps"] for w in (1, 2))
     assert len(one) == len(two) == 6
