@@ -321,8 +321,6 @@ class Ingress:
             field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
             raise APIError(400, f"{field}: {max_tokens} is more than limits.max_tokens={limits.max_tokens}", param=field,
                            code="invalid_value")
-        if max_tokens is None:
-            max_tokens = min(self.config.model(name).decode.max_new_tokens, limits.max_tokens)
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if len(stop) > 4 or any(not s for s in stop):
             raise APIError(400, "stop: up to 4 non-empty strings", param="stop", code="invalid_value")

@@ -188,6 +188,8 @@ class ModelReplica:
         watcher.draft_per_step = draft_tokens_per_step(self.session.config_for(method, None, request.get("temperature")))
         messages, images = request["messages"], request["images"]
         limit, positions = self.limits.max_prompt_tokens, self.session.max_positions
+        # unset max_tokens: the model's decode config as caption_images resolves it (128 unless set), within the limit
+        default_tokens = min(self.session.base.max_new_tokens, self.limits.max_tokens)
 
         def submit() -> Any:
             tokens = self.session.prompt_tokens(messages, images)
@@ -197,7 +199,7 @@ class ModelReplica:
                 raise ValueError(f"messages: the prompt is {tokens} tokens, the model has {positions} positions")
             watcher.prompt_tokens = tokens
             return self.session.submit(messages, images, seed, method=method, sampling=sampling or None,
-                                       max_new_tokens=request["max_tokens"], stop=stop)
+                                       max_new_tokens=request["max_tokens"] or default_tokens, stop=stop)
 
         self.loop.submit(submit, watcher)
         async for event in self._follow(events, [watcher], 1):
