@@ -15,6 +15,7 @@ top-k and top-p are per row. A row's output depends only on its inputs, seed and
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -43,8 +44,9 @@ class Ticket:
     handle: int
 
 
-class _Sessions:
-    """One DecodeSession per (method, cfg_scale, draft tree), stepped in turn."""
+class _Sessions(ABC):
+    """One DecodeSession per (method, cfg_scale, draft tree), stepped in turn; a task's subclass
+    says how its engine is built (``make_engine``)."""
 
     def __init__(self, base: DecodeConfig, max_batch: int) -> None:
         if max_batch < 1:
@@ -53,7 +55,6 @@ class _Sessions:
         self.max_batch = max_batch
         self.sessions: dict[tuple, DecodeSession] = {}
         self._turn = 0
-        self.steps = 0  # decode or admission steps run
         self.rows_stepped = 0  # rows in the batch, summed over decode steps (mean batch = this / decode_steps)
         self.decode_steps = 0
 
@@ -82,8 +83,9 @@ class _Sessions:
             self.sessions[key] = self.make_engine(config).session(max_batch=self.max_batch)
         return key, self.sessions[key]
 
+    @abstractmethod
     def make_engine(self, config: DecodeConfig) -> Engine:
-        raise NotImplementedError  # each task builds its own engine
+        """The engine (target, proposer, stop tokens) that decodes rows under ``config``."""
 
     @property
     def busy(self) -> bool:
@@ -101,7 +103,6 @@ class _Sessions:
         decoding = len(session.active)
         steps_before = session.steps
         finished = session.step()
-        self.steps += 1
         if session.steps > steps_before:
             self.decode_steps += 1
             self.rows_stepped += decoding
@@ -233,6 +234,7 @@ class CaptionSession(_Sessions):
         self.max_positions = max_positions(self.target)
         self.stops: dict[Ticket, tuple[str, ...]] = {}
         self.stopped: dict[Ticket, str] = {}  # the text up to a stop string, for requests it ended
+        self._decoded: dict[Ticket, tuple[int, str]] = {}  # (tokens, text): detokenized once per step, not per reader
 
     def make_engine(self, config: DecodeConfig) -> Engine:
         target = self.target
@@ -273,14 +275,22 @@ class CaptionSession(_Sessions):
         """The answer so far (up to its stop string, once one has ended it)."""
         if ticket in self.stopped:
             return self.stopped[ticket]
-        return caption_text(self.target, self.tokens(ticket))
+        return self._text_now(ticket)
+
+    def _text_now(self, ticket: Ticket) -> str:
+        tokens = self.tokens(ticket)
+        cached = self._decoded.get(ticket)
+        if cached is None or cached[0] != len(tokens):
+            cached = (len(tokens), caption_text(self.target, tokens))
+            self._decoded[ticket] = cached
+        return cached[1]
 
     def step(self) -> list[Ticket]:
         finished = super().step()
         for ticket, stops in list(self.stops.items()):  # a stop string ends its row at this step
             if ticket in self.stopped or self.row(ticket).done:
                 continue
-            text = caption_text(self.target, self.tokens(ticket))
+            text = self._text_now(ticket)
             cut = min((text.find(s) for s in stops if s in text), default=-1)
             if cut >= 0:
                 self.stopped[ticket] = text[:cut]
@@ -302,3 +312,4 @@ class CaptionSession(_Sessions):
         super().release(ticket)
         self.stops.pop(ticket, None)
         self.stopped.pop(ticket, None)
+        self._decoded.pop(ticket, None)
