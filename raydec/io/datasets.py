@@ -285,12 +285,34 @@ def input_columns(file: InputFile, cfg: InputConfig) -> List[str]:
             return list(pq.read_schema(path, filesystem=fs).names)
         except (OSError, pa.ArrowInvalid) as exc:
             raise IOConfigError(f"input: cannot read the schema of {file.uri}: {exc}") from None
-    if file.format == "csv":
-        return list(read_table(file, cfg).column_names)
+    fs, path = resolve_filesystem(file.uri, cfg.s3)
+    try:
+        with fs.open_input_stream(path) as stream:
+            if file.format == "csv":  # the header (first block) only
+                return list(pacsv.open_csv(stream, read_options=pacsv.ReadOptions(use_threads=False)).schema.names)
+            return _jsonl_keys(stream)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise IOConfigError(f"input: cannot read the columns of {file.uri}: {exc}") from None
+
+
+def _jsonl_keys(stream: Any, chunk_bytes: int = 1 << 20) -> List[str]:
+    """The keys of a JSON-lines stream's objects, in first-seen order, reading it a chunk at a time
+    (no rows are kept); lines that do not parse are skipped here (they become bad rows later)."""
     names: Dict[str, None] = {}
-    for row in _read_jsonl_rows(file, cfg):
-        names.update(dict.fromkeys(k for k in row if k != "__parse_error__"))
-    return list(names)
+    tail = b""
+    while True:
+        chunk = stream.read(chunk_bytes)
+        lines = (tail + chunk).split(b"\n")
+        tail = lines.pop() if chunk else b""
+        for raw in lines:
+            try:
+                row = json.loads(raw.removeprefix(b"\xef\xbb\xbf"))
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(row, dict):
+                names.update(dict.fromkeys(row))
+        if not chunk:
+            return list(names)
 
 
 def check_schema(columns: Sequence[str], task: Task, cfg: InputConfig, where: str) -> None:

@@ -115,6 +115,10 @@ class JobConfig(StrictModel):
         None, ge=0, lt=2**63, description="Job seed for rows without a seed; overrides input.seed when set."
     )
     retry_errors: bool = Field(False, description="On a re-run, redo rows whose earlier result is an error.")
+    max_rows: Optional[int] = Field(
+        None, ge=1, description="Decode at most this many rows in this run (a trial run); a re-run without it "
+        "continues with the rest. The manifest then says 'incomplete'.",
+    )
     fault_injection: Optional[FaultInjection] = Field(None, description="Tests only: kill a worker once.")
 
     @model_validator(mode="after")

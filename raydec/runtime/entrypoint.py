@@ -42,7 +42,7 @@ def job_main(task: str, description: str, argv: list[str] | None = None) -> int:
     except ValueError as exc:  # config, dataset, output, model and resume errors are ValueErrors
         raise SystemExit(config_error_line(args.config, exc)) from None
     try:
-        report = run_job(job, files)  # it joins the cluster (connect_ray) once it has rows to decode
+        report = run_job(job, files)  # it joins the cluster (connect_ray); the id scan runs there
     except (ClusterUnreachableError, IOConfigError) as exc:  # an unreachable cluster, a duplicate id: one line
         raise SystemExit(config_error_line(args.config, exc)) from None
     logging.getLogger(f"{task}_batch").info("done: %s", report)

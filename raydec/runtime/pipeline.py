@@ -1,14 +1,16 @@
-"""The batch job driver: preflight, resume, a Ray Data actor-pool pipeline, verification, manifest.
+"""The batch job driver: preflight, resume, a Ray Data pipeline read -> decode -> write, verification, manifest.
 
     files = preflight(job)                     # schema + output checks, before any model loads
     report = run_job(job, files)               # skips ids already written, writes the rest
 
-Rows are validated on the driver. Bad rows become error result rows right there, without a
-model. Good rows not yet in the output go through `map_batches` with an actor pool of
-`GenerationWorker`s that write their own shards. At the end `read_results` must hold
-exactly one row per input id. The manifest is written before generation starts (status
-"running") and again at the end ("complete" / "incomplete", with counts, timings and speed);
-it records the job config and a fingerprint of the weights, which a resume must match.
+The driver never holds rows. It lists the input's fragments (Parquet row groups from the
+footers; CSV / JSON-lines files whole); a Ray task scans the input's and the output's id columns
+(duplicate ids, and per fragment how many rows are done); read tasks stream the validated rows
+of the fragments with rows left, dropping ids already done; an actor pool of `GenerationWorker`s
+decodes them and writes results (bad rows get their error results there). At the end a second
+scan checks exactly one result per input id. The manifest is written before generation starts
+(status "running") and again at the end ("complete" / "incomplete", with counts, timings and
+speed); it records the job config and a fingerprint of the weights, which a resume must match.
 """
 
 from __future__ import annotations
@@ -17,39 +19,25 @@ import json
 import logging
 import math
 import time
-import uuid
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from raydec.io import (
-    InputFile,
-    IOConfigError,
-    ResultWriter,
-    check_dataset,
-    check_output_writable,
-    completed_ids,
-    error_result,
-    load_rows,
-    read_results,
-    write_manifest,
-)
+from raydec.io import InputFile, IOConfigError, check_dataset, check_output_writable, write_manifest
 from raydec.io.filesystem import is_s3_uri
+from raydec.io.fragments import Fragment, plan_fragments
+from raydec.io.id_index import IdScan, scan_ids
 from raydec.runtime.cluster import connect_ray
 from raydec.runtime.config import JobConfig
 from raydec.runtime.processors import PROCESSORS
+from raydec.runtime.reading import READ_TASK_CPUS, read_dataset
 from raydec.runtime.resume import check_resume_compatible, job_weights
 from raydec.runtime.worker import GenerationWorker
 
 logger = logging.getLogger(__name__)
 
-ROW_COLUMNS = {
-    "t2i": ("id", "source", "prompt", "negative_prompt", "seed", "error"),
-    "caption": ("id", "source", "prompt", "image", "image_uri", "seed", "error"),
-}
-"""Validated-row keys each task's workers receive."""
-MAX_BLOCKS = 4096
-"""Upper bound on input blocks, so a huge job does not schedule millions of tiny tasks."""
+PROGRESS_EVERY_S = 10.0
+"""Seconds between progress lines (the first decoded rows and the last are always logged)."""
 
 
 class JobIncompleteError(RuntimeError):
@@ -72,10 +60,12 @@ class JobReport:
     timings: Dict[str, float] = field(default_factory=dict)
     missing_ids: List[str] = field(default_factory=list)
     per_worker: Dict[str, int] = field(default_factory=dict)  # rows each actor wrote this run
+    per_node: Dict[str, int] = field(default_factory=dict)  # rows each Ray node wrote this run
+    missing: int = 0  # input ids without a result (missing_ids names the first 100)
 
     @property
     def complete(self) -> bool:
-        return not self.missing_ids
+        return self.missing == 0
 
     def counts(self) -> Dict[str, int]:
         data = asdict(self)
@@ -180,30 +170,9 @@ def storage_for_workers(job: JobConfig) -> JobConfig:
     })
 
 
-def _write_validation_errors(job: JobConfig, rows: List[Dict[str, Any]]) -> None:
-    """Error result rows for rows that failed validation, written by the driver (no model)."""
-    if not rows:
-        return
-    with ResultWriter(job.output, worker_id=f"driver_{uuid.uuid4().hex[:8]}") as writer:
-        for row in rows:
-            writer.add(error_result(row, job.decode.method))
-    logger.info("wrote %d validation error row(s)", len(rows))
-
-
-def _dataset(job: JobConfig, rows: List[Dict[str, Any]]) -> Any:
-    """The Ray Dataset of rows to generate.
-
-    One block per batch (up to MAX_BLOCKS) so the pool shares work evenly and a lost actor
-    task redoes little; the worker still sees `batch_size` rows per call.
-    """
-    import ray.data
-
-    items = [{key: row.get(key) for key in ROW_COLUMNS[job.task]} for row in rows]
-    blocks = max(1, min(MAX_BLOCKS, math.ceil(len(items) / job.pool.batch_size)))
-    return ray.data.from_items(items, override_num_blocks=blocks)
-
-
-def _remote_args(job: JobConfig, cluster_gpus: float, node_gpus: Optional[float] = None) -> Dict[str, Any]:
+def _remote_args(
+    job: JobConfig, cluster_gpus: float, node_gpus: Optional[float] = None, cluster_cpus: Optional[float] = None,
+) -> Dict[str, Any]:
     """Resources and fault tolerance of the pool's actors.
 
     GPUs requested on a cluster without any fall back to CPU actors (with a warning) rather
@@ -232,15 +201,22 @@ def _remote_args(job: JobConfig, cluster_gpus: float, node_gpus: Optional[float]
         args["num_gpus"] = pool.gpus_per_worker
     elif pool.gpus_per_worker > 0:
         logger.warning("pool.gpus_per_worker=%s but the Ray cluster has no GPU: running on CPU", pool.gpus_per_worker)
+    if cluster_cpus is not None and cluster_cpus - pool.workers * pool.cpus_per_worker < 1:
+        logger.warning(
+            "pool.workers=%d x cpus_per_worker=%s leaves less than one of the cluster's %g CPU(s) free: the step that "
+            "cuts the read rows into batches needs one, so the job may wait for ever; lower cpus_per_worker",
+            pool.workers, pool.cpus_per_worker, cluster_cpus,
+        )
     return args
 
 
-def _cluster_gpus() -> tuple[float, float]:
-    """(GPUs in the cluster, the most GPUs of any one alive node)."""
+def _cluster_resources() -> tuple[float, float, float]:
+    """(GPUs in the cluster, the most GPUs of any one alive node, CPUs in the cluster)."""
     import ray
 
     per_node = [float(n.get("Resources", {}).get("GPU", 0.0)) for n in ray.nodes() if n.get("Alive")]
-    return float(ray.cluster_resources().get("GPU", 0.0)), max(per_node, default=0.0)
+    total = ray.cluster_resources()
+    return float(total.get("GPU", 0.0)), max(per_node, default=0.0), float(total.get("CPU", 0.0))
 
 
 def _warn_if_output_is_node_local(job: JobConfig) -> None:
@@ -267,92 +243,143 @@ def _pool_strategy(job: JobConfig, rows: int) -> Any:
     return ray.data.ActorPoolStrategy(min_size=min(job.pool.min_workers, most), max_size=most)
 
 
-def _run_pool(job: JobConfig, rows: List[Dict[str, Any]], report: JobReport) -> None:
-    """Run the actor pool over `rows`, consuming its per-row summaries for progress and counts."""
+def _scan(job: JobConfig, fragments: List[Fragment], include_errors: bool) -> Tuple[IdScan, Any]:
+    """Scan the input's and the output's ids in a Ray task (not here: the driver holds no ids).
 
-    if not rows:
+    Returns the scan and an object ref to {fragment index: done ids} of the fragments a resume
+    finds partly done (None when there are none). A duplicate id raises DuplicateIdError here.
+    """
+    import ray
+
+    task = ray.remote(scan_ids).options(num_cpus=READ_TASK_CPUS, num_returns=2, max_retries=2)
+    scan_ref, partial_ref = task.remote(fragments, job.input, job.task, job.output, include_errors)
+    try:
+        scan = ray.get(scan_ref)
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, ValueError):  # a duplicate id, an unreadable input: its own one line
+            raise exc.cause from None
+        raise
+    partly_done = any(0 < done < rows for rows, done in zip(scan.rows, scan.done))
+    return scan, partial_ref if partly_done else None
+
+
+class _Progress:
+    """Counts the pool's per-row summaries and logs rows/s and ETA at most every PROGRESS_EVERY_S."""
+
+    def __init__(self, report: JobReport, total: int, job_started: float) -> None:
+        self.report, self.total, self.job_started = report, total, job_started
+        self.started = self.logged = time.perf_counter()
+        self.seen = 0  # rows through the pool this run, invalid ones included
+
+    def add(self, batch: Any) -> None:
+        report = self.report
+        first = self.seen == 0
+        if first:
+            report.timings["first_row_s"] = time.perf_counter() - self.job_started
+        invalid = batch["invalid"].to_pylist()
+        report.validation_errors += sum(invalid)
+        report.processed += len(invalid) - sum(invalid)
+        report.processing_errors += batch.num_rows - batch["error"].null_count - sum(invalid)
+        for worker, node, bad in zip(batch["worker"].to_pylist(), batch["node"].to_pylist(), invalid):
+            if not bad:
+                report.per_worker[worker] = report.per_worker.get(worker, 0) + 1
+                report.per_node[node] = report.per_node.get(node, 0) + 1
+        self.seen += batch.num_rows
+        now = time.perf_counter()
+        if first or now - self.logged >= PROGRESS_EVERY_S or self.seen >= self.total:
+            self.logged = now
+            elapsed = now - self.started
+            rate = self.seen / elapsed if elapsed > 0 else 0.0
+            left = max(0, self.total - self.seen)
+            eta = f"{left / rate:.0f} s" if rate > 0 else "unknown"
+            logger.info("progress: %d / %d row(s) done, %.2f rows/s, ETA %s", self.seen, self.total, rate, eta)
+
+
+def _run_pool(
+    job: JobConfig, fragments: List[Fragment], scan: IdScan, partial_ref: Any, report: JobReport, job_started: float,
+) -> None:
+    """Read the fragments with rows left (read tasks), decode them in the actor pool (which writes
+    the results), and consume the pool's per-row summaries for progress and counts."""
+    todo = scan.todo
+    total = scan.input_rows - sum(scan.done)
+    total = total if job.max_rows is None else min(total, job.max_rows)
+    if not todo:
         return
     with warnings.catch_warnings():
         # Ray 2.60 has no named parameters for max_restarts / max_task_retries yet; the
         # **ray_remote_args route is the documented one for actor fault tolerance.
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        dataset = _dataset(job, rows).map_batches(
+        dataset = read_dataset(job, fragments, todo, partial_ref)
+        if job.max_rows is not None:
+            dataset = dataset.limit(job.max_rows)  # streaming: reads stop once enough rows passed
+        dataset = dataset.map_batches(
             GenerationWorker,
             fn_constructor_kwargs={"job": job},
             batch_size=job.pool.batch_size,
             batch_format="pyarrow",
-            compute=_pool_strategy(job, len(rows)),
-            **_remote_args(job, *_cluster_gpus()),
+            compute=_pool_strategy(job, total),
+            **_remote_args(job, *_cluster_resources()),
         )
-    started = time.perf_counter()
+    progress = _Progress(report, total, job_started)
     for batch in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
-        report.processed += batch.num_rows
-        report.processing_errors += batch.num_rows - batch["error"].null_count
-        for worker in batch["worker"].to_pylist():
-            report.per_worker[worker] = report.per_worker.get(worker, 0) + 1
-        elapsed = time.perf_counter() - started
-        rate = report.processed / elapsed if elapsed > 0 else 0.0
-        left = len(rows) - report.processed
-        eta = f"{left / rate:.0f} s" if rate > 0 else "unknown"
-        logger.info("progress: %d / %d row(s) done, %.2f rows/s, ETA %s", report.processed, len(rows), rate, eta)
+        progress.add(batch)
     report.workers_seen = len(report.per_worker)
 
 
 def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobReport:
     """Run `job` on the current Ray cluster (connecting if needed) and return its report.
 
-    Raises JobIncompleteError if some input id has no result at the end (after writing the
-    manifest, so the gap is on record).
+    The driver reads Parquet footers and counts; rows, ids and images stay in Ray tasks and the
+    object store. Raises JobIncompleteError if some input id has no result at the end (after
+    writing the manifest, so the gap is on record).
     """
     started = time.perf_counter()
     report = JobReport(output=output_location(job))
     files = files if files is not None else preflight(job)
-    rows = load_rows(job.input, job.task, files)
-    report.input_rows = len(rows)
-    done = completed_ids(job.output, include_errors=not job.retry_errors)
-    todo = [row for row in rows if row["id"] not in done]
-    report.skipped_completed = len(rows) - len(todo)
-    bad = [row for row in todo if row["error"]]
-    good = [row for row in todo if not row["error"]]
-    report.validation_errors = len(bad)
+    fragments = plan_fragments(files, job.input)
+    connect_ray()  # no-op when Ray is up; else RAY_ADDRESS, else a local cluster
+    _warn_if_output_is_node_local(job)
+    workers_job = storage_for_workers(job)
+    scan, partial_ref = _scan(workers_job, fragments, include_errors=not job.retry_errors)
+    report.input_rows = scan.input_rows
+    report.skipped_completed = sum(scan.done)
     logger.info(
-        "job: %d row(s), %d already done, %d invalid, %d to generate on %d worker(s); results go to %s",
-        len(rows), report.skipped_completed, len(bad), len(good), job.pool.workers, report.output,
+        "job: %d row(s) in %d fragment(s), %d already done, %d to decode on %d worker(s); results go to %s",
+        scan.input_rows, len(fragments), report.skipped_completed, scan.input_rows - report.skipped_completed,
+        job.pool.workers, report.output,
     )
     report.timings["prepare_s"] = time.perf_counter() - started
-    if good:
-        connect_ray()  # no-op when Ray is up; else RAY_ADDRESS, else a local cluster
-        _warn_if_output_is_node_local(job)
     weights = job_weights(job)
-    # on record before any row (error rows included) is written, so an interrupted job's output
-    # still names its job and a resume with another config is refused
+    # on record before any row is written, so an interrupted job's output still names its job
+    # and a resume with another config is refused
     _manifest(job, report, weights, status="running")
-    _write_validation_errors(job, bad)
     generate_started = time.perf_counter()
-    _run_pool(storage_for_workers(job), good, report)
+    _run_pool(workers_job, fragments, scan, partial_ref, report, started)
     report.timings["generate_s"] = time.perf_counter() - generate_started
-    _verify(job, rows, report)
+    _verify(workers_job, fragments, report)
     if report.processed and report.processing_errors == report.processed:
         logger.warning("every one of the %d row(s) this run decoded failed: see the worker logs", report.processed)
     report.timings["total_s"] = time.perf_counter() - started
     _manifest(job, report, weights, status="complete" if report.complete else "incomplete")
-    if not report.complete:
+    stopped_by_max_rows = job.max_rows is not None and report.processed + report.validation_errors >= job.max_rows
+    if not report.complete and stopped_by_max_rows:
+        logger.info("stopped after max_rows=%d row(s); %d row(s) left: re-run without max_rows to finish",
+                    job.max_rows, report.missing)
+    elif not report.complete:
         raise JobIncompleteError(
-            f"job incomplete: {len(report.missing_ids)} input id(s) have no result, e.g. {report.missing_ids[:5]}; "
+            f"job incomplete: {report.missing} input id(s) have no result, e.g. {report.missing_ids[:5]}; "
             f"re-run to resume"
         )
     return report
 
 
-def _verify(job: JobConfig, rows: List[Dict[str, Any]], report: JobReport) -> None:
-    """Count results for this input: exactly one per id, or the missing ids."""
-    results = read_results(job.output)
-    input_ids = {row["id"] for row in rows}
-    result_ids = results["id"].to_pylist()
-    errors = results["error"].to_pylist()
-    report.results = sum(1 for i in result_ids if i in input_ids)
-    report.result_errors = sum(1 for i, e in zip(result_ids, errors) if i in input_ids and e is not None)
-    report.missing_ids = sorted(input_ids - set(result_ids))
+def _verify(job: JobConfig, fragments: List[Fragment], report: JobReport) -> None:
+    """Count results for this input (in a Ray task): exactly one per id, or the missing ids."""
+    scan, _ = _scan(job, fragments, include_errors=True)
+    report.results = scan.results
+    report.result_errors = scan.result_errors
+    report.missing = scan.missing
+    report.missing_ids = scan.missing_sample
 
 
 def _manifest(job: JobConfig, report: JobReport, weights: Dict[str, str], status: str) -> str:
@@ -367,6 +394,7 @@ def _manifest(job: JobConfig, report: JobReport, weights: Dict[str, str], status
         "rows_per_s": report.processed / generate_s if generate_s > 0 and report.processed else None,
         "missing_ids": report.missing_ids[:100],
         "rows_per_worker": dict(sorted(report.per_worker.items())),
+        "rows_per_node": dict(sorted(report.per_node.items())),
         "weights": weights,
         "status": status,
     }

@@ -28,8 +28,20 @@ SUMMARY_SCHEMA = pa.schema([
     pa.field("target_forwards", pa.int64()),
     pa.field("tokens", pa.int64()),
     pa.field("latency_s", pa.float64()),
+    pa.field("invalid", pa.bool_()),  # the row failed validation (in the read task), not decoding
+    pa.field("node", pa.string()),  # the Ray node the actor runs on
 ])
 """What each actor call returns to the driver: one row per processed input row."""
+
+
+def node_id() -> str:
+    """The Ray node id of this process (its first 12 hex digits), or "local" outside Ray."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()[:12]
+    except Exception:
+        return "local"
 
 
 def worker_id() -> str:
@@ -76,6 +88,7 @@ class GenerationWorker:
         self.processor = make_processor(job.processor_config())
         self.processor.setup()
         self.worker_id = worker_id()
+        self.node = node_id()
         self.writer = ResultWriter(job.output, worker_id=self.worker_id)
         self.rows_seen = 0
         logger.info("worker %s ready (pid %d)", self.worker_id, os.getpid())
@@ -84,11 +97,12 @@ class GenerationWorker:
         rows = batch.to_pylist()
         good = [row for row in rows if not row.get("error")]
         results: List[Dict[str, Any]] = [error_result(row, self.processor.method) for row in rows if row.get("error")]
+        invalid = {result["id"] for result in results}
         if good:
             results += self._process(good)
         rows_before, self.rows_seen = self.rows_seen, self.rows_seen + len(rows)
         maybe_kill(self.job.fault_injection, rows_before, self.rows_seen)
-        summary = [self._write(result) for result in results]
+        summary = [dict(self._write(result), invalid=result["id"] in invalid) for result in results]
         self.writer.flush()
         return pa.Table.from_pylist(summary, schema=SUMMARY_SCHEMA)
 
@@ -116,7 +130,7 @@ class GenerationWorker:
             result["output_uri"] = self.writer.write_image(result["id"], image)
         self.writer.add(result)
         return dict(
-            id=result["id"], error=result.get("error"), worker=self.worker_id,
+            id=result["id"], error=result.get("error"), worker=self.worker_id, node=self.node,
             target_forwards=int(result.get("target_forwards") or 0), tokens=int(result.get("tokens") or 0),
             latency_s=float(result.get("latency_s") or 0.0),
         )
