@@ -15,6 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", help="a JobConfig YAML file (task: t2i or caption)")
     parser.add_argument("--input", help="override input.path")
     parser.add_argument("--output", help="override output.path")
+    parser.add_argument("--max-rows", help="decode at most this many rows in this run (a trial run; re-run to finish)")
     args = parser.parse_args(argv)
     try:
         with open(args.config) as handle:
@@ -26,6 +27,6 @@ def main(argv: list[str] | None = None) -> int:
     task = raw.get("task", "t2i") if isinstance(raw, dict) else "t2i"
     from raydec.runtime.entrypoint import job_main
 
-    rest = ["--config", args.config] + [f for name in ("input", "output") if getattr(args, name) is not None
-                                        for f in (f"--{name}", getattr(args, name))]
+    rest = ["--config", args.config] + [f for name in ("input", "output", "max_rows") if getattr(args, name) is not None
+                                        for f in (f"--{name.replace('_', '-')}", getattr(args, name))]
     return job_main(task if task in ("t2i", "caption") else "t2i", f"raydec run: a {task} batch job", rest)

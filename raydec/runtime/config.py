@@ -47,7 +47,10 @@ class PoolConfig(StrictModel):
     max_task_retries: int = Field(
         3, ge=-1, le=1000, description="Times a batch lost with its actor is retried; -1 means forever."
     )
-    torch_threads: int = Field(1, ge=1, le=256, description="torch.set_num_threads in each actor (CPU decoding).")
+    torch_threads: Optional[int] = Field(
+        None, ge=1, le=256,
+        description="torch.set_num_threads in each actor; unset: the actor's CPUs (cpus_per_worker rounded down, at least 1).",
+    )
 
     @model_validator(mode="after")
     def _min_within_max(self) -> "PoolConfig":
@@ -71,10 +74,18 @@ class ProcessorConfig(StrictModel):
     batch_size: int = Field(8, ge=1, le=4096, description="Rows per actor call (decoded together).")
     cpus_per_worker: float = Field(0.5, gt=0.0, le=256.0, description="CPUs reserved per actor.")
     gpus_per_worker: float = Field(0.0, ge=0.0, le=1.0, description="GPUs per actor (the model runs on cuda); 0 runs on CPU.")
-    torch_threads: int = Field(1, ge=1, le=256, description="torch.set_num_threads in each actor (CPU decoding).")
+    torch_threads: Optional[int] = Field(
+        None, ge=1, le=256,
+        description="torch.set_num_threads in each actor; unset: the actor's CPUs (cpus_per_worker rounded down, at least 1).",
+    )
     images_to: Optional[OutputConfig] = Field(
         None, description="t2i: write PNGs under this location and return their `image_uri`; unset: return PNG bytes in `image`.",
     )
+
+    @property
+    def threads(self) -> int:
+        """The torch threads an actor uses: torch_threads, else the CPUs Ray reserves for it."""
+        return self.torch_threads or max(1, int(self.cpus_per_worker))
 
     @model_validator(mode="after")
     def _fits(self) -> "ProcessorConfig":

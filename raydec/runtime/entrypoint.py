@@ -25,6 +25,7 @@ def job_main(task: str, description: str, argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="YAML job file (see jobs/configs/)")
     parser.add_argument("--input", help="override input.path")
     parser.add_argument("--output", help="override output.path (relative paths land in the job's working dir)")
+    parser.add_argument("--max-rows", type=int, help="decode at most this many rows in this run (a trial run)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:  # a bad config, input, output or model: one clear message, before Ray starts
@@ -36,6 +37,11 @@ def job_main(task: str, description: str, argv: list[str] | None = None) -> int:
                 except ValidationError as exc:
                     problems = "; ".join(f"{section}.{line}" for line in validation_problems(exc))
                     raise ValueError(f"--{section} {path!r}: {problems}") from None
+        if args.max_rows is not None:
+            try:
+                job.max_rows = args.max_rows
+            except ValidationError as exc:
+                raise ValueError(f"--max-rows {args.max_rows}: {'; '.join(validation_problems(exc))}") from None
         if job.task != task:
             raise SystemExit(f"task: {job.task!r} in {args.config}; this entrypoint runs {task!r} jobs")
         files = preflight(job)

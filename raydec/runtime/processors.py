@@ -76,7 +76,7 @@ class T2IProcessor:
 
         from raydec.api import load_target  # in the actor: the driver never imports the models
 
-        torch.set_num_threads(self.config.torch_threads)
+        torch.set_num_threads(self.config.threads)
         self.pipeline = load_target(model=self.config.model, task="t2i", dtype=_torch_dtype(self.config.dtype), device=_device(self.config))
         logger.info("t2i processor: loaded %s (%s, method %s)", self.config.model, self.config.dtype, self.method)
 
@@ -153,7 +153,7 @@ class CaptionProcessor:
         from raydec.api import draft_dtype, load_draft, load_target
         from raydec.config import DRAFT_METHODS
 
-        torch.set_num_threads(self.config.torch_threads)
+        torch.set_num_threads(self.config.threads)
         self.pipeline = load_target(model=self.config.model, task="caption", dtype=_torch_dtype(self.config.dtype), device=_device(self.config))
         if self.method in DRAFT_METHODS:  # load the draft once, now, so a bad path fails here
             dtype = draft_dtype(self.pipeline, self.config.decode.draft_dtype)

@@ -36,7 +36,7 @@ READ_ROWS = 1024
 """Rows a read task validates at a time (cut into pool.batch_size blocks after it)."""
 READ_TASK_CPUS = 0
 """CPUs a read task reserves: none. Reading is light next to decoding, and a pool whose actors hold
-every CPU must not starve its own reads (at most pool.workers + 1 read tasks run at once)."""
+every CPU must not starve its own reads (at most pool.workers + 1 read tasks run at once, one per fragment)."""
 
 
 def fragment_items(fragments: List[Fragment], todo: List[int]) -> List[Dict[str, Any]]:
@@ -82,5 +82,5 @@ def read_dataset(job: JobConfig, fragments: List[Fragment], todo: List[int], par
             partial_ref=[partial_ref] if partial_ref is not None else None,
         ),
         num_cpus=READ_TASK_CPUS,
-        concurrency=job.pool.workers + 1,
+        concurrency=max(1, min(job.pool.workers + 1, len(items))),
     ).repartition(target_num_rows_per_block=job.pool.batch_size)  # a read task's outputs would merge into big blocks

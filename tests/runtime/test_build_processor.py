@@ -86,3 +86,14 @@ def test_processor_config_errors_name_the_field():
                         ({"task": "t2i", "model": "reference", "rows": {"prompt_colum": "p"}}, "prompt_colum")]:
         with pytest.raises(ValidationError, match=needle):
             ProcessorConfig.model_validate(raw)
+
+
+def test_an_actor_runs_torch_on_the_cpus_ray_reserves_for_it():
+    from raydec.runtime import ProcessorConfig
+
+    def threads(**pool) -> int:
+        return ProcessorConfig(task="t2i", model="reference", **pool).threads
+
+    assert threads() == 1 and threads(cpus_per_worker=0.5) == 1  # a fraction of a CPU: one thread
+    assert threads(cpus_per_worker=4) == 4 and threads(cpus_per_worker=2.5) == 2
+    assert threads(cpus_per_worker=4, torch_threads=2) == 2  # set: it wins
