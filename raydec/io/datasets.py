@@ -289,7 +289,9 @@ def input_columns(file: InputFile, cfg: InputConfig) -> List[str]:
     try:
         with fs.open_input_stream(path) as stream:
             if file.format == "csv":  # the header (first block) only
-                return list(pacsv.open_csv(stream, read_options=pacsv.ReadOptions(use_threads=False)).schema.names)
+                skip_bad_lines = pacsv.ParseOptions(invalid_row_handler=lambda row: "skip")  # they become bad rows later
+                reader = pacsv.open_csv(stream, read_options=pacsv.ReadOptions(use_threads=False), parse_options=skip_bad_lines)
+                return list(reader.schema.names)
             return _jsonl_keys(stream)
     except (OSError, pa.ArrowInvalid) as exc:
         raise IOConfigError(f"input: cannot read the columns of {file.uri}: {exc}") from None

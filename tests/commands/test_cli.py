@@ -73,27 +73,14 @@ def test_run_takes_a_job_config_and_reports_bad_ones_in_one_line(tmp_path):
     assert done.returncode != 0 and "input" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_run_executes_a_small_job(tmp_path):
+def test_run_executes_a_small_job_and_max_rows_makes_a_trial_run_that_a_rerun_finishes(tmp_path):
     data = tmp_path / "in" / "prompts.parquet"
     data.parent.mkdir()
-    pq.write_table(pa.table({"id": ["a", "b"], "prompt": ["a red circle on the left", "a blue square at the top"]}), data)
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "prompt": ["a red circle on the left", "a blue square at the top",
+                                                               "a green cross"]}), data)
     config = tmp_path / "job.yaml"
     config.write_text(f"task: t2i\nmodel: reference\ninput:\n  path: {data}\noutput:\n  path: {tmp_path / 'out'}\n"
                       "decode:\n  method: ar\npool:\n  workers: 1\n  batch_size: 2\n")
-    env = {"PYTHONPATH": str(ROOT), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, "-m", "raydec.cli", "run", str(config)], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert sorted(p.name for p in (tmp_path / "out" / "images").glob("*.png")) == ["a.png", "b.png"]
-
-
-def test_run_max_rows_makes_a_trial_run_that_a_rerun_finishes(tmp_path):
-    data = tmp_path / "in" / "prompts.parquet"
-    data.parent.mkdir()
-    pq.write_table(pa.table({"id": ["a", "b", "c"], "prompt": ["a red circle", "a blue square", "a green cross"]}), data)
-    config = tmp_path / "job.yaml"
-    config.write_text(f"task: t2i\nmodel: reference\ninput:\n  path: {data}\noutput:\n  path: {tmp_path / 'out'}\n"
-                      "decode:\n  method: ar\npool:\n  workers: 1\n  batch_size: 1\n")
     env = {"PYTHONPATH": str(ROOT), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "PATH": "/usr/bin:/bin"}
 
     def run(*extra: str) -> subprocess.CompletedProcess:

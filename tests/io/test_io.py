@@ -278,6 +278,30 @@ def test_missing_required_column_fails_fast(tmp_path):
         check_dataset(InputConfig(path=path), "caption")
 
 
+def test_preflight_reads_a_csv_header_and_streams_json_lines_keys_without_holding_rows(tmp_path, monkeypatch):
+    from raydec.io import datasets
+
+    csv = tmp_path / "p.csv"
+    csv.write_text("id,prompt\n" + "".join(f"{i},a red circle\n" for i in range(50_000)))
+    lines = tmp_path / "p.jsonl"
+    lines.write_text("not json\n" + "\n".join(json.dumps({"id": i}) for i in range(20_000)) + '\n{"prompt": "late"}')
+    monkeypatch.setattr(datasets, "read_table", None)  # a whole-file read would fail here
+    monkeypatch.setattr(datasets, "_read_jsonl_rows", None)
+    assert check_dataset(InputConfig(path=str(csv)), "t2i")
+    assert check_dataset(InputConfig(path=str(lines)), "t2i")  # the prompt column comes on the last line
+
+    reads = []
+
+    class Counting(io.BytesIO):
+        def read(self, size=-1):
+            data = super().read(size)
+            reads.append(len(data))
+            return data
+
+    assert datasets._jsonl_keys(Counting(lines.read_bytes()), chunk_bytes=1 << 12) == ["id", "prompt"]
+    assert len(reads) > 10 and max(reads) == 1 << 12  # a chunk at a time, never the whole file
+
+
 def test_duplicate_ids_fail(tmp_path):
     path = _write(str(tmp_path / "p.jsonl"), [{"id": "x", "prompt": "a"}, {"id": "x", "prompt": "b"}], "jsonl")
     with pytest.raises(IOConfigError, match="id 'x' appears twice"):
