@@ -126,8 +126,9 @@ def scan_ids(
         missing.append(fragment_ids_.filter(pc.invert(has_any)))
     lacking = pa.chunked_array(missing, pa.string())
     scan.missing = len(lacking)
-    if scan.missing:
-        sample = pc.sort_indices(lacking)[:MISSING_SAMPLE]
-        scan.missing_sample = pc.take(lacking, sample).to_pylist()
+    if scan.missing:  # the smallest MISSING_SAMPLE, without sorting them all
+        first = pc.select_k_unstable(pa.table({"id": lacking}), k=min(MISSING_SAMPLE, scan.missing),
+                                     sort_keys=[("id", "ascending")])  # indices
+        scan.missing_sample = sorted(pc.take(lacking, first).to_pylist())
     return scan, partial
 
