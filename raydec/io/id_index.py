@@ -7,7 +7,8 @@ without ids: none, the ids derive from the file key and row index) and the id an
 of the result shards, and answers, per fragment, how many rows are done, the done ids of the
 fragments only partly done (what a resume filters on), and how many input ids have no result.
 It raises DuplicateIdError when two input rows share an id. Memory is that of the id columns
-(about 40 bytes per id); run it where that is cheap (a Ray task), not in a job's driver.
+(about 130 bytes per id at its peak, measured on 2 million ids); run it where that is cheap (a Ray
+task), not in a job's driver.
 """
 
 from __future__ import annotations
