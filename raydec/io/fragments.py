@@ -13,7 +13,6 @@ not depend on which task read it.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -36,12 +35,6 @@ class Fragment:
     row_group: Optional[int]  # None: the whole file
     first_row: int  # the file's index of the fragment's first row
     num_rows: Optional[int]  # from the Parquet footer; None for CSV / JSON lines
-
-    @property
-    def name(self) -> str:
-        """A short stable name (for completion records): the same fragment, the same name."""
-        digest = hashlib.blake2b(f"{self.key}\x1f{self.row_group}".encode(), digest_size=8).hexdigest()
-        return f"frag-{digest}"
 
 
 def plan_fragments(files: List[InputFile], cfg: InputConfig) -> List[Fragment]:

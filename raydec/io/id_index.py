@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from raydec.io.config import InputConfig, IOConfigError, OutputConfig, Task
 from raydec.io.fragments import Fragment, read_fragment
 from raydec.io.filesystem import resolve_filesystem
-from raydec.io.validation import _normalise_id, derive_row_id
+from raydec.io.validation import derive_row_id, row_id
 from raydec.io.writers import _read_shards
 
 MISSING_SAMPLE = 100
@@ -69,11 +69,7 @@ def fragment_ids(fragment: Fragment, cfg: InputConfig, task: Task) -> pa.Array:
             values = parquet.read_row_group(fragment.row_group, columns=[cfg.id_column]).column(0).to_pylist()
     except (OSError, pa.ArrowInvalid) as exc:
         raise IOConfigError(f"input: cannot read row group {fragment.row_group} of {fragment.uri}: {exc}") from None
-    ids = []
-    for offset, value in enumerate(values):  # the validators' rule: a null or invalid id derives one
-        row_id, _ = _normalise_id(value)
-        ids.append(row_id if row_id is not None else derive_row_id(fragment.key, fragment.first_row + offset))
-    return pa.array(ids, pa.string())
+    return pa.array([row_id(value, fragment.key, fragment.first_row + i) for i, value in enumerate(values)], pa.string())
 
 
 def result_ids(output: OutputConfig) -> tuple[pa.Array, pa.Array]:

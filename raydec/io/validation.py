@@ -103,13 +103,24 @@ def _text_errors(field: str, value: Any, cfg: RowFormat, *, required: bool) -> T
     return value, errors
 
 
+def _row_id_and_error(value: Any, file_key: str, row_index: int) -> Tuple[str, Optional[str]]:
+    """(id, error): the id column's value normalised, or, when absent or invalid, an id derived
+    from the row's file and index."""
+    normalised, error = _normalise_id(value)
+    return (normalised if normalised is not None else derive_row_id(file_key, row_index)), error
+
+
+def row_id(value: Any, file_key: str, row_index: int) -> str:
+    """A row's id from its id column's value, as the validators give it (the id scan reads ids alone)."""
+    return _row_id_and_error(value, file_key, row_index)[0]
+
+
 def _id_and_seed(row: Dict[str, Any], cfg: RowFormat, file_key: str, row_index: int) -> Tuple[str, int, List[str]]:
     """Normalised id and seed of a row, deriving either when absent or invalid."""
-    row_id, id_error = _normalise_id(row.get(cfg.id_column))
+    row_id_, id_error = _row_id_and_error(row.get(cfg.id_column), file_key, row_index)
     seed, seed_error = _normalise_seed(row.get(cfg.seed_column))
-    row_id = row_id if row_id is not None else derive_row_id(file_key, row_index)
-    seed = seed if seed is not None else derive_seed(row_id, cfg.seed)
-    return row_id, seed, [e for e in (id_error, seed_error) if e]
+    seed = seed if seed is not None else derive_seed(row_id_, cfg.seed)
+    return row_id_, seed, [e for e in (id_error, seed_error) if e]
 
 
 def _join(errors: List[str]) -> Optional[str]:

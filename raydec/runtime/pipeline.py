@@ -277,11 +277,12 @@ class _Progress:
         if first:
             report.timings["first_row_s"] = time.perf_counter() - self.job_started
         invalid = batch["invalid"].to_pylist()
-        report.validation_errors += sum(invalid)
-        report.processed += len(invalid) - sum(invalid)
-        report.processing_errors += batch.num_rows - batch["error"].null_count - sum(invalid)
-        for worker, node, bad in zip(batch["worker"].to_pylist(), batch["node"].to_pylist(), invalid):
-            if not bad:
+        bad = sum(invalid)  # rows that failed validation in a read task: error rows, not decoded
+        report.validation_errors += bad
+        report.processed += batch.num_rows - bad
+        report.processing_errors += batch.num_rows - batch["error"].null_count - bad
+        for worker, node, skipped in zip(batch["worker"].to_pylist(), batch["node"].to_pylist(), invalid):
+            if not skipped:
                 report.per_worker[worker] = report.per_worker.get(worker, 0) + 1
                 report.per_node[node] = report.per_node.get(node, 0) + 1
         self.seen += batch.num_rows
