@@ -10,6 +10,7 @@ decides (colour, shape, fill, size, position, background, count) or phrasing ("o
 
 The **attribute oracle** replays each draft's own answers with every attribute miss turned
 into a hit: steps then end only at the phrasing words that draft missed, or at the depth cap.
+(Dense descriptions' relation words, "above" or "same", count as attributes: the image decides them.)
 That is an upper bound on what any vision module could add to that draft on this testbed
 at this tree (it also assumes the chain after a repaired miss stays right). Replaying with all
 misses kept must give the measured forwards, and the table shows both. Greedy decoding only:
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model", default="reference")
     parser.add_argument("--methods", default="eagle,vispec", help="comma-separated drafted methods (eagle, vispec)")
     parser.add_argument("--images", type=positive_int, default=60)
+    parser.add_argument("--prompt", default=None, help="instruction (default: the short caption prompt; dense: "
+                        "'describe the image in detail .')")
     parser.add_argument("--max-new-tokens", type=positive_int, default=128)
     parser.add_argument("--depth", type=positive_int, default=None, help="draft tree depth (default: the T=0 tree)")
     parser.add_argument("--top-k", type=positive_int, default=None)
@@ -110,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
         draft = resolve_draft_path(args.model, method, getattr(args, f"{method}_draft"))
         decode = DecodeConfig(method=method, sampling=SamplingConfig(temperature=0.0), draft_tree=tree,
                               max_new_tokens=args.max_new_tokens, draft_model=str(draft))
-        results = caption_images(images, prompt=DEFAULT_CAPTION_PROMPT, model=target, decode=decode,
+        results = caption_images(images, prompt=args.prompt or DEFAULT_CAPTION_PROMPT, model=target, decode=decode,
                                  seeds=list(range(args.images)), batch_size=1)
         answers = [(tokenizer.convert_ids_to_tokens(r.tokens), r.accepted_lengths) for r in results]
         tables[method] = tally(answers, tree.depth)

@@ -37,7 +37,9 @@ def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=data.num_samples, help="image-prompt pairs (seeds 0..N-1)")
     parser.add_argument("--gen-workers", type=int, default=data.workers, help="Ray Data actors for data generation")
     parser.add_argument("--gen-batch-size", type=int, default=data.batch_size)
-    parser.add_argument("--max-new-tokens", type=int, default=data.max_new_tokens)
+    parser.add_argument("--prompt", default=data.prompt,
+                        help="instruction for every image, in data and evaluation (e.g. 'describe the image in detail .')")
+    parser.add_argument("--max-new-tokens", type=int, default=data.max_new_tokens, help="answer cap, data and evaluation")
     parser.add_argument("--temperatures", type=temperatures_arg, default=data.temperatures,
                         help="answer temperatures cycled over the samples, e.g. 0,1 (0: greedy)")
     parser.add_argument("--methods", default="vispec,eagle", help="drafts to train: vispec, eagle or both")
@@ -69,6 +71,7 @@ def job_from_args(args: argparse.Namespace) -> Any:
     data = DataGenConfig(
         target=args.target, output_dir=args.data_dir, num_samples=args.samples, workers=args.gen_workers,
         batch_size=args.gen_batch_size, max_new_tokens=args.max_new_tokens, temperatures=args.temperatures,
+        prompt=args.prompt,
     )
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = set(methods) - {"vispec", "eagle"}
@@ -84,7 +87,8 @@ def job_from_args(args: argparse.Namespace) -> Any:
     evaluation = None
     if args.eval_images > 0:
         tree = DraftTreeConfig(depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
-        evaluation = EvalConfig(num_images=args.eval_images, draft_tree=tree, threads=args.threads)
+        evaluation = EvalConfig(num_images=args.eval_images, draft_tree=tree, threads=args.threads, prompt=args.prompt,
+                                max_new_tokens=args.max_new_tokens)
     return DraftJobConfig(data=data, drafts=drafts, parallel=args.parallel, evaluate=evaluation)
 
 

@@ -20,7 +20,8 @@ from tqdm import tqdm
 from transformers import LlavaForConditionalGeneration, LlavaProcessor
 
 from raydec.reference.judge import score_caption
-from raydec.reference.llava_vlm import DEFAULT_WEIGHTS_DIR, load_vlm, prompt_text
+from raydec.reference.llava_vlm import DEFAULT_WEIGHTS_DIR, DESCRIBE_INSTRUCTION, load_vlm, prompt_text
+from raydec.reference.shapes_dense import DENSE_INSTRUCTION
 from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
 
 logger = logging.getLogger(__name__)
@@ -53,9 +54,10 @@ def generate_captions(
     processor: LlavaProcessor,
     images: list,
     max_new_tokens: int = 96,
+    instruction: str = DESCRIBE_INSTRUCTION,
 ) -> list[str]:
-    """Greedy descriptions of ``images`` (uint8 [H, W, 3] arrays or PIL images), one batched generate."""
-    inputs = processor(text=[prompt_text()] * len(images), images=images, return_tensors="pt", padding=True)
+    """Greedy answers to ``instruction`` for ``images`` (uint8 [H, W, 3] arrays or PIL images), one batched generate."""
+    inputs = processor(text=[prompt_text(instruction)] * len(images), images=images, return_tensors="pt", padding=True)
     out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)  # [B, T + new]
     new_tokens = out[:, inputs["input_ids"].shape[1] :]
     return [c.strip() for c in processor.batch_decode(new_tokens, skip_special_tokens=True)]
@@ -68,8 +70,13 @@ def evaluate_captions(
     batch_size: int = 50,
     first_seed: int = HELD_OUT_SEED_START,
     progress: bool = True,
+    dense: bool = False,
 ) -> CaptionEval:
-    """Caption ``n`` held-out images (seeds from ``first_seed``) greedily and score them with the judge."""
+    """Caption ``n`` held-out images (seeds from ``first_seed``) greedily and score them with the judge.
+
+    ``dense``: ask for dense descriptions (``shapes_dense.DENSE_INSTRUCTION``, up to 300 tokens).
+    """
+    instruction, budget = (DENSE_INSTRUCTION, 300) if dense else (DESCRIBE_INSTRUCTION, 96)
     was_training = model.training
     model.eval()
     seeds = list(range(first_seed, first_seed + n))
@@ -79,7 +86,7 @@ def evaluate_captions(
     start = time.perf_counter()
     for lo in tqdm(range(0, n, batch_size), desc="caption eval", disable=not progress):
         samples = [make_sample(s) for s in seeds[lo : lo + batch_size]]
-        batch_captions = generate_captions(model, processor, [s.image for s in samples])
+        batch_captions = generate_captions(model, processor, [s.image for s in samples], budget, instruction)
         captions.extend(batch_captions)
         scores.extend(float(score_caption(c, s.image)) for c, s in zip(batch_captions, samples))
         truth_scores.extend(float(score_caption(c, truth=s)) for c, s in zip(batch_captions, samples))
@@ -97,18 +104,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--first-seed", type=int, default=HELD_OUT_SEED_START, help="first held-out seed")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--show", type=int, default=3, help="example captions to print")
+    parser.add_argument("--dense", action="store_true", help="dense descriptions ('describe the image in detail .')")
     parser.add_argument("--write-card", action="store_true", help="(re)write MODEL_CARD.md in --weights with the result")
     parser.add_argument("--card-note", default="", help="free text added to the card's evaluation section")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
     model, processor = load_vlm(args.weights)
-    result = evaluate_captions(model, processor, args.n, args.batch_size, args.first_seed)
+    result = evaluate_captions(model, processor, args.n, args.batch_size, args.first_seed, dense=args.dense)
     for seed, caption, score in list(zip(result.seeds, result.captions, result.scores))[: args.show]:
         print(f"seed {seed} score {score:.3f}: {caption}")
     perfect = sum(s >= 0.999 for s in result.scores)
     print(
-        f"greedy caption accuracy on {args.n} held-out images: {result.accuracy:.4f} "
+        f"greedy {'dense ' if args.dense else ''}caption accuracy on {args.n} held-out images: {result.accuracy:.4f} "
         f"(perfect captions: {perfect}/{args.n}; against ground-truth scenes: {result.truth_accuracy:.4f}; "
         f"{result.seconds:.1f} s)"
     )

@@ -34,8 +34,9 @@ import numpy as np
 
 from raydec.reference.judge_image import ImageLike, parse_image
 from raydec.reference.judge_scene import ParsedScene
-from raydec.reference.judge_text import parse_prompt, parse_text
-from raydec.reference.shapes import ShapeObject, ShapesSample
+from raydec.reference.judge_relations import check_statements
+from raydec.reference.judge_text import parse_prompt, parse_text, sentences
+from raydec.reference.shapes import ShapeObject, ShapesSample, words
 
 ATTRIBUTES = ("shape", "color", "size", "position", "fill")
 
@@ -101,7 +102,9 @@ def score_caption(
 
     The truth is ``truth`` when given, else ``parse_image(image)``. Attributes: five per
     object, background kind and colour, and the object count. Objects the caption invents
-    enlarge the denominator (five each), so hallucinations cost. Never raises on odd text.
+    enlarge the denominator (five each), so hallucinations cost. A dense description's count
+    clauses and relations (``judge_relations``) add one point each, right or wrong. Never raises
+    on odd text.
     """
     if truth is None:
         if image is None:
@@ -115,7 +118,8 @@ def score_caption(
     said_count = said.count if said.count is not None else len(said.objects)
     correct += said_count == len(scene.objects)
     total = len(ATTRIBUTES) * max(len(scene.objects), len(said.objects)) + 3
-    return correct / total
+    statements = check_statements(sentences(words(caption) if isinstance(caption, str) else []), scene.objects)
+    return (correct + sum(statements)) / (total + len(statements))
 
 
 def attribute_accuracy(parsed: SceneLike, truth: SceneLike) -> float:

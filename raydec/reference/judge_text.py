@@ -4,15 +4,18 @@
 :mod:`raydec.reference.shapes_text` (synonyms, position phrases, "it is ..." follow-ups); each
 attribute word goes to the nearest shape noun of its sentence, and anything they do not
 understand is ignored, so garbled text scores low and never raises. ``word_kind`` names which
-scene attribute a token states, from the same word lists.
+scene attribute a token states, from the same word lists. Dense descriptions' count and
+relation sentences (``statement_kind``) are skipped here and checked by
+:mod:`raydec.reference.judge_relations`.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from raydec.reference.judge_scene import ParsedScene
 from raydec.reference.shapes import BACKGROUND_COLORS, COLORS, SHAPES, ShapeObject, words
+from raydec.reference.shapes_dense import RELATION_PHRASES
 
 _SHAPE_WORDS = {**{s: s for s in SHAPES}, **{s + "s": s for s in SHAPES if s != "cross"}, "crosses": "cross"}
 _COLOR_WORDS = {c: c for c in COLORS}
@@ -37,7 +40,39 @@ _SENTENCE_ENDS = {".", "?", "!"}
 _MAX_TEXT_OBJECTS = 8  # mentions beyond this are ignored (keeps matching cheap)
 
 
-WORD_KINDS = ("colour", "shape", "fill", "size", "position", "background", "count", "other")
+WORD_KINDS = ("colour", "shape", "fill", "size", "position", "background", "count", "relation", "other")
+# words of dense descriptions' relation phrases that state the relation's value
+_RELATION_WORDS = {"above", "below", "higher", "larger", "bigger", "smaller", "same", "different", "column", "row",
+                   "level"}  # fmt: skip
+_NUMBERS = {"one": 1, "two": 2, "three": 3}
+_EVERY = {"all", "both"}
+# token tuple -> (kind, value), longest first so "to the left of" wins over "left of"
+_PHRASES = sorted(
+    ((tuple(p.split()), (kind, value)) for kind, table in RELATION_PHRASES.items()
+     for value, phrases in table.items() for p in phrases),
+    key=lambda item: -len(item[0]),
+)  # fmt: skip
+
+
+def statement_kind(sentence: Sequence[str]) -> Optional[str]:
+    """"count", "relation" or None (a sentence the attribute reader handles)."""
+    if "them" in sentence and sentence and (sentence[0] in _NUMBERS or sentence[0] in _EVERY):
+        return "count"
+    if _find_phrase(sentence, 0) is not None:
+        return "relation"
+    return None
+
+
+def _find_phrase(sentence: Sequence[str], start: int) -> Optional[tuple[int, int, str, str]]:
+    """The first relation phrase at or after ``start``: ``(begin, end, kind, value)``."""
+    for i in range(start, len(sentence)):
+        for tokens, (kind, value) in _PHRASES:
+            if tuple(sentence[i : i + len(tokens)]) == tokens:
+                return i, i + len(tokens), kind, value
+    return None
+
+
+
 
 
 def word_kind(word: str) -> str:
@@ -48,7 +83,8 @@ def word_kind(word: str) -> str:
     kinds = (
         ("colour", _COLOR_WORDS), ("shape", _SHAPE_WORDS), ("fill", _FILL_WORDS), ("size", _SIZE_WORDS),
         ("position", {**_VERTICAL_WORDS, **_HORIZONTAL_WORDS, **dict.fromkeys(_CENTER_WORDS)}),
-        ("background", {**_BACKGROUND_COLOR_WORDS, **_BACKGROUND_WORDS}), ("count", _COUNT_WORDS),
+        ("background", {**_BACKGROUND_COLOR_WORDS, **_BACKGROUND_WORDS}),
+        ("count", {**_COUNT_WORDS, **dict.fromkeys(_EVERY)}), ("relation", _RELATION_WORDS),
     )  # fmt: skip
     return next((kind for kind, words in kinds if word in words), "other")
 
@@ -84,7 +120,7 @@ class _Mention:
         )  # type: ignore[arg-type]  # fmt: skip
 
 
-def _sentences(tokens: list[str]) -> list[list[str]]:
+def sentences(tokens: list[str]) -> list[list[str]]:
     """Split tokens at ``.`` ``?`` ``!``."""
     out: list[list[str]] = [[]]
     for token in tokens:
@@ -117,7 +153,9 @@ def parse_text(text: str) -> ParsedScene:
     mentions: list[_Mention] = []
     background = background_color = None
     count: Optional[int] = None
-    for sentence in _sentences(tokens):
+    for sentence in sentences(tokens):
+        if statement_kind(sentence) is not None:  # dense counts and relations: judge_relations
+            continue
         nouns = [(i, _SHAPE_WORDS[t]) for i, t in enumerate(sentence) if t in _SHAPE_WORDS]
         local = [_Mention(shape) for _, shape in nouns][: max(0, _MAX_TEXT_OBJECTS - len(mentions))]
         nouns = nouns[: len(local)]

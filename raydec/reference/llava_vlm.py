@@ -106,10 +106,42 @@ def build_tokenizer(vocabulary: list[str]) -> PreTrainedTokenizerFast:
         unk_token=UNK,
         extra_special_tokens={"image_token": IMAGE_TOKEN},
         padding_side="left",
-        model_max_length=512,
+        model_max_length=1024,
         clean_up_tokenization_spaces=False,
     )
     return fast
+
+
+def extend_vocabulary(
+    model: LlavaForConditionalGeneration, processor: LlavaProcessor, new_words: list[str]
+) -> tuple[LlavaForConditionalGeneration, LlavaProcessor]:
+    """Append the words of ``new_words`` the tokenizer lacks, keeping every existing id.
+
+    The embedding and LM-head rows of the new ids are drawn from the mean and covariance of the
+    existing rows (Hugging Face's ``resize_token_embeddings``, seeded by torch's global seed);
+    nothing the model computes on old ids changes.
+    Returns the model (resized in place) and a new processor with the extended tokenizer.
+    """
+    old = processor.tokenizer
+    vocab = old.get_vocab()
+    missing = [w for w in dict.fromkeys(new_words) if w not in vocab]
+    if not missing:
+        return model, processor
+    ordered = sorted(vocab, key=vocab.get)
+    tokenizer = build_tokenizer([w for w in ordered if w not in SPECIAL_TOKENS] + missing)
+    if tokenizer.get_vocab() != {**vocab, **{w: len(vocab) + i for i, w in enumerate(missing)}}:
+        raise RuntimeError("extending the vocabulary moved existing token ids")
+    model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+    extended = LlavaProcessor(
+        image_processor=processor.image_processor,
+        tokenizer=tokenizer,
+        patch_size=processor.patch_size,
+        vision_feature_select_strategy=processor.vision_feature_select_strategy,
+        num_additional_image_tokens=processor.num_additional_image_tokens,
+        chat_template=processor.chat_template,
+        image_token=IMAGE_TOKEN,
+    )
+    return model, extended
 
 
 def build_image_processor(sizes: VLMSizes) -> CLIPImageProcessorPil:

@@ -41,6 +41,10 @@ def add_vlm_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--vlm-first-step", type=int, default=0, help="global step of this phase's first batch")
     group.add_argument("--vlm-refine-patches", type=int, default=0,
                        help="with --vlm-init-from: make its image patches this many times finer first (0: off)")
+    group.add_argument("--vlm-dense-share", type=float, default=0.0,
+                       help="share of dense descriptions ('describe the image in detail .'); > 0 extends the vocabulary")
+    group.add_argument("--vlm-max-positions", type=int, default=0,
+                       help="raise the language model's max_position_embeddings to this (0: keep)")
     group.add_argument("--vlm-recipe", type=Path, default=None,
                        help="retrain from scratch by replaying every phase recorded in this train_log.json "
                             "(e.g. raydec/reference/weights/vlm/train_log.json); other training flags are ignored")
@@ -93,5 +97,7 @@ def train_vlm(args: Any = None) -> Path:
         init_from=_get(args, "vlm_init_from", None),
         first_step=_get(args, "vlm_first_step", 0),
         refine_patches=_get(args, "vlm_refine_patches", 0),
+        dense_share=_get(args, "vlm_dense_share", 0.0),
+        max_positions=_get(args, "vlm_max_positions", 0),
     )
     return run_training(settings, sizes)

@@ -15,6 +15,7 @@ import torch
 from transformers import LlavaProcessor
 
 from raydec.reference.llava_vlm import DESCRIBE_INSTRUCTION, prompt_text
+from raydec.reference.shapes_dense import DENSE_INSTRUCTION, dense_description
 from raydec.reference.shapes import (
     BACKGROUND_COLORS,
     BACKGROUNDS,
@@ -79,8 +80,10 @@ def patch_attribute_targets(sample: ShapesSample, patch_size: int = 8) -> np.nda
     return targets
 
 
-def make_example(seed: int, question_share: float, focus_questions: bool = False, patch_size: int = 8) -> Example:
-    """The training example of ``seed``: a description, or (with ``question_share``) one question.
+def make_example(seed: int, question_share: float, focus_questions: bool = False, patch_size: int = 8,
+                 dense_share: float = 0.0) -> Example:
+    """The training example of ``seed``: a description, or (with ``question_share``) one question,
+    or (with ``dense_share``, drawn first) a dense description (``shapes_dense``).
 
     With ``focus_questions`` the question is drawn only from those whose answer is an object's
     colour, shape or fill (the attributes that need object-level grounding). ``patch_size`` is
@@ -91,6 +94,8 @@ def make_example(seed: int, question_share: float, focus_questions: bool = False
     sample = make_sample(seed)
     rng = random.Random(seed * 7919 + 17)
     patches = patch_attribute_targets(sample, patch_size)
+    if dense_share > 0 and rng.random() < dense_share:  # no draw at 0: older runs replay unchanged
+        return Example(sample.image, DENSE_INSTRUCTION, dense_description(sample), patches)
     if rng.random() < question_share:
         pairs = question_answers(sample, rng)
         if focus_questions:
@@ -141,8 +146,9 @@ def collate(examples: list[Example], processor: LlavaProcessor) -> dict[str, tor
 
 
 def training_batch(step: int, batch_size: int, processor: LlavaProcessor, question_share: float,
-                   focus_questions: bool = False) -> dict[str, torch.Tensor]:
+                   focus_questions: bool = False, dense_share: float = 0.0) -> dict[str, torch.Tensor]:
     """The batch of optimizer step ``step`` (deterministic)."""
     seeds = range(step * batch_size, (step + 1) * batch_size)
     patch_size = processor.patch_size
-    return collate([make_example(seed, question_share, focus_questions, patch_size) for seed in seeds], processor)
+    examples = [make_example(seed, question_share, focus_questions, patch_size, dense_share) for seed in seeds]
+    return collate(examples, processor)

@@ -22,9 +22,10 @@ from tqdm import tqdm
 
 from transformers import LlavaForConditionalGeneration, LlavaProcessor
 
-from raydec.reference.llava_vlm import DEFAULT_WEIGHTS_DIR, VLMSizes, build_model, build_processor
+from raydec.reference.llava_vlm import DEFAULT_WEIGHTS_DIR, VLMSizes, build_model, build_processor, extend_vocabulary
 from raydec.reference.llava_vlm_data import PATCH_WORDS, training_batch
 from raydec.reference.shapes import vocabulary
+from raydec.reference.shapes_dense import dense_vocabulary
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,10 @@ class TrainSettings:
     # Make the init_from model's image patches this many times finer before training (0: off);
     # see raydec.reference.llava_vlm_refine.
     refine_patches: int = 0
+    # Share of dense descriptions ("describe the image in detail ."; raydec.reference.shapes_dense)
+    # among the examples; > 0 adds their words to the vocabulary (existing ids kept).
+    dense_share: float = 0.0
+    max_positions: int = 0  # raise the language model's max_position_embeddings to this (0: keep)
     first_step: int = 0  # data offset: this phase's step s uses the batch of global step first_step + s
 
 
@@ -229,7 +234,8 @@ def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
         if settings.refine_patches:
             from raydec.reference.llava_vlm_refine import refine_patches
 
-            model, processor = refine_patches(model, processor, settings.refine_patches)
+            model, processor = refine_patches(model, processor, settings.refine_patches,
+                                              max(512, settings.max_positions))
             logger.info("refined image patches by %d: %d image tokens per image", settings.refine_patches,
                         model.config.image_seq_length)
     else:
@@ -238,6 +244,10 @@ def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
         processor = build_processor(vocabulary(), sizes)
         model = build_model(processor, sizes, settings.seed)
         log = TrainLog(settings=settings_record, sizes=asdict(sizes), phases=[settings_record])
+    if settings.dense_share > 0:
+        model, processor = extend_vocabulary(model, processor, dense_vocabulary())
+    text_config = model.config.text_config
+    text_config.max_position_embeddings = max(text_config.max_position_embeddings, settings.max_positions)
     if settings.revive_projector:
         probe = training_batch(settings.first_step, settings.batch_size, processor, settings.question_share)
         revived = revive_projector(model, probe["pixel_values"], settings.seed)
@@ -262,7 +272,7 @@ def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
     bar = tqdm(range(settings.steps), desc="vlm train")
     for step in bar:
         batch = training_batch(settings.first_step + step, settings.batch_size, processor, settings.question_share,
-                               settings.focus_questions)
+                               settings.focus_questions, settings.dense_share)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, settings) * group["lr_mult"]
         patch_targets = batch.pop("patch_targets")

@@ -114,7 +114,7 @@ def write_model_card(
         "## Acceptance",
         "",
         f"`caption_images` greedy (temperature 0), {evaluation.num_images} held-out images (seeds "
-        f"{evaluation.seed_start}..{evaluation.seed_start + evaluation.num_images - 1}), prompt `{manifest.get('prompt')}`, "
+        f"{evaluation.seed_start}..{evaluation.seed_start + evaluation.num_images - 1}), prompt `{evaluation.prompt}`, "
         f"max {evaluation.max_new_tokens} new tokens, batch {evaluation.batch_size}, float32, tree depth {tree.depth}, "
         f"top_k {tree.top_k}, total_tokens {tree.total_tokens}. Tokens per target forward count the prefill as a forward.",
         "",

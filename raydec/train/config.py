@@ -142,6 +142,7 @@ class EvalConfig(StrictModel):
 
     num_images: int = Field(50, ge=1, le=100_000, description="Held-out images the drafts are measured on.")
     seed_start: int = Field(HELD_OUT_SEED_START, ge=HELD_OUT_SEED_START, description="First held-out seed.")
+    prompt: str = Field(DEFAULT_PROMPT, min_length=1, description="Question asked about every held-out image.")
     max_new_tokens: int = Field(128, ge=1, le=4096, description="Answer length cap per image.")
     batch_size: int = Field(10, ge=1, le=1024, description="Images captioned together.")
     methods: list[Literal["ar", "eagle", "vispec"]] = Field(

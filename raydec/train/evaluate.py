@@ -42,7 +42,8 @@ def measure_acceptance(
             draft_tree=config.draft_tree, draft_model=str(drafts[method]) if method != "ar" else None,
         )
         start = time.time()
-        results = caption_images(images, model=target, decode=decode, seeds=seeds, batch_size=config.batch_size)
+        results = caption_images(images, prompt=config.prompt, model=target, decode=decode, seeds=seeds,
+                                 batch_size=config.batch_size)
         wall = time.time() - start
         tokens = sum(r.num_tokens for r in results)
         forwards = sum(r.target_forwards for r in results)

@@ -1,0 +1,180 @@
+"""Dense descriptions of a shapes scene: every object, counts, and relations between objects.
+
+The answer to "describe the image in detail ." (``DENSE_INSTRUCTION``): an overview with the
+background, count sentences ("two of them are red and one is blue ."), one sentence per object
+with all five attributes, and for every pair of objects its horizontal, vertical, size and
+colour relation ("the red circle is to the left of the blue square ."). Order and phrasing are
+drawn from an RNG, so temperature-1 sampling has real choices; which words are true is decided
+by the image far into the answer. Three objects give about 180-280 tokens, two about 90-120,
+one about 20-30.
+
+Sentence kinds the judge tells apart (``raydec.reference.judge_relations``):
+
+- count sentences contain ``them`` (``two of them are red`` / ``all of them are ...``);
+- relation sentences contain a relation phrase (``RELATION_PHRASES``), with one object on each
+  side; ``it`` after ``and`` refers back to the second object;
+- everything else is read like a short description.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Sequence
+
+import numpy as np
+
+from raydec.reference.shapes_scene import (
+    NUMBER_WORDS,
+    RandomSource,
+    ShapeObject,
+    ShapesSample,
+    _pick,
+    _randint,
+    _shuffled,
+)
+from raydec.reference.shapes_text import (
+    _INTRO_WITH_BACKGROUND_TEMPLATES,
+    _background_phrase,
+    _count_words,
+    _object_sentence,
+    _position_phrases,
+)
+
+DENSE_INSTRUCTION = "describe the image in detail ."
+_DENSE_STREAM = 3  # dense-description randomness: default_rng([seed, 3])
+
+# relation kind -> truth value -> phrasings ("the A is {phrase} the B")
+RELATION_PHRASES: dict[str, dict[str, tuple[str, ...]]] = {
+    "horizontal": {
+        "left": ("to the left of", "left of"),
+        "right": ("to the right of", "right of"),
+        "same": ("in the same column as",),
+    },
+    "vertical": {
+        "above": ("above", "higher up than"),
+        "below": ("below", "lower down than"),
+        "same": ("in the same row as", "level with"),
+    },
+    "size": {
+        "larger": ("larger than", "bigger than"),
+        "smaller": ("smaller than",),
+        "same": ("the same size as",),
+    },
+    "color": {
+        "same": ("the same colour as",),
+        "different": ("a different colour from",),
+    },
+}
+RELATION_KINDS = tuple(RELATION_PHRASES)
+
+_PLURAL = {"circle": "circles", "square": "squares", "triangle": "triangles", "diamond": "diamonds",
+           "cross": "crosses"}  # fmt: skip
+_FILL_STATE = {"solid": "solid", "striped": "striped", "speckled": "speckled"}
+_SIZE_STATE = {"small": "small", "large": "large"}
+_ROW = {"top": 0, "bottom": 2}
+_COLUMN = {"left": 0, "right": 2}
+
+
+def grid_cell(position: str) -> tuple[int, int]:
+    """``(row, column)`` on the 3 x 3 grid of a position name ("top left" -> (0, 0))."""
+    parts = position.split()
+    row = next((_ROW[p] for p in parts if p in _ROW), 1)
+    column = next((_COLUMN[p] for p in parts if p in _COLUMN), 1)
+    return row, column
+
+
+def relation(kind: str, a: ShapeObject, b: ShapeObject) -> str:
+    """The true value of relation ``kind`` of ``a`` to ``b`` (a key of ``RELATION_PHRASES[kind]``)."""
+    (row_a, col_a), (row_b, col_b) = grid_cell(a.position), grid_cell(b.position)
+    if kind == "horizontal":
+        return "left" if col_a < col_b else "right" if col_a > col_b else "same"
+    if kind == "vertical":
+        return "above" if row_a < row_b else "below" if row_a > row_b else "same"
+    if kind == "size":
+        return "same" if a.size == b.size else "larger" if a.size == "large" else "smaller"
+    if kind == "color":
+        return "same" if a.color == b.color else "different"
+    raise ValueError(f"unknown relation kind {kind!r}; expected one of {RELATION_KINDS}")
+
+
+def reference(obj: ShapeObject, objects: Sequence[ShapeObject], rng: RandomSource) -> str:
+    """The shortest noun phrase that picks out ``obj`` among ``objects`` ("the circle", "the red
+    circle", "the large red circle", ...; the position phrase when nothing else does)."""
+    for attributes in (("shape",), ("color", "shape"), ("size", "color", "shape"), ("color", "fill", "shape")):
+        same = [o for o in objects if all(getattr(o, k) == getattr(obj, k) for k in attributes)]
+        if len(same) == 1:
+            return "the " + " ".join(getattr(obj, k) for k in attributes)
+    return f"the {obj.color} {obj.shape} {_pick(rng, _position_phrases(obj.position))}"
+
+
+def _count_sentence(values: list[str], noun_plural: dict[str, str] | None, rng: RandomSource) -> str:
+    """"two of them are red and one is blue ." over the objects' ``values`` of one attribute."""
+    counts: dict[str, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    if len(counts) == 1:
+        (value,) = counts
+        said = noun_plural[value] if noun_plural else value
+        everyone = "both" if len(values) == 2 else "all"
+        return f"{everyone} of them are {said} ."
+    parts = []
+    for i, (value, count) in enumerate(_shuffled(rng, sorted(counts.items()))):
+        said = (noun_plural[value] if count > 1 else f"a {value}") if noun_plural else value
+        verb = "are" if count > 1 else "is"
+        parts.append(f"{NUMBER_WORDS[count]} of them {verb} {said}" if i == 0 else f"{NUMBER_WORDS[count]} {verb} {said}")
+    return " and ".join(parts) + " ."
+
+
+def _relation_sentence(a: ShapeObject, b: ShapeObject, kinds: list[str], objects: Sequence[ShapeObject],
+                       rng: RandomSource) -> str:
+    """One sentence stating ``kinds`` relations of ``a`` to ``b``; a second relation follows
+    as "and {phrase} it"."""
+    phrases = [_pick(rng, RELATION_PHRASES[k][relation(k, a, b)]) for k in kinds]
+    ref_a, ref_b = reference(a, objects, rng), reference(b, objects, rng)
+    text = f"{ref_a} is {phrases[0]} {ref_b}"
+    for phrase in phrases[1:]:
+        text += f" and {phrase} it"
+    return text + " ."
+
+
+def describe_dense(
+    objects: Sequence[ShapeObject], background: str, background_color: str, rng: RandomSource
+) -> str:
+    """The dense description of a scene: overview, counts, objects, pairwise relations."""
+    fields = _count_words(len(objects), rng)
+    bg = _background_phrase(background, background_color, rng)
+    sentences = [_pick(rng, _INTRO_WITH_BACKGROUND_TEMPLATES).format(bg=bg, **fields)]
+    if len(objects) > 1:
+        counted = _shuffled(rng, ("color", "shape", "size", "fill"))
+        for attribute in counted:
+            values = [getattr(o, attribute) for o in objects]
+            sentences.append(_count_sentence(values, _PLURAL if attribute == "shape" else None, rng))
+    sentences += [_object_sentence(o, rng) for o in _shuffled(rng, objects)]
+    pairs = list(itertools.combinations(objects, 2))
+    for a, b in _shuffled(rng, pairs):
+        if _randint(rng, 2):
+            a, b = b, a
+        kinds = _shuffled(rng, RELATION_KINDS)
+        # two relations per sentence, or one
+        while kinds:
+            take = 2 if len(kinds) > 1 and _randint(rng, 2) else 1
+            sentences.append(_relation_sentence(a, b, kinds[:take], objects, rng))
+            kinds = kinds[take:]
+    return " ".join(sentences)
+
+
+def dense_description(sample: ShapesSample) -> str:
+    """The dense description of ``sample`` (its own seeded stream: same seed, same text)."""
+    rng = np.random.default_rng([sample.seed, _DENSE_STREAM])
+    return describe_dense(sample.objects, sample.background, sample.background_color, rng)
+
+
+def dense_vocabulary() -> list[str]:
+    """Tokens (see ``shapes.words``) of dense descriptions and their instruction that short
+    ones never use, sorted: a tokenizer appends them after ``shapes.vocabulary()``."""
+    from raydec.reference.shapes_text import vocabulary, words
+
+    texts = [DENSE_INSTRUCTION, "all both of them are and one is it", *_PLURAL.values()]
+    texts += [p for table in RELATION_PHRASES.values() for options in table.values() for p in options]
+    short = set(vocabulary())
+    return sorted({w for text in texts for w in words(text)} - short)
