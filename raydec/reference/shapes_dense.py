@@ -1,8 +1,8 @@
 """Dense descriptions of a shapes scene: every object, counts, and relations between objects.
 
 The answer to "describe the image in detail ." (``DENSE_INSTRUCTION``): an overview with the
-background, count sentences ("two of them are red and one is blue ."), one sentence per object
-with all five attributes, and for every pair of objects its horizontal, vertical, size and
+background, one sentence per object with all five attributes, count sentences ("two of them are
+red and one is blue ."), and for every pair of objects its horizontal, vertical, size and
 colour relation ("the red circle is to the left of the blue square ."). Order and phrasing are
 drawn from an RNG, so temperature-1 sampling has real choices; which words are true is decided
 by the image far into the answer. Three objects give about 180-280 tokens, two about 90-120,
@@ -140,16 +140,18 @@ def _relation_sentence(a: ShapeObject, b: ShapeObject, kinds: list[str], objects
 def describe_dense(
     objects: Sequence[ShapeObject], background: str, background_color: str, rng: RandomSource
 ) -> str:
-    """The dense description of a scene: overview, counts, objects, pairwise relations."""
+    """The dense description of a scene: overview, objects, counts, pairwise relations."""
     fields = _count_words(len(objects), rng)
     bg = _background_phrase(background, background_color, rng)
     sentences = [_pick(rng, _INTRO_WITH_BACKGROUND_TEMPLATES).format(bg=bg, **fields)]
+    # objects first: counts and relations then restate what the answer has already said, as a
+    # careful describer (and a small model) would
+    sentences += [_object_sentence(o, rng) for o in _shuffled(rng, objects)]
     if len(objects) > 1:
         counted = _shuffled(rng, ("color", "shape", "size", "fill"))
         for attribute in counted:
             values = [getattr(o, attribute) for o in objects]
             sentences.append(_count_sentence(values, _PLURAL if attribute == "shape" else None, rng))
-    sentences += [_object_sentence(o, rng) for o in _shuffled(rng, objects)]
     pairs = list(itertools.combinations(objects, 2))
     for a, b in _shuffled(rng, pairs):
         if _randint(rng, 2):

@@ -20,8 +20,10 @@ Tensors are stored in ``storage_dtype`` (row-major bytes; shape from ``length`` 
 manifest's ``hidden_size``). ``manifest.json`` beside the shards records the target, prompt,
 seeds, dtype, counts and shard files.
 
-The reference VLM is asked its own training prompt ("describe the image ."): it has never seen
-an instruction to answer at length, and one would only make its answers worse.
+The reference VLM is asked one of its own training prompts (``DataGenConfig.prompt``): "describe
+the image ." for short captions, or "describe the image in detail ." for dense descriptions (a VLM
+trained with ``--vlm-dense-share``); an instruction it has never seen would only make its
+answers worse.
 """
 
 from __future__ import annotations
