@@ -15,12 +15,17 @@ That is an upper bound on what any vision module could add to that draft on this
 at this tree (it also assumes the chain after a repaired miss stays right). Replaying with all
 misses kept must give the measured forwards, and the table shows both. Greedy decoding only:
 the figures do not depend on the machine.
+
+``--simulate TABLE.json`` decodes nothing: it replays the ground truth's short and dense
+descriptions with each token missed at its word kind's rate in a saved table (independently),
+which bounds a testbed before any draft has been trained for it.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections import Counter
+from pathlib import Path
 
 import torch
 
@@ -73,6 +78,60 @@ def tally(answers: list[tuple[list[str], list[int]]], depth: int) -> dict:
     }  # fmt: skip
 
 
+def simulate(texts: list[str], rates: dict[str, float], depth: int, seed: int = 0) -> dict:
+    """The attribute oracle's ratio on ``texts`` before any draft exists for them: each token
+    misses with its word kind's ``rates`` (a measured draft's rates, e.g. on another testbed),
+    independently; forwards are replayed with all misses and with the phrasing ones only."""
+    import numpy as np
+
+    from raydec.reference.judge_text import word_kind
+    from raydec.reference.shapes import words as split
+
+    rng = np.random.default_rng(seed)
+    committed = forwards = oracle = 0
+    shares: Counter = Counter()
+    for text in texts:
+        tokens = ["<prefill>", *split(text), "<eos>"]
+        kinds = [word_kind(t) for t in tokens]
+        shares.update(kinds[1:])
+        misses = {p for p in range(1, len(tokens)) if rng.random() < rates.get(kinds[p], rates["other"])}
+        forwards += replay_forwards(len(tokens), misses, depth)
+        oracle += replay_forwards(len(tokens), {p for p in misses if kinds[p] == "other"}, depth)
+        committed += len(tokens) - 1
+    total = sum(shares.values())
+    return {"texts": len(texts), "tokens": committed, "share": {k: v / total for k, v in shares.items()},
+            "tokens_per_forward": committed / forwards, "oracle_tokens_per_forward": committed / oracle,
+            "ratio": forwards / oracle}  # fmt: skip
+
+
+def simulate_main(args) -> dict:
+    """``--simulate``: the ground truth's short and dense descriptions of the held-out images,
+    at the miss rates of the first method in a saved ``--json`` table."""
+    import json
+
+    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
+    from raydec.reference.shapes_dense import dense_description
+
+    saved = json.loads(args.simulate.read_text())
+    method, table = next(iter(saved["methods"].items()))
+    rates = {k: table["misses"].get(k, 0) / n for k, n in table["tokens"].items() if n}
+    rates.setdefault("relation", max(rates.get(k, 0.0) for k in ("colour", "shape", "position")))
+    samples = [make_sample(HELD_OUT_SEED_START + i) for i in range(args.images)]
+    depth = args.depth or saved["tree"]["depth"]
+    result = {"rates_from": f"{args.simulate} ({method})", "rates": rates, "depth": depth}
+    print(f"simulated attribute oracle, {args.images} ground-truth answers, {method}'s miss rates per word kind "
+          f"from {args.simulate}, tree depth {depth}")
+    for name, texts in (("short", [s.description for s in samples]), ("dense", [dense_description(s) for s in samples])):
+        result[name] = simulate(texts, rates, depth)
+        r = result[name]
+        attribute_share = 1 - r["share"].get("other", 0.0)
+        print(f"{name:>6}: {r['tokens'] / r['texts']:.0f} tokens per answer, {attribute_share:.2f} of them image-decided; "
+              f"tokens per decode forward {r['tokens_per_forward']:.2f}, oracle {r['oracle_tokens_per_forward']:.2f} "
+              f"({r['ratio']:.2f}x)")
+    write_json(args.json, result)
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     from raydec.config import SamplingConfig
 
@@ -90,7 +149,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--vispec-draft", default=None, help="ViSpec draft folder (default: the one shipped with --model)")
     parser.add_argument("--eagle-draft", default=None, help="EAGLE draft folder (default: the one shipped with --model)")
     parser.add_argument("--json", type=json_path_arg, default=None, help="also write the table here")
+    parser.add_argument("--simulate", type=Path, default=None,
+                        help="no decoding: replay the ground truth's short and dense descriptions at the miss rates "
+                             "of a saved --json table (the bound of a testbed before drafts exist for it)")
     args = parser.parse_args(argv)
+    if args.simulate is not None:
+        return simulate_main(args)
     methods = parse_methods(args.methods, ("eagle", "vispec"), baseline=None)
 
     from raydec.api import DEFAULT_CAPTION_PROMPT, caption_images, load_target
