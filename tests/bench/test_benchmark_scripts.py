@@ -146,6 +146,14 @@ def test_caption_misses_sorts_corrections_and_bounds_a_perfect_image_reader(tmp_
     named = script.main(["--images", "2", "--max-new-tokens", "24", "--methods", "eagle", "--eagle-draft",
                          str(REFERENCE_DRAFT_DIRS["eagle"])])
     assert named["methods"]["eagle"] == result["methods"]["eagle"]
+    # --simulate decodes nothing: ground-truth answers missed at the saved table's rates
+    none_missed = script.simulate(["a red circle ."], {"other": 0.0}, depth=6)
+    assert none_missed["ratio"] == 1.0 and none_missed["tokens"] == 5  # 4 words and eos, in one forward
+    all_missed = script.simulate(["a red circle ."], {"colour": 1.0, "other": 0.0}, depth=6)
+    assert all_missed["tokens_per_forward"] == 2.5 and all_missed["ratio"] == 2.0  # "red" ends the first step
+    simulated = script.main(["--simulate", str(out_json), "--images", "4"])
+    assert {"short", "dense"} <= set(simulated) and simulated["dense"]["tokens"] > simulated["short"]["tokens"]
+    assert simulated["dense"]["ratio"] >= 1.0
     with pytest.raises(SystemExit):
         script.main(["--methods", "ar"])
     with pytest.raises(SystemExit):
