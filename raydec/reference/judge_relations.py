@@ -2,9 +2,9 @@
 
 Dense descriptions (:mod:`raydec.reference.shapes_dense`) add two sentence kinds to the short
 ones: counts ("two of them are red and one is blue .") and relations between two objects ("the
-red circle is to the left of the blue square and larger than it ."). ``statement_kind`` tells
-them apart (``judge_text.statement_kind``) so that the attribute reader skips them; ``check_statements`` scores each stated
-count and relation against a scene: a count is right when that many objects have the value; a
+red circle is to the left of the blue square and larger than it ."). ``judge_text.statement_kind``
+tells them apart, so that the attribute reader skips them; ``check_statements`` scores each
+stated count and relation against a scene: a count is right when that many objects have the value; a
 relation is right when each side names exactly one of the scene's objects and the relation
 holds between them. Unreadable text is ignored, never raised on.
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from raydec.reference.judge_text import (
+    _COUNT_WORDS,
     _EVERY,
-    _NUMBERS,
     _SHAPE_WORDS,
     _find_phrase,
     _object_keyword,
@@ -24,6 +24,7 @@ from raydec.reference.judge_text import (
 )
 from raydec.reference.shapes import ShapeObject
 from raydec.reference.shapes_dense import relation
+
 
 def _constraints(tokens: Sequence[str]) -> dict[str, str]:
     """Attributes a noun phrase states ("the large red circle in the top left" -> shape, ...)."""
@@ -87,7 +88,7 @@ def _check_counts(sentence: Sequence[str], objects: Sequence[ShapeObject]) -> li
             continue
         ((attribute, value),) = said.items()
         have = sum(getattr(o, attribute) == value for o in objects)
-        expected = len(objects) if clause[0] in _EVERY else _NUMBERS.get(clause[0], -1)
+        expected = len(objects) if clause[0] in _EVERY else _COUNT_WORDS.get(clause[0], -1)
         verdicts.append(have == expected)
     return verdicts
 

@@ -15,9 +15,9 @@ from typing import Optional, Sequence
 
 from raydec.reference.judge_scene import ParsedScene
 from raydec.reference.shapes import BACKGROUND_COLORS, COLORS, SHAPES, ShapeObject, words
-from raydec.reference.shapes_dense import RELATION_PHRASES
+from raydec.reference.shapes_dense import RELATION_PHRASES, SHAPE_PLURALS
 
-_SHAPE_WORDS = {**{s: s for s in SHAPES}, **{s + "s": s for s in SHAPES if s != "cross"}, "crosses": "cross"}
+_SHAPE_WORDS = {**{s: s for s in SHAPES}, **{plural: s for s, plural in SHAPE_PLURALS.items()}}
 _COLOR_WORDS = {c: c for c in COLORS}
 _SIZE_WORDS = {"small": "small", "little": "small", "tiny": "small", "large": "large", "big": "large"}
 _FILL_WORDS = {
@@ -44,7 +44,6 @@ WORD_KINDS = ("colour", "shape", "fill", "size", "position", "background", "coun
 # words of dense descriptions' relation phrases that state the relation's value
 _RELATION_WORDS = {"above", "below", "higher", "larger", "bigger", "smaller", "same", "different", "column", "row",
                    "level"}  # fmt: skip
-_NUMBERS = {"one": 1, "two": 2, "three": 3}
 _EVERY = {"all", "both"}
 # token tuple -> (kind, value), longest first so "to the left of" wins over "left of"
 _PHRASES = sorted(
@@ -56,7 +55,7 @@ _PHRASES = sorted(
 
 def statement_kind(sentence: Sequence[str]) -> Optional[str]:
     """"count", "relation" or None (a sentence the attribute reader handles)."""
-    if "them" in sentence and sentence and (sentence[0] in _NUMBERS or sentence[0] in _EVERY):
+    if "them" in sentence and sentence and (sentence[0] in _COUNT_WORDS or sentence[0] in _EVERY):
         return "count"
     if _find_phrase(sentence, 0) is not None:
         return "relation"

@@ -19,12 +19,14 @@ Sentence kinds the judge tells apart (``raydec.reference.judge_relations``):
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from typing import Sequence
 
 import numpy as np
 
 from raydec.reference.shapes_scene import (
     NUMBER_WORDS,
+    SHAPES,
     RandomSource,
     ShapeObject,
     ShapesSample,
@@ -67,10 +69,7 @@ RELATION_PHRASES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 RELATION_KINDS = tuple(RELATION_PHRASES)
 
-_PLURAL = {"circle": "circles", "square": "squares", "triangle": "triangles", "diamond": "diamonds",
-           "cross": "crosses"}  # fmt: skip
-_FILL_STATE = {"solid": "solid", "striped": "striped", "speckled": "speckled"}
-_SIZE_STATE = {"small": "small", "large": "large"}
+SHAPE_PLURALS = {s: s + "es" if s.endswith("s") else s + "s" for s in SHAPES}
 _ROW = {"top": 0, "bottom": 2}
 _COLUMN = {"left": 0, "right": 2}
 
@@ -109,9 +108,7 @@ def reference(obj: ShapeObject, objects: Sequence[ShapeObject], rng: RandomSourc
 
 def _count_sentence(values: list[str], noun_plural: dict[str, str] | None, rng: RandomSource) -> str:
     """"two of them are red and one is blue ." over the objects' ``values`` of one attribute."""
-    counts: dict[str, int] = {}
-    for value in values:
-        counts[value] = counts.get(value, 0) + 1
+    counts = Counter(values)
     if len(counts) == 1:
         (value,) = counts
         said = noun_plural[value] if noun_plural else value
@@ -151,7 +148,7 @@ def describe_dense(
         counted = _shuffled(rng, ("color", "shape", "size", "fill"))
         for attribute in counted:
             values = [getattr(o, attribute) for o in objects]
-            sentences.append(_count_sentence(values, _PLURAL if attribute == "shape" else None, rng))
+            sentences.append(_count_sentence(values, SHAPE_PLURALS if attribute == "shape" else None, rng))
     pairs = list(itertools.combinations(objects, 2))
     for a, b in _shuffled(rng, pairs):
         if _randint(rng, 2):
@@ -176,7 +173,7 @@ def dense_vocabulary() -> list[str]:
     ones never use, sorted: a tokenizer appends them after ``shapes.vocabulary()``."""
     from raydec.reference.shapes_text import vocabulary, words
 
-    texts = [DENSE_INSTRUCTION, "all both of them are and one is it", *_PLURAL.values()]
+    texts = [DENSE_INSTRUCTION, "all both of them are and one is it", *SHAPE_PLURALS.values()]
     texts += [p for table in RELATION_PHRASES.values() for options in table.values() for p in options]
     short = set(vocabulary())
     return sorted({w for text in texts for w in words(text)} - short)
