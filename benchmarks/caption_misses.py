@@ -18,7 +18,10 @@ the figures do not depend on the machine.
 
 ``--simulate TABLE.json`` decodes nothing: it replays the ground truth's short and dense
 descriptions with each token missed at its word kind's rate in a saved table (independently),
-which bounds a testbed before any draft has been trained for it.
+which bounds a testbed before any draft has been trained for it. With ``--share-sweep 0.3,0.5``
+it also replays synthetic answers whose tokens are image-decided with each given probability,
+at the table's pooled image-decided and phrasing miss rates: how the bound moves with the share
+of an answer's words that the image decides.
 """
 
 from __future__ import annotations
@@ -104,6 +107,29 @@ def simulate(texts: list[str], rates: dict[str, float], depth: int, seed: int = 
             "ratio": forwards / oracle}  # fmt: skip
 
 
+def share_sweep(image_rate: float, phrasing_rate: float, shares: list[float], depth: int, length: int,
+                answers: int = 400, seed: int = 0) -> list[dict]:
+    """The attribute oracle's ratio on synthetic answers of ``length`` tokens whose tokens are
+    image-decided with probability ``share`` (independently), each image-decided token missed at
+    ``image_rate`` and each phrasing token at ``phrasing_rate``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for share in shares:
+        forwards = oracle = 0
+        for _ in range(answers):
+            image = rng.random(length) < share
+            missed = rng.random(length) < np.where(image, image_rate, phrasing_rate)
+            misses = {p for p in range(1, length) if missed[p]}
+            forwards += replay_forwards(length, misses, depth)
+            oracle += replay_forwards(length, {p for p in misses if not image[p]}, depth)
+        committed = answers * (length - 1)
+        rows.append({"share": share, "tokens_per_forward": committed / forwards,
+                     "oracle_tokens_per_forward": committed / oracle, "ratio": forwards / oracle})
+    return rows
+
+
 def simulate_main(args) -> dict:
     """``--simulate``: the ground truth's short and dense descriptions of the held-out images,
     at the miss rates of the first method in a saved ``--json`` table."""
@@ -128,8 +154,29 @@ def simulate_main(args) -> dict:
         print(f"{name:>6}: {r['tokens'] / r['texts']:.0f} tokens per answer, {attribute_share:.2f} of them image-decided; "
               f"tokens per decode forward {r['tokens_per_forward']:.2f}, oracle {r['oracle_tokens_per_forward']:.2f} "
               f"({r['ratio']:.2f}x)")
+    if args.share_sweep:
+        image = [k for k in table["tokens"] if k != "other"]
+        image_rate = sum(table["misses"].get(k, 0) for k in image) / max(1, sum(table["tokens"][k] for k in image))
+        length = round(result["dense"]["tokens"] / result["dense"]["texts"]) + 1  # + the prefill's token
+        result["share_sweep"] = share_sweep(image_rate, rates["other"], args.share_sweep, depth, length)
+        print(f"synthetic answers of {length - 1} tokens, image-decided tokens missed at {image_rate:.3f} and "
+              f"phrasing at {rates['other']:.3f} (independently):")
+        for row in result["share_sweep"]:
+            print(f"  image-decided share {row['share']:.2f}: tokens per decode forward {row['tokens_per_forward']:.2f}, "
+                  f"oracle {row['oracle_tokens_per_forward']:.2f} ({row['ratio']:.2f}x)")
     write_json(args.json, result)
     return result
+
+
+def _shares(text: str) -> list[float]:
+    """``--share-sweep``: comma-separated probabilities."""
+    try:
+        shares = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--share-sweep {text!r}: expected comma-separated numbers in [0, 1]") from None
+    if not shares or any(not 0.0 <= x <= 1.0 for x in shares):
+        raise argparse.ArgumentTypeError(f"--share-sweep {text!r}: expected comma-separated numbers in [0, 1]")
+    return shares
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -152,7 +199,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--simulate", type=Path, default=None,
                         help="no decoding: replay the ground truth's short and dense descriptions at the miss rates "
                              "of a saved --json table (the bound of a testbed before drafts exist for it)")
+    parser.add_argument("--share-sweep", type=_shares, default=None,
+                        help="with --simulate: comma-separated image-decided shares of synthetic answers to replay")
     args = parser.parse_args(argv)
+    if args.share_sweep and args.simulate is None:
+        parser.error("--share-sweep replays a saved table's rates: give --simulate TABLE.json too")
     if args.simulate is not None:
         return simulate_main(args)
     methods = parse_methods(args.methods, ("eagle", "vispec"), baseline=None)

@@ -151,13 +151,21 @@ def test_caption_misses_sorts_corrections_and_bounds_a_perfect_image_reader(tmp_
     assert none_missed["ratio"] == 1.0 and none_missed["tokens"] == 5  # 4 words and eos, in one forward
     all_missed = script.simulate(["a red circle ."], {"colour": 1.0, "other": 0.0}, depth=6)
     assert all_missed["tokens_per_forward"] == 2.5 and all_missed["ratio"] == 2.0  # "red" ends the first step
-    simulated = script.main(["--simulate", str(out_json), "--images", "4"])
+    simulated = script.main(["--simulate", str(out_json), "--images", "4", "--share-sweep", "0.5"])
     assert {"short", "dense"} <= set(simulated) and simulated["dense"]["tokens"] > simulated["short"]["tokens"]
-    assert simulated["dense"]["ratio"] >= 1.0
+    assert simulated["dense"]["ratio"] >= 1.0 and [row["share"] for row in simulated["share_sweep"]] == [0.5]
+    # synthetic answers of 14 tokens: no image-decided token, or every one missed (7 tokens per oracle step)
+    none_image, all_image = script.share_sweep(1.0, 0.0, [0.0, 1.0], depth=6, length=15, answers=3)
+    assert none_image["ratio"] == 1.0 and none_image["tokens_per_forward"] == 7.0
+    assert all_image["tokens_per_forward"] == 1.0 and all_image["ratio"] == 7.0
     with pytest.raises(SystemExit):
         script.main(["--methods", "ar"])
     with pytest.raises(SystemExit):
         script.main(["--depth", "0"])
+    with pytest.raises(SystemExit):
+        script.main(["--share-sweep", "0.5"])  # replays a saved table's rates: needs --simulate
+    with pytest.raises(SystemExit):
+        script.main(["--simulate", str(out_json), "--share-sweep", "1.5"])
 
 
 def test_draft_image_ablation_hides_images_only_inside_its_block(tmp_path, capsys):
