@@ -2,11 +2,15 @@
 
 The answer to "describe the image in detail ." (``DENSE_INSTRUCTION``): an overview with the
 background, one sentence per object with all five attributes, count sentences ("two of them are
-red and one is blue ."), and for every pair of objects its horizontal, vertical, size and
-colour relation ("the red circle is to the left of the blue square ."). Order and phrasing are
-drawn from an RNG, so temperature-1 sampling has real choices; which words are true is decided
-by the image far into the answer. Three objects give about 180-280 tokens, two about 90-120,
-one about 20-30.
+red and one is blue ."), and for each object and the next one named its horizontal, vertical,
+size and colour relation ("the red circle is to the left of the blue square ."). The objects'
+order, the order of the count sentences and relations, and the phrasing are drawn from an RNG,
+so temperature-1 sampling has real choices; which words are true is decided by the image far
+into the answer. Three objects give about 150-240 tokens, two about 90-120, one about 20-30.
+
+Counts and relations follow the order in which the answer named the objects: a count sentence
+states values in order of first mention, and a relation's second object is the one named right
+after its first. So each is read off what the answer has already said, with the image.
 
 Sentence kinds the judge tells apart (``raydec.reference.judge_relations``):
 
@@ -18,7 +22,6 @@ Sentence kinds the judge tells apart (``raydec.reference.judge_relations``):
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from typing import Sequence
 
@@ -107,7 +110,8 @@ def reference(obj: ShapeObject, objects: Sequence[ShapeObject], rng: RandomSourc
 
 
 def _count_sentence(values: list[str], noun_plural: dict[str, str] | None, rng: RandomSource) -> str:
-    """"two of them are red and one is blue ." over the objects' ``values`` of one attribute."""
+    """"two of them are red and one is blue ." over the objects' ``values`` of one attribute, in
+    order of first mention."""
     counts = Counter(values)
     if len(counts) == 1:
         (value,) = counts
@@ -115,7 +119,7 @@ def _count_sentence(values: list[str], noun_plural: dict[str, str] | None, rng: 
         everyone = "both" if len(values) == 2 else "all"
         return f"{everyone} of them are {said} ."
     parts = []
-    for i, (value, count) in enumerate(_shuffled(rng, sorted(counts.items()))):
+    for i, (value, count) in enumerate(counts.items()):
         said = (noun_plural[value] if count > 1 else f"a {value}") if noun_plural else value
         verb = "are" if count > 1 else "is"
         parts.append(f"{NUMBER_WORDS[count]} of them {verb} {said}" if i == 0 else f"{NUMBER_WORDS[count]} {verb} {said}")
@@ -137,22 +141,20 @@ def _relation_sentence(a: ShapeObject, b: ShapeObject, kinds: list[str], objects
 def describe_dense(
     objects: Sequence[ShapeObject], background: str, background_color: str, rng: RandomSource
 ) -> str:
-    """The dense description of a scene: overview, objects, counts, pairwise relations."""
+    """The dense description of a scene: overview, objects, counts, relations of each object to the next."""
     fields = _count_words(len(objects), rng)
     bg = _background_phrase(background, background_color, rng)
     sentences = [_pick(rng, _INTRO_WITH_BACKGROUND_TEMPLATES).format(bg=bg, **fields)]
-    # objects first: counts and relations then restate what the answer has already said, as a
-    # careful describer (and a small model) would
-    sentences += [_object_sentence(o, rng) for o in _shuffled(rng, objects)]
-    if len(objects) > 1:
+    # objects first: counts and relations then restate what the answer has already said, in the
+    # order it said it, as a careful describer (and a small model) would
+    named = _shuffled(rng, objects)
+    sentences += [_object_sentence(o, rng) for o in named]
+    if len(named) > 1:
         counted = _shuffled(rng, ("color", "shape", "size", "fill"))
         for attribute in counted:
-            values = [getattr(o, attribute) for o in objects]
+            values = [getattr(o, attribute) for o in named]
             sentences.append(_count_sentence(values, SHAPE_PLURALS if attribute == "shape" else None, rng))
-    pairs = list(itertools.combinations(objects, 2))
-    for a, b in _shuffled(rng, pairs):
-        if _randint(rng, 2):
-            a, b = b, a
+    for a, b in zip(named, named[1:]):
         kinds = _shuffled(rng, RELATION_KINDS)
         # two relations per sentence, or one
         while kinds:

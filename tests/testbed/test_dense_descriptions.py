@@ -14,7 +14,7 @@ from raydec.reference.judge_relations import check_statements
 from raydec.reference.judge_text import parse_text, sentences, statement_kind, word_kind
 from raydec.reference.llava_vlm import VLMSizes, extend_vocabulary, prompt_text
 from raydec.reference.llava_vlm_train import TrainSettings, run_training
-from raydec.reference.shapes import HELD_OUT_SEED_START, ShapeObject, make_sample, vocabulary, words
+from raydec.reference.shapes import HELD_OUT_SEED_START, SHAPES, ShapeObject, make_sample, vocabulary, words
 from raydec.reference.shapes_dense import (
     DENSE_INSTRUCTION,
     RELATION_KINDS,
@@ -43,6 +43,24 @@ def test_dense_descriptions_are_long_seeded_and_varied(samples):
     assert len(texts) == 20  # order and phrasing drawn from the rng
     used = {w for s in samples for w in words(dense_description(s))} | set(words(DENSE_INSTRUCTION))
     assert used <= set(vocabulary()) | set(dense_vocabulary()) | {"describe"}
+
+
+def test_counts_and_relations_follow_the_order_the_objects_were_named(samples):
+    checked = 0
+    for s in samples:
+        text = dense_description(s)
+        named = [o.shape for o in parse_text(text).objects]  # in order of mention
+        if len(set(named)) < len(named) or len(named) < 2:
+            continue
+        for sentence in sentences(words(text)):
+            shapes = [w.removesuffix("s") if w.removesuffix("s") in SHAPES else w for w in sentence]
+            shapes = [w for w in shapes if w in SHAPES]
+            if statement_kind(sentence) == "relation":  # the first object, then the one named after it
+                assert named.index(shapes[1]) == named.index(shapes[0]) + 1, text
+                checked += 1
+            elif statement_kind(sentence) == "count" and shapes:  # values in order of first mention
+                assert shapes == named, text
+    assert checked > 2 * len(samples) // 3
 
 
 def test_every_stated_count_and_relation_is_true_and_the_judge_reads_it(samples):
