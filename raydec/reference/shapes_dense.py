@@ -100,9 +100,10 @@ def relation(kind: str, a: ShapeObject, b: ShapeObject) -> str:
 
 
 def reference(obj: ShapeObject, objects: Sequence[ShapeObject], rng: RandomSource) -> str:
-    """The shortest noun phrase that picks out ``obj`` among ``objects`` ("the circle", "the red
-    circle", "the large red circle", ...; the position phrase when nothing else does)."""
-    for attributes in (("shape",), ("color", "shape"), ("size", "color", "shape"), ("color", "fill", "shape")):
+    """The shortest noun phrase with the colour that picks out ``obj`` among ``objects`` ("the red
+    circle", "the large red circle", ...; the position phrase when nothing else does). The colour
+    is always there, so a reference is copied from its object's sentence, not decided by the others."""
+    for attributes in (("color", "shape"), ("size", "color", "shape"), ("color", "fill", "shape")):
         same = [o for o in objects if all(getattr(o, k) == getattr(obj, k) for k in attributes)]
         if len(same) == 1:
             return "the " + " ".join(getattr(obj, k) for k in attributes)
