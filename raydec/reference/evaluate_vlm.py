@@ -20,9 +20,11 @@ from tqdm import tqdm
 from transformers import LlavaForConditionalGeneration, LlavaProcessor
 
 from raydec.reference.judge import score_caption
+from raydec.reference.judge_relations import verdicts_by_kind
+from raydec.reference.judge_text import sentences
 from raydec.reference.llava_vlm import DEFAULT_WEIGHTS_DIR, DESCRIBE_INSTRUCTION, load_vlm, prompt_text
 from raydec.reference.shapes_dense import DENSE_INSTRUCTION
-from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
+from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, words
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +97,24 @@ def evaluate_captions(
     return CaptionEval(seeds, captions, scores, truth_scores, time.perf_counter() - start)
 
 
+def statement_summary(result: CaptionEval) -> str:
+    """How many of the captions' count clauses and relations are true of the ground-truth scenes,
+    and in how many answers with relations the first one is (a wrong first relation tends to be
+    copied into the rest of a greedy answer)."""
+    tally = {"count": [0, 0], "relation": [0, 0]}
+    first_right = answers = 0
+    for seed, caption in zip(result.seeds, result.captions):
+        verdicts = verdicts_by_kind(sentences(words(caption)), make_sample(seed).objects)
+        for kind, said in verdicts.items():
+            tally[kind][0] += sum(said)
+            tally[kind][1] += len(said)
+        if verdicts["relation"]:
+            answers += 1
+            first_right += verdicts["relation"][0]
+    parts = [f"{kind} statements right {right}/{total}" for kind, (right, total) in tally.items()]
+    return "against the ground truth: " + ", ".join(parts) + f"; first relation right in {first_right}/{answers} answers"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Print the greedy caption accuracy of a saved VLM on held-out images."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -115,6 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     for seed, caption, score in list(zip(result.seeds, result.captions, result.scores))[: args.show]:
         print(f"seed {seed} score {score:.3f}: {caption}")
     perfect = sum(s >= 0.999 for s in result.scores)
+    if args.dense:
+        print(statement_summary(result))
     print(
         f"greedy {'dense ' if args.dense else ''}caption accuracy on {args.n} held-out images: {result.accuracy:.4f} "
         f"(perfect captions: {perfect}/{args.n}; against ground-truth scenes: {result.truth_accuracy:.4f}; "

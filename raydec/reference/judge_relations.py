@@ -103,3 +103,13 @@ def check_statements(sentences: Sequence[Sequence[str]], objects: Sequence[Shape
         elif kind == "relation":
             verdicts += _check_relations(sentence, objects)
     return verdicts
+
+
+def verdicts_by_kind(sentences: Sequence[Sequence[str]], objects: Sequence[ShapeObject]) -> dict[str, list[bool]]:
+    """``check_statements``'s verdicts sorted by sentence kind: {"count": [...], "relation": [...]}."""
+    verdicts: dict[str, list[bool]] = {"count": [], "relation": []}
+    for sentence in sentences:
+        kind = statement_kind(sentence)
+        if kind in verdicts:
+            verdicts[kind] += check_statements([sentence], objects)
+    return verdicts

@@ -4,13 +4,16 @@ moving an old id or changing what it computes."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
 from transformers import LlavaForConditionalGeneration, LlavaProcessor
 
 from raydec.reference.judge import score_caption
-from raydec.reference.judge_relations import check_statements
+from raydec.reference.evaluate_vlm import CaptionEval, statement_summary
+from raydec.reference.judge_relations import check_statements, verdicts_by_kind
 from raydec.reference.judge_text import parse_text, sentences, statement_kind, word_kind
 from raydec.reference.llava_vlm import VLMSizes, extend_vocabulary, prompt_text
 from raydec.reference.llava_vlm_train import TrainSettings, run_training
@@ -74,6 +77,11 @@ def test_every_stated_count_and_relation_is_true_and_the_judge_reads_it(samples)
         assert score_caption(text, image=s.image) == 1.0  # the judge's own reading of the image
         assert parse_text(text).objects and len(parse_text(text).objects) == len(s.objects)
     assert statements > 10 * len(samples)
+    # evaluate_vlm --dense's summary of the ground truth's own answers: every statement right
+    truth = CaptionEval([s.seed for s in samples], [dense_description(s) for s in samples], [1.0] * len(samples),
+                        [1.0] * len(samples), 0.0)
+    counts, relations, firsts = re.findall(r"(\d+)/(\d+)", statement_summary(truth))
+    assert all(right == total and int(total) > 0 for right, total in (counts, relations, firsts))
 
 
 def test_a_flipped_relation_or_count_is_marked_wrong():
@@ -85,6 +93,7 @@ def test_a_flipped_relation_or_count_is_marked_wrong():
     wrong = "the circle is to the right of the square and larger than it . two of them are red ."
     assert check_statements(sentences(words(right)), objects) == [True, True, True, True]
     assert check_statements(sentences(words(wrong)), objects) == [False, True, False]
+    assert verdicts_by_kind(sentences(words(wrong)), objects) == {"count": [False], "relation": [False, True]}
     # an ambiguous or unknown reference makes the relation wrong, never raises
     assert check_statements(sentences(words("the shape is above the square .")), objects) == [False]
     assert statement_kind(words("behind them is a plain grey background")) is None
