@@ -4,9 +4,9 @@ The answer to "describe the image in detail ." (``DENSE_INSTRUCTION``): an overv
 background, one sentence per object with all five attributes, count sentences ("two of them are
 red and one is blue ."), and for each object and the next one named its horizontal, vertical,
 size and colour relation ("the red circle is to the left of the blue square ."). The objects'
-order, the order of the count sentences and relations, and the phrasing are drawn from an RNG,
-so temperature-1 sampling has real choices; which words are true is decided by the image far
-into the answer. Three objects give about 150-240 tokens, two about 90-120, one about 20-30.
+order, the order of the count sentences and of each pair's relations, and the phrasing are drawn
+from an RNG, so temperature-1 sampling has real choices; which words are true is decided by the
+image far into the answer. Three objects give about 150-200 tokens, two about 95-125, one about 20-30.
 
 Counts and relations follow the order in which the answer named the objects: a count sentence
 states values in order of first mention, and a relation's second object is the one named right
@@ -110,7 +110,7 @@ def reference(obj: ShapeObject, objects: Sequence[ShapeObject], rng: RandomSourc
     return f"the {obj.color} {obj.shape} {_pick(rng, _position_phrases(obj.position))}"
 
 
-def _count_sentence(values: list[str], noun_plural: dict[str, str] | None, rng: RandomSource) -> str:
+def _count_sentence(values: list[str], noun_plural: dict[str, str] | None) -> str:
     """"two of them are red and one is blue ." over the objects' ``values`` of one attribute, in
     order of first mention."""
     counts = Counter(values)
@@ -154,7 +154,7 @@ def describe_dense(
         counted = _shuffled(rng, ("color", "shape", "size", "fill"))
         for attribute in counted:
             values = [getattr(o, attribute) for o in named]
-            sentences.append(_count_sentence(values, SHAPE_PLURALS if attribute == "shape" else None, rng))
+            sentences.append(_count_sentence(values, SHAPE_PLURALS if attribute == "shape" else None))
     for a, b in zip(named, named[1:]):
         kinds = _shuffled(rng, RELATION_KINDS)
         # two relations per sentence, or one
