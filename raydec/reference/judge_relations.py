@@ -93,23 +93,20 @@ def _check_counts(sentence: Sequence[str], objects: Sequence[ShapeObject]) -> li
     return verdicts
 
 
-def check_statements(sentences: Sequence[Sequence[str]], objects: Sequence[ShapeObject]) -> list[bool]:
-    """A verdict for every count clause and relation stated in ``sentences`` about ``objects``."""
-    verdicts: list[bool] = []
-    for sentence in sentences:
-        kind = statement_kind(sentence)
-        if kind == "count":
-            verdicts += _check_counts(sentence, objects)
-        elif kind == "relation":
-            verdicts += _check_relations(sentence, objects)
-    return verdicts
-
-
 def verdicts_by_kind(sentences: Sequence[Sequence[str]], objects: Sequence[ShapeObject]) -> dict[str, list[bool]]:
-    """``check_statements``'s verdicts sorted by sentence kind: {"count": [...], "relation": [...]}."""
+    """A verdict for every count clause and relation stated in ``sentences`` about ``objects``, by
+    sentence kind: {"count": [...], "relation": [...]}, each in the order stated."""
     verdicts: dict[str, list[bool]] = {"count": [], "relation": []}
     for sentence in sentences:
         kind = statement_kind(sentence)
-        if kind in verdicts:
-            verdicts[kind] += check_statements([sentence], objects)
+        if kind == "count":
+            verdicts[kind] += _check_counts(sentence, objects)
+        elif kind == "relation":
+            verdicts[kind] += _check_relations(sentence, objects)
     return verdicts
+
+
+def check_statements(sentences: Sequence[Sequence[str]], objects: Sequence[ShapeObject]) -> list[bool]:
+    """A verdict for every count clause and relation stated in ``sentences`` about ``objects``, in
+    the order stated."""
+    return [v for sentence in sentences for said in verdicts_by_kind([sentence], objects).values() for v in said]

@@ -56,8 +56,7 @@ def test_counts_and_relations_follow_the_order_the_objects_were_named(samples):
         if len(set(named)) < len(named) or len(named) < 2:
             continue
         for sentence in sentences(words(text)):
-            shapes = [w.removesuffix("s") if w.removesuffix("s") in SHAPES else w for w in sentence]
-            shapes = [w for w in shapes if w in SHAPES]
+            shapes = [w for w in sentence if w in SHAPES]  # singular: no shape is repeated here
             if statement_kind(sentence) == "relation":  # the first object, then the one named after it
                 assert named.index(shapes[1]) == named.index(shapes[0]) + 1, text
                 checked += 1
