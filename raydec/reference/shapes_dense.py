@@ -1,7 +1,8 @@
 """Dense descriptions of a shapes scene: every object, counts, and relations between objects.
 
 The answer to "describe the image in detail ." (``DENSE_INSTRUCTION``): an overview with the
-background, one sentence per object with all five attributes, count sentences ("two of them are
+background, one sentence per object with all five attributes, its position first
+(``DENSE_OBJECT_TEMPLATES``), count sentences ("two of them are
 red and one is blue ."), and for each object and the next one named its horizontal, vertical,
 size and colour relation ("the red circle is to the left of the blue square ."). The objects'
 order, the order of the count sentences and of each pair's relations, and the phrasing are drawn
@@ -46,6 +47,14 @@ from raydec.reference.shapes_text import (
 )
 
 DENSE_INSTRUCTION = "describe the image in detail ."
+# position first: the place is said before what is there, so colour and shape are read at one
+# place of the image; said after them, a small model mixes up which object it is describing
+DENSE_OBJECT_TEMPLATES = (
+    "{pos} there is a {size} {fill} {color} {shape}.",
+    "{pos} sits a {size} {color} {shape} {fill_with}.",
+    "{pos} is a {size} {color} {fill} {shape}.",
+    "{pos} there is a {color} {shape}. it is {size} and {fill}.",
+)
 _DENSE_STREAM = 3  # dense-description randomness: default_rng([seed, 3])
 
 # relation kind -> truth value -> phrasings ("the A is {phrase} the B")
@@ -149,7 +158,7 @@ def describe_dense(
     # objects first: counts and relations then restate what the answer has already said, in the
     # order it said it, as a careful describer (and a small model) would
     named = _shuffled(rng, objects)
-    sentences += [_object_sentence(o, rng) for o in named]
+    sentences += [_object_sentence(o, rng, DENSE_OBJECT_TEMPLATES) for o in named]
     if len(named) > 1:
         counted = _shuffled(rng, ("color", "shape", "size", "fill"))
         for attribute in counted:

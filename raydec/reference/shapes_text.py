@@ -128,9 +128,9 @@ def _count_words(count: int, rng: RandomSource) -> dict[str, str]:
     }
 
 
-def _object_sentence(obj: ShapeObject, rng: RandomSource) -> str:
-    """One (or two) sentences stating all five attributes of ``obj``."""
-    return _pick(rng, _OBJECT_TEMPLATES).format(
+def _object_sentence(obj: ShapeObject, rng: RandomSource, templates: Sequence[str] = _OBJECT_TEMPLATES) -> str:
+    """One (or two) sentences stating all five attributes of ``obj`` in one of ``templates``."""
+    return _pick(rng, templates).format(
         size=_pick(rng, _SIZE_WORDS[obj.size]),
         color=obj.color,
         fill=_pick(rng, _FILL_ADJECTIVES[obj.fill]),

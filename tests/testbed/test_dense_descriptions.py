@@ -65,6 +65,14 @@ def test_counts_and_relations_follow_the_order_the_objects_were_named(samples):
     assert checked > 2 * len(samples) // 3
 
 
+def test_each_object_sentence_says_where_before_what(samples):
+    for s in samples:
+        for sentence in sentences(words(dense_description(s)))[1:]:
+            if statement_kind(sentence) is None and sentence[0] != "it":  # an object's own sentence
+                kinds = [word_kind(w) for w in sentence]
+                assert kinds.index("position") < min(kinds.index(k) for k in ("colour", "shape")), sentence
+
+
 def test_every_stated_count_and_relation_is_true_and_the_judge_reads_it(samples):
     statements = 0
     for s in samples:
