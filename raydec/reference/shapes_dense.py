@@ -1,17 +1,17 @@
 """Dense descriptions of a shapes scene: every object, counts, and relations between objects.
 
 The answer to "describe the image in detail ." (``DENSE_INSTRUCTION``): an overview with the
-background, one sentence per object with all five attributes, its position first
-(``DENSE_OBJECT_TEMPLATES``), count sentences ("two of them are
-red and one is blue ."), and for each object and the next one named its horizontal, vertical,
-size and colour relation ("the red circle is to the left of the blue square ."). The objects'
-order, the order of the count sentences and of each pair's relations, and the phrasing are drawn
-from an RNG, so temperature-1 sampling has real choices; which words are true is decided by the
-image far into the answer. Three objects give about 150-200 tokens, two about 95-125, one about 20-30.
+background; one sentence per object with all five attributes, its position first
+(``DENSE_OBJECT_TEMPLATES``), each but the first followed by its horizontal, vertical, size and
+colour relation to the object named just before it ("the red circle is to the left of the blue
+square ."); then count sentences ("two of them are red and one is blue ."). The objects' order,
+the order of the count sentences and of each pair's relations, and the phrasing are drawn from
+an RNG, so temperature-1 sampling has real choices; which words are true is decided by the image
+far into the answer. Three objects give about 150-200 tokens, two about 95-125, one about 20-30.
 
-Counts and relations follow the order in which the answer named the objects: a count sentence
-states values in order of first mention, and a relation's second object is the one named right
-after its first. So each is read off what the answer has already said, with the image.
+Every sentence decides only what the answer has just put within reach: an object's colour and
+shape are said after its place, a relation compares the object just described with the one
+described before it, and a count sentence states values in order of first mention.
 
 Sentence kinds the judge tells apart (``raydec.reference.judge_relations``):
 
@@ -151,26 +151,29 @@ def _relation_sentence(a: ShapeObject, b: ShapeObject, kinds: list[str], objects
 def describe_dense(
     objects: Sequence[ShapeObject], background: str, background_color: str, rng: RandomSource
 ) -> str:
-    """The dense description of a scene: overview, objects, counts, relations of each object to the next."""
+    """The dense description of a scene: overview, each object with its relations to the one
+    before, counts."""
     fields = _count_words(len(objects), rng)
     bg = _background_phrase(background, background_color, rng)
     sentences = [_pick(rng, _INTRO_WITH_BACKGROUND_TEMPLATES).format(bg=bg, **fields)]
-    # objects first: counts and relations then restate what the answer has already said, in the
-    # order it said it, as a careful describer (and a small model) would
+    # counts and relations restate what the answer has already said, in the order it said it,
+    # as a careful describer (and a small model) would
     named = _shuffled(rng, objects)
-    sentences += [_object_sentence(o, rng, DENSE_OBJECT_TEMPLATES) for o in named]
+    for previous, obj in zip([None, *named], named):
+        sentences.append(_object_sentence(obj, rng, DENSE_OBJECT_TEMPLATES))
+        if previous is None:
+            continue
+        # right after an object's sentence: how it stands to the object named before it
+        kinds = _shuffled(rng, RELATION_KINDS)
+        while kinds:  # two relations per sentence, or one
+            take = 2 if len(kinds) > 1 and _randint(rng, 2) else 1
+            sentences.append(_relation_sentence(obj, previous, kinds[:take], objects, rng))
+            kinds = kinds[take:]
     if len(named) > 1:
         counted = _shuffled(rng, ("color", "shape", "size", "fill"))
         for attribute in counted:
             values = [getattr(o, attribute) for o in named]
             sentences.append(_count_sentence(values, SHAPE_PLURALS if attribute == "shape" else None))
-    for a, b in zip(named, named[1:]):
-        kinds = _shuffled(rng, RELATION_KINDS)
-        # two relations per sentence, or one
-        while kinds:
-            take = 2 if len(kinds) > 1 and _randint(rng, 2) else 1
-            sentences.append(_relation_sentence(a, b, kinds[:take], objects, rng))
-            kinds = kinds[take:]
     return " ".join(sentences)
 
 

@@ -55,13 +55,17 @@ def test_counts_and_relations_follow_the_order_the_objects_were_named(samples):
         named = [o.shape for o in parse_text(text).objects]  # in order of mention
         if len(set(named)) < len(named) or len(named) < 2:
             continue
+        described = []  # shapes of the object sentences so far
         for sentence in sentences(words(text)):
             shapes = [w for w in sentence if w in SHAPES]  # singular: no shape is repeated here
-            if statement_kind(sentence) == "relation":  # the first object, then the one named after it
-                assert named.index(shapes[1]) == named.index(shapes[0]) + 1, text
+            kind = statement_kind(sentence)
+            if kind is None and shapes:
+                described.append(shapes[0])
+            elif kind == "relation":  # right after its subject's sentence, about the object before it
+                assert shapes[0] == described[-1] and shapes[1] == described[-2], text
                 checked += 1
-            elif statement_kind(sentence) == "count" and shapes:  # values in order of first mention
-                assert shapes == named, text
+            elif kind == "count" and shapes:  # values in order of first mention, after every object
+                assert shapes == named == described, text
     assert checked > 2 * len(samples) // 3
 
 
