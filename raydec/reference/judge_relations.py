@@ -1,8 +1,9 @@
 """The judge's reader of dense descriptions' count and relation sentences.
 
 Dense descriptions (:mod:`raydec.reference.shapes_dense`) add two sentence kinds to the short
-ones: counts ("two of them are red and one is blue .") and relations between two objects ("the
-red circle is to the left of the blue square and larger than it ."). ``judge_text.statement_kind``
+ones: counts ("two of them are red and one is blue .") and relations between two objects
+("compared with the blue square at the top , the red circle in the top left is to the left of it
+and larger than it ."). ``judge_text.statement_kind``
 tells them apart, so that the attribute reader skips them; ``check_statements`` scores each
 stated count and relation against a scene: a count is right when that many objects have the value; a
 relation is right when each side names exactly one of the scene's objects and the relation
@@ -51,20 +52,26 @@ def _resolve(tokens: Sequence[str], objects: Sequence[ShapeObject]) -> Optional[
 
 
 def _check_relations(sentence: Sequence[str], objects: Sequence[ShapeObject]) -> list[bool]:
-    """One verdict per relation phrase: "A is P1 B [and P2 it]" (P2 relates A to B too)."""
+    """One verdict per relation phrase, each relating A to B: "compared with B , A is P1 it , P2 it
+    and P3 it", or "A is P1 B [and P2 it]"."""
     first = _find_phrase(sentence, 0)
     if first is None:
         return []
     begin, end, kind, value = first
-    subject = sentence[: sentence.index("is")] if "is" in sentence[:begin] else sentence[:begin]
-    rest = list(sentence[end:])
-    stop = rest.index("and") if "and" in rest else len(rest)
-    a, b = _resolve(subject, objects), _resolve(rest[:stop], objects)
     stated = [(kind, value)]
-    cursor = end + stop
+    cursor = end
     while (found := _find_phrase(sentence, cursor)) is not None:
         stated.append(found[2:])
         cursor = found[1]
+    head = list(sentence[:begin])
+    subject = head[: head.index("is")] if "is" in head else head
+    if sentence[:2] == ["compared", "with"] and "," in subject:
+        comma = subject.index(",")
+        a, b = _resolve(subject[comma + 1 :], objects), _resolve(subject[2:comma], objects)
+    else:
+        rest = list(sentence[end:])
+        stop = rest.index("and") if "and" in rest else len(rest)
+        a, b = _resolve(subject, objects), _resolve(rest[:stop], objects)
     if a is None or b is None or a is b:
         return [False] * len(stated)
     return [relation(k, a, b) == v for k, v in stated]

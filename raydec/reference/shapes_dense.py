@@ -16,8 +16,8 @@ described before it, and a count sentence states values in order of first mentio
 Sentence kinds the judge tells apart (``raydec.reference.judge_relations``):
 
 - count sentences contain ``them`` (``two of them are red`` / ``all of them are ...``);
-- relation sentences contain a relation phrase (``RELATION_PHRASES``), with one object on each
-  side; ``it`` after ``and`` refers back to the second object;
+- relation sentences contain a relation phrase (``RELATION_PHRASES``): "compared with B , A is P1
+  it , P2 it and P3 it", each phrase relating A to B;
 - everything else is read like a short description.
 """
 
@@ -35,7 +35,6 @@ from raydec.reference.shapes_scene import (
     ShapeObject,
     ShapesSample,
     _pick,
-    _randint,
     _shuffled,
 )
 from raydec.reference.shapes_text import (
@@ -108,14 +107,9 @@ def relation(kind: str, a: ShapeObject, b: ShapeObject) -> str:
     raise ValueError(f"unknown relation kind {kind!r}; expected one of {RELATION_KINDS}")
 
 
-def reference(obj: ShapeObject, objects: Sequence[ShapeObject], rng: RandomSource) -> str:
-    """The shortest noun phrase with the colour that picks out ``obj`` among ``objects`` ("the red
-    circle", "the large red circle", ...; the position phrase when nothing else does). The colour
-    is always there, so a reference is copied from its object's sentence, not decided by the others."""
-    for attributes in (("color", "shape"), ("size", "color", "shape"), ("color", "fill", "shape")):
-        same = [o for o in objects if all(getattr(o, k) == getattr(obj, k) for k in attributes)]
-        if len(same) == 1:
-            return "the " + " ".join(getattr(obj, k) for k in attributes)
+def reference(obj: ShapeObject, rng: RandomSource) -> str:
+    """A noun phrase that picks ``obj`` out by colour, shape and place ("the red circle in the top
+    left"): copied from what its own sentence said, unique because no two objects share a place."""
     return f"the {obj.color} {obj.shape} {_pick(rng, _position_phrases(obj.position))}"
 
 
@@ -136,16 +130,12 @@ def _count_sentence(values: list[str], noun_plural: dict[str, str] | None) -> st
     return " and ".join(parts) + " ."
 
 
-def _relation_sentence(a: ShapeObject, b: ShapeObject, kinds: list[str], objects: Sequence[ShapeObject],
-                       rng: RandomSource) -> str:
-    """One sentence stating ``kinds`` relations of ``a`` to ``b``; a second relation follows
-    as "and {phrase} it"."""
-    phrases = [_pick(rng, RELATION_PHRASES[k][relation(k, a, b)]) for k in kinds]
-    ref_a, ref_b = reference(a, objects, rng), reference(b, objects, rng)
-    text = f"{ref_a} is {phrases[0]} {ref_b}"
-    for phrase in phrases[1:]:
-        text += f" and {phrase} it"
-    return text + " ."
+def _relation_sentence(a: ShapeObject, b: ShapeObject, kinds: Sequence[str], rng: RandomSource) -> str:
+    """"compared with B , A is P1 it , P2 it and P3 it ." stating ``kinds`` relations of ``a`` to
+    ``b``: both objects and their places are said before any relation is decided."""
+    phrases = [f"{_pick(rng, RELATION_PHRASES[k][relation(k, a, b)])} it" for k in kinds]
+    listed = " and ".join([" , ".join(phrases[:-1]), phrases[-1]]) if len(phrases) > 1 else phrases[0]
+    return f"compared with {reference(b, rng)} , {reference(a, rng)} is {listed} ."
 
 
 def describe_dense(
@@ -164,11 +154,7 @@ def describe_dense(
         if previous is None:
             continue
         # right after an object's sentence: how it stands to the object named before it
-        kinds = _shuffled(rng, RELATION_KINDS)
-        while kinds:  # two relations per sentence, or one
-            take = 2 if len(kinds) > 1 and _randint(rng, 2) else 1
-            sentences.append(_relation_sentence(obj, previous, kinds[:take], objects, rng))
-            kinds = kinds[take:]
+        sentences.append(_relation_sentence(obj, previous, _shuffled(rng, RELATION_KINDS), rng))
     if len(named) > 1:
         counted = _shuffled(rng, ("color", "shape", "size", "fill"))
         for attribute in counted:
@@ -188,7 +174,7 @@ def dense_vocabulary() -> list[str]:
     ones never use, sorted: a tokenizer appends them after ``shapes.vocabulary()``."""
     from raydec.reference.shapes_text import vocabulary, words
 
-    texts = [DENSE_INSTRUCTION, "all both of them are and one is it", *SHAPE_PLURALS.values()]
+    texts = [DENSE_INSTRUCTION, "all both of them are and one is it compared with ,", *SHAPE_PLURALS.values()]
     texts += [p for table in RELATION_PHRASES.values() for options in table.values() for p in options]
     short = set(vocabulary())
     return sorted({w for text in texts for w in words(text)} - short)

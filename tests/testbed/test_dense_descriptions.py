@@ -61,8 +61,8 @@ def test_counts_and_relations_follow_the_order_the_objects_were_named(samples):
             kind = statement_kind(sentence)
             if kind is None and shapes:
                 described.append(shapes[0])
-            elif kind == "relation":  # right after its subject's sentence, about the object before it
-                assert shapes[0] == described[-1] and shapes[1] == described[-2], text
+            elif kind == "relation":  # right after its subject's sentence: "compared with <before> , <subject> ..."
+                assert shapes == [described[-2], described[-1]] and sentence[:2] == ["compared", "with"], text
                 checked += 1
             elif kind == "count" and shapes:  # values in order of first mention, after every object
                 assert shapes == named == described, text
@@ -103,6 +103,8 @@ def test_a_flipped_relation_or_count_is_marked_wrong():
     right = "the circle is to the left of the square and larger than it . one of them is red and one is blue ."
     wrong = "the circle is to the right of the square and larger than it . two of them are red ."
     assert check_statements(sentences(words(right)), objects) == [True, True, True, True]
+    compared = "compared with the blue square , the red circle is above it , the same size as it and right of it ."
+    assert check_statements(sentences(words(compared)), objects) == [True, False, False]
     assert check_statements(sentences(words(wrong)), objects) == [False, True, False]
     assert verdicts_by_kind(sentences(words(wrong)), objects) == {"count": [False], "relation": [False, True]}
     # an ambiguous or unknown reference makes the relation wrong, never raises
