@@ -1,17 +1,18 @@
 """Dense descriptions of a shapes scene: every object, counts, and relations between objects.
 
 The answer to "describe the image in detail ." (``DENSE_INSTRUCTION``): an overview with the
-background; one sentence per object with all five attributes, its position first
+background; one sentence per object with all five attributes, its place first
 (``DENSE_OBJECT_TEMPLATES``), each but the first followed by its horizontal, vertical, size and
-colour relation to the object named just before it ("the red circle is to the left of the blue
-square ."); then count sentences ("two of them are red and one is blue ."). The objects' order,
-the order of the count sentences and of each pair's relations, and the phrasing are drawn from
-an RNG, so temperature-1 sampling has real choices; which words are true is decided by the image
-far into the answer. Three objects give about 150-200 tokens, two about 95-125, one about 20-30.
+colour relation to the object named just before it ("compared with the blue square at the top ,
+the red circle in the top left is to the left of it , larger than it , ..."); then count
+sentences ("two of them are red and one is blue ."). The objects' order, the order of the count
+sentences and of the relations, and the phrasing are drawn from an RNG, so temperature-1 sampling
+has real choices; which words are true is decided by the image far into the answer. Three objects
+give about 150-185 tokens, two about 100-125, one about 20-30.
 
 Every sentence decides only what the answer has just put within reach: an object's colour and
-shape are said after its place, a relation compares the object just described with the one
-described before it, and a count sentence states values in order of first mention.
+shape are said after its place, a relation names both objects with their places before it
+decides anything, and a count sentence states values in order of first mention.
 
 Sentence kinds the judge tells apart (``raydec.reference.judge_relations``):
 
