@@ -6,6 +6,7 @@ unknown keys are errors that name the key.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal, Sequence
 
@@ -32,6 +33,13 @@ def check_temperatures(values: Sequence[float]) -> list[float]:
     return list(values)
 
 
+def _absolute_target(value: str | None) -> str | None:
+    """A local checkpoint folder as an absolute path: Ray workers do not share the driver's cwd."""
+    if value is None or value == "reference":
+        return value
+    return os.path.abspath(Path(value).expanduser())
+
+
 class DataGenConfig(StrictModel):
     """Data generation: the target captions shapes-world images (greedily unless ``temperatures``
     says otherwise); tensors go to shards."""
@@ -55,6 +63,11 @@ class DataGenConfig(StrictModel):
     threads_per_worker: int = Field(1, ge=1, le=256, description="torch CPU threads per actor.")
     storage_dtype: Literal["float16", "float32"] = Field("float16", description="dtype of stored embeddings and hidden states.")
     overwrite: bool = Field(False, description="Replace an existing dataset in output_dir (else reuse it).")
+
+    @field_validator("target")
+    @classmethod
+    def _target_folder(cls, value: str) -> str:
+        return _absolute_target(value)
 
     @field_validator("temperatures")
     @classmethod
@@ -120,6 +133,11 @@ class DraftTrainConfig(StrictModel):
         False, description="Cosine decay follows the larger of step and time (max_minutes) progress: on a slow shared "
         "machine the schedule still ends when the time cap stops the run.",
     )
+
+    @field_validator("target")
+    @classmethod
+    def _target_folder(cls, value: str | None) -> str | None:
+        return _absolute_target(value)
 
     @field_validator("betas", mode="before")
     @classmethod

@@ -135,6 +135,14 @@ def test_sampled_answers_follow_their_seed_and_temperature(target) -> None:
         DataGenConfig(temperatures=[0.0, -0.5])
 
 
+def test_a_local_target_folder_is_recorded_absolute(tmp_path: Path, monkeypatch) -> None:
+    # Ray Train workers run in their own folder: a relative target would not be found there
+    monkeypatch.chdir(tmp_path)
+    assert DataGenConfig(target="out/vlm").target == str(tmp_path / "out" / "vlm")
+    assert DraftTrainConfig(target="vlm").target == str(tmp_path / "vlm")
+    assert DataGenConfig().target == "reference" and DraftTrainConfig().target is None
+
+
 # -- losses ----------------------------------------------------------------------------------
 
 
