@@ -57,7 +57,7 @@ DENSE_OBJECT_TEMPLATES = (
 )
 _DENSE_STREAM = 3  # dense-description randomness: default_rng([seed, 3])
 
-# relation kind -> truth value -> phrasings ("the A is {phrase} the B")
+# relation kind -> truth value -> phrasings ("A is {phrase} it", it being B)
 RELATION_PHRASES: dict[str, dict[str, tuple[str, ...]]] = {
     "horizontal": {
         "left": ("to the left of", "left of"),
