@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Literal, Sequence
+from typing import Literal, Sequence
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from raydec.config import DraftTreeConfig, StrictModel
 
@@ -33,19 +33,18 @@ def check_temperatures(values: Sequence[float]) -> list[float]:
     return list(values)
 
 
-def _absolute_target(value: str) -> str:
+def _absolute_target(value: str | None) -> str | None:
     """A local checkpoint folder as an absolute path: Ray workers do not share the driver's cwd."""
-    return value if value == "reference" else os.path.abspath(Path(value).expanduser())
-
-
-TargetName = Annotated[str, AfterValidator(_absolute_target)]  # "reference" or a local folder, made absolute
+    if value is None or value == "reference":
+        return value
+    return os.path.abspath(Path(value).expanduser())
 
 
 class DataGenConfig(StrictModel):
     """Data generation: the target captions shapes-world images (greedily unless ``temperatures``
     says otherwise); tensors go to shards."""
 
-    target: TargetName = Field("reference", description="Target VLM: 'reference' or a local checkpoint folder.")
+    target: str = Field("reference", description="Target VLM: 'reference' or a local checkpoint folder.")
     output_dir: Path = Field(Path("out/draft_data"), description="Folder for the Parquet shards and manifest.json.")
     num_samples: int = Field(3000, ge=1, le=HELD_OUT_SEED_START, description="Image-prompt pairs to generate.")
     seed_start: int = Field(0, ge=0, description="First shapes-world seed (all seeds stay below 1,000,000).")
@@ -64,6 +63,11 @@ class DataGenConfig(StrictModel):
     threads_per_worker: int = Field(1, ge=1, le=256, description="torch CPU threads per actor.")
     storage_dtype: Literal["float16", "float32"] = Field("float16", description="dtype of stored embeddings and hidden states.")
     overwrite: bool = Field(False, description="Replace an existing dataset in output_dir (else reuse it).")
+
+    @field_validator("target")
+    @classmethod
+    def _target_folder(cls, value: str) -> str:
+        return _absolute_target(value)
 
     @field_validator("temperatures")
     @classmethod
@@ -100,7 +104,7 @@ class DraftTrainConfig(StrictModel):
 
     name: str = Field("vispec", min_length=1, description="Run name (logs, Ray Train run folder).")
     data_dir: Path | None = Field(None, description="Dataset folder (manifest.json); None: the job's data.output_dir.")
-    target: TargetName | None = Field(None, description="Target VLM for lm_head; None: the one named in the manifest.")
+    target: str | None = Field(None, description="Target VLM for lm_head; None: the one named in the manifest.")
     output_dir: Path = Field(Path("out/drafts/vispec"), description="Where the trained draft is saved (from_pretrained layout).")
     work_dir: Path | None = Field(None, description="Ray Train storage (checkpoints); None: output_dir/../_ray_train.")
     vision: bool = Field(True, description="ViSpec vision modules (False: the text-only EAGLE-2 draft).")
@@ -129,6 +133,11 @@ class DraftTrainConfig(StrictModel):
         False, description="Cosine decay follows the larger of step and time (max_minutes) progress: on a slow shared "
         "machine the schedule still ends when the time cap stops the run.",
     )
+
+    @field_validator("target")
+    @classmethod
+    def _target_folder(cls, value: str | None) -> str | None:
+        return _absolute_target(value)
 
     @field_validator("betas", mode="before")
     @classmethod
