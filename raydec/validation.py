@@ -106,3 +106,14 @@ def check_folder(path: str | Path, field: str) -> None:
     blocker = file_in_the_way(path)
     if blocker is not None:
         raise NotADirectoryError(f"{field}: {str(blocker)!r} is a file, not a folder")
+
+
+def text_problem(value: str) -> str | None:
+    """Why ``value`` is not text a tokenizer can read, or None: a lone surrogate (U+D800-U+DFFF,
+    which JSON's ``\\ud800`` escapes and Python strings can hold) is no Unicode character and
+    has no UTF-8 encoding."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return f"holds a lone surrogate U+{ord(value[error.start]):04X} at character {error.start}, which is not valid Unicode text"
+    return None

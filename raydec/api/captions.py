@@ -10,7 +10,9 @@ from typing import Any, Sequence
 from PIL import Image
 
 from raydec.api.batching import continuous_batching, decode_batches, progress_callback
-from raydec.api.inputs import as_decode_config, as_image_list, caption_decode_config, check_batch_size, check_seeds, max_positions
+from raydec.api.inputs import (
+    as_decode_config, as_image_list, caption_decode_config, check_batch_size, check_seeds, check_text, max_positions,
+)
 from raydec.config import DRAFT_METHODS, DecodeConfig
 from raydec.models.loading import draft_dtype, load_draft, load_target
 from raydec.speculative.engine import Engine
@@ -96,6 +98,7 @@ def caption_images(
     for index, question in enumerate(questions):
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"prompt[{index}] must be a non-empty string, got {question!r}")
+        check_text(question, f"prompt[{index}]")
     check_seeds(seeds, len(images), "images")
     decode = as_decode_config(decode)
     check_batch_size(batch_size)

@@ -11,6 +11,7 @@ from PIL import Image
 
 from raydec.config import CAPTION_METHODS, DecodeConfig, SamplingConfig
 from raydec.speculative.requests import RowRequest
+from raydec.validation import text_problem
 
 SEED_LIMIT = 2**63  # seeds are in [0, 2**63), as a job's
 
@@ -53,6 +54,7 @@ def check_inputs(
             raise TypeError(f"prompts[{index}] must be a string, got {type(prompt).__name__}: {prompt!r}")
         if not prompt.strip():
             raise ValueError(f"prompts[{index}] is empty or blank: {prompt!r}")
+        check_text(prompt, f"prompts[{index}]")
     check_seeds(seeds, len(prompts), "prompts")
     if negative_prompts is not None:
         if isinstance(negative_prompts, str) or not hasattr(negative_prompts, "__len__"):
@@ -62,7 +64,16 @@ def check_inputs(
         for index, negative in enumerate(negative_prompts):
             if negative is not None and not isinstance(negative, str):
                 raise TypeError(f"negative_prompts[{index}] must be a string or None, got {negative!r}")
+            if negative is not None:
+                check_text(negative, f"negative_prompts[{index}]")
     check_batch_size(batch_size)
+
+
+def check_text(text: str, field: str) -> None:
+    """A ValueError naming ``field`` when ``text`` is no text a tokenizer can read."""
+    problem = text_problem(text)
+    if problem is not None:
+        raise ValueError(f"{field}: {problem}")
 
 
 def check_batch_size(batch_size: Any) -> None:

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 
 from raydec.serve import ServeConfig, build_app
+from raydec.serve.http_guard import proxy_environment
 
 logger = logging.getLogger("raydec.serve")
 APP_NAME = "raydec"
@@ -30,7 +31,9 @@ def start(config: ServeConfig, app_name: str = APP_NAME, ready_timeout_s: float 
     from raydec.runtime.cluster import connect_ray
 
     connect_ray()
-    serve.start(http_options={"host": config.host, "port": config.port})
+    # the proxies inherit the controller's environment: it gives them the head deadline (http_guard)
+    serve.start(http_options={"host": config.host, "port": config.port},
+                controller_options={"runtime_env": {"env_vars": proxy_environment(config.limits.header_timeout_s)}})
     serve.run(build_app(config), name=app_name, route_prefix=config.route_prefix, blocking=False)
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
     url = f"http://{host}:{config.port}{config.route_prefix.rstrip('/')}"

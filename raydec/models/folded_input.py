@@ -10,8 +10,10 @@ input projections compose into one GEMM and a per-row bias:
     W_img = [A | B W1]^T,   W = [A | B]^T        [2H, H] row-major
     c_r   = g_r (B W2)^T + (B b1 + b)            [B, H]
 
-c_r does not change while a row decodes, so ``rows`` works the biases out once per batch of rows
-(``DecodeRows``) and every draft call after that is one addmm.
+c_r does not change while a row decodes, so ``rows`` works the biases out once, when rows join
+(``DecodeRows``), and every draft call after that is one addmm. Each c_r is its own one-row
+product: a GEMM's rounding depends on its row count on some kernels (MKL and oneDNN pick
+blockings by shape), so a batched product would make a row's bias depend on the rows beside it.
 
 On a CPU a few-row draft GEMM costs about the time to read its weight, so this saves one of the
 draft's six weight reads per call and two small ops. The products are taken in float64 and
@@ -50,6 +52,14 @@ class DecodeRows:
         if not self.has_global_host:
             object.__setattr__(self, "has_global_host", tuple(self.has_global.cpu().tolist()))
 
+    def concat(self, joining: "DecodeRows") -> "DecodeRows":
+        """These rows, then ``joining`` (rows joining the batch)."""
+        host = self.has_global_host + joining.has_global_host
+        bias = None if self.bias is None or joining.bias is None else torch.cat([self.bias, joining.bias])
+        any_global = self.any_global or joining.any_global
+        return DecodeRows(torch.cat([self.globals_, joining.globals_]), torch.tensor(host, dtype=torch.bool), bias,
+                          any_global and not all(host), any_global, host)
+
     def select(self, index: list[int]) -> "DecodeRows":
         """The rows that stay, in ``index`` order (rows leaving a batch)."""
         on_device = torch.tensor(index, dtype=torch.long, device=self.globals_.device)
@@ -82,11 +92,11 @@ class FoldedDraftInput:
         gets g_r, or none does) -> the rows' folded biases."""
         has = has_global.cpu()
         use = self.folded is not None and bool(has.any())
-        bias = self.plain_bias.expand(globals_.shape[0], -1)
+        bias = self.plain_bias.expand(globals_.shape[0], -1).clone()  # [B, H]
         if use:
-            image_bias = torch.addmm(self.global_bias, globals_.to(self.plain.dtype), self.global_weight)  # c_r [B, H]
-            bias = torch.where(has.to(bias.device).unsqueeze(1), image_bias, bias)
-        return DecodeRows(globals_, has, bias.contiguous(), use and not bool(has.all()), use)
+            for r in has.nonzero().flatten().tolist():  # c_r, one row at a time (see the module's docstring)
+                bias[r] = (globals_[r : r + 1].to(self.plain.dtype) @ self.global_weight)[0] + self.global_bias
+        return DecodeRows(globals_, has, bias, use and not bool(has.all()), use)
 
     def __call__(self, token_embeds: torch.Tensor, features: torch.Tensor, rows: DecodeRows) -> torch.Tensor:
         """token_embeds, features [B, N, H]; rows: ``self.rows(...)`` of these B rows.

@@ -68,6 +68,12 @@ class LimitsConfig(StrictModel):
     max_n: int = Field(4, ge=1, le=16, description="Largest `n` of an image request.")
     max_messages: int = Field(64, ge=1, le=4096, description="Most messages in one chat.")
     request_timeout_s: float = Field(300.0, gt=0, le=86400, description="A request still running after this gets 408.")
+    header_timeout_s: float = Field(
+        30.0, gt=0, le=3600,
+        description="Seconds a connection may take to send a request's line and headers; past it a 408 and the connection "
+        "is closed (set in the HTTP proxies of the Serve instance `raydec serve` starts).",
+    )
+    body_timeout_s: float = Field(60.0, gt=0, le=86400, description="Seconds a request's whole body may take to arrive; past it a 408.")
     retry_after_s: int = Field(5, ge=1, le=3600, description="Retry-After seconds of a 503 when replicas are full.")
 
 

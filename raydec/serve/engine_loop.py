@@ -128,6 +128,7 @@ class EngineLoop:
                     watcher.ticket = fn()
                 except ValueError as error:  # the request's own fault (its checks raise ValueError)
                     watcher.fail(400, str(error), "invalid_value")
+                    continue  # refused: nothing of it is kept
                 except Exception as error:
                     logger.exception("submitting a request failed")
                     watcher.fail(500, f"submitting the request failed: {type(error).__name__}", "engine_failed")

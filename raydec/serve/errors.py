@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from raydec.validation import text_problem
+
 # status -> OpenAI's error type
 ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
@@ -37,14 +39,27 @@ def error_body(status: int, message: str, param: Optional[str] = None, code: Opt
                       "param": param, "code": code}}
 
 
+def _field_path(loc: Any) -> list[str]:
+    """A pydantic error's location as the request's field path: union members' labels
+    (``function-after[...]``, ``list[...]``) and a tagged union's tag (the part before the field
+    of the same name) dropped."""
+    parts = [str(part) for part in loc if not (isinstance(part, str) and "[" in part)]
+    parts = parts[1:] if parts[:1] == ["body"] else parts
+    return [part for i, part in enumerate(parts) if i + 1 == len(parts) or parts[i + 1] != part]
+
+
 def validation_error(errors: list[dict[str, Any]]) -> APIError:
-    """A 400 from pydantic / FastAPI validation errors: the first one's field and message."""
+    """A 400 from pydantic / FastAPI validation errors: the first one's field and message. Where
+    a value could take several forms (a union), the errors of the forms its type does not have
+    ("should be a valid string") give way to the error of the form it has."""
+    relevant = [e for e in errors if not str(e.get("type", "")).endswith("_type")] or errors
+    errors = relevant if len(relevant) < len(errors) else errors
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-    loc = [str(part) for part in first.get("loc", ())]
-    loc = loc[1:] if loc[:1] == ["body"] else loc
-    param = ".".join(loc) or None
+    param = ".".join(_field_path(first.get("loc", ()))) or None
     message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
     value = first.get("input")
+    if first.get("type") == "string_unicode" and isinstance(value, str):  # a length check met the surrogate first
+        message = text_problem(value) or message
     shown = repr(value)
     if first.get("type") == "missing":
         text = f"{param}: a required field is missing"

@@ -16,7 +16,6 @@ the model, ...) comes back as its 4xx. Overload (a model's replicas and their qu
 
 import asyncio
 import base64
-import hmac
 import json
 import logging
 import time
@@ -25,7 +24,7 @@ from typing import Any, AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 from ray.exceptions import RayError, RayTaskError
 from ray.serve.exceptions import BackPressureError
@@ -35,6 +34,7 @@ from raydec.serve.config import ServeConfig
 from raydec.serve.errors import APIError, validation_error
 from raydec.serve.media import MediaError, check_image_count, load_image_url
 from raydec.serve.protocol import ChatCompletionRequest, ImageGenerationRequest
+from raydec.serve.request_guard import CLIENT_GONE, RequestGuard, answer
 
 logger = logging.getLogger("raydec.serve")
 
@@ -45,63 +45,41 @@ app = FastAPI(
 )
 
 
-def _answer(error: APIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+app.add_middleware(RequestGuard)
 
 
 @app.exception_handler(APIError)
 async def _api_error(_request: Request, error: APIError) -> JSONResponse:
-    return _answer(error)
+    return answer(error)
 
 
 @app.exception_handler(RequestValidationError)
 async def _invalid(_request: Request, error: RequestValidationError) -> JSONResponse:
-    return _answer(validation_error(list(error.errors())))
+    return answer(validation_error(list(error.errors())))
 
 
 @app.exception_handler(StarletteHTTPException)
 async def _http_error(_request: Request, error: StarletteHTTPException) -> JSONResponse:
     code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code)
     message = "no such route" if error.status_code == 404 else str(error.detail)
-    return _answer(APIError(error.status_code, message, code=code))
+    return answer(APIError(error.status_code, message, code=code))
 
 
 @app.exception_handler(Exception)
-async def _unexpected(_request: Request, error: Exception) -> JSONResponse:
+async def _unexpected(request: Request, error: Exception) -> Response:
+    if _client_gone(error):  # nobody is left to answer
+        logger.info("a client left during %s %s", request.method, request.url.path)
+        return Response(status_code=499)
     logger.exception("unexpected error")
-    return _answer(APIError(500, f"internal error: {type(error).__name__}", code="internal_error"))
+    return answer(APIError(500, f"internal error: {type(error).__name__}", code="internal_error"))
 
 
-@app.middleware("http")
-async def _guard(request: Request, call_next: Any) -> Any:
-    """API keys on /v1 routes, and the body size limit (before the body is read)."""
-    state = request.app.state
-    if request.url.path.startswith(getattr(state, "prefix", "") + "/v1") or request.url.path.startswith("/v1"):
-        keys: set[str] = getattr(state, "keys", set())
-        if keys:
-            header = request.headers.get("authorization", "")
-            scheme, _, given = header.partition(" ")
-            if scheme.lower() != "bearer" or not any(hmac.compare_digest(given.strip(), key) for key in keys):
-                why = "no API key given (Authorization: Bearer <key>)" if not header else "the API key is not valid"
-                return _answer(APIError(401, why, code="invalid_api_key"))
-    limit = getattr(state, "max_request_bytes", None)
-    if limit is not None and request.method == "POST":
-        length = request.headers.get("content-length")
-        if length is not None:
-            if not length.isdigit():
-                return _answer(APIError(400, f"Content-Length: {length[:20]!r} is not a number", code="invalid_value"))
-            if int(length) > limit:
-                return _answer(APIError(413, f"the request body is {int(length)} bytes, more than limits.max_request_bytes={limit}",
-                                        code="request_too_large"))
-        else:  # chunked: read it here, with the cap, and hand the body on
-            body = b""
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > limit:
-                    return _answer(APIError(413, f"the request body is more than limits.max_request_bytes={limit} bytes",
-                                            code="request_too_large"))
-            request._body = body
-    return await call_next(request)
+def _client_gone(error: BaseException) -> bool:
+    """The error says only that the client left (possibly inside a task group's exception group)."""
+    inner = getattr(error, "exceptions", None)  # an ExceptionGroup (a backport's on Python 3.10)
+    if isinstance(inner, tuple) and inner:
+        return all(_client_gone(e) for e in inner)
+    return isinstance(error, CLIENT_GONE)
 
 
 def _sse(data: Any, event: Optional[str] = None) -> bytes:
@@ -141,8 +119,9 @@ class Ingress:
         self.config = config
         self.models = models
         self.info: dict[str, dict[str, Any]] = {}
-        app.state.keys = config.keys()
+        app.state.keys = {key.encode("utf-8") for key in config.keys()}  # read by RequestGuard
         app.state.max_request_bytes = config.limits.max_request_bytes
+        app.state.body_timeout_s = config.limits.body_timeout_s
         logger.info("raydec ingress: %d model(s): %s; API keys %s", len(models), ", ".join(models),
                     "required" if app.state.keys else "not required")
 
@@ -214,7 +193,7 @@ class Ingress:
             for name in self.models:
                 await asyncio.wait_for(self._info(name), timeout=5.0)
         except Exception as error:
-            return _answer(APIError(503, f"not ready: {type(error).__name__}", code="not_ready"))
+            return answer(APIError(503, f"not ready: {type(error).__name__}", code="not_ready"))
         return JSONResponse({"status": "ok", "models": list(self.models)})
 
     @app.get("/v1/models")

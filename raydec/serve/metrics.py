@@ -71,11 +71,11 @@ class ReplicaMetrics:
         lengths = list(result.accepted_lengths)
         drafts = len(lengths) if draft_per_step else 0
         accepted = sum(max(0, n - 1) for n in lengths) if draft_per_step else 0
-        if draft_per_step:
+        if drafts:  # a row that ended before its first speculative step verified no draft (a counter takes no 0)
             self.num_drafts.inc(drafts)
             self.num_draft_tokens.inc(drafts * draft_per_step)
-            if accepted:
-                self.num_accepted_tokens.inc(accepted)
+        if accepted:
+            self.num_accepted_tokens.inc(accepted)
         per_pos = [0] * MAX_POSITIONS
         for n in lengths if draft_per_step else ():
             for position in range(min(n - 1, MAX_POSITIONS)):

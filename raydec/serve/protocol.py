@@ -9,7 +9,20 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from raydec.validation import text_problem
+
+
+def _valid_text(value: str) -> str:
+    problem = text_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+#: text a tokenizer reads: a lone surrogate is a 400 naming the field, not a tokenizer's error
+Text = Annotated[str, AfterValidator(_valid_text)]
 
 SEED = Field(None, ge=0, lt=2**63, description="raydec: the row's seed (a request's n images take seed, seed+1, ...); unset: random.")
 
@@ -21,7 +34,7 @@ class _Body(BaseModel):
 class ImageGenerationRequest(_Body):
     """POST /v1/images/generations (OpenAI ImageGenerateParams, plus raydec's fields)."""
 
-    prompt: str = Field(..., min_length=1, description="What the image shows.")
+    prompt: Text = Field(..., min_length=1, description="What the image shows.")
     model: Optional[str] = Field(None, description="A served text-to-image model; unset: the first one.")
     n: int = Field(1, ge=1, le=16, description="Images to generate (at most the server's limits.max_n).")
     size: Optional[str] = Field(None, description="'auto' or the model's WIDTHxHEIGHT; other sizes are a 400.")
@@ -43,7 +56,7 @@ class ImageGenerationRequest(_Body):
     temperature: Optional[float] = Field(None, ge=0.0, le=10.0, description="raydec: sampling temperature (0: greedy).")
     top_k: Optional[int] = Field(None, ge=0, le=1_000_000, description="raydec: top-k (0 disables).")
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0, description="raydec: nucleus mass.")
-    negative_prompt: Optional[str] = Field(None, description="raydec: the CFG unconditional text.")
+    negative_prompt: Optional[Text] = Field(None, description="raydec: the CFG unconditional text.")
 
 
 class ImageURL(_Body):
@@ -58,7 +71,7 @@ class ImagePart(_Body):
 
 class TextPart(_Body):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 ContentPart = Annotated[Union[TextPart, ImagePart], Field(discriminator="type")]
@@ -66,7 +79,7 @@ ContentPart = Annotated[Union[TextPart, ImagePart], Field(discriminator="type")]
 
 class ChatMessage(_Body):
     role: Literal["system", "user", "assistant"]
-    content: Union[str, list[ContentPart]]
+    content: Union[Text, list[ContentPart]]
     name: Optional[str] = None
 
 
@@ -84,7 +97,7 @@ class ChatCompletionRequest(_Body):
     temperature: Optional[float] = Field(None, ge=0.0, le=2.0, description="Sampling temperature (0: greedy); unset: the model's.")
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0, description="Nucleus mass.")
     seed: Optional[int] = SEED
-    stop: Optional[Union[str, list[str]]] = Field(None, description="Up to 4 strings that end the answer.")
+    stop: Optional[Union[Text, list[Text]]] = Field(None, description="Up to 4 strings that end the answer.")
     n: int = Field(1, ge=1, le=1, description="1.")
     stream: bool = Field(False, description="Server-sent chunks as tokens commit.")
     stream_options: Optional[StreamOptions] = None

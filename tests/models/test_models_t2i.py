@@ -289,6 +289,10 @@ def test_generate_images_validation(janus):
         api.generate_images([""], model=janus)
     with pytest.raises(ValueError, match="seeds has 1 entries but prompts has 2"):
         api.generate_images(["a", "b"], model=janus, seeds=[1])
+    with pytest.raises(ValueError, match=r"prompts\[1\]: holds a lone surrogate U\+D800 at character 2"):
+        api.generate_images(["a", "a \ud800"], model=janus)  # no tokenizer's TypeError
+    with pytest.raises(ValueError, match=r"negative_prompts\[0\]: holds a lone surrogate U\+DC00"):
+        api.generate_images(["a"], model=janus, negative_prompts=["\udc00"])
     with pytest.raises(ValueError, match="negative_prompts has 1"):
         api.generate_images(["a", "b"], model=janus, negative_prompts=["x"])
     with pytest.raises(TypeError, match="negative_prompts must be a list .* got str: 'ab'"):

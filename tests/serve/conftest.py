@@ -39,7 +39,8 @@ def serve_app() -> Iterator[dict]:
              "max_ongoing_requests": 2, "max_queued_requests": 2},  # small: the overload test fills it
         ],
         "media": {"allowed_domains": ["localhost", "127.0.0.1"], "max_images_per_request": 2},
-        "limits": {"max_request_bytes": 2 * 2**20, "max_n": 4, "request_timeout_s": 120},
+        "limits": {"max_request_bytes": 2 * 2**20, "max_n": 4, "request_timeout_s": 120, "header_timeout_s": 3.0,
+                   "body_timeout_s": 5.0},
     })
     env_vars = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
     init_local_ray(num_cpus=2, env_vars=env_vars, object_store_memory=300 * 2**20)

@@ -128,7 +128,7 @@ class DraftTreeProposer(Proposer):
         cache, root_hidden, globals_, has_global = self._prefill_rows(state, prefill)
         self.cache.append_rows(cache)
         self.root_hidden = torch.cat([self.root_hidden, root_hidden])
-        self.rows = self.draft.decode_rows(torch.cat([self.rows.globals_, globals_]), torch.cat([self.rows.has_global, has_global]))
+        self.rows = self.rows.concat(self.draft.decode_rows(globals_, has_global))
         self.row_ids += list(state.row_ids)
         if self.pending_features is not None:
             new = state.batch_size
