@@ -1,4 +1,19 @@
-"""Shared pytest fixtures. Fixture modules live beside this file and are imported here."""
+"""Shared pytest fixtures. Fixture modules live beside this file and are imported here.
 
-from tests.s3_fixture import moto_server, s3_bucket, s3_config  # noqa: F401
-from tests.ray_fixture import ray_cluster  # noqa: F401
+Every process of the suite (this one, notebook kernels, CLI subprocesses, job drivers, Ray
+workers) runs torch with one intra-op thread: the suite's models are tiny, so a second thread
+only adds synchronisation, and with another process on one of the cores every parallel op
+waits for its descheduled thread (the quickstart notebook took 19 s idle and over 300 s beside
+one busy process with two threads; 18 s and 15 s with one).
+"""
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by every process the tests start
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+from tests.s3_fixture import moto_server, s3_bucket, s3_config  # noqa: F401, E402
+from tests.ray_fixture import ray_cluster  # noqa: F401, E402
