@@ -21,7 +21,7 @@ lint: setup
 	$(BIN)/lint-imports
 
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 demo: setup
 	$(BIN)/python -m raydec.cli demo
