@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 import pytest
 from ray.exceptions import TaskCancelledError
@@ -157,3 +158,17 @@ def test_a_uvicorn_server_with_the_head_deadline_cuts_off_a_slow_head(monkeypatc
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_the_proxy_callback_imports_no_torch():
+    """Serve's proxies import the callback while they start, under a 5 s readiness check: it must
+    stay light (importing the serve package's app pulled torch in, over 4 s on a loaded 2-core machine)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, raydec.serve.http_guard as g; g.proxy_callback(); "
+            "print(sorted(m for m in ('torch', 'transformers', 'raydec.api', 'raydec.serve.app') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RAYDEC_HTTP_HEADER_TIMEOUT_S": "5"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout
