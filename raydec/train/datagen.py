@@ -68,6 +68,21 @@ def _causal_mask(length: int, dtype: torch.dtype) -> torch.Tensor:
     return mask[None, None]
 
 
+def sequence_positions(inputs: Any, answer_length: int) -> torch.Tensor:
+    """The target's positions for prompt + answer, as its own decoding gives them: the prompt's
+    (1-D, or M-RoPE's [3, L] for Qwen) and, after it, the answer's text positions counting on
+    from ``next_position`` on every axis. -> [1, T], or [P, 1, T] for multimodal rotary positions"""
+    prompt_length = int(inputs.inputs_embeds.shape[0])
+    if inputs.position_ids is None:
+        return torch.arange(prompt_length + answer_length)[None]
+    start = inputs.next_position if inputs.next_position is not None else prompt_length
+    answer = start + torch.arange(answer_length)
+    prompt = inputs.position_ids.long().cpu()
+    if prompt.dim() == 1:
+        return torch.cat([prompt, answer])[None]
+    return torch.cat([prompt, answer.expand(prompt.shape[0], -1)], dim=1).unsqueeze(1)
+
+
 @torch.inference_mode()
 def sample_tensors(target: Any, prompt: Any, answer_ids: Sequence[int]) -> dict[str, torch.Tensor]:
     """One target forward over prompt + answer. -> input_ids [T], image_index [T], loss_mask [T],
@@ -80,10 +95,14 @@ def sample_tensors(target: Any, prompt: Any, answer_ids: Sequence[int]) -> dict[
     answer = torch.tensor(list(answer_ids), dtype=torch.long)
     embeds = torch.cat([inputs.inputs_embeds, target.embed_prompt_tokens(answer).to(inputs.inputs_embeds.dtype)])
     length = int(embeds.shape[0])
-    if inputs.position_ids is not None and inputs.position_ids.dim() != 1:
-        raise ValueError("draft data generation supports 1-D position targets (LLaVA family) only")
-    positions = torch.arange(length)[None]
-    output = target.forward(embeds[None].to(target.device), None, positions, _causal_mask(length, target.dtype), None, want_hidden=True)
+    positions = sequence_positions(inputs, len(answer))
+    extra = {}
+    if inputs.layer_residuals is not None:  # Qwen3-VL's DeepStack features: the prompt's, none for the answer
+        residuals = inputs.layer_residuals
+        residuals = torch.cat([residuals, residuals.new_zeros(residuals.shape[0], len(answer), residuals.shape[-1])], dim=1)
+        extra["layer_residuals"] = residuals.unsqueeze(1).to(target.device, target.dtype)  # [K, 1, T, H]
+    output = target.forward(embeds[None].to(target.device), None, positions, _causal_mask(length, target.dtype), None,
+                            want_hidden=True, **extra)
     image_index = inputs.image_index if inputs.image_index is not None else torch.full((prompt_len,), -1)
     return {
         "input_ids": torch.cat([input_ids, answer]),
