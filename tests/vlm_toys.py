@@ -9,8 +9,9 @@ The output head is scaled up: sharp logits make greedy decoding free of near-tie
 - ``build_tiny_llava``: the reference VLM's processor (64x64 CLIP images, 64 tokens each).
 - ``build_tiny_llava_next``: any-resolution tiling (16x16 base tile, 8x8 patches, pinpoints up
   to 32x32); an image gives 4 base tokens plus 6 to 20 grid and newline tokens by aspect ratio.
-- ``build_tiny_qwen2_vl`` / ``build_tiny_qwen2_5_vl``: 4x4 patches merged 2x2 (one token per
-  8x8 pixels), images resized into 64 to 1024 pixels, so 1 to 16 tokens per image; M-RoPE.
+- ``build_tiny_qwen2_vl`` / ``build_tiny_qwen2_5_vl`` / ``build_tiny_qwen3_vl``: 4x4 patches merged
+  2x2 (one token per 8x8 pixels), images resized into 64 to 1024 pixels, so 1 to 16 tokens per
+  image; M-RoPE (interleaved for Qwen3-VL, whose vision tower also feeds both decoder layers).
   The processor is saved without a video processor (``image_only_processor_class``).
 """
 
@@ -170,7 +171,12 @@ def _build_tiny_qwen(folder: Path, version: str, seed: int, layers: int, dtype: 
         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
     )
     common = dict(in_channels=3, patch_size=patch, spatial_merge_size=merge, temporal_patch_size=temporal)
-    if version == "2":
+    if version == "3":  # interleaved M-RoPE; visual features also added after both decoder layers (DeepStack)
+        text["rope_parameters"]["mrope_interleaved"] = True
+        vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                      num_position_embeddings=256, deepstack_visual_indexes=[0, 1], **common)
+        names = ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor")
+    elif version == "2":
         vision = dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, **common)
         names = ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor")
     else:  # window attention over 2x2 merged tokens, one full-attention block
@@ -202,6 +208,11 @@ def build_tiny_qwen2_vl(folder: Path, seed: int = 0, layers: int = 2, dtype: tor
 def build_tiny_qwen2_5_vl(folder: Path, seed: int = 0, layers: int = 2, dtype: torch.dtype = torch.float32) -> Path:
     """Save a random ``Qwen2_5_VLForConditionalGeneration`` with a ``Qwen2_5_VLProcessor`` into ``folder``."""
     return _build_tiny_qwen(folder, "2.5", seed, layers, dtype)
+
+
+def build_tiny_qwen3_vl(folder: Path, seed: int = 0, layers: int = 2, dtype: torch.dtype = torch.float32) -> Path:
+    """Save a random ``Qwen3VLForConditionalGeneration`` with a ``Qwen3VLProcessor`` into ``folder``."""
+    return _build_tiny_qwen(folder, "3", seed, layers, dtype)
 
 
 def successor_draft(target: Any, references: list[list[int]], vision: bool, num_q: int = 3, seed: int = 0) -> Any:
@@ -260,3 +271,42 @@ def hf_greedy_vlm(target, prompt, max_new_tokens: int) -> list[int]:
     inputs = target.processor(text=[prompt.text], images=list(prompt.images) or None, return_tensors="pt")
     out = target.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
     return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+def vlm_law(target, prompt: VlmPrompt, length: int, sampling: Any) -> torch.Tensor:
+    """Exact law of the first ``length`` tokens the VLM samples after ``prompt`` under ``sampling``.
+    -> [V] * length (float64)
+
+    Each step's distribution comes from Hugging Face's own forward over the prompt and the prefix
+    (its own multimodal merge and positions), processed as the engine processes logits; only
+    prefixes of nonzero probability are enumerated, so a top-k keeps it small."""
+
+    from raydec.speculative.sampling import process_logits
+
+    base = dict(target.processor(text=[prompt.text], images=list(prompt.images) or None, return_tensors="pt"))
+    vocab = target.vocab_size
+    law = torch.zeros([vocab] * length, dtype=torch.float64)
+
+    def next_probs(prefix: tuple[int, ...]) -> torch.Tensor:
+        inputs = dict(base)
+        extra = torch.tensor([list(prefix)], dtype=torch.long)
+        inputs["input_ids"] = torch.cat([base["input_ids"], extra], 1)
+        inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+        if "mm_token_type_ids" in base:
+            inputs["mm_token_type_ids"] = torch.cat([base["mm_token_type_ids"], torch.zeros_like(extra)], 1)
+        with torch.no_grad():
+            logits = target.model(**inputs).logits[:, -1:].to(torch.float64)  # [1, 1, V]
+        return process_logits(logits, sampling, 1, None, torch.full((1, 1), len(prefix)))[0, 0]
+
+    frontier = {(): 1.0}
+    for _ in range(length):
+        grown = {}
+        for prefix, mass in frontier.items():
+            probs = next_probs(prefix)
+            for token in probs.nonzero().flatten().tolist():
+                grown[prefix + (token,)] = mass * float(probs[token])
+        frontier = grown
+    for sequence, mass in frontier.items():
+        law[sequence] = mass
+    assert abs(float(law.sum()) - 1.0) < 1e-9
+    return law

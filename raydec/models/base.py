@@ -72,12 +72,14 @@ def decoder_window_forward(
     attention_mask: torch.Tensor,
     cache: Any,
     want_hidden: bool,
+    **decoder_kwargs: Any,
 ) -> ForwardOutput:
     """The forward every adapter shares: a Hugging Face decoder stack over a window with our
     own 4-D mask, per-row positions and cache, then the output head.
 
     inputs_embeds: [M, N, H]; position_ids: [M, N] (or [P, M, N]); attention_mask:
-    [M, 1, N, S + N] additive  -> logits [M, N, V], hidden [M, N, H] when ``want_hidden``
+    [M, 1, N, S + N] additive; decoder_kwargs: what else the decoder takes (an adapter's
+    ``layer_residual_kwargs``)  -> logits [M, N, V], hidden [M, N, H] when ``want_hidden``
     """
     device = inputs_embeds.device
     out = decoder(
@@ -86,6 +88,7 @@ def decoder_window_forward(
         attention_mask=attention_mask.to(device),
         use_cache=True,
         **{cache_keyword(decoder): cache},
+        **decoder_kwargs,
     )
     hidden = out.last_hidden_state
     return ForwardOutput(logits=head(hidden), hidden=hidden if want_hidden else None)
@@ -121,14 +124,21 @@ class WindowForward(abc.ABC):
         attention_mask: torch.Tensor,
         cache: Any,
         want_hidden: bool = False,
+        layer_residuals: torch.Tensor | None = None,
     ) -> ForwardOutput:
         # inputs_embeds [M, N, H] | output_tokens [M, N]; mask [M, 1, N, S+N] -> logits [M, N, V]
         if inputs_embeds is None:
             inputs_embeds = self.embed_output_tokens(output_tokens)
+        extra = {} if layer_residuals is None else self.layer_residual_kwargs(layer_residuals)
         with decoding_attention(inputs_embeds.device):  # no cuDNN attention: it rebuilds per cache length
             return decoder_window_forward(
-                self.window_decoder, self.window_head, inputs_embeds, position_ids, attention_mask, cache, want_hidden
+                self.window_decoder, self.window_head, inputs_embeds, position_ids, attention_mask, cache, want_hidden, **extra
             )
+
+    def layer_residual_kwargs(self, layer_residuals: torch.Tensor) -> dict[str, Any]:
+        """The decoder's keyword arguments that add ``layer_residuals`` [K, M, N, H] after its
+        first K layers; a model that has no such inputs refuses them."""
+        raise ValueError(f"{type(self).__name__} takes no layer residuals")
 
 
 class SharedVocabularyForward(WindowForward):

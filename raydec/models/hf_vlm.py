@@ -1,4 +1,4 @@
-"""Adapter for Hugging Face image-text-to-text models (LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL).
+"""Adapter for Hugging Face image-text-to-text models (LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL).
 
 A prompt is text with the processor's image placeholders plus its images. ``prompt_inputs``
 runs the model's *own* multimodal merge (vision tower, projector, ``masked_scatter``, and for
@@ -9,6 +9,8 @@ handed to the engine is exactly what Hugging Face would feed its decoder:
     position_ids  [L], or [3, L] for M-RoPE (Qwen; text-only prompts too), next_position =
                   max position + 1
     image_index   [L]  which image of the prompt a position belongs to, -1 for text
+    layer_residuals [K, L, H]  Qwen3-VL: the DeepStack visual features its first K decoder
+                  layers add at image positions (zero elsewhere), passed back in the prefill
 
 Windows after the prefill are text tokens: embeddings from the token table, 2-D positions
 [M, N] (Qwen's text model broadcasts them to its three M-RoPE axes), logits over the full
@@ -36,10 +38,17 @@ SUPPORTED_VLMS = {
     "llava_next": "LlavaNextForConditionalGeneration",
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",
 }
 
 #: models whose decoder takes multimodal (3-axis) rotary positions
-MROPE_VLMS = ("qwen2_vl", "qwen2_5_vl")
+MROPE_VLMS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+#: models that add visual features to the hidden states of their first decoder layers (DeepStack)
+DEEPSTACK_VLMS = ("qwen3_vl",)
+
+#: model_type -> its processor class (Qwen-VL: loaded without its video processor where that needs torchvision)
+QWEN_PROCESSORS = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_vl": "Qwen3VLProcessor"}
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,11 @@ def _image_token_id(config: Any) -> int:
     raise ValueError(f"{type(config).__name__} names no image token id")
 
 
+#: the vision tokens a Qwen-VL processor names (attribute stem, default token)
+QWEN_VISION_TOKENS = (("image", "<|image_pad|>"), ("video", "<|video_pad|>"), ("vision_start", "<|vision_start|>"),
+                      ("vision_end", "<|vision_end|>"))
+
+
 def image_only_processor_class(processor_class: type) -> type:
     """``processor_class`` (a Qwen-VL processor) without its video processor.
 
@@ -77,7 +91,7 @@ def image_only_processor_class(processor_class: type) -> type:
     from transformers.processing_utils import ProcessorMixin
 
     def __init__(self: Any, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None, **kwargs: Any) -> None:
-        for kind, default in (("image", "<|image_pad|>"), ("video", "<|video_pad|>")):
+        for kind, default in QWEN_VISION_TOKENS:
             token = getattr(tokenizer, f"{kind}_token", None) or default
             setattr(self, f"{kind}_token", token)
             token_id = getattr(tokenizer, f"{kind}_token_id", None)
@@ -98,11 +112,23 @@ def _load_processor(path: Path, model_type: str) -> Any:
     except Exception as error:  # noqa: BLE001 - re-raised below when there is no fallback
         if model_type not in MROPE_VLMS:
             raise
-        name = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}[model_type]
         try:
-            return image_only_processor_class(getattr(transformers, name)).from_pretrained(str(path), local_files_only=True)
+            return image_only_processor_class(getattr(transformers, QWEN_PROCESSORS[model_type])).from_pretrained(str(path), local_files_only=True)
         except Exception:
             raise error
+
+
+def _deepstack_residuals(decoder_kwargs: dict[str, Any], length: int) -> torch.Tensor | None:
+    """A one-prompt forward's DeepStack inputs (``visual_pos_masks`` [1, L], one [n, H] tensor
+    per layer) as dense layer residuals [K, L, H], zero off the visual positions; None without."""
+    features, where = decoder_kwargs.get("deepstack_visual_embeds"), decoder_kwargs.get("visual_pos_masks")
+    if not features or where is None:
+        return None
+    where = where[0].cpu()
+    residuals = features[0].new_zeros(len(features), length, features[0].shape[-1]).cpu()
+    for layer, feature in enumerate(features):
+        residuals[layer, where] = feature.cpu()
+    return residuals
 
 
 def split_image_spans(is_image: torch.Tensor, num_images: int, counts: Sequence[int] | None = None) -> torch.Tensor:
@@ -244,8 +270,17 @@ class VisionLanguageTarget(SharedVocabularyForward):
         )
         return PromptInputs(
             inputs_embeds=embeds, position_ids=positions, next_position=next_position,
-            image_index=image_index, context_ids=input_ids.long().cpu(),
+            image_index=image_index, context_ids=input_ids.long().cpu(), layer_residuals=_deepstack_residuals(captured, length),
         )
+
+    def layer_residual_kwargs(self, layer_residuals: torch.Tensor) -> dict[str, Any]:
+        """Qwen3-VL's DeepStack inputs for residuals [K, M, N, H]: every position is marked, and
+        the features (zero where there is no image) are added after each of the first K layers."""
+        if self.model_type not in DEEPSTACK_VLMS:
+            return super().layer_residual_kwargs(layer_residuals)
+        layers, rows, width, size = layer_residuals.shape
+        every = torch.ones(rows, width, dtype=torch.bool, device=layer_residuals.device)
+        return {"visual_pos_masks": every, "deepstack_visual_embeds": list(layer_residuals.reshape(layers, rows * width, size))}
 
     def _image_token_counts(self, inputs: dict[str, Any], prompt: VlmPrompt) -> list[int] | None:
         """Image tokens per image of the prompt, from the processor's outputs (None: unknown)."""

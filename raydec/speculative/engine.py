@@ -32,7 +32,7 @@ from raydec.config import DecodeConfig, SamplingConfig
 from raydec.speculative import random as streams
 from raydec.speculative.buffers import KeptBuffer
 from raydec.speculative.cache import RaggedCache
-from raydec.speculative.prefill import left_pad, prefill_mask
+from raydec.speculative.prefill import left_pad, pad_layer_residuals, prefill_mask
 from raydec.speculative.proposers.base import DecodeState, Prefill, Proposer
 from raydec.speculative.random import RowRandom
 from raydec.speculative.requests import RowOutput, RowRequest, RowState
@@ -237,7 +237,9 @@ class DecodeSession:
         joining = RaggedCache(len(prompts), compaction=engine.config.compaction, device=target.device)
         embeds, positions, valid, next_position, image_index = left_pad(prompts, target)
         mask = joining.attention_mask(prefill_mask(valid), target.dtype)
-        output = target.forward(embeds, None, positions, mask, joining.kv, want_hidden=engine.proposer.wants_hidden)
+        residuals = pad_layer_residuals(prompts, valid, target)
+        extra = {"layer_residuals": residuals} if residuals is not None else {}  # only targets that make them take them
+        output = target.forward(embeds, None, positions, mask, joining.kv, want_hidden=engine.proposer.wants_hidden, **extra)
         joining.start(valid, next_position)
         first_probs = process_logits(
             output.logits[:, -1:], self._sampling_of(list(handles), output.logits.device), batch, engine.constraint,

@@ -44,6 +44,21 @@ def left_pad(prompts: Sequence[PromptInputs], target: DecodingTarget) -> tuple[t
     return embeds, position_ids, valid, next_position, image_index
 
 
+def pad_layer_residuals(prompts: Sequence[PromptInputs], valid: torch.Tensor, target: DecodingTarget) -> torch.Tensor | None:
+    """The prompts' layer residuals in the prefill window's layout. valid [M, L] ->
+    [K, M, L, H] (zero at padding and for prompts without any), or None when no prompt has any."""
+    having = [p.layer_residuals for p in prompts if p.layer_residuals is not None]
+    if not having:
+        return None
+    layers, size = having[0].shape[0], having[0].shape[-1]
+    residuals = torch.zeros(layers, *valid.shape, size, dtype=target.dtype, device=target.device)
+    width = valid.shape[1]
+    for i, p in enumerate(prompts):
+        if p.layer_residuals is not None:
+            residuals[:, i, width - p.length :] = p.layer_residuals.to(residuals)
+    return residuals
+
+
 def prefill_mask(valid: torch.Tensor) -> torch.Tensor:
     """[M, L] valid -> [M, L, L] bool: causal over real tokens; padding sees only itself."""
     width = valid.shape[1]

@@ -25,6 +25,9 @@ class PromptInputs:
         None for prompts without images. Draft models use it to find image spans.
     context_ids: [L] long, the prompt's token ids when ``inputs_embeds`` carries it (a VLM's
         expanded image placeholders included, as Hugging Face's logits processors see them).
+    layer_residuals: [K, L, H] added to the hidden states after each of the decoder's first K
+        layers in the prefill (Qwen3-VL's DeepStack visual features at image positions, zero
+        elsewhere); None: nothing is added. Generated tokens never have any.
     """
 
     input_ids: torch.Tensor | None = None
@@ -33,6 +36,7 @@ class PromptInputs:
     next_position: int | None = None
     image_index: torch.Tensor | None = None
     context_ids: torch.Tensor | None = None
+    layer_residuals: torch.Tensor | None = None
 
     @property
     def token_ids(self) -> torch.Tensor | None:
@@ -82,12 +86,14 @@ class DecodingTarget(Protocol):
         attention_mask: torch.Tensor,
         cache: Any,
         want_hidden: bool = False,
+        layer_residuals: torch.Tensor | None = None,
     ) -> ForwardOutput:
         """One forward over a window.
 
         inputs_embeds: [M, N, H] (prefill) or None; output_tokens: [M, N] output-space ids
         (decode windows) or None; position_ids: [M, N] (or [P, M, N]);
-        attention_mask: [M, 1, N, S + N] additive; cache: the HF Cache, appended in place.
+        attention_mask: [M, 1, N, S + N] additive; cache: the HF Cache, appended in place;
+        layer_residuals: [K, M, N, H] (a prefill of prompts that have them) or None.
         """
 
 

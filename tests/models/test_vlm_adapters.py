@@ -29,7 +29,8 @@ from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.draft_tree import DraftTreeProposer
 from raydec.speculative.proposers.random_tree import OracleProposer
 from tests.vlm_toys import (
-    build_tiny_llava, build_tiny_llava_next, build_tiny_qwen2_5_vl, build_tiny_qwen2_vl, hf_greedy_vlm, successor_draft,
+    build_tiny_llava, build_tiny_llava_next, build_tiny_qwen2_5_vl, build_tiny_qwen2_vl, build_tiny_qwen3_vl, hf_greedy_vlm,
+    successor_draft,
 )
 
 torch.set_num_threads(1)  # tiny tensors: threads only add synchronisation cost
@@ -43,12 +44,14 @@ BUILDERS: dict[str, Callable[..., Any]] = {
     "llava_next": build_tiny_llava_next,
     "qwen2_vl": build_tiny_qwen2_vl,
     "qwen2_5_vl": build_tiny_qwen2_5_vl,
+    "qwen3_vl": build_tiny_qwen3_vl,
 }
 CLASSES = {
     "llava": "LlavaForConditionalGeneration",
     "llava_next": "LlavaNextForConditionalGeneration",
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",
 }
 
 #: (question, image sample ids, image sizes (width, height)); prompt 0 is the batch-1 prompt
@@ -134,8 +137,9 @@ def test_loads_real_classes_and_prompts(case):
 
 
 def test_decode_window_matches_full_forward(case):
-    """Prefix through the adapter, then 3 text tokens as one window with 2-D positions
-    [next_position + k]: logits equal Hugging Face's forward over the whole sequence."""
+    """Prefix through the adapter (with Qwen3-VL's DeepStack features as layer residuals), then
+    3 text tokens as one window with 2-D positions [next_position + k]: logits equal Hugging
+    Face's forward over the whole sequence."""
     target, prompt, tokens = case.target, case.prompts[0], case.references[0][:3]
     p = target.prompt_inputs(prompt)
     length, n = p.length, len(tokens)
@@ -143,7 +147,8 @@ def test_decode_window_matches_full_forward(case):
     additive = torch.zeros(causal.shape).masked_fill_(~causal, torch.finfo(torch.float32).min)
     positions = p.position_ids if p.position_ids is not None else torch.arange(length)
     cache = DynamicCache()
-    first = target.forward(p.inputs_embeds[None], None, positions.unsqueeze(-2), additive[None, None, :length, :length], cache)
+    extra = {} if p.layer_residuals is None else {"layer_residuals": p.layer_residuals.unsqueeze(1)}  # Qwen3-VL: DeepStack
+    first = target.forward(p.inputs_embeds[None], None, positions.unsqueeze(-2), additive[None, None, :length, :length], cache, **extra)
     start = p.next_position if p.next_position is not None else length
     window = target.forward(
         None, torch.tensor([tokens]), torch.arange(start, start + n)[None], additive[None, None, length:], cache
