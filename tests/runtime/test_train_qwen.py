@@ -1,0 +1,139 @@
+"""ViSpec and EAGLE drafts for the M-RoPE families (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): tiny random
+checkpoints of the real classes, saved and loaded by path, ``raydec train --config`` end to end
+(draft data from the target's own multimodal positions, Ray Train), then decoding with the
+trained drafts.
+
+Per family: the stored hidden states are the target's own (Hugging Face's forward over prompt
+and answer, Qwen3-VL's DeepStack features included); both drafts decode exactly AR's and
+Hugging Face ``generate``'s greedy tokens at batch 1 and 3; ViSpec's samples at T=1 follow the
+target's exact law; the trained drafts commit more tokens per forward on their training images
+than an untrained draft does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from raydec.config import DecodeConfig, DraftTreeConfig, SamplingConfig
+from raydec.models.hf_vlm import VlmPrompt
+from raydec.reference.shapes import make_sample, sample_images, to_pil
+from tests.lawtest import compare_to_law, sample_engine
+from tests.vlm_toys import build_tiny_qwen2_5_vl, build_tiny_qwen2_vl, build_tiny_qwen3_vl, hf_greedy_vlm, vlm_law
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+BUILDERS = {"qwen2_vl": build_tiny_qwen2_vl, "qwen2_5_vl": build_tiny_qwen2_5_vl, "qwen3_vl": build_tiny_qwen3_vl}
+PROMPT = "describe the image ."
+NEW_TOKENS = 12
+TRAIN_SEEDS = 24  # shapes-world seeds 0..23: the drafts' training images
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+@pytest.fixture(scope="module", params=sorted(BUILDERS))
+def family(request, ray_cluster, tmp_path_factory) -> dict:
+    """A tiny checkpoint of the family and the two drafts ``raydec train`` made for it."""
+    from raydec.api import load_target
+    from raydec.cli import main
+
+    root = tmp_path_factory.mktemp(request.param)
+    folder = BUILDERS[request.param](root / "target")
+    drafts = {"vispec": root / "vispec", "eagle": root / "eagle"}
+    train = dict(steps=120, batch_size=8, lr=3e-3, warmup_steps=5, mtp_steps=1, feature_noise=0.1, num_workers=1,
+                 cpus_per_worker=0.5, log_every=40, seed=1)
+    job = {
+        "data": {"target": str(folder), "output_dir": str(root / "data"), "num_samples": TRAIN_SEEDS, "prompt": PROMPT,
+                 "max_new_tokens": NEW_TOKENS, "batch_size": 12, "workers": 2, "cpus_per_worker": 0.5, "storage_dtype": "float32"},
+        "drafts": [{"name": "vispec", "vision": True, "num_q": 2, "output_dir": str(drafts["vispec"]), **train},
+                   {"name": "eagle", "vision": False, "output_dir": str(drafts["eagle"]), **train}],
+        "parallel": True,
+    }
+    config = root / "train.yaml"
+    config.write_text(yaml.safe_dump(job))
+    assert main(["train", "--config", str(config)]) == 0
+    torch.set_num_threads(1)
+    return {"name": request.param, "folder": folder, "target": load_target(str(folder), task="caption"), "drafts": drafts}
+
+
+def _prompts(target, seeds: list[int]) -> list[VlmPrompt]:
+    return [VlmPrompt(target.format_prompt(PROMPT, 1), [to_pil(make_sample(s).image)]) for s in seeds]
+
+
+def test_draft_data_holds_the_targets_own_hidden_states(family) -> None:
+    """sample_tensors over prompt + answer (M-RoPE for the prompt, text positions after it)
+    equals Hugging Face's own forward over the same ids."""
+    from raydec.train.datagen import sample_tensors
+
+    target = family["target"]
+    (prompt,) = _prompts(target, [3])
+    answer = [target.processor.tokenizer.convert_tokens_to_ids(w) for w in ("the", "image", "of", "a")]
+    stored = sample_tensors(target, prompt, answer)
+    inputs = dict(target.processor(text=[prompt.text], images=list(prompt.images), return_tensors="pt"))
+    inputs["input_ids"] = torch.cat([inputs["input_ids"], torch.tensor([answer])], 1)
+    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    if "mm_token_type_ids" in inputs:
+        inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros(1, len(answer), dtype=torch.long)], 1)
+    with torch.no_grad():
+        reference = target.model(**inputs, output_hidden_states=True).hidden_states[-1][0]
+    assert torch.allclose(stored["hidden"], reference, atol=1e-5), (stored["hidden"] - reference).abs().max()
+
+
+@pytest.mark.parametrize("method", ["vispec", "eagle"])
+def test_trained_drafts_decode_ar_and_hf_generate_tokens_at_batch_1_and_3(family, method) -> None:
+    from raydec.api import caption_images
+
+    target = family["target"]
+    seeds = [1_000_000 + i for i in range(3)]
+    images = [to_pil(make_sample(s).image) for s in seeds]
+    hf = [hf_greedy_vlm(target, p, NEW_TOKENS) for p in _prompts(target, seeds)]
+    ar = DecodeConfig(method="ar", max_new_tokens=NEW_TOKENS, sampling=GREEDY)
+    spec = DecodeConfig(method=method, max_new_tokens=NEW_TOKENS, sampling=GREEDY, draft_model=str(family["drafts"][method]))
+    for batch in (1, 3):
+        rows = images[:batch]
+        assert [r.tokens for r in caption_images(rows, PROMPT, target, spec, seeds[:batch])] == hf[:batch]
+        assert [r.tokens for r in caption_images(rows, PROMPT, target, ar, seeds[:batch])] == hf[:batch]
+
+
+@pytest.mark.slow
+def test_vispec_samples_follow_the_targets_law_at_temperature_1(family) -> None:
+    """4,000 rows (a budget: the suite's other law tests take 20,000), top-k 3 so the exact law
+    over 3 tokens is enumerable from Hugging Face's forward."""
+    from raydec.models.loading import load_draft
+    from raydec.speculative.proposers.draft_tree import DraftTreeProposer
+
+    target = family["target"]
+    sampling = SamplingConfig(temperature=1.0, top_k=3)
+    config = DecodeConfig(method="vispec", max_new_tokens=3, sampling=sampling, draft_tree=DraftTreeConfig(depth=3, top_k=3, total_tokens=8))
+    draft = load_draft(target, "vispec", family["folder"], str(family["drafts"]["vispec"]))
+    (prompt,) = _prompts(target, [5])
+    samples = sample_engine(target, DraftTreeProposer(draft, config.tree), config, [prompt], list(range(4000)), 1000)
+    report = compare_to_law(samples, vlm_law(target, prompt, 3, sampling))
+    assert report.passed, str(report)
+
+
+def test_trained_drafts_commit_more_per_forward_than_an_untrained_draft(family, tmp_path) -> None:
+    """On training images: each trained draft's tokens per target forward beat an untrained draft's
+    of the same shape (the same config, fresh weights)."""
+    from raydec.api import caption_images
+    from raydec.models.vispec_draft import VispecDraft
+
+    target = family["target"]
+    seeds = list(range(8))
+    images = sample_images(seeds)
+
+    def tokens_per_forward(method: str, path: Path) -> float:
+        decode = DecodeConfig(method=method, max_new_tokens=NEW_TOKENS, sampling=GREEDY, draft_model=str(path))
+        results = caption_images(images, PROMPT, target, decode, seeds)
+        return sum(r.num_tokens for r in results) / sum(r.target_forwards for r in results)
+
+    for method, path in family["drafts"].items():
+        trained = VispecDraft.from_pretrained(path, target=target)
+        torch.manual_seed(0)
+        fresh = VispecDraft(trained.config)
+        fresh.save_pretrained(tmp_path / method)
+        before, after = tokens_per_forward(method, tmp_path / method), tokens_per_forward(method, path)
+        print(f"{family['name']} {method}: untrained {before:.2f}, trained {after:.2f} tokens per forward")
+        assert after > before + 0.3, (method, before, after)
