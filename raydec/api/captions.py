@@ -79,7 +79,7 @@ def caption_images(
 
     images: per row a PIL image, image bytes, a path, or a list of them (several images in one
     prompt). prompt: one question for every row or one per row. model: "reference", a local
-    LLaVA / LLaVA-NeXT / Qwen2-VL / Qwen2.5-VL folder, or a target from ``load_target``.
+    LLaVA / LLaVA-NeXT / Qwen2-VL / Qwen2.5-VL / Qwen3-VL folder, or a target from ``load_target``.
     decode (a DecodeConfig, or a dict of its fields): method ar | vispec | eagle
     (``decode.draft_model`` names the draft; the reference VLM ships its own), sampling (unset:
     the checkpoint's generation_config, resolved as its HF ``generate`` does; fields you set
