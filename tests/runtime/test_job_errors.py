@@ -4,6 +4,7 @@ address, a duplicate id; and where results go is logged absolute."""
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import time
 
@@ -62,3 +63,43 @@ def test_an_autoscaling_pool_grows_from_min_workers_and_never_past_the_batches()
     assert (scaling.min_size, scaling.max_size) == (1, 4)
     small = _pool_strategy(job(workers=4, min_workers=2), rows=8)  # one batch: one actor
     assert (small.min_size, small.max_size) == (1, 1)
+
+
+def test_an_unsupported_family_or_method_fails_before_ray_in_one_line(tmp_path):
+    """A checkpoint of a family the task does not take, or a method of the other task: one line
+    naming it (after the config's name), from the job and train commands alike; Ray never starts."""
+    import json
+
+    import ray
+    import yaml
+
+    from raydec.commands.train import main as train_main
+    from raydec.runtime.entrypoint import job_main
+
+    def checkpoint(model_type: str):
+        folder = tmp_path / model_type
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+        return str(folder)
+
+    prompts = tmp_path / "prompts.parquet"
+    pq.write_table(pa.table({"id": ["a"], "prompt": ["a red circle"], "image_uri": [str(tmp_path / "x.png")]}), prompts)
+    jobs = {
+        "chameleon t2i": ({"task": "t2i", "model": checkpoint("chameleon")}, r"'chameleon' checkpoint; text-to-image supports"),
+        "janus caption": ({"task": "caption", "model": checkpoint("janus")}, r"'janus' checkpoint; captioning supports"),
+        "vispec t2i": ({"task": "t2i", "model": "reference", "decode": {"method": "vispec"}},
+                       r"decode\.method: 'vispec' is not a text-to-image method \(use ar, sjd, sjd_ac, sjd_pac\)"),
+    }
+    for name, (values, message) in jobs.items():
+        config = tmp_path / f"{name.replace(' ', '_')}.yaml"
+        config.write_text(yaml.safe_dump({"input": {"path": str(prompts)}, "output": {"path": str(tmp_path / "out")}, **values}))
+        with pytest.raises(SystemExit) as exited:
+            job_main(values["task"], "test", ["--config", str(config)])
+        problems = str(exited.value).splitlines()[-1]  # a config file's refusal: its name, then one line per problem
+        assert re.search(message, problems) and len(str(exited.value).splitlines()) <= 2, (name, str(exited.value))
+    train = tmp_path / "train.yaml"
+    train.write_text(yaml.safe_dump({"data": {"target": checkpoint("mllama"), "output_dir": str(tmp_path / "data")}}))
+    with pytest.raises(SystemExit) as exited:
+        train_main(["--config", str(train)])
+    assert re.search(r"data\.target: .* is a 'mllama' checkpoint; drafts train for", str(exited.value)), str(exited.value)
+    assert not ray.is_initialized() and not (tmp_path / "out").exists() and not (tmp_path / "data").exists()
