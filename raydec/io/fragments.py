@@ -13,7 +13,7 @@ not depend on which task read it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterator, List, Optional
 
 import pyarrow as pa
@@ -82,3 +82,30 @@ def _raw_rows(fragment: Fragment, cfg: InputConfig, batch_rows: int) -> Iterator
                 first += record_batch.num_rows
     except (OSError, pa.ArrowInvalid) as exc:
         raise IOConfigError(f"input: cannot read row group {fragment.row_group} of {fragment.uri}: {exc}") from None
+
+
+ROW_SCHEMAS = {
+    "t2i": pa.schema([
+        ("id", pa.string()), ("source", pa.string()), ("prompt", pa.string()), ("negative_prompt", pa.string()),
+        ("seed", pa.int64()), ("error", pa.string()),
+    ]),
+    "caption": pa.schema([
+        ("id", pa.string()), ("source", pa.string()), ("prompt", pa.string()), ("image", pa.binary()),
+        ("image_uri", pa.string()), ("seed", pa.int64()), ("error", pa.string()),
+    ]),
+}
+"""The validated rows of a task as tables (one schema per task, so every block agrees)."""
+
+
+def fragment_items(fragments: List[Fragment], todo: List[int]) -> List[Dict[str, Any]]:
+    """Dataset items describing the fragments ``todo``: each fragment's fields and its index."""
+    return [{"index": index, **asdict(fragments[index])} for index in todo]
+
+
+def fragment_tables(item: Dict[str, Any], cfg: InputConfig, task: Task, batch_rows: int = 1024) -> Iterator[pa.Table]:
+    """A ``fragment_items`` item's validated rows as tables of ``ROW_SCHEMAS[task]``, at most
+    ``batch_rows`` rows each."""
+    fields = {k: v for k, v in item.items() if k != "index"}
+    schema = ROW_SCHEMAS[task]
+    for rows in read_fragment(Fragment(**fields), cfg, task, batch_rows=batch_rows):
+        yield pa.Table.from_pylist([{name: row.get(name) for name in schema.names} for row in rows], schema=schema)

@@ -248,12 +248,12 @@ def read_results(output: Union[OutputConfig, str, "os.PathLike[str]"]) -> pa.Tab
     return deduped
 
 
-def _redact(value: Any) -> Any:
+def redact_secrets(value: Any) -> Any:
     """Replace credential values with '***' anywhere in a nested config."""
     if isinstance(value, Mapping):
-        return {k: ("***" if k in _SECRET_KEYS and v is not None else _redact(v)) for k, v in value.items()}
+        return {k: ("***" if k in _SECRET_KEYS and v is not None else redact_secrets(v)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_redact(v) for v in value]
+        return [redact_secrets(v) for v in value]
     return value
 
 
@@ -278,7 +278,7 @@ def write_manifest(
     """Write OUTPUT/manifest.json (config with credentials redacted, versions, counts, timings)."""
     config_data = config.model_dump(mode="json") if isinstance(config, BaseModel) else dict(config)
     manifest = {
-        "config": _redact(config_data),
+        "config": redact_secrets(config_data),
         "versions": package_versions(),
         "platform": platform.platform(),
         "counts": dict(counts),

@@ -11,37 +11,20 @@ error results), and drops the ids a resume found done (``partial_ref``: an objec
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any, Dict, Iterator, List, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from raydec.io.config import InputConfig, Task
-from raydec.io.fragments import Fragment, read_fragment
+from raydec.io.fragments import Fragment, fragment_items, fragment_tables
 from raydec.runtime.config import JobConfig
 
-ROW_SCHEMAS = {
-    "t2i": pa.schema([
-        ("id", pa.string()), ("source", pa.string()), ("prompt", pa.string()), ("negative_prompt", pa.string()),
-        ("seed", pa.int64()), ("error", pa.string()),
-    ]),
-    "caption": pa.schema([
-        ("id", pa.string()), ("source", pa.string()), ("prompt", pa.string()), ("image", pa.binary()),
-        ("image_uri", pa.string()), ("seed", pa.int64()), ("error", pa.string()),
-    ]),
-}
-"""The validated rows each task's workers receive (one schema per task, so every block agrees)."""
 READ_ROWS = 1024
 """Rows a read task validates at a time (cut into pool.batch_size blocks after it)."""
 READ_TASK_CPUS = 0
 """CPUs a read task reserves: none. Reading is light next to decoding, and a pool whose actors hold
 every CPU must not starve its own reads (at most pool.workers + 1 read tasks run at once, one per fragment)."""
-
-
-def fragment_items(fragments: List[Fragment], todo: List[int]) -> List[Dict[str, Any]]:
-    """The Dataset items of the fragments to read: each fragment's fields and its index."""
-    return [{"index": index, **asdict(fragments[index])} for index in todo]
 
 
 def read_fragments(
@@ -54,13 +37,9 @@ def read_fragments(
         import ray
 
         partial = ray.get(partial_ref[0])
-    schema = ROW_SCHEMAS[task]
     for item in batch.to_pylist():
-        index = item.pop("index")
-        fragment = Fragment(**item)
-        skip = partial.get(index)
-        for rows in read_fragment(fragment, cfg, task, batch_rows=READ_ROWS):
-            table = pa.Table.from_pylist([{name: row.get(name) for name in schema.names} for row in rows], schema=schema)
+        skip = partial.get(item["index"])
+        for table in fragment_tables(item, cfg, task, batch_rows=READ_ROWS):
             if skip is not None:
                 table = table.filter(pc.invert(pc.is_in(table["id"], value_set=skip)))
             if table.num_rows:
