@@ -24,8 +24,8 @@ from raydec.validation import config_error_line, validation_problems
 
 def main(argv: list[str] | None = None, prog: str = "raydec train") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0],
-                                     epilog="Images: the shapes world's (raydec.reference.shapes.sample_images); from Python, "
-                                            "raydec.train.job.run_draft_job takes your own image source.")
+                                     epilog="Images: data.images (and evaluate.images) name your own image dataset; unset, "
+                                            "the shapes world's (raydec.reference.shapes.sample_images).")
     parser.add_argument("--config", required=True, help="YAML job file (see jobs/configs/train_vispec_*.yaml)")
     parser.add_argument("--steps", type=int, help="override every draft's steps")
     parser.add_argument("--samples", type=int, help="override data.num_samples")
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None, prog: str = "raydec train") -> int:
     except ValueError as exc:
         raise SystemExit(config_error_line(args.config, exc)) from None
     command = f"{prog} " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
-    from raydec.reference.shapes import sample_images  # the job's images: the shapes world (no other source yet)
+    from raydec.reference.shapes import sample_images  # the images when data.images (or evaluate.images) is unset
 
     result = run_draft_job(job, sample_images, command=command)
     print(json.dumps(result, indent=2, default=str))

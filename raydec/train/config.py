@@ -13,6 +13,7 @@ from typing import Literal, Sequence
 from pydantic import Field, field_validator, model_validator
 
 from raydec.config import DraftTreeConfig, StrictModel
+from raydec.io.config import InputConfig
 
 #: first held-out seed of the shapes world (training data must stay below it)
 HELD_OUT_SEED_START = 1_000_000
@@ -41,11 +42,19 @@ def _absolute_target(value: str | None) -> str | None:
 
 
 class DataGenConfig(StrictModel):
-    """Data generation: the target captions shapes-world images (greedily unless ``temperatures``
-    says otherwise); tensors go to shards."""
+    """Data generation: the target answers a prompt about each image (greedily unless
+    ``temperatures`` says otherwise); tensors go to shards. The images are the shapes world's,
+    or your own dataset (``images``)."""
 
     target: str = Field("reference", description="Target VLM: 'reference' or a local checkpoint folder.")
     output_dir: Path = Field(Path("out/draft_data"), description="Folder for the Parquet shards and manifest.json.")
+    images: InputConfig | None = Field(
+        None,
+        description="Your images: a dataset (Parquet, JSON lines or CSV; a local path or s3://) with an `image` column of "
+        "encoded bytes or an `image_uri` column of paths / s3:// URIs, and optionally a `prompt` column asked instead of "
+        "`prompt` (column names as in a captioning job's input). Its first num_samples rows are used; bad rows are "
+        "skipped and logged. None: shapes-world images, seeds seed_start onwards.",
+    )
     num_samples: int = Field(3000, ge=1, le=HELD_OUT_SEED_START, description="Image-prompt pairs to generate.")
     seed_start: int = Field(0, ge=0, description="First shapes-world seed (all seeds stay below 1,000,000).")
     prompt: str = Field(DEFAULT_PROMPT, min_length=1, description="Question asked about every image.")
@@ -75,7 +84,8 @@ class DataGenConfig(StrictModel):
         return check_temperatures(value)
 
     def temperature_of(self, seed: int) -> float:
-        """The sampling temperature of the answer to shapes-world ``seed``."""
+        """The sampling temperature of the answer to sample ``seed`` (a shapes-world seed, or an
+        image row's seed)."""
         return self.temperatures[(seed - self.seed_start) % len(self.temperatures)]
 
     @model_validator(mode="after")
@@ -159,6 +169,10 @@ class EvalConfig(StrictModel):
     """Acceptance on held-out images: ``caption_images`` greedy, tokens per target forward."""
 
     num_images: int = Field(50, ge=1, le=100_000, description="Held-out images the drafts are measured on.")
+    images: InputConfig | None = Field(
+        None, description="Your held-out images (a dataset as data.images takes); its first num_images readable rows. "
+        "None: shapes-world seeds from seed_start.",
+    )
     seed_start: int = Field(HELD_OUT_SEED_START, ge=HELD_OUT_SEED_START, description="First held-out seed.")
     prompt: str = Field(DEFAULT_PROMPT, min_length=1, description="Question asked about every held-out image.")
     max_new_tokens: int = Field(128, ge=1, le=4096, description="Answer length cap per image.")

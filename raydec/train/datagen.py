@@ -143,24 +143,18 @@ def answers_at_temperatures(
     return results
 
 
-def caption_seeds(target: Any, seeds: Sequence[int], images: Sequence[Any], config: DataGenConfig) -> list[Any]:
-    """AR captions of ``images`` (those of shapes-world ``seeds``) to ``config.prompt``, each at
-    its ``config.temperature_of(seed)`` (see :func:`answers_at_temperatures`)."""
-    return answers_at_temperatures(target, images, config.prompt, seeds, config.temperature_of, config.max_new_tokens,
-                                   config.batch_size)
-
-
-def generate_rows(target: Any, seeds: Sequence[int], config: DataGenConfig, image_source: ImageSource) -> list[dict[str, Any]]:
-    """Caption the images of ``seeds`` (``caption_seeds``) and return one storage row per sample."""
+def generate_rows(target: Any, seeds: Sequence[int], images: Sequence[Any], prompts: Sequence[str],
+                  config: DataGenConfig) -> list[dict[str, Any]]:
+    """The target's answers to ``prompts`` about ``images`` (sample i at
+    ``config.temperature_of(seeds[i])``, see :func:`answers_at_temperatures`), one storage row each."""
     from raydec.models.hf_vlm import VlmPrompt
 
-    images = image_source(seeds)
-    results = caption_seeds(target, seeds, images, config)
+    results = answers_at_temperatures(target, images, list(prompts), seeds, config.temperature_of, config.max_new_tokens,
+                                      config.batch_size)
     store = np.float16 if config.storage_dtype == "float16" else np.float32
     rows = []
-    for seed, image, result in zip(seeds, images, results):
-        prompt = VlmPrompt(target.format_prompt(config.prompt, 1), [image])
-        tensors = sample_tensors(target, prompt, result.tokens)
+    for seed, image, prompt, result in zip(seeds, images, prompts, results):
+        tensors = sample_tensors(target, VlmPrompt(target.format_prompt(prompt, 1), [image]), result.tokens)
         rows.append({
             "seed": int(seed),
             "length": int(tensors["input_ids"].shape[0]),
@@ -176,9 +170,12 @@ def generate_rows(target: Any, seeds: Sequence[int], config: DataGenConfig, imag
 
 
 class _TargetWorker:
-    """Ray Data actor: loads the target once, turns a batch of seeds into storage rows."""
+    """Ray Data actor: loads the target once, turns a batch of samples into storage rows. A
+    sample is a shapes-world seed (``image_source`` makes its image), or an image row of
+    ``config.images`` (its bytes or URI, its prompt and seed; a row whose image cannot be read
+    is skipped and logged)."""
 
-    def __init__(self, config_json: str, image_source: ImageSource) -> None:
+    def __init__(self, config_json: str, image_source: ImageSource | None) -> None:
         from raydec.api import load_target
 
         self.image_source = image_source
@@ -187,17 +184,75 @@ class _TargetWorker:
         device = "cuda" if self.config.gpus_per_worker > 0 and torch.cuda.is_available() else None
         self.target = load_target(self.config.target, task="caption", device=device)
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> Any:
+    def __call__(self, batch: Any) -> Any:
         import pyarrow as pa
 
-        seeds = [int(s) for s in batch["seed"]]
-        return pa.Table.from_pylist(generate_rows(self.target, seeds, self.config, self.image_source), schema=_schema())
+        if self.config.images is None:
+            seeds = [int(s) for s in batch["seed"].to_pylist()]
+            images, prompts = self.image_source(seeds), [self.config.prompt] * len(seeds)
+        else:
+            seeds, images, prompts = image_samples(batch.to_pylist(), self.config)
+        return pa.Table.from_pylist(generate_rows(self.target, seeds, images, prompts, self.config), schema=_schema())
+
+
+def image_samples(rows: list[dict[str, Any]], config: DataGenConfig) -> tuple[list[int], list[Any], list[str]]:
+    """Validated image rows (``raydec.io`` caption rows) -> the seeds, decoded images and prompts
+    of those that can be read (the rest are logged and skipped)."""
+    from raydec.io.images import attach_caption_images
+
+    seeds, images, prompts = [], [], []
+    for row in attach_caption_images(rows, config.images.s3.resolved()):
+        if row["error"]:
+            logger.warning("data.images: skipping row %s: %s", row["id"], row["error"])
+            continue
+        seeds.append(int(row["seed"]))
+        images.append(row["pil_image"])
+        prompts.append(row["prompt"] or config.prompt)
+    return seeds, images, prompts
+
+
+def _read_image_rows(batch: Any, *, config_json: str) -> Any:
+    """map_batches UDF: the validated rows of the image fragments in ``batch``."""
+    from raydec.io.fragments import fragment_tables
+
+    config = DataGenConfig.model_validate_json(config_json)
+    for item in batch.to_pylist():
+        yield from fragment_tables(item, config.images, "caption")
+
+
+def samples_dataset(config: DataGenConfig) -> Any:
+    """The Dataset of the samples to answer: ``num_samples`` shapes-world seeds, or the first
+    ``num_samples`` rows of ``config.images`` (read in Ray tasks, a fragment each: the driver
+    reads file footers only)."""
+    import ray.data
+
+    blocks = max(1, math.ceil(config.num_samples / config.batch_size))
+    if config.images is None:
+        seeds = [{"seed": config.seed_start + i} for i in range(config.num_samples)]
+        return ray.data.from_items(seeds, override_num_blocks=blocks)
+    from raydec.io.datasets import check_dataset
+    from raydec.io.fragments import fragment_items, plan_fragments
+
+    fragments = plan_fragments(check_dataset(config.images, "caption"), config.images)
+    items = fragment_items(fragments, list(range(len(fragments))))
+    return ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+        _read_image_rows, batch_size=1, batch_format="pyarrow", fn_kwargs={"config_json": config.model_dump_json()}, num_cpus=0,
+    ).limit(config.num_samples)
 
 
 #: settings that decide a dataset's content (reuse needs them equal, and the same target weights)
-CONTENT_FIELDS = ("target", "num_samples", "seed_start", "prompt", "max_new_tokens", "storage_dtype", "temperatures")
+CONTENT_FIELDS = ("target", "num_samples", "seed_start", "prompt", "max_new_tokens", "storage_dtype", "temperatures", "images")
 #: values a content field had before it existed (a dataset written then matches a config that keeps them)
-CONTENT_DEFAULTS = {"temperatures": [0.0]}
+CONTENT_DEFAULTS = {"temperatures": [0.0], "images": None}
+
+
+def content_identity(config: DataGenConfig, target_weights: str) -> dict[str, Any]:
+    """What decides a dataset's content: its settings (an image dataset by where it is and how
+    its columns are read, not by the credentials that reach it) and the target's weights."""
+    identity = config.model_dump(mode="json", include=set(CONTENT_FIELDS))
+    if config.images is not None:
+        identity["images"] = config.images.model_dump(mode="json", exclude={"s3"})
+    return {**identity, "target_weights": target_weights}
 
 
 def read_manifest(data_dir: str | Path) -> dict[str, Any]:
@@ -228,6 +283,7 @@ def generate_dataset(config: DataGenConfig, image_source: ImageSource) -> dict[s
     """
     import ray
 
+    from raydec.io.writers import redact_secrets
     from raydec.models.registry import resolve_vlm_path, weights_fingerprint
     from raydec.runtime.cluster import connect_ray
 
@@ -236,7 +292,7 @@ def generate_dataset(config: DataGenConfig, image_source: ImageSource) -> dict[s
     out = Path(config.output_dir)
     check_folder(out, "data.output_dir")
     target_path = resolve_vlm_path(config.target)
-    identity = {**config.model_dump(mode="json", include=set(CONTENT_FIELDS)), "target_weights": weights_fingerprint(target_path)}
+    identity = content_identity(config, weights_fingerprint(target_path))
     if (out / MANIFEST_NAME).is_file() and not config.overwrite:
         manifest = read_manifest(out)
         if {**CONTENT_DEFAULTS, **(manifest.get("identity") or {})} == identity:
@@ -253,14 +309,15 @@ def generate_dataset(config: DataGenConfig, image_source: ImageSource) -> dict[s
     connect_ray()
     start = time.time()
     blocks = max(1, math.ceil(config.num_samples / config.batch_size))
-    # seeds as in-memory blocks (no read tasks) and light write tasks: on a 1-2 CPU node the
+    # in-memory seeds or CPU-free read tasks, and light write tasks: on a 1-2 CPU node the
     # actor pool must not starve the other stages of CPUs
-    seeds = [{"seed": config.seed_start + i} for i in range(config.num_samples)]
-    dataset = ray.data.from_items(seeds, override_num_blocks=blocks).map_batches(
+    if config.images is not None:  # the workers reach S3 with what this driver resolves (AWS_* here)
+        config = config.model_copy(update={"images": config.images.model_copy(update={"s3": config.images.s3.resolved()})})
+    dataset = samples_dataset(config).map_batches(
         _TargetWorker,
-        fn_constructor_args=(config.model_dump_json(), image_source),
+        fn_constructor_args=(config.model_dump_json(), image_source if config.images is None else None),
         batch_size=config.batch_size,
-        batch_format="numpy",
+        batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=min(config.workers, blocks)),
         num_cpus=config.cpus_per_worker,
         num_gpus=config.gpus_per_worker or None,
@@ -278,10 +335,11 @@ def generate_dataset(config: DataGenConfig, image_source: ImageSource) -> dict[s
         vocab_size=int(text_config["vocab_size"]),
         storage_dtype=config.storage_dtype,
         prompt=config.prompt,
-        seeds=[config.seed_start, config.seed_start + config.num_samples],
+        seeds=[config.seed_start, config.seed_start + config.num_samples] if config.images is None else None,
+        images=None if config.images is None else config.images.path,
         wall_s=round(wall, 1),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        config=json.loads(config.model_dump_json()),
+        config=redact_secrets(json.loads(config.model_dump_json())),
         identity=identity,
     )
     (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")

@@ -1,4 +1,5 @@
-"""Acceptance of trained drafts: ``caption_images`` greedy on held-out shapes-world images.
+"""Acceptance of trained drafts: ``caption_images`` greedy on held-out images (shapes-world
+seeds, or the first rows of ``evaluate.images``).
 
 Per method: tokens per target forward (all generated tokens over all target forwards, the
 prefill included, and the mean of the per-row values), tau (accepted draft tokens per
@@ -20,6 +21,30 @@ from raydec.train.datagen import ImageSource
 logger = logging.getLogger(__name__)
 
 
+def evaluation_images(config: EvalConfig, image_source: ImageSource) -> tuple[list[int], list[Any], list[str]]:
+    """The seeds, images and prompts acceptance is measured on: the first ``num_images`` readable
+    rows of ``config.images`` (read here: an evaluation set is small), else held-out shapes-world seeds."""
+    if config.images is None:
+        seeds = list(range(config.seed_start, config.seed_start + config.num_images))
+        return seeds, image_source(seeds), [config.prompt] * len(seeds)
+    from raydec.io.datasets import iter_validated_batches
+    from raydec.io.images import attach_caption_images
+
+    s3 = config.images.s3.resolved()
+    seeds, images, prompts = [], [], []
+    for batch in iter_validated_batches(config.images.model_copy(update={"s3": s3}), "caption", batch_rows=config.num_images):
+        for row in attach_caption_images([r for r in batch if not r["error"]], s3):
+            if not row["error"] and len(images) < config.num_images:
+                seeds.append(int(row["seed"]))
+                images.append(row["pil_image"])
+                prompts.append(row["prompt"] or config.prompt)
+        if len(images) >= config.num_images:
+            break
+    if not images:
+        raise ValueError(f"evaluate.images: no readable image in {config.images.path}")
+    return seeds, images, prompts
+
+
 def measure_acceptance(
     target: Any, drafts: dict[str, str | Path], config: EvalConfig, image_source: ImageSource
 ) -> dict[str, dict[str, Any]]:
@@ -30,8 +55,7 @@ def measure_acceptance(
 
     torch.set_num_threads(config.threads)
     target = load_target(target, task="caption")
-    seeds = list(range(config.seed_start, config.seed_start + config.num_images))
-    images = image_source(seeds)
+    seeds, images, prompts = evaluation_images(config, image_source)
     report: dict[str, dict[str, Any]] = {}
     reference_tokens = None
     for method in config.methods:
@@ -42,7 +66,7 @@ def measure_acceptance(
             draft_tree=config.draft_tree, draft_model=str(drafts[method]) if method != "ar" else None,
         )
         start = time.time()
-        results = caption_images(images, prompt=config.prompt, model=target, decode=decode, seeds=seeds,
+        results = caption_images(images, prompt=prompts, model=target, decode=decode, seeds=seeds,
                                  batch_size=config.batch_size)
         wall = time.time() - start
         tokens = sum(r.num_tokens for r in results)

@@ -16,8 +16,8 @@ logger = logging.getLogger(__name__)
 
 def preflight_draft_job(job: DraftJobConfig) -> list[DraftTrainConfig]:
     """Fail before Ray starts and before hours of data generation, naming the field: a target
-    that is no supported VLM checkpoint, or an output folder a file stands in. -> the drafts,
-    their data_dir resolved."""
+    that is no supported VLM checkpoint, an image dataset that is missing or lacks its columns,
+    or an output folder a file stands in. -> the drafts, their data_dir resolved."""
     from raydec.models.base import CheckpointError
     from raydec.models.hf_vlm import SUPPORTED_VLMS
     from raydec.models.registry import checkpoint_model_type, resolve_vlm_path
@@ -31,6 +31,14 @@ def preflight_draft_job(job: DraftJobConfig) -> list[DraftTrainConfig]:
             raise CheckpointError(f"data.target: {job.data.target!r}: {exc}") from None
         if model_type not in SUPPORTED_VLMS:
             raise CheckpointError(f"data.target: {job.data.target!r} is a {model_type!r} checkpoint; drafts train for {sorted(SUPPORTED_VLMS)}")
+    from raydec.io.datasets import check_dataset
+
+    for field, images in (("data.images", job.data.images), ("evaluate.images", job.evaluate and job.evaluate.images)):
+        if images is not None:  # listed and its columns checked (file footers and headers only)
+            try:
+                check_dataset(images.model_copy(update={"s3": images.s3.resolved()}), "caption")
+            except ValueError as exc:
+                raise ValueError(f"{field}: {exc}") from None
     check_folder(job.data.output_dir, "data.output_dir")
     for index, draft in enumerate(drafts):
         check_folder(draft.output_dir, f"drafts[{index}].output_dir")

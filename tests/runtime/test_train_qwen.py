@@ -33,7 +33,39 @@ TRAIN_SEEDS = 24  # shapes-world seeds 0..23: the drafts' training images
 GREEDY = SamplingConfig(temperature=0.0)
 
 
-def _train_job(name: str, root: Path) -> tuple[Path, Path, dict[str, Path]]:
+#: the family whose drafts train on a user's image dataset (Parquet on the moto S3 endpoint), not the shapes world
+S3_FAMILY = "qwen2_vl"
+
+
+def _images_on_s3(endpoint: str) -> dict:
+    """The training images (shapes-world seeds 0..TRAIN_SEEDS-1) as a user's Parquet dataset on S3:
+    PNG bytes, ids, and a prompt column that names the prompt on even rows (null: the job's)."""
+    import io
+    import uuid
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raydec.io.config import S3Config
+    from raydec.io.filesystem import resolve_filesystem, s3_client
+
+    s3 = S3Config(endpoint_url=endpoint, region="us-east-1", access_key_id="testing", secret_access_key="testing")
+    bucket = f"images-{uuid.uuid4().hex[:8]}"
+    s3_client(s3).create_bucket(Bucket=bucket)
+    pngs = []
+    for image in sample_images(list(range(TRAIN_SEEDS))):
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        pngs.append(buffer.getvalue())
+    table = pa.table({"id": [f"img-{i:03d}" for i in range(TRAIN_SEEDS)], "image": pngs,
+                      "prompt": [PROMPT if i % 2 == 0 else None for i in range(TRAIN_SEEDS)]})
+    fs, path = resolve_filesystem(f"s3://{bucket}/photos/part-0.parquet", s3)
+    with fs.open_output_stream(path) as out:
+        pq.write_table(table, out)
+    return {"path": f"s3://{bucket}/photos/", "s3": {"endpoint_url": endpoint}}
+
+
+def _train_job(name: str, root: Path, images: dict | None) -> tuple[Path, Path, dict[str, Path]]:
     """A tiny checkpoint of the family and the job file that trains its two drafts."""
     folder = BUILDERS[name](root / "target")
     drafts = {"vispec": root / "vispec", "eagle": root / "eagle"}
@@ -41,7 +73,8 @@ def _train_job(name: str, root: Path) -> tuple[Path, Path, dict[str, Path]]:
                  cpus_per_worker=0.5, log_every=40, seed=1)
     job = {
         "data": {"target": str(folder), "output_dir": str(root / "data"), "num_samples": TRAIN_SEEDS, "prompt": PROMPT,
-                 "max_new_tokens": NEW_TOKENS, "batch_size": 12, "workers": 1, "cpus_per_worker": 0.5, "storage_dtype": "float32"},
+                 "max_new_tokens": NEW_TOKENS, "batch_size": 12, "workers": 1, "cpus_per_worker": 0.5, "storage_dtype": "float32",
+                 **({"images": images} if images else {})},
         "drafts": [{"name": "vispec", "vision": True, "num_q": 2, "output_dir": str(drafts["vispec"]), **train},
                    {"name": "eagle", "vision": False, "output_dir": str(drafts["eagle"]), **train}],
         "parallel": True,
@@ -52,20 +85,22 @@ def _train_job(name: str, root: Path) -> tuple[Path, Path, dict[str, Path]]:
 
 
 @pytest.fixture(scope="module")
-def trained_families(ray_cluster, tmp_path_factory) -> dict[str, dict]:
+def trained_families(ray_cluster, moto_server, tmp_path_factory) -> dict[str, dict]:
     """The three families' ``raydec train`` jobs, run at once (their Ray start-ups overlap)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from raydec.api import load_target
     from raydec.cli import main
 
-    jobs = {name: _train_job(name, tmp_path_factory.mktemp(name)) for name in BUILDERS}
+    images = _images_on_s3(moto_server)
+    jobs = {name: _train_job(name, tmp_path_factory.mktemp(name), images if name == S3_FAMILY else None) for name in BUILDERS}
     with ThreadPoolExecutor(len(jobs)) as pool:
         codes = dict(zip(jobs, pool.map(lambda job: main(["train", "--config", str(job[1])]), jobs.values())))
     assert codes == {name: 0 for name in jobs}
     torch.set_num_threads(1)
-    return {name: {"name": name, "folder": folder, "target": load_target(str(folder), task="caption"), "drafts": drafts}
-            for name, (folder, _, drafts) in jobs.items()}
+    return {name: {"name": name, "folder": folder, "target": load_target(str(folder), task="caption"), "drafts": drafts,
+                   "data": config.parent / "data", "images": images if name == S3_FAMILY else None}
+            for name, (folder, config, drafts) in jobs.items()}
 
 
 @pytest.fixture(params=sorted(BUILDERS))
@@ -152,3 +187,27 @@ def test_trained_drafts_commit_more_per_forward_than_an_untrained_draft(family, 
         before, after = tokens_per_forward(method, tmp_path / method), tokens_per_forward(method, path)
         print(f"{family['name']} {method}: untrained {before:.2f}, trained {after:.2f} tokens per forward")
         assert after > before + 0.3, (method, before, after)
+
+
+def test_drafts_train_on_a_users_image_dataset_on_s3(trained_families) -> None:
+    """One family's job read its images from a Parquet dataset on the moto S3 endpoint (Ray Data
+    read tasks): every row became a sample, rows without a prompt were asked the job's, and the
+    manifest names the dataset without the credentials that reached it."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    family = trained_families[S3_FAMILY]
+    manifest = json.loads((family["data"] / "manifest.json").read_text())
+    assert manifest["images"] == family["images"]["path"] and manifest["seeds"] is None
+    assert manifest["num_samples"] == TRAIN_SEEDS
+    assert "testing" not in json.dumps(manifest)  # the S3 keys resolved from the environment stay out
+    rows = pq.read_table(family["data"] / "shards").to_pylist()
+    question = family["target"].format_prompt(PROMPT, 1)
+    assert len(rows) == TRAIN_SEEDS and all(r["answer"] for r in rows)
+    image_token = family["target"].image_token_id
+    asked = family["target"].processor(text=[question], images=sample_images([0]), return_tensors="pt")["input_ids"][0].tolist()
+    after_image = asked[len(asked) - asked[::-1].index(image_token):]  # the question's ids after the image
+    for row in rows:
+        prompt = row["input_ids"][: row["prompt_len"]]
+        assert prompt[len(prompt) - prompt[::-1].index(image_token):] == after_image
