@@ -156,3 +156,18 @@ class DecodeConfig(StrictModel):
         """The draft tree this config decodes with (``draft_tree`` or the temperature's default)."""
         return self.draft_tree or DraftTreeConfig.for_temperature(self.sampling.temperature)
 
+
+
+#: an image size as requests and configs write it: WIDTHxHEIGHT in pixels ("auto": the model's own)
+IMAGE_SIZE_PATTERN = r"^(auto|[1-9][0-9]{0,5}x[1-9][0-9]{0,5})$"
+
+
+def parse_image_size(value: str | None, field: str = "size") -> tuple[int, int] | None:
+    """``"WIDTHxHEIGHT"`` -> (width, height) in pixels; ``None`` or ``"auto"`` -> None (the
+    model's own size); anything else is a ValueError naming ``field``."""
+    if value is None or value == "auto":
+        return None
+    width, separator, height = str(value).partition("x")
+    if not (separator and width.isdigit() and height.isdigit() and int(width) > 0 and int(height) > 0):
+        raise ValueError(f"{field}: {value!r} is not a size (write WIDTHxHEIGHT in pixels, e.g. 512x512, or auto)")
+    return int(width), int(height)

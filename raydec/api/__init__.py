@@ -14,10 +14,10 @@ checkpoint folder, or an already loaded target.
 from raydec.api.batching import continuous_batching
 from raydec.api.captions import DEFAULT_CAPTION_PROMPT, CaptionResult, caption_images
 from raydec.api.images import ImageResult, generate_images
-from raydec.api.inputs import SEED_LIMIT, over_checkpoint
+from raydec.api.inputs import SEED_LIMIT, over_checkpoint, sized
 from raydec.models.loading import draft_dtype, load_draft, load_target
 
 __all__ = [
     "DEFAULT_CAPTION_PROMPT", "SEED_LIMIT", "CaptionResult", "ImageResult", "caption_images", "continuous_batching",
-    "draft_dtype", "generate_images", "load_draft", "load_target", "over_checkpoint",
+    "draft_dtype", "generate_images", "load_draft", "load_target", "over_checkpoint", "sized",
 ]

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from raydec.api.batching import continuous_batching, decode_batches, progress_callback
-from raydec.api.inputs import as_decode_config, check_inputs, check_positions, image_decode_config
+from raydec.api.inputs import as_decode_config, check_inputs, check_positions, image_decode_config, sized
 from raydec.config import IMAGE_METHODS, DecodeConfig
 from raydec.models.image_gen import ImagePrompt
 from raydec.models.loading import load_target
@@ -70,6 +70,7 @@ def generate_images(
     negative_prompts: Sequence[str | None] | None = None,
     batch_size: int = 8,
     progress: bool = False,
+    size: str | None = None,
 ) -> list[ImageResult]:
     """Generate one image per prompt.
 
@@ -81,13 +82,15 @@ def generate_images(
     keeps the checkpoint's CFG scale and top-k).
     seeds: one per prompt, integers in [0, 2**63) (default: the prompt's index); a row's image
     depends only on its prompt, seed and config, never on the batch. negative_prompts: per
-    prompt (None entries allowed), the CFG unconditional text.
+    prompt (None entries allowed), the CFG unconditional text. size: ``"WIDTHxHEIGHT"`` in
+    pixels for a model that makes several sizes (Emu3); None or ``"auto"``: the model's own. A
+    size the model cannot make is a ValueError naming the sizes it can.
     """
     check_inputs(prompts, seeds, negative_prompts, batch_size)
     decode = as_decode_config(decode)
     if len(prompts) == 0:
         return []
-    target = load_target(model, task="t2i")
+    target = sized(load_target(model, task="t2i"), size)
     config = image_decode_config(decode, target)
     if config.method not in IMAGE_METHODS:
         raise ValueError(f"decode.method={config.method!r} is not a text-to-image method (use {', '.join(IMAGE_METHODS)})")

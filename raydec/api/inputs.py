@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from PIL import Image
 
-from raydec.config import CAPTION_METHODS, DecodeConfig, SamplingConfig
+from raydec.config import CAPTION_METHODS, DecodeConfig, SamplingConfig, parse_image_size
 from raydec.speculative.requests import RowRequest
 from raydec.validation import text_problem
 
@@ -67,6 +67,17 @@ def check_inputs(
             if negative is not None:
                 check_text(negative, f"negative_prompts[{index}]")
     check_batch_size(batch_size)
+
+
+def sized(target: Any, size: str | None, field: str = "size") -> Any:
+    """``target`` making ``size`` images (``"WIDTHxHEIGHT"``; None or ``"auto"``: its own size)."""
+    parsed = parse_image_size(size, field)
+    if parsed is None:
+        return target
+    try:
+        return target.with_size(*parsed)
+    except ValueError as error:
+        raise ValueError(str(error).replace("size:", f"{field}:", 1)) from None
 
 
 def check_text(text: str, field: str) -> None:

@@ -26,7 +26,7 @@ from PIL import Image
 from raydec.api.captions import caption_result, caption_text
 from raydec.api.images import decode_image, image_result
 from raydec.api.inputs import as_decode_config, caption_decode_config, check_positions, image_decode_config, max_positions, over_checkpoint
-from raydec.config import DRAFT_METHODS, IMAGE_METHODS, CAPTION_METHODS, DecodeConfig, SamplingConfig
+from raydec.config import DRAFT_METHODS, IMAGE_METHODS, CAPTION_METHODS, DecodeConfig, SamplingConfig, parse_image_size
 from raydec.models.loading import draft_dtype, load_draft, load_target
 from raydec.speculative.engine import DecodeSession, Engine
 from raydec.speculative.proposers.factory import make_proposer
@@ -40,7 +40,7 @@ ROW_SAMPLING = ("temperature", "top_k", "top_p", "repetition_penalty")
 class Ticket:
     """A submitted request: which engine decodes it and its handle there."""
 
-    engine: tuple  # (method, cfg_scale, draft tree): rows of one engine share these
+    engine: tuple  # (method, cfg_scale, draft tree, target variant): rows of one engine share these
     handle: int
 
 
@@ -75,16 +75,17 @@ class _Sessions(ABC):
             update["sampling"] = sampling
         return self.base.model_copy(update=update) if update else self.base
 
-    def session(self, config: DecodeConfig) -> tuple[tuple, DecodeSession]:
+    def session(self, config: DecodeConfig, variant: Any = None) -> tuple[tuple, DecodeSession]:
+        """The engine session for ``config`` (and a task's target ``variant``: an image size)."""
         tree = config.tree
         key = (config.method, config.sampling.cfg_scale,
-               (tree.depth, tree.top_k, tree.total_tokens) if config.method in DRAFT_METHODS else None)
+               (tree.depth, tree.top_k, tree.total_tokens) if config.method in DRAFT_METHODS else None, variant)
         if key not in self.sessions:
-            self.sessions[key] = self.make_engine(config).session(max_batch=self.max_batch)
+            self.sessions[key] = self.make_engine(config, variant).session(max_batch=self.max_batch)
         return key, self.sessions[key]
 
     @abstractmethod
-    def make_engine(self, config: DecodeConfig) -> Engine:
+    def make_engine(self, config: DecodeConfig, variant: Any = None) -> Engine:
         """The engine (target, proposer, stop tokens) that decodes rows under ``config``."""
 
     @property
@@ -160,50 +161,67 @@ class ImageSession(_Sessions):
         if config.method not in IMAGE_METHODS:
             raise ValueError(f"decode.method={config.method!r} is not a text-to-image method (use {', '.join(IMAGE_METHODS)})")
         super().__init__(config, max_batch)
-        self.rows_per_image = int(self.target.layout_grid[0])
 
-    def make_engine(self, config: DecodeConfig) -> Engine:
-        target = self.target
+    def make_engine(self, config: DecodeConfig, variant: Any = None) -> Engine:
+        target = self.target_of_size(variant)
+        config = config.model_copy(update={"max_new_tokens": target.num_image_tokens})
         return Engine(target, make_proposer(config, target), config, constraint=target.vocab_constraint(),
                       eos_token_ids=target.eos_token_ids)
 
+    def target_of_size(self, size: tuple[int, int] | None) -> Any:
+        """The target making ``size`` (width, height) images; None: the model's own size."""
+        return self.target if size is None else self.target.with_size(*size)
+
+    def target_of(self, ticket: Ticket) -> Any:
+        """The target (at its size) that decodes ``ticket``."""
+        return self.target_of_size(ticket.engine[-1])
+
+    def rows_per_image(self, ticket: Ticket) -> int:
+        """Image-token rows of ``ticket``'s image."""
+        return int(self.target_of(ticket).layout_grid[0])
+
     def submit(
         self, prompt: str, seed: int, method: str | None = None, cfg_scale: float | None = None,
-        sampling: dict[str, Any] | None = None, negative_prompt: str | None = None,
+        sampling: dict[str, Any] | None = None, negative_prompt: str | None = None, size: str | None = None,
     ) -> Ticket:
         """Queue one image. method / cfg_scale: the engine's unless set; sampling: per-row
-        temperature, top_k, top_p over the config's."""
+        temperature, top_k, top_p over the config's; size: ``"WIDTHxHEIGHT"`` (None, "auto":
+        the model's own), a ValueError naming the sizes the model makes when it cannot."""
         from raydec.models.image_gen import ImagePrompt
 
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
         if method is not None and method not in IMAGE_METHODS:
             raise ValueError(f"method={method!r} is not a text-to-image method (use {', '.join(IMAGE_METHODS)})")
+        dims = parse_image_size(size)
+        target = self.target_of_size(dims)  # raises for a size the model cannot make
+        dims = None if target is self.target else dims
         config = self.config_for(method, cfg_scale, (sampling or {}).get("temperature"))
-        request = RowRequest(ImagePrompt(prompt, negative_prompt), seed=int(seed), max_new_tokens=config.max_new_tokens,
+        request = RowRequest(ImagePrompt(prompt, negative_prompt), seed=int(seed), max_new_tokens=target.num_image_tokens,
                              sampling=self.row_sampling(config, sampling))
-        check_positions(self.target, [request], 2 if config.sampling.uses_cfg else 1)
-        key, session = self.session(config)
+        check_positions(target, [request], 2 if config.sampling.uses_cfg else 1)
+        key, session = self.session(config, dims)
         return Ticket(key, session.submit(request))
 
     def rows_done(self, ticket: Ticket) -> int:
         """Image rows whose tokens are all committed."""
-        columns = self.target.layout_grid[1]
+        columns = self.target_of(ticket).layout_grid[1]
         return len(self.tokens(ticket)) // columns
 
     def partial_image(self, ticket: Ticket) -> Image.Image:
         """The image as decoded so far: the committed rows, the rest grey. Rows not yet drafted
         are filled by repeating the last committed row before VQ decoding (their pixels are then
         greyed), so layout tokens stay in place."""
+        target = self.target_of(ticket)
         tokens = list(self.tokens(ticket))
-        rows, columns = self.target.layout_grid
+        rows, columns = target.layout_grid
         done = len(tokens) // columns
         if done == 0:
             raise ValueError("partial_image: no image row is committed yet")
         tokens = tokens[: done * columns]
-        while len(tokens) < self.target.num_image_tokens:
+        while len(tokens) < target.num_image_tokens:
             tokens.append(tokens[len(tokens) - columns])
-        image = self.target.decode_tokens(torch.tensor([tokens], dtype=torch.long))[0]
+        image = target.decode_tokens(torch.tensor([tokens], dtype=torch.long))[0]
         cut = image.height * done // rows
         if cut < image.height:
             grey = Image.new("RGB", (image.width, image.height - cut), (128, 128, 128))
@@ -217,7 +235,7 @@ class ImageSession(_Sessions):
         output = session.output(ticket.handle)
         if row.stats.finish_reason == "cancelled":
             raise ValueError("result: the request was cancelled")
-        return image_result(row.request, output, decode_image(self.target, output.tokens))
+        return image_result(row.request, output, decode_image(self.target_of(ticket), output.tokens))
 
 
 class CaptionSession(_Sessions):
@@ -236,7 +254,7 @@ class CaptionSession(_Sessions):
         self.stopped: dict[Ticket, str] = {}  # the text up to a stop string, for requests it ended
         self._decoded: dict[Ticket, tuple[int, str]] = {}  # (tokens, text): detokenized once per step, not per reader
 
-    def make_engine(self, config: DecodeConfig) -> Engine:
+    def make_engine(self, config: DecodeConfig, variant: Any = None) -> Engine:
         target = self.target
         draft = None
         if config.method in DRAFT_METHODS:

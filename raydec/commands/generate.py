@@ -3,6 +3,7 @@
     raydec generate "a red circle on the left" "a blue square at the top" --out pngs/
     raydec generate --prompts-file prompts.txt --method sjd_pac --out pngs/
     raydec generate --parquet prompts.parquet --column prompt --out pngs/
+    raydec generate "a red circle" --model /models/emu3-gen --size 512x768 --out pngs/
 
 Writes OUT/<id>.png per prompt and OUT/results.jsonl (prompt, seed, decoding statistics).
 For many prompts on a cluster, use a batch job (``raydec run``).
@@ -29,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for the PNGs and results.jsonl")
     add_decode_flags(parser, IMAGE_METHODS, "sjd_pac")
     parser.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (default: the checkpoint's)")
+    parser.add_argument("--size", default=None, metavar="WIDTHxHEIGHT",
+                        help="image size in pixels for a model that makes several (Emu3); default: the model's own")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ids, prompts = read_texts(args.prompts, args.prompts_file, args.parquet, args.column)
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     target = load_target(args.model, task="t2i", dtype=getattr(torch, args.dtype), device=args.device)
     try:
         results = generate_images(prompts, model=target, decode=decode, seeds=[args.seed + i for i in range(len(prompts))],
-                                  batch_size=args.batch_size, progress=True)
+                                  batch_size=args.batch_size, progress=True, size=args.size)
     except (TypeError, ValueError) as error:
         raise SystemExit(f"raydec generate: {error}") from None
     args.out.mkdir(parents=True, exist_ok=True)

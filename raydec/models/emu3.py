@@ -29,6 +29,7 @@ prompt) with the same image header, as the original Emu3 code builds it.
 
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 from typing import Any, Sequence
@@ -93,12 +94,11 @@ class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share 
         self.window_decoder = model.model.text_model
         self.processor = processor
         self.tokenizer = processor.tokenizer
-        self.ratio = ratio or processor.ratio
-        self.image_area = int(image_area or processor.image_area)
-        height, width = processor.calculate_generate_size(self.ratio, self.image_area, processor.downsample_ratio)
+        ratio = ratio or processor.ratio
+        image_area = int(image_area or processor.image_area)
+        height, width = processor.calculate_generate_size(ratio, image_area, processor.downsample_ratio)
         if height < 1 or width < 1:
-            raise ValueError(f"Emu3: ratio={self.ratio!r}, image_area={self.image_area} gives an empty {height}x{width} grid")
-        self._grid = (int(height), int(width))
+            raise ValueError(f"Emu3: ratio={ratio!r}, image_area={image_area} gives an empty {height}x{width} grid")
         mapping = model.vocabulary_mapping
         tokenizer = self.tokenizer
         eol = mapping.eol_token_id if mapping.eol_token_id is not None else tokenizer.convert_tokens_to_ids(EOL_TOKEN)
@@ -113,11 +113,47 @@ class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share 
         # output-space ids of the layout tokens (pad may equal eos: the first match is taken)
         eol_o, eof_o, eoi_o, eos_o = codes, codes + 1, codes + 2, codes + 3
         pad_o = codes + 3 if int(pad) == int(eos) else codes + 4
-        self.layout = Emu3Layout(height, width, eol=eol_o, eof=eof_o, eoi=eoi_o, eos=eos_o, pad=pad_o)
+        self._layout_ids = dict(eol=eol_o, eof=eof_o, eoi=eoi_o, eos=eos_o, pad=pad_o)
         self.window_head = _gathered_head(model.lm_head, self.output_token_ids)
         self._output_ids_on: dict = {}
-        scale = int(model.model.vqmodel.spatial_scale_factor)
-        self._image_size = (height * scale, width * scale)
+        self.pixels_per_token = emu3_pixels_per_token(model.config)
+        self._set_grid(int(height), int(width), ratio, image_area)
+        self._default_size = self.image_size
+        self._views: dict[tuple[int, int], Emu3T2ITarget] = {self.image_size: self}  # (height, width) -> view, shared by all
+
+    def _set_grid(self, height: int, width: int, ratio: str, image_area: int) -> None:
+        """The h x w token grid an image takes, and the processor knobs that give it in the prompt."""
+        self.ratio, self.image_area = ratio, image_area
+        self._grid = (height, width)
+        self.layout = Emu3Layout(height, width, **self._layout_ids)
+        self._image_size = (height * self.pixels_per_token, width * self.pixels_per_token)
+
+    @property
+    def sizes(self) -> str:
+        height, width = self._default_size
+        return f"{emu3_sizes(self.model.config)}; its own size is {width}x{height}"
+
+    def with_size(self, width: int, height: int) -> "Emu3T2ITarget":
+        """A view of this model at ``width`` x ``height`` (the same weights and gathered head)."""
+        if (height, width) in self._views:
+            return self._views[(height, width)]
+        problem = emu3_size_problem(self.model.config, width, height)
+        if problem is not None:
+            raise ValueError(f"{problem}; its own size is {self._default_size[1]}x{self._default_size[0]}")
+        step = self.pixels_per_token
+        rows, columns = height // step, width // step
+        limit = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        view = copy.copy(self)
+        downsample = self.processor.downsample_ratio  # the processor's knobs that give this grid back
+        view._set_grid(rows, columns, f"{columns}:{rows}", rows * columns * downsample * downsample)
+        if view.processor.calculate_generate_size(view.ratio, view.image_area, downsample) != (rows, columns):
+            raise ValueError(f"size: '{width}x{height}': the processor cannot lay out a {rows}x{columns} grid")
+        if limit is not None and len(view.prompt_ids("")) + view.num_image_tokens > limit:
+            raise ValueError(f"size: '{width}x{height}' needs {view.num_image_tokens} tokens, more than the model's "
+                             f"{limit} positions leave; it makes {self.sizes}")
+        self._views[(height, width)] = view
+        return view
+
 
     @classmethod
     def from_pretrained(
@@ -230,6 +266,27 @@ class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share 
         vq_for_decoding(self.model.model.vqmodel)
         pixels = self.model.decode_image_tokens(image_tokens=tokens.to(self.device), height=height, width=width)
         return pixels_to_pil(pixels, self.processor.image_processor, channels_last=False)  # pixels [B, C, H, W]
+
+
+def emu3_pixels_per_token(config: Any) -> int:
+    """Pixels per side of the square one image token decodes to (the VQ decoder's upsampling)."""
+    return 2 ** (len(config.vq_config.channel_multiplier) - 1)
+
+
+def emu3_sizes(config: Any) -> str:
+    """The sizes an Emu3 makes, in words."""
+    step = emu3_pixels_per_token(config)
+    limit = getattr(config.get_text_config(), "max_position_embeddings", None)
+    within = f", within its {limit} positions (a {step}-pixel square is a token)" if limit else ""
+    return f"widths and heights in multiples of {step} pixels{within}"
+
+
+def emu3_size_problem(config: Any, width: int, height: int) -> str | None:
+    """Why an Emu3 of ``config`` cannot make ``width`` x ``height`` images, or None (positions aside)."""
+    step = emu3_pixels_per_token(config)
+    if width % step or height % step:
+        return f"size: '{width}x{height}' is not a size this Emu3 makes: {emu3_sizes(config)}"
+    return None
 
 
 def _gathered_head(head: torch.nn.Module, rows: torch.Tensor) -> torch.nn.Linear:

@@ -78,6 +78,14 @@ class ImageGenerator(DecodingTarget, Protocol):
     def decode_tokens(self, tokens: torch.Tensor) -> list[Image.Image]:
         """Generated tokens -> images. tokens: [B, num_image_tokens]."""
 
+    def with_size(self, width: int, height: int) -> "ImageGenerator":
+        """This model making ``width`` x ``height`` images (the same weights; itself at its own
+        size); a ValueError naming the sizes it can make otherwise."""
+
+    @property
+    def sizes(self) -> str:
+        """The sizes it makes, in words (for errors and the API's model cards)."""
+
 
 def vq_for_decoding(vqmodel: torch.nn.Module) -> torch.nn.Module:
     """``vqmodel``, moved to float32 (once, in place) when it is on a CPU in bf16 / fp16.

@@ -65,8 +65,7 @@ class JanusT2ITarget(WindowForward):
         hf_tokens = int(model.config.vision_config.num_image_tokens)
         if hf_tokens != rows * cols:
             raise ValueError(f"Janus config: vision num_image_tokens={hf_tokens} but the VQ grid is {rows}x{cols}")
-        upsample = 2 ** (len(model.config.vq_config.channel_multiplier) - 1)
-        self._image_size = (rows * upsample, cols * upsample)
+        self._image_size = janus_image_size(model.config)
 
     @staticmethod
     def _special_id(primary: int | None, fallback: int | None, name: str) -> int:
@@ -141,6 +140,17 @@ class JanusT2ITarget(WindowForward):
         return self._image_size
 
     @property
+    def sizes(self) -> str:
+        height, width = self._image_size
+        return f"{width}x{height} only"
+
+    def with_size(self, width: int, height: int) -> "JanusT2ITarget":
+        problem = janus_size_problem(self.model.config, width, height)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+    @property
     def eos_token_ids(self) -> Sequence[int]:
         return ()
 
@@ -161,3 +171,17 @@ class JanusT2ITarget(WindowForward):
         vq_for_decoding(self.model.model.vqmodel)
         pixels = self.model.decode_image_tokens(tokens.to(self.device))  # [B, H, W, C]
         return pixels_to_pil(pixels, self.processor.image_processor, channels_last=True)
+
+
+def janus_image_size(config: Any) -> tuple[int, int]:
+    """(height, width) in pixels of a Janus image: its VQ grid times the decoder's upsampling."""
+    side = int(config.vq_config.num_patches) * 2 ** (len(config.vq_config.channel_multiplier) - 1)
+    return side, side
+
+
+def janus_size_problem(config: Any, width: int, height: int) -> str | None:
+    """Why a Janus of ``config`` cannot make ``width`` x ``height`` images, or None: it makes one size."""
+    own_height, own_width = janus_image_size(config)
+    if (height, width) != (own_height, own_width):
+        return f"size: '{width}x{height}' is not a size this Janus makes: {own_width}x{own_height} only"
+    return None

@@ -38,6 +38,34 @@ def _load_emu3(path: Path, dtype: torch.dtype, **kwargs: Any) -> Any:
 T2I_LOADERS: dict[str, Callable[..., Any]] = {"janus": _load_janus, "emu3": _load_emu3}
 
 
+def _janus_size_problem(config: Any, width: int, height: int) -> str | None:
+    from raydec.models.janus import janus_size_problem
+
+    return janus_size_problem(config, width, height)
+
+
+def _emu3_size_problem(config: Any, width: int, height: int) -> str | None:
+    from raydec.models.emu3 import emu3_size_problem
+
+    return emu3_size_problem(config, width, height)
+
+
+#: config.model_type -> why a checkpoint of that config cannot make a size (None: it can)
+T2I_SIZE_PROBLEMS: dict[str, Callable[[Any, int, int], str | None]] = {"janus": _janus_size_problem, "emu3": _emu3_size_problem}
+
+
+def t2i_size_problem(model: str | Path, width: int, height: int) -> str | None:
+    """Why the text-to-image checkpoint ``model`` cannot make ``width`` x ``height`` images, from
+    its config alone (no weights load), or None. The positions a size needs are checked where it
+    decodes."""
+    from transformers import AutoConfig
+
+    path = resolve_t2i_path(model)
+    model_type = checkpoint_model_type(path)
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    return T2I_SIZE_PROBLEMS[model_type](config, width, height) if model_type in T2I_SIZE_PROBLEMS else None
+
+
 def resolve_t2i_path(model: str | Path) -> Path:
     """``"reference"`` -> the shipped weights folder; anything else -> that path."""
     if isinstance(model, str) and model == REFERENCE_NAME:

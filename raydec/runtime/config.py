@@ -11,7 +11,7 @@ from typing import ClassVar, Literal, Optional, Union
 
 from pydantic import Field, model_validator
 
-from raydec.config import CAPTION_METHODS, IMAGE_METHODS, DecodeConfig, DType, StrictModel
+from raydec.config import CAPTION_METHODS, IMAGE_METHODS, IMAGE_SIZE_PATTERN, DecodeConfig, DType, StrictModel
 from raydec.io.config import InputConfig, IOConfigError, OutputConfig, RowFormat
 from raydec.io.datasets import listing_root
 from raydec.io.filesystem import is_s3_uri
@@ -23,6 +23,18 @@ def check_method(task: str, decode: DecodeConfig) -> None:
     if decode.method not in methods:
         kind = "text-to-image" if task == "t2i" else "captioning"
         raise ValueError(f"decode.method: {decode.method!r} is not a {kind} method (use {', '.join(methods)})")
+
+
+SIZE_FIELD = Field(
+    None, pattern=IMAGE_SIZE_PATTERN,
+    description="t2i: image size WIDTHxHEIGHT in pixels for a model that makes several (Emu3); unset or 'auto': the model's own.",
+)
+
+
+def check_size(task: str, size: Optional[str]) -> None:
+    """A size only for text-to-image (a captioning job's images are its inputs)."""
+    if task != "t2i" and size not in (None, "auto"):
+        raise ValueError(f"size: {size!r} is set, but only text-to-image makes images (task {task!r})")
 
 
 class PoolConfig(StrictModel):
@@ -81,6 +93,7 @@ class ProcessorConfig(StrictModel):
     images_to: Optional[OutputConfig] = Field(
         None, description="t2i: write PNGs under this location and return their `image_uri`; unset: return PNG bytes in `image`.",
     )
+    size: Optional[str] = SIZE_FIELD
 
     @property
     def threads(self) -> int:
@@ -98,6 +111,7 @@ class ProcessorConfig(StrictModel):
             raise ValueError(f"concurrency: {self.concurrency} must be >= 1")
         if self.images_to is not None and self.task != "t2i":
             raise ValueError("images_to: only text-to-image stages write images")
+        check_size(self.task, self.size)
         return self
 
 
@@ -121,6 +135,7 @@ class JobConfig(StrictModel):
     input: InputConfig = Field(..., description="Input rows (local / glob / s3://).")
     output: OutputConfig = Field(..., description="Output location for images, result shards and the manifest.")
     decode: DecodeConfig = Field(default_factory=DecodeConfig, description="Decoding method and sampling.")
+    size: Optional[str] = SIZE_FIELD
     pool: PoolConfig = Field(default_factory=PoolConfig, description="Ray actor pool.")
     seed: Optional[int] = Field(
         None, ge=0, lt=2**63, description="Job seed for rows without a seed; overrides input.seed when set."
@@ -143,6 +158,7 @@ class JobConfig(StrictModel):
     @model_validator(mode="after")
     def _method_fits_task(self) -> "JobConfig":
         check_method(self.task, self.decode)
+        check_size(self.task, self.size)
         return self
 
     @model_validator(mode="after")
@@ -164,7 +180,7 @@ class JobConfig(StrictModel):
             task=self.task, model=self.model, dtype=self.dtype, decode=self.decode, rows=rows,
             concurrency=(pool.min_workers, pool.workers) if pool.min_workers is not None else pool.workers,
             batch_size=pool.batch_size, cpus_per_worker=pool.cpus_per_worker, gpus_per_worker=pool.gpus_per_worker,
-            torch_threads=pool.torch_threads,
+            torch_threads=pool.torch_threads, size=self.size,
         )
 
     @property

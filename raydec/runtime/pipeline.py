@@ -85,7 +85,8 @@ def check_model(job: JobConfig) -> None:
     if job.task == "caption":
         _check_caption_model(job)
         return
-    from raydec.models.registry import REFERENCE_NAME, T2I_LOADERS, checkpoint_model_type, resolve_t2i_path
+    from raydec.config import parse_image_size
+    from raydec.models.registry import REFERENCE_NAME, T2I_LOADERS, checkpoint_model_type, resolve_t2i_path, t2i_size_problem
 
     path = resolve_t2i_path(job.model)
     try:
@@ -97,6 +98,11 @@ def check_model(job: JobConfig) -> None:
         raise ModelNotFoundError(
             f"model: {job.model!r} is a {model_type!r} checkpoint; text-to-image supports {sorted(T2I_LOADERS)}"
         )
+    size = parse_image_size(job.size)
+    if size is not None:
+        problem = t2i_size_problem(path, *size)
+        if problem is not None:
+            raise ValueError(f"{problem} (model {job.model!r})")
     if "max_new_tokens" in job.decode.model_fields_set:
         raise ValueError(
             f"decode.max_new_tokens: {job.decode.max_new_tokens} set, but an image's length is the model's image layout; "

@@ -74,10 +74,11 @@ class T2IProcessor:
     def setup(self) -> None:
         import torch
 
-        from raydec.api import load_target  # in the actor: the driver never imports the models
+        from raydec.api import load_target, sized  # in the actor: the driver never imports the models
 
         torch.set_num_threads(self.config.threads)
-        self.pipeline = load_target(model=self.config.model, task="t2i", dtype=_torch_dtype(self.config.dtype), device=_device(self.config))
+        target = load_target(model=self.config.model, task="t2i", dtype=_torch_dtype(self.config.dtype), device=_device(self.config))
+        self.pipeline = sized(target, self.config.size)
         logger.info("t2i processor: loaded %s (%s, method %s)", self.config.model, self.config.dtype, self.method)
 
     def _generate(self, rows: List[Dict[str, Any]]) -> List[Any]:

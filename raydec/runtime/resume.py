@@ -1,5 +1,5 @@
 """Whether an output folder may take this job's rows: the resume identity (task, model, dtype,
-decode config, seed, input location and columns) and the weights' fingerprints recorded in its
+decode config, seed, input location and columns, image size) and the weights' fingerprints recorded in its
 manifest must match."""
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ class ResumeMismatchError(ValueError):
         self.detail, self.field = detail, field
 
 
-RESUME_KEYS = ("task", "model", "dtype", "decode", "seed", "input")
+RESUME_KEYS = ("task", "model", "dtype", "decode", "seed", "input", "size")
 """Job fields that must equal those of the manifest already in the output for a resume ("input":
-where the rows come from and which columns give their ids, seeds, prompts and images)."""
+where the rows come from and which columns give their ids, seeds, prompts and images; "size": the
+image size, unset and 'auto' alike)."""
 
 INPUT_IDENTITY = ("path", "format", "id_column", "seed_column", "prompt_column", "negative_prompt_column", "image_column",
                   "image_uri_column")
@@ -115,6 +116,7 @@ def _resume_identity(config: Dict[str, Any]) -> Dict[str, Any]:
     """The RESUME_KEYS of a dumped JobConfig (the seed lives in its input section)."""
     identity = {key: config.get("input", {}).get("seed") if key == "seed" else config.get(key) for key in RESUME_KEYS}
     identity["decode"] = _decode_identity(identity["decode"])
+    identity["size"] = None if identity["size"] == "auto" else identity["size"]  # a manifest from before sizes has none
     if isinstance(identity["input"], dict):
         identity["input"] = {key: identity["input"].get(key) for key in INPUT_IDENTITY}
     return identity

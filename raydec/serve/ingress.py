@@ -231,20 +231,18 @@ class Ingress:
         if not body.prompt.strip():
             raise APIError(400, "prompt: is blank", param="prompt", code="invalid_value")
         info = await self._info(name)
-        if body.size not in (None, "auto", info["size"]):
-            raise APIError(400, f"size: {body.size[:40]!r} is not available; model {name!r} makes {info['size']} images",
-                           param="size", code="unsupported_value")
+        size = info["size"] if body.size in (None, "auto") else body.size  # the replica refuses one the model cannot make
         payload = body.model_dump()
         created = int(time.time())
         events = self._with_timeout(self._events(name, "generate_images", payload))
         if body.stream:
-            return await self._stream(events, lambda event: self._image_event(event, created, info["size"]))
+            return await self._stream(events, lambda event: self._image_event(event, created, size))
         images: list[Optional[dict[str, Any]]] = [None] * body.n
         async for event in events:
             if event["kind"] == "image":
                 images[event["index"]] = event
         data = [{"b64_json": base64.b64encode(image["png"]).decode(), "revised_prompt": None} for image in images]
-        return {"created": created, "data": data, "output_format": "png", "size": info["size"],
+        return {"created": created, "data": data, "output_format": "png", "size": size,
                 "usage": self._image_usage([image["stats"] for image in images])}
 
     @staticmethod

@@ -11,6 +11,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from raydec.config import IMAGE_SIZE_PATTERN
 from raydec.validation import text_problem
 
 
@@ -37,7 +38,11 @@ class ImageGenerationRequest(_Body):
     prompt: Text = Field(..., min_length=1, description="What the image shows.")
     model: Optional[str] = Field(None, description="A served text-to-image model; unset: the first one.")
     n: int = Field(1, ge=1, le=16, description="Images to generate (at most the server's limits.max_n).")
-    size: Optional[str] = Field(None, description="'auto' or the model's WIDTHxHEIGHT; other sizes are a 400.")
+    size: Optional[str] = Field(
+        None, pattern=IMAGE_SIZE_PATTERN,
+        description="'auto' (the model's own) or WIDTHxHEIGHT; a model that makes several sizes (Emu3) takes others, "
+        "a size the model cannot make is a 400 naming those it can.",
+    )
     response_format: Optional[Literal["b64_json", "url"]] = Field(None, description="b64_json only (url is a 400: nothing is stored).")
     output_format: Optional[Literal["png"]] = Field(None, description="png.")
     stream: bool = Field(False, description="Server-sent events: partial images as rows commit, then the image.")

@@ -55,7 +55,7 @@ class ImageWatcher(Watcher):
     def progress(self, session: Any) -> None:
         if self.sent >= self.partial_images or self.ticket is None:
             return
-        done, rows = session.rows_done(self.ticket), session.rows_per_image
+        done, rows = session.rows_done(self.ticket), session.rows_per_image(self.ticket)
         if done >= rows:
             return  # the final image follows
         due = done * (self.partial_images + 1) // rows  # partial images due by now
@@ -141,7 +141,8 @@ class ModelReplica:
         info: dict[str, Any] = {"task": self.served.task, "method": self.session.base.method, "pid": os.getpid()}
         if self.served.task == "t2i":
             height, width = target.image_size
-            info["size"] = f"{width}x{height}"
+            info["size"] = f"{width}x{height}"  # its own: what "auto" or no size gives
+            info["sizes"] = target.sizes
         return info
 
     def stats(self) -> dict[str, Any]:
@@ -169,7 +170,8 @@ class ModelReplica:
 
             def submit(row_seed: int = row_seed) -> Any:
                 return self.session.submit(request["prompt"], row_seed, method=method, cfg_scale=cfg_scale,
-                                           sampling=sampling or None, negative_prompt=request.get("negative_prompt"))
+                                           sampling=sampling or None, negative_prompt=request.get("negative_prompt"),
+                                           size=request.get("size"))
 
             self.loop.submit(submit, watcher)
             watchers.append(watcher)

@@ -53,6 +53,27 @@ def test_generate_writes_the_images_generate_images_gives(tmp_path):
         main(["generate", "a cat", "--parquet", str(table), "--out", str(tmp_path / "x")])
 
 
+def test_generate_makes_an_emu3_at_two_sizes_and_names_the_sizes_it_can(tmp_path):
+    """`--size WIDTHxHEIGHT` reaches the model: a tiny Emu3 (one token per 8x8 pixels) makes 32x32
+    and 16x24 images, each equal to generate_images at that size; 20x20 is refused, naming the sizes."""
+    from raydec.api import generate_images
+    from tests.t2i_toys import tiny_emu3
+
+    emu3 = str(tiny_emu3(tmp_path / "emu3", seed=0))
+    for size, (width, height) in (("32x32", (32, 32)), ("16x24", (16, 24))):
+        out = tmp_path / size
+        assert main(["generate", "a red circle", "--model", emu3, "--size", size, "--method", "sjd_pac", "--out", str(out)]) == 0
+        (row,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+        image = Image.open(row["image"])
+        assert image.size == (width, height)
+        (expected,) = generate_images(["a red circle"], model=emu3, decode={"method": "sjd_pac"}, seeds=[row["seed"]], size=size)
+        assert np.array_equal(np.asarray(image.convert("RGB")), np.asarray(expected.image))
+    with pytest.raises(SystemExit, match=r"size: '20x20' is not a size this Emu3 makes: widths and heights in multiples of 8 pixels"):
+        main(["generate", "a red circle", "--model", emu3, "--size", "20x20", "--out", str(tmp_path / "bad")])
+    with pytest.raises(SystemExit, match=r"size: '16x16' is not a size this Janus makes: 64x64 only"):
+        main(["generate", "a red circle", "--size", "16x16", "--out", str(tmp_path / "janus")])
+
+
 def test_caption_prints_what_caption_images_gives(tmp_path, capsys):
     from raydec.api import caption_images
     from raydec.reference.shapes import sample_images

@@ -103,3 +103,34 @@ def test_an_unsupported_family_or_method_fails_before_ray_in_one_line(tmp_path):
         train_main(["--config", str(train)])
     assert re.search(r"data\.target: .* is a 'mllama' checkpoint; drafts train for", str(exited.value)), str(exited.value)
     assert not ray.is_initialized() and not (tmp_path / "out").exists() and not (tmp_path / "data").exists()
+
+
+def test_a_jobs_image_size_reaches_its_stage_and_a_size_the_model_cannot_make_fails_before_ray(tmp_path):
+    """`size` in a text-to-image job: checked against the checkpoint's config before Ray starts
+    (naming the sizes the model makes), handed to the stage, part of the resume identity; a
+    captioning job has none."""
+    import ray
+    from pydantic import ValidationError
+
+    from raydec.runtime import JobConfig, preflight
+    from raydec.runtime.resume import _resume_identity
+    from tests.t2i_toys import tiny_emu3
+
+    emu3 = str(tiny_emu3(tmp_path / "emu3", seed=0))
+    prompts = tmp_path / "prompts.parquet"
+    pq.write_table(pa.table({"id": ["a"], "prompt": ["a red circle"]}), prompts)
+    base = {"task": "t2i", "model": emu3, "input": {"path": str(prompts)}, "output": {"path": str(tmp_path / "out")}}
+    job = JobConfig.model_validate({**base, "size": "16x24"})
+    preflight(job)
+    assert job.processor_config().size == "16x24"
+    assert _resume_identity(job.model_dump(mode="json"))["size"] == "16x24"
+    assert _resume_identity({**job.model_dump(mode="json"), "size": "auto"})["size"] is None
+    with pytest.raises(ValueError, match=r"size: '20x20' is not a size this Emu3 makes: widths and heights in multiples of 8"):
+        preflight(JobConfig.model_validate({**base, "size": "20x20"}))
+    with pytest.raises(ValueError, match=r"size: '16x16' is not a size this Janus makes: 64x64 only"):
+        preflight(JobConfig.model_validate({**base, "model": "reference", "size": "16x16"}))
+    with pytest.raises(ValidationError, match="String should match pattern"):
+        JobConfig.model_validate({**base, "size": "large"})
+    with pytest.raises(ValidationError, match="only text-to-image makes images"):
+        JobConfig.model_validate({**base, "task": "caption", "model": "reference", "size": "16x24"})
+    assert not ray.is_initialized()

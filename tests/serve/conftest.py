@@ -16,8 +16,9 @@ API_KEY = "rk-test-7Hq2vX9pLm4Zt8Wc"  # the tests search every log line for it
 
 
 @pytest.fixture(scope="package")
-def serve_app() -> Iterator[dict]:
-    """Yields {"url", "key", "config"}: the app's base URL (routes under /v1) and its key."""
+def serve_app(tmp_path_factory) -> Iterator[dict]:
+    """Yields {"url", "key", "config", "emu3"}: the app's base URL (routes under /v1), its key and
+    the tiny Emu3 checkpoint it also serves (as model "emu3", at the sizes requests ask for)."""
     import ray
     from ray import serve
 
@@ -25,9 +26,12 @@ def serve_app() -> Iterator[dict]:
     from raydec.runtime.cluster import init_local_ray
     from raydec.serve import ServeConfig
 
+    from tests.t2i_toys import tiny_emu3
+
     if ray.is_initialized():
         ray.shutdown()
     (port,) = _free_ports(1)
+    emu3 = tiny_emu3(tmp_path_factory.mktemp("serve-emu3") / "ckpt", seed=0)
     config = ServeConfig.model_validate({
         "port": port,
         "api_keys": [API_KEY],
@@ -37,6 +41,8 @@ def serve_app() -> Iterator[dict]:
              "max_queued_requests": 64, "health_check_period_s": 2.0},
             {"name": "vlm", "task": "caption", "decode": {"method": "vispec"}, "max_batch_size": 8,
              "max_ongoing_requests": 2, "max_queued_requests": 2},  # small: the overload test fills it
+            {"name": "emu3", "task": "t2i", "model": str(emu3), "decode": {"method": "sjd_pac"}, "max_batch_size": 4,
+             "num_cpus": 0.25},
         ],
         "media": {"allowed_domains": ["localhost", "127.0.0.1"], "max_images_per_request": 2},
         "limits": {"max_request_bytes": 2 * 2**20, "max_n": 4, "request_timeout_s": 120, "header_timeout_s": 3.0,
@@ -46,7 +52,7 @@ def serve_app() -> Iterator[dict]:
     init_local_ray(num_cpus=2, env_vars=env_vars, object_store_memory=300 * 2**20)
     try:
         url = start(config, ready_timeout_s=300)
-        yield {"url": url, "key": API_KEY, "config": config}
+        yield {"url": url, "key": API_KEY, "config": config, "emu3": emu3}
     finally:
         try:
             serve.shutdown()

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.serve.helpers import pixels, stats
+from tests.serve.helpers import call, pixels, stats
 
 PROMPT = "a red circle on the left"
 
@@ -122,3 +122,25 @@ def test_a_request_sent_while_a_batch_decodes_joins_it(client, serve_app):
     steps = after["decode_steps"] - before["decode_steps"]
     rows = after["rows_stepped"] - before["rows_stepped"]
     assert rows > steps, "no decode step held A and B together"
+
+
+def test_an_emu3_serves_the_sizes_requests_ask_for(serve_app):
+    """`size` reaches the model: 32x32 and 16x24 images from a tiny Emu3 (one token per 8x8
+    pixels) in one app, each what generate_images makes at that size; a size it cannot make is a
+    400 naming the sizes it can."""
+    from raydec.api import generate_images
+
+    url, key = serve_app["url"], serve_app["key"]
+    for size, shape in (("32x32", (32, 32, 3)), ("16x24", (24, 16, 3))):
+        status, body, _ = call(url, "/v1/images/generations", {"prompt": "a red circle", "model": "emu3", "size": size,
+                                                               "seed": 4}, key=key)
+        assert status == 200 and body["size"] == size, body
+        image = pixels(body["data"][0]["b64_json"])
+        assert image.shape == shape
+        (expected,) = generate_images(["a red circle"], model=str(serve_app["emu3"]), decode={"method": "sjd_pac"}, seeds=[4],
+                                      size=size)
+        assert np.array_equal(image, np.asarray(expected.image))
+    status, body, _ = call(url, "/v1/images/generations", {"prompt": "a red circle", "model": "emu3", "size": "20x20"}, key=key)
+    assert status == 400 and "multiples of 8 pixels" in body["error"]["message"], body
+    status, body, _ = call(url, "/v1/images/generations", {"prompt": "a red circle", "model": "emu3", "size": "big"}, key=key)
+    assert status == 400 and body["error"]["param"] == "size", body
