@@ -144,3 +144,51 @@ def tiny_emu3(folder: Path, seed: int = 0, codebook: int = 48) -> Path:
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
     return folder
+
+
+def _image_token_name(code: int) -> str:
+    """Chameleon's name of image code ``code``: IMGIMG, the digits as letters A-J, then Z."""
+    return "IMGIMG" + "".join(chr(ord("A") + int(d)) for d in str(code)) + "Z"
+
+
+def tiny_chameleon(folder: Path, seed: int = 0, codebook: int = 24, max_cells: int = 4) -> Path:
+    """Save a random ``ChameleonForConditionalGeneration`` laid out as Lumina-mGPT (its image
+    layout tokens, image tokens named as Chameleon names them) and, in ``folder/vqgan``, a random
+    VQ-GAN in Meta's format (``vqgan.yaml`` and a ``vqgan.ckpt`` holding a ``state_dict``) whose
+    code covers 16 pixels, so a 32-pixel cell is 2 x 2 codes, as in Lumina-mGPT."""
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
+
+    from raydec.models.chameleon import END_OF_LINE, IMAGE_END, IMAGE_START, TURN_END, size_token
+    from raydec.models.vqgan import VQGanConfig, VQGanDecoder
+
+    folder = Path(folder)
+    images = [_image_token_name(code) for code in range(codebook)]
+    layout = [IMAGE_START, IMAGE_END, END_OF_LINE, TURN_END] + [size_token(n) for n in range(1, max_cells + 1)]
+    specials = ["<unk>", "<s>", "</s>", "<pad>", "<image>"] + layout
+    words = list(WORDS) + ["Generate", "an", "image", "of", "according", "to", "following", "prompt:", "x"]
+    tokenizer = _word_tokenizer(specials + images, words, "<s>", False, eos_token="</s>", pad_token="<pad>")
+    tokenizer.add_special_tokens({"additional_special_tokens": layout})
+    text = _llama_sizes(len(tokenizer), layers=2)
+    text["max_position_embeddings"] = 512
+    config = ChameleonConfig(
+        **text, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        vq_config=dict(embed_dim=4, num_embeddings=codebook, latent_channels=4, base_channels=32, channel_multiplier=[1, 1, 1, 1, 1],
+                       num_res_blocks=1, attn_resolutions=[], resolution=32),
+        vocabulary_map=tokenizer.get_vocab(), image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+    )
+    torch.manual_seed(seed)
+    model = ChameleonForConditionalGeneration(config)
+    _sharpen(model.model.layers, model.lm_head)
+    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    vqgan = VQGanDecoder(VQGanConfig(embed_dim=8, n_embed=codebook, z_channels=8, ch=32, ch_mult=(1, 1, 1, 1, 1), num_res_blocks=1,
+                                     attn_resolutions=(2,), resolution=32))
+    with torch.no_grad():
+        vqgan.quantize.embedding.weight.normal_()  # distinct codes decode to visibly different pixels
+    (folder / "vqgan").mkdir()
+    (folder / "vqgan" / "vqgan.yaml").write_text(vqgan.config.to_yaml())
+    torch.save({"state_dict": dict(vqgan.state_dict())},
+               folder / "vqgan" / "vqgan.ckpt")
+    return folder

@@ -1,4 +1,4 @@
-"""Shared pieces of the text-to-image adapters (Janus, Emu3, the reference model).
+"""Shared pieces of the text-to-image adapters (Janus, Emu3, Lumina-mGPT / Chameleon, the reference model).
 
 - ``ImagePrompt``: a prompt with an optional negative prompt (the CFG unconditional row).
 - ``ImageGenerator``: what ``api.generate_images`` needs from a text-to-image adapter on top of

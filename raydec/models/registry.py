@@ -2,7 +2,8 @@
 
 ``load_t2i_target("reference")`` loads the shipped reference model
 (``raydec/reference/weights/t2i``); any other string or path is a local ``from_pretrained``
-folder (Janus / Janus-Pro -> ``JanusT2ITarget``, Emu3 -> ``Emu3T2ITarget``).
+folder (Janus / Janus-Pro -> ``JanusT2ITarget``, Emu3 -> ``Emu3T2ITarget``, Lumina-mGPT and
+other Chameleon checkpoints -> ``ChameleonT2ITarget``).
 """
 
 from __future__ import annotations
@@ -34,24 +35,41 @@ def _load_emu3(path: Path, dtype: torch.dtype, **kwargs: Any) -> Any:
     return Emu3T2ITarget.from_pretrained(path, dtype=dtype, **kwargs)
 
 
+def _load_chameleon(path: Path, dtype: torch.dtype, **kwargs: Any) -> Any:
+    from raydec.models.chameleon import ChameleonT2ITarget
+
+    return ChameleonT2ITarget.from_pretrained(path, dtype=dtype, **kwargs)
+
+
 #: config.model_type -> loader(path, dtype, **adapter kwargs)
-T2I_LOADERS: dict[str, Callable[..., Any]] = {"janus": _load_janus, "emu3": _load_emu3}
+T2I_LOADERS: dict[str, Callable[..., Any]] = {"janus": _load_janus, "emu3": _load_emu3, "chameleon": _load_chameleon}
 
 
-def _janus_size_problem(config: Any, width: int, height: int) -> str | None:
+def _janus_size_problem(path: Path, config: Any, width: int, height: int) -> str | None:
     from raydec.models.janus import janus_size_problem
 
     return janus_size_problem(config, width, height)
 
 
-def _emu3_size_problem(config: Any, width: int, height: int) -> str | None:
+def _emu3_size_problem(path: Path, config: Any, width: int, height: int) -> str | None:
     from raydec.models.emu3 import emu3_size_problem
 
     return emu3_size_problem(config, width, height)
 
 
-#: config.model_type -> why a checkpoint of that config cannot make a size (None: it can)
-T2I_SIZE_PROBLEMS: dict[str, Callable[[Any, int, int], str | None]] = {"janus": _janus_size_problem, "emu3": _emu3_size_problem}
+def _chameleon_size_problem(path: Path, config: Any, width: int, height: int) -> str | None:
+    from raydec.models.chameleon import chameleon_size_problem
+    from raydec.models.vqgan import CONFIG_NAME, VQGanConfig
+
+    vqgan = path / "vqgan" / CONFIG_NAME  # the decoder beside the checkpoint (a vqgan_path elsewhere is checked at load)
+    pixels = VQGanConfig.from_yaml(vqgan).pixels_per_code if vqgan.is_file() else VQGanConfig().pixels_per_code
+    return chameleon_size_problem(pixels, width, height)
+
+
+#: config.model_type -> why a checkpoint (its folder and config) cannot make a size (None: it can)
+T2I_SIZE_PROBLEMS: dict[str, Callable[[Path, Any, int, int], str | None]] = {
+    "janus": _janus_size_problem, "emu3": _emu3_size_problem, "chameleon": _chameleon_size_problem,
+}
 
 
 def t2i_size_problem(model: str | Path, width: int, height: int) -> str | None:
@@ -63,7 +81,7 @@ def t2i_size_problem(model: str | Path, width: int, height: int) -> str | None:
     path = resolve_t2i_path(model)
     model_type = checkpoint_model_type(path)
     config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-    return T2I_SIZE_PROBLEMS[model_type](config, width, height) if model_type in T2I_SIZE_PROBLEMS else None
+    return T2I_SIZE_PROBLEMS[model_type](path, config, width, height) if model_type in T2I_SIZE_PROBLEMS else None
 
 
 def resolve_t2i_path(model: str | Path) -> Path:
