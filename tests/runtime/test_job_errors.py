@@ -76,6 +76,8 @@ def test_an_unsupported_family_or_method_fails_before_ray_in_one_line(tmp_path):
     from raydec.commands.train import main as train_main
     from raydec.runtime.entrypoint import job_main
 
+    ray.shutdown()  # an earlier test of this module may have started it: these checks must not
+
     def checkpoint(model_type: str):
         folder = tmp_path / model_type
         folder.mkdir()
@@ -85,7 +87,7 @@ def test_an_unsupported_family_or_method_fails_before_ray_in_one_line(tmp_path):
     prompts = tmp_path / "prompts.parquet"
     pq.write_table(pa.table({"id": ["a"], "prompt": ["a red circle"], "image_uri": [str(tmp_path / "x.png")]}), prompts)
     jobs = {
-        "chameleon t2i": ({"task": "t2i", "model": checkpoint("chameleon")}, r"'chameleon' checkpoint; text-to-image supports"),
+        "qwen2_vl t2i": ({"task": "t2i", "model": checkpoint("qwen2_vl")}, r"'qwen2_vl' checkpoint; text-to-image supports"),
         "janus caption": ({"task": "caption", "model": checkpoint("janus")}, r"'janus' checkpoint; captioning supports"),
         "vispec t2i": ({"task": "t2i", "model": "reference", "decode": {"method": "vispec"}},
                        r"decode\.method: 'vispec' is not a text-to-image method \(use ar, sjd, sjd_ac, sjd_pac\)"),
@@ -115,6 +117,8 @@ def test_a_jobs_image_size_reaches_its_stage_and_a_size_the_model_cannot_make_fa
     from raydec.runtime import JobConfig, preflight
     from raydec.runtime.resume import _resume_identity
     from tests.t2i_toys import tiny_emu3
+
+    ray.shutdown()  # an earlier test of this module may have started it: these checks must not
 
     emu3 = str(tiny_emu3(tmp_path / "emu3", seed=0))
     prompts = tmp_path / "prompts.parquet"
