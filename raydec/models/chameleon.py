@@ -40,7 +40,7 @@ from PIL import Image
 from raydec.config import SamplingConfig
 from raydec.models.base import PromptInputs, SharedVocabularyForward
 from raydec.models.generation_config import sampling_from_generation_config
-from raydec.models.image_gen import prompt_texts
+from raydec.models.image_gen import gathered_head, prompt_texts
 from raydec.models.vqgan import VQGanDecoder
 from raydec.speculative.sampling import VocabConstraint
 
@@ -98,13 +98,11 @@ class ChameleonT2ITarget(SharedVocabularyForward):
         self._ids = ids
         self.image_token_ids = torch.tensor([token for token, _ in codes], dtype=torch.long)
         self.output_token_ids = torch.cat([self.image_token_ids, torch.tensor([ids[END_OF_LINE], ids[IMAGE_END]])])
-        from raydec.models.emu3 import _gathered_head  # one copy of the head's rows of the output space
-
-        self.window_head = _gathered_head(model.lm_head, self.output_token_ids)
+        self.window_head = gathered_head(model.lm_head, self.output_token_ids)  # one copy of the output space's rows
         self._output_ids_on: dict = {}
-        self._views: dict[tuple[int, int], ChameleonT2ITarget] = {}
         self._set_size(*size)
-        self._views[size] = self
+        self._default_size = size
+        self._views: dict[tuple[int, int], ChameleonT2ITarget] = {size: self}  # (width, height) -> view, shared by every view
 
     def _set_size(self, width: int, height: int) -> None:
         problem = chameleon_size_problem(self.vqgan.config.pixels_per_code, width, height)
@@ -191,7 +189,7 @@ class ChameleonT2ITarget(SharedVocabularyForward):
 
     @property
     def sizes(self) -> str:
-        width, height = next(iter(self._views))
+        width, height = self._default_size
         return f"{chameleon_sizes()}; its own size is {width}x{height}"
 
     def with_size(self, width: int, height: int) -> "ChameleonT2ITarget":
@@ -201,7 +199,7 @@ class ChameleonT2ITarget(SharedVocabularyForward):
             try:
                 view._set_size(width, height)
             except ValueError as error:
-                raise ValueError(f"{error}; its own size is {next(iter(self._views))[0]}x{next(iter(self._views))[1]}") from None
+                raise ValueError(f"{error}; its own size is {self._default_size[0]}x{self._default_size[1]}") from None
             self._views[(width, height)] = view
         return self._views[(width, height)]
 

@@ -40,7 +40,7 @@ from PIL import Image
 from raydec.config import SamplingConfig
 from raydec.models.base import PromptInputs, SharedVocabularyForward
 from raydec.models.generation_config import sampling_from_generation_config
-from raydec.models.image_gen import pixels_to_pil, prompt_texts, vq_for_decoding
+from raydec.models.image_gen import gathered_head, pixels_to_pil, prompt_texts, vq_for_decoding
 from raydec.speculative.sampling import VocabConstraint
 
 logger = logging.getLogger(__name__)
@@ -114,12 +114,13 @@ class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share 
         eol_o, eof_o, eoi_o, eos_o = codes, codes + 1, codes + 2, codes + 3
         pad_o = codes + 3 if int(pad) == int(eos) else codes + 4
         self._layout_ids = dict(eol=eol_o, eof=eof_o, eoi=eoi_o, eos=eos_o, pad=pad_o)
-        self.window_head = _gathered_head(model.lm_head, self.output_token_ids)
+        self.window_head = gathered_head(model.lm_head, self.output_token_ids)
         self._output_ids_on: dict = {}
         self.pixels_per_token = emu3_pixels_per_token(model.config)
         self._set_grid(int(height), int(width), ratio, image_area)
         self._default_size = self.image_size
-        self._views: dict[tuple[int, int], Emu3T2ITarget] = {self.image_size: self}  # (height, width) -> view, shared by all
+        self._views: dict[tuple[int, int], Emu3T2ITarget] = {(width * self.pixels_per_token, height * self.pixels_per_token): self}
+        # (width, height) in pixels -> the view making that size, one dict shared by every view
 
     def _set_grid(self, height: int, width: int, ratio: str, image_area: int) -> None:
         """The h x w token grid an image takes, and the processor knobs that give it in the prompt."""
@@ -135,8 +136,8 @@ class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share 
 
     def with_size(self, width: int, height: int) -> "Emu3T2ITarget":
         """A view of this model at ``width`` x ``height`` (the same weights and gathered head)."""
-        if (height, width) in self._views:
-            return self._views[(height, width)]
+        if (width, height) in self._views:
+            return self._views[(width, height)]
         problem = emu3_size_problem(self.model.config, width, height)
         if problem is not None:
             raise ValueError(f"{problem}; its own size is {self._default_size[1]}x{self._default_size[0]}")
@@ -151,9 +152,8 @@ class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share 
         if limit is not None and len(view.prompt_ids("")) + view.num_image_tokens > limit:
             raise ValueError(f"size: '{width}x{height}' needs {view.num_image_tokens} tokens, more than the model's "
                              f"{limit} positions leave; it makes {self.sizes}")
-        self._views[(height, width)] = view
+        self._views[(width, height)] = view
         return view
-
 
     @classmethod
     def from_pretrained(
@@ -287,15 +287,3 @@ def emu3_size_problem(config: Any, width: int, height: int) -> str | None:
     if width % step or height % step:
         return f"size: '{width}x{height}' is not a size this Emu3 makes: {emu3_sizes(config)}"
     return None
-
-
-def _gathered_head(head: torch.nn.Module, rows: torch.Tensor) -> torch.nn.Linear:
-    """The output head restricted to ``rows`` ([K] vocabulary ids): one copy of those rows."""
-    weight = head.weight.detach()
-    gathered = torch.nn.Linear(weight.shape[1], len(rows), bias=getattr(head, "bias", None) is not None,
-                               device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        gathered.weight.copy_(weight[rows.to(weight.device)])
-        if gathered.bias is not None:
-            gathered.bias.copy_(head.bias.detach()[rows.to(weight.device)])
-    return gathered.requires_grad_(False)

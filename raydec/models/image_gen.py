@@ -8,6 +8,7 @@
   checkpoint's ``generation_config`` -> our ``SamplingConfig``.
 - ``pixels_to_pil``: VQ decoder output -> PIL images, undoing the processor's normalisation.
 - ``vq_for_decoding``: the VQ model, in float32 when it sits on a CPU in half precision.
+- ``gathered_head``: an output head restricted to the rows of an adapter's output space.
 """
 
 from __future__ import annotations
@@ -117,3 +118,15 @@ def pixels_to_pil(pixels: torch.Tensor, image_processor: Any, channels_last: boo
     rescale = float(getattr(image_processor, "rescale_factor", None) or 1 / 255)
     array = np.clip(np.round(array / rescale), 0, 255).astype(np.uint8)
     return [Image.fromarray(image) for image in array]
+
+
+def gathered_head(head: torch.nn.Module, rows: torch.Tensor) -> torch.nn.Linear:
+    """The output head restricted to ``rows`` ([K] vocabulary ids): one copy of those rows."""
+    weight = head.weight.detach()
+    gathered = torch.nn.Linear(weight.shape[1], len(rows), bias=getattr(head, "bias", None) is not None,
+                               device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        gathered.weight.copy_(weight[rows.to(weight.device)])
+        if gathered.bias is not None:
+            gathered.bias.copy_(head.bias.detach()[rows.to(weight.device)])
+    return gathered.requires_grad_(False)
