@@ -33,11 +33,11 @@ def main(argv: list[str] | None = None, prog: str = "raydec train") -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:  # a bad config, target or output folder: one clear message, before Ray starts
         job = DraftJobConfig.from_yaml(args.config)
-        values = job.model_dump()
+        values = job.model_dump(exclude_unset=True)  # what the file set stays what was set (checks read it)
         if args.samples is not None:
-            values["data"]["num_samples"] = args.samples
+            values.setdefault("data", {})["num_samples"] = args.samples
         if args.steps is not None:
-            for draft in values["drafts"]:
+            for draft in values.setdefault("drafts", [{}]):
                 draft["steps"] = args.steps
         try:  # overrides are checked like the file (a 0 or negative count is an error, not ignored)
             job = DraftJobConfig.model_validate(values)
