@@ -31,7 +31,7 @@ from __future__ import annotations
 import copy
 import logging
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,9 +40,8 @@ from PIL import Image
 from raydec.config import SamplingConfig
 from raydec.models.base import PromptInputs, SharedVocabularyForward
 from raydec.models.generation_config import sampling_from_generation_config
-from raydec.models.image_gen import gathered_head, prompt_texts
+from raydec.models.image_gen import CodesThenLayout, gathered_head, prompt_texts
 from raydec.models.vqgan import VQGanDecoder
-from raydec.speculative.sampling import VocabConstraint
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +77,7 @@ class ChameleonLayout:
         return torch.where(gen_index == body, torch.full_like(gen_index, self.end), forced)
 
 
-class ChameleonT2ITarget(SharedVocabularyForward):
+class ChameleonT2ITarget(CodesThenLayout, SharedVocabularyForward):
     """``ChameleonForConditionalGeneration`` (Lumina-mGPT) as a ``DecodingTarget`` over its image
     tokens; ``vqgan`` decodes them. size: (width, height) in pixels, multiples of 32."""
 
@@ -97,6 +96,7 @@ class ChameleonT2ITarget(SharedVocabularyForward):
             raise ValueError(f"Chameleon checkpoint: its tokenizer lacks {unknown} (Lumina-mGPT's image layout tokens)")
         self._ids = ids
         self.image_token_ids = torch.tensor([token for token, _ in codes], dtype=torch.long)
+        self.num_codes = len(self.image_token_ids)
         self.output_token_ids = torch.cat([self.image_token_ids, torch.tensor([ids[END_OF_LINE], ids[IMAGE_END]])])
         self.window_head = gathered_head(model.lm_head, self.output_token_ids)  # one copy of the output space's rows
         self._output_ids_on: dict = {}
@@ -134,14 +134,6 @@ class ChameleonT2ITarget(SharedVocabularyForward):
     def vocab_size(self) -> int:
         """The image codes and the two layout tokens."""
         return int(self.output_token_ids.shape[0])
-
-    def _output_ids(self, device: torch.device) -> torch.Tensor:
-        if device not in self._output_ids_on:
-            self._output_ids_on[device] = self.output_token_ids.to(device)
-        return self._output_ids_on[device]
-
-    def embed_output_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.embed_prompt_tokens(self._output_ids(tokens.device)[tokens])
 
     def header_ids(self) -> list[int]:
         """The image start and the height and width tokens that open an image of this size."""
@@ -202,20 +194,6 @@ class ChameleonT2ITarget(SharedVocabularyForward):
                 raise ValueError(f"{error}; its own size is {self._default_size[0]}x{self._default_size[1]}") from None
             self._views[(width, height)] = view
         return self._views[(width, height)]
-
-    @property
-    def eos_token_ids(self) -> Sequence[int]:
-        return ()
-
-    def vocab_constraint(self) -> VocabConstraint:
-        """Image codes only, with the end of line and the end of image forced by index."""
-        allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
-        allowed[: len(self.image_token_ids)] = True
-        return VocabConstraint(allowed=allowed, forced=self._forced_on_device)
-
-    def _forced_on_device(self, gen_index: torch.Tensor) -> torch.Tensor:
-        # gen_index [B, N] -> forced ids [B, N] on the model's device, where the logits live
-        return self.layout(gen_index).to(self.device)
 
     def default_sampling(self) -> SamplingConfig:
         """The checkpoint's generation_config when it samples, else Lumina-mGPT's image defaults

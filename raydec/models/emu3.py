@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import logging
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from PIL import Image
@@ -40,8 +40,7 @@ from PIL import Image
 from raydec.config import SamplingConfig
 from raydec.models.base import PromptInputs, SharedVocabularyForward
 from raydec.models.generation_config import sampling_from_generation_config
-from raydec.models.image_gen import gathered_head, pixels_to_pil, prompt_texts, vq_for_decoding
-from raydec.speculative.sampling import VocabConstraint
+from raydec.models.image_gen import CodesThenLayout, gathered_head, pixels_to_pil, prompt_texts, vq_for_decoding
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +80,7 @@ class Emu3Layout:
         return forced
 
 
-class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share the text embeddings
+class Emu3T2ITarget(CodesThenLayout, SharedVocabularyForward):  # visual and layout tokens share the text embeddings
     """``Emu3ForConditionalGeneration`` as a ``DecodingTarget`` over its image tokens (see the
     module docstring): engine tokens index ``output_token_ids``.
 
@@ -109,7 +108,7 @@ class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share 
         self.visual_token_ids = torch.tensor(mapping.image_tokens, dtype=torch.long)
         layout_ids = [int(eol), int(tokenizer.eof_token_id), int(tokenizer.eoi_token_id), int(eos), int(pad)]
         self.output_token_ids = torch.cat([self.visual_token_ids, torch.tensor(layout_ids)])  # [K] vocabulary id of each output token
-        codes = len(self.visual_token_ids)
+        codes = self.num_codes = len(self.visual_token_ids)
         # output-space ids of the layout tokens (pad may equal eos: the first match is taken)
         eol_o, eof_o, eoi_o, eos_o = codes, codes + 1, codes + 2, codes + 3
         pad_o = codes + 3 if int(pad) == int(eos) else codes + 4
@@ -175,11 +174,6 @@ class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share 
         """K: the visual codes and the layout tokens."""
         return int(self.output_token_ids.shape[0])
 
-    def _output_ids(self, device: torch.device) -> torch.Tensor:
-        if device not in self._output_ids_on:
-            self._output_ids_on[device] = self.output_token_ids.to(device)
-        return self._output_ids_on[device]
-
     def to_vocab_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         """Output-space tokens -> the model's vocabulary ids (same shape)."""
         tokens = torch.as_tensor(tokens, dtype=torch.long)
@@ -195,9 +189,6 @@ class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share 
         if bool(bad.any()):
             raise ValueError(f"tokens: vocabulary id {int(ids[bad][0])} is not an Emu3 image or layout token")
         return tokens
-
-    def embed_output_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.embed_prompt_tokens(self._output_ids(tokens.device)[tokens])
 
     def prompt_ids(self, text: str) -> torch.Tensor:
         """``processor(text, return_for_image_generation=True)`` ids: BOS, prompt, image header. # [L]"""
@@ -231,20 +222,6 @@ class Emu3T2ITarget(SharedVocabularyForward):  # visual and layout tokens share 
     @property
     def image_size(self) -> tuple[int, int]:
         return self._image_size
-
-    @property
-    def eos_token_ids(self) -> Sequence[int]:
-        return ()
-
-    def vocab_constraint(self) -> VocabConstraint:
-        """Visual codes only, with the layout's end-of-line / end tokens forced by index."""
-        allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
-        allowed[: len(self.visual_token_ids)] = True
-        return VocabConstraint(allowed=allowed, forced=self._forced_on_device)
-
-    def _forced_on_device(self, gen_index: torch.Tensor) -> torch.Tensor:
-        # gen_index [B, N] -> forced ids [B, N] on the model's device, where the logits live
-        return self.layout(gen_index).to(self.device)
 
     def default_sampling(self) -> SamplingConfig:
         """The checkpoint's generation_config; CFG in log-softmax space (HF's unbatched CFG)."""

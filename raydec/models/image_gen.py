@@ -9,6 +9,8 @@
 - ``pixels_to_pil``: VQ decoder output -> PIL images, undoing the processor's normalisation.
 - ``vq_for_decoding``: the VQ model, in float32 when it sits on a CPU in half precision.
 - ``gathered_head``: an output head restricted to the rows of an adapter's output space.
+- ``CodesThenLayout``: an output space of image codes then layout tokens of the model's own
+  vocabulary, with the layout forced by index (Emu3, Chameleon).
 """
 
 from __future__ import annotations
@@ -130,3 +132,36 @@ def gathered_head(head: torch.nn.Module, rows: torch.Tensor) -> torch.nn.Linear:
         if gathered.bias is not None:
             gathered.bias.copy_(head.bias.detach()[rows.to(weight.device)])
     return gathered.requires_grad_(False)
+
+
+class CodesThenLayout:
+    """Adapters whose output space is image codes then layout tokens, all of the model's own
+    vocabulary (Emu3, Chameleon). Subclasses set ``output_token_ids`` ([K] vocabulary id of each
+    output token, the ``num_codes`` codes first), ``layout`` (gen_index [B, N] -> forced output ids,
+    -1 free) and ``_output_ids_on`` (a dict), and embed prompt-vocabulary ids (``embed_prompt_tokens``)."""
+
+    output_token_ids: torch.Tensor
+    num_codes: int
+    _output_ids_on: dict
+
+    def _output_ids(self, device: torch.device) -> torch.Tensor:
+        if device not in self._output_ids_on:
+            self._output_ids_on[device] = self.output_token_ids.to(device)
+        return self._output_ids_on[device]
+
+    def embed_output_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embed_prompt_tokens(self._output_ids(tokens.device)[tokens])  # type: ignore[attr-defined]
+
+    @property
+    def eos_token_ids(self) -> Sequence[int]:
+        return ()  # the layout's length ends a row
+
+    def vocab_constraint(self) -> VocabConstraint:
+        """The codes only, with the layout's tokens forced by index."""
+        allowed = torch.zeros(len(self.output_token_ids), dtype=torch.bool)
+        allowed[: self.num_codes] = True
+        return VocabConstraint(allowed=allowed, forced=self._forced_on_device)
+
+    def _forced_on_device(self, gen_index: torch.Tensor) -> torch.Tensor:
+        # gen_index [B, N] -> forced ids [B, N] on the model's device, where the logits live
+        return self.layout(gen_index).to(self.device)  # type: ignore[attr-defined]

@@ -58,3 +58,12 @@ def stats(app: dict, model: str) -> dict:
 def chat_image_message(image_url: str, text: str = "describe the image .") -> list[dict]:
     """One user turn: the image, then the question (the order caption_images uses)."""
     return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_url}}, {"type": "text", "text": text}]}]
+
+
+def assert_envelope(status: int, body: dict, expected: int, param: str | None = None) -> None:
+    """``status`` is ``expected`` and ``body`` OpenAI's error envelope (naming ``param`` when given)."""
+    assert status == expected, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if param is not None:
+        assert error["param"] == param, error

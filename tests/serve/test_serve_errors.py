@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import pytest
 from PIL import Image
 
-from tests.serve.helpers import call, chat_image_message, data_url, png_of
+from tests.serve.helpers import assert_envelope, call, chat_image_message, data_url, png_of
 
 
 def _png_declaring(width: int, height: int) -> bytes:
@@ -31,14 +31,6 @@ def _png_declaring(width: int, height: int) -> bytes:
 
 def _chat(image_url: str, **extra) -> dict:
     return {"model": "vlm", "messages": chat_image_message(image_url), "max_tokens": 4, **extra}
-
-
-def _assert_envelope(status: int, body: dict, expected: int, param: str | None = None) -> None:
-    assert status == expected, body
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"]
-    if param is not None:
-        assert error["param"] == param, error
 
 
 GOOD_IMAGE = data_url(png_of(Image.new("RGB", (32, 32), (0, 0, 255))))
@@ -76,16 +68,16 @@ CASES = {
 def test_bad_request_gets_its_4xx_in_the_openai_envelope(serve_app, name):
     path, body, expected = CASES[name]
     status, answer, _ = call(serve_app["url"], path, body, key=serve_app["key"])
-    _assert_envelope(status, answer, expected)
+    assert_envelope(status, answer, expected)
 
 
 def test_bad_json_and_oversized_bodies(serve_app):
     url, key = serve_app["url"], serve_app["key"]
     status, body, _ = call(url, "/v1/images/generations", raw=b"{not json", key=key)
-    _assert_envelope(status, body, 400)
+    assert_envelope(status, body, 400)
     big = json.dumps({"prompt": "x" * (3 * 2**20), "model": "t2i"}).encode()
     status, body, _ = call(url, "/v1/images/generations", raw=big, key=key)
-    _assert_envelope(status, body, 413)
+    assert_envelope(status, body, 413)
     # the same body without Content-Length (chunked): still refused at the cap
     parsed = urlparse(url)
     connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=60)
@@ -99,7 +91,7 @@ def test_bad_json_and_oversized_bodies(serve_app):
 
 def test_unknown_route_is_a_404_envelope(serve_app):
     status, body, _ = call(serve_app["url"], "/v1/embeddings", {"input": "x"}, key=serve_app["key"])
-    _assert_envelope(status, body, 404)
+    assert_envelope(status, body, 404)
 
 
 def test_keys_are_required_and_never_logged(serve_app):
@@ -107,7 +99,7 @@ def test_keys_are_required_and_never_logged(serve_app):
     wrong = "rk-wrong-Qz81vB6nX0"
     for given in (None, wrong):
         status, body, _ = call(url, "/v1/models", key=given)
-        _assert_envelope(status, body, 401)
+        assert_envelope(status, body, 401)
         assert body["error"]["type"] == "authentication_error"
     status, body, _ = call(url, "/v1/models", headers={"Authorization": f"Basic {base64.b64encode(key.encode()).decode()}"})
     assert status == 401
@@ -143,5 +135,5 @@ def test_overload_answers_503_with_retry_after(serve_app):
     assert len(statuses) == 10 and set(statuses) <= {200, 503}, statuses
     assert 200 in statuses and 503 in statuses, statuses
     status, body, headers = next(r for r in results if r[0] == 503)
-    _assert_envelope(status, body, 503)
+    assert_envelope(status, body, 503)
     assert int(headers["retry-after"]) >= 1

@@ -15,17 +15,9 @@ from urllib.parse import urlparse
 
 from PIL import Image
 
-from tests.serve.helpers import call, chat_image_message, data_url, png_of, stats
+from tests.serve.helpers import assert_envelope, call, chat_image_message, data_url, png_of, stats
 
 IMAGE = data_url(png_of(Image.new("RGB", (32, 32), (200, 0, 0))))
-
-
-def _assert_envelope(status: int, body: dict, expected: int, param: str | None = None) -> None:
-    assert status == expected, body
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"]
-    if param is not None:
-        assert error["param"] == param, error
 
 
 def _raw(url: str, request: bytes, timeout_s: float = 60) -> tuple[int, dict]:
@@ -56,7 +48,7 @@ def test_a_non_ascii_api_key_is_a_401_not_a_500(serve_app):
     for key in (b"Bearer \xe9", "Bearer clé-\u20ac".encode()):
         status, body = _raw(serve_app["url"], b"GET /v1/models HTTP/1.1\r\nHost: " + host.encode() + b"\r\nAuthorization: " + key
                             + b"\r\nConnection: close\r\n\r\n")
-        _assert_envelope(status, body, 401)
+        assert_envelope(status, body, 401)
 
 
 def test_a_lone_surrogate_in_any_text_is_a_400_naming_its_field(serve_app):
@@ -72,7 +64,7 @@ def test_a_lone_surrogate_in_any_text_is_a_400_naming_its_field(serve_app):
     ]
     for path, body, param in cases:
         status, answer, _ = call(url, path, raw=json.dumps(body).encode(), key=key)  # json.dumps writes \ud800 as an escape
-        _assert_envelope(status, answer, 400, param)
+        assert_envelope(status, answer, 400, param)
         assert "surrogate" in answer["error"]["message"], answer
 
 
@@ -81,7 +73,7 @@ def test_a_request_the_engine_refuses_leaves_no_watcher(serve_app):
     negative = " ".join(["red"] * 600)  # too many positions for the model: the replica refuses it at submit
     status, body, _ = call(serve_app["url"], "/v1/images/generations", {"prompt": "a circle", "model": "t2i",
                                                                          "negative_prompt": negative}, key=serve_app["key"])
-    _assert_envelope(status, body, 400)
+    assert_envelope(status, body, 400)
     after = _settled(serve_app, "t2i", "following", 0, timeout_s=5)
     assert after["following"] == 0 and after["active_rows"] == 0 and after["queued_rows"] == 0, after
     assert after["rows"] == before["rows"]
