@@ -143,14 +143,20 @@ def answers_at_temperatures(
     return results
 
 
+def caption_seeds(target: Any, seeds: Sequence[int], images: Sequence[Any], config: DataGenConfig,
+                  prompts: Sequence[str] | None = None) -> list[Any]:
+    """AR answers to ``prompts`` (default: ``config.prompt``) about ``images``, sample i at
+    ``config.temperature_of(seeds[i])`` (see :func:`answers_at_temperatures`)."""
+    return answers_at_temperatures(target, images, config.prompt if prompts is None else list(prompts), seeds,
+                                   config.temperature_of, config.max_new_tokens, config.batch_size)
+
+
 def generate_rows(target: Any, seeds: Sequence[int], images: Sequence[Any], prompts: Sequence[str],
                   config: DataGenConfig) -> list[dict[str, Any]]:
-    """The target's answers to ``prompts`` about ``images`` (sample i at
-    ``config.temperature_of(seeds[i])``, see :func:`answers_at_temperatures`), one storage row each."""
+    """The target's answers to ``prompts`` about ``images`` (:func:`caption_seeds`), one storage row each."""
     from raydec.models.hf_vlm import VlmPrompt
 
-    results = answers_at_temperatures(target, images, list(prompts), seeds, config.temperature_of, config.max_new_tokens,
-                                      config.batch_size)
+    results = caption_seeds(target, seeds, images, config, prompts)
     store = np.float16 if config.storage_dtype == "float16" else np.float32
     rows = []
     for seed, image, prompt, result in zip(seeds, images, prompts, results):
