@@ -9,7 +9,8 @@
 Rows are logical requests. Under CFG each row owns two model rows (conditional first, then
 unconditional) that share one window and one acceptance decision. Rows accept different
 numbers of tokens; finished rows leave the batch. A ``DecodeSession`` takes requests while it
-runs (continuous batching): queued requests take the places of finished or cancelled rows;
+runs (continuous batching): queued requests take the places of finished or cancelled rows, when
+the empty places have cost what a refill wastes (``raydec.speculative.refill``);
 their prefill runs on its own and its cache joins the batch's, so a drafted batch stays full
 instead of draining to its slowest row. ``Engine.generate`` is a loop over a session.
 
@@ -32,6 +33,7 @@ from raydec.config import DecodeConfig, SamplingConfig
 from raydec.speculative import random as streams
 from raydec.speculative.buffers import KeptBuffer
 from raydec.speculative.cache import RaggedCache
+from raydec.speculative.refill import RefillPolicy
 from raydec.speculative.prefill import left_pad, pad_layer_residuals, prefill_mask
 from raydec.speculative.proposers.base import DecodeState, Prefill, Proposer
 from raydec.speculative.random import RowRandom
@@ -129,6 +131,7 @@ class DecodeSession:
         self.random: RowRandom | None = None  # the active rows' streams, in batch order, on the device
         self.prob_dtype = torch.float32
         self.steps = 0  # decode steps run
+        self.refill = RefillPolicy()  # when queued rows join (raydec.speculative.refill)
         self._sampling: tuple[list[int], SamplingConfig | RowSampling] | None = None  # (rows, their sampling)
         self._probs = KeptBuffer()  # this step's P: lives until the proposer's ``observe``
 
@@ -194,13 +197,23 @@ class DecodeSession:
             return finished
         max_batch = self.max_batch or max(1, len(self.active) + len(self.queue))
         room = max_batch - len(self.active)
-        group = max(1, max_batch // 4)  # rows admitted together: one prefill and one cache copy for several
-        if self.queue and room >= min(group, len(self.queue)) and (not self.active or self.engine.proposer.admits_rows):
+        start = time.perf_counter()
+        if self.refill.should_admit(len(self.active), len(self.queue), max_batch) and (
+            not self.active or self.engine.proposer.admits_rows
+        ):
             joining, self.queue = self.queue[:room], self.queue[room:]
+            running = bool(self.active)
             self._admit(joining)
+            self.refill.admitted(time.perf_counter() - start, len(joining), while_decoding=running)
         else:
             self._decode_step()
+            self.refill.stepped(time.perf_counter() - start, len(self.active), len(self.queue), max_batch)
         return finished + self._retire()
+
+    @property
+    def occupancy(self) -> float | None:
+        """Mean share of ``max_batch`` decoding over the steps run while rows were queued (None: no row waited)."""
+        return self.refill.occupancy
 
     def _sampling_of(self, handles: list[int], device: torch.device) -> SamplingConfig | RowSampling:
         """The engine's config when every row uses it, else the rows' own (kept while they stay)."""

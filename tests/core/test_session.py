@@ -95,3 +95,13 @@ def test_a_rows_tokens_are_the_same_in_batch_1_and_16_in_any_order(llama, method
     shuffled = _engine(llama, method).generate([requests[i] for i in order])
     assert together == alone
     assert [shuffled[order.index(i)].tokens for i in range(16)] == alone
+
+
+def test_a_small_batch_is_refilled_every_step_while_rows_wait(llama):
+    """Up to seven places, a quarter of the batch is one place: a freed place is taken at once."""
+    session = _engine(llama, "sjd_pac").session(max_batch=4)
+    handles = [session.submit(r) for r in _requests(10)]
+    while session.busy:
+        session.step()
+    assert session.occupancy == 1.0
+    assert all(session.output(h).stats.finish_reason == "length" for h in handles)
