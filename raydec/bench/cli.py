@@ -15,12 +15,14 @@ from raydec.bench.pipeline import add_pipeline_parser
 from raydec.bench.serve import add_serve_parser
 from raydec.bench.step import add_step_parser
 from raydec.bench.t2i import add_t2i_parser
+from raydec.bench.throughput import add_throughput_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raydec bench", description=__doc__)
     subparsers = parser.add_subparsers(dest="which", required=True)
-    for add_parser in (add_engine_parser, add_step_parser, add_t2i_parser, add_caption_parser, add_pipeline_parser, add_serve_parser):
+    for add_parser in (add_engine_parser, add_step_parser, add_t2i_parser, add_caption_parser, add_pipeline_parser, add_serve_parser,
+                       add_throughput_parser):
         add_parser(subparsers)
     return parser
 

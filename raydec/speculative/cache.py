@@ -51,6 +51,10 @@ class RaggedCache:
         """The largest next position id of any row (host)."""
         return max(self.next_positions, default=0)
 
+    def nbytes(self) -> int:
+        """Bytes the keys and values hold now (every layer, every model row, holes included)."""
+        return sum(t.numel() * t.element_size() for layer in self.kv.layers for t in (layer.keys, layer.values) if t is not None and t.numel())
+
     def committed_lengths(self) -> torch.Tensor:
         """[M] number of valid slots per row."""
         return self.valid.sum(dim=1)

@@ -1,0 +1,305 @@
+"""`raydec bench throughput`: items per second against batch size, and the frontier.
+
+    raydec bench throughput --task t2i --batches 1,8,32                    # reference Janus: ar, sjd_pac
+    raydec bench throughput --task caption --batches 1,8,32                # reference VLM: ar, vispec
+    raydec bench throughput --task t2i --batches 1,8,32 --memory-budget 2e8
+
+A batch user compares speculation with plain AR at AR's best batch, not at ours. For every
+batch size this bench first tunes each speculative method's shape for that batch
+(``raydec.frontier.tune_for_batch`` on calibration rows, plain AR among the candidates), then
+decodes the measured rows with AR and with every candidate shape, the configs one after another
+in an order rotated by batch, and reports per (method, shape, batch):
+
+    items_per_s        rows finished per second
+    tokens_per_forward generated tokens per target forward
+    kv_bytes           the most bytes the batch's KV cache held (CFG rows, draft windows and
+                       holes included): the memory the batch needs
+    occupancy          mean share of the batch decoding while rows waited (continuous batching)
+    auto               true on the row of the shape the tuner chose for that batch (a method's
+                       ``auto`` may be plain AR)
+
+and the headline, ``frontier_ratio``: the best speculative items/s over the best AR items/s,
+each maximised over the batch sizes whose KV fits ``--memory-budget`` (default: every batch
+run). Table on stdout, JSON (``--json``: ``rows``, ``frontier_ratio``, ``frontier``) and a plot
+of items/s against batch, one line per method (``--plots``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from raydec.bench.common import folder_path_arg, json_path_arg, non_negative_int, parse_methods, positive_float, positive_int, print_table, resolve_device
+from raydec.models.base import synchronize
+
+logger = logging.getLogger(__name__)
+
+TASK_METHODS = {"t2i": ("ar", "sjd", "sjd_ac", "sjd_pac"), "caption": ("ar", "vispec", "eagle")}
+DEFAULT_METHODS = {"t2i": "ar,sjd_pac", "caption": "ar,vispec"}
+CALIBRATION_OFFSET = 50_000  # calibration rows come from seeds far from the measured ones
+
+
+@dataclass
+class Workload:
+    """One task's target, its decode config per method, and how to build its engines and rows."""
+
+    target: Any
+    base: dict[str, Any]  # method -> DecodeConfig (the method's own defaults)
+    engine: Callable[[Any], Any]  # DecodeConfig -> Engine
+    requests: Callable[[Any, int, int], list]  # (config, first, count) -> RowRequests
+
+
+@dataclass
+class Measured:
+    seconds: float
+    tokens: int
+    forwards: int
+    kv_bytes: int
+    occupancy: float | None
+
+
+def _t2i_workload(args: argparse.Namespace, dtype: torch.dtype, device: str) -> Workload:
+    from raydec.api import load_target
+    from raydec.api.inputs import image_decode_config
+    from raydec.config import DecodeConfig, JacobiDraftConfig
+    from raydec.models.image_gen import ImagePrompt
+    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
+    from raydec.speculative.engine import Engine
+    from raydec.speculative.proposers.factory import make_proposer
+    from raydec.speculative.requests import RowRequest
+
+    target = load_target(args.model, task="t2i", dtype=dtype, device=None if device == "cpu" else device)
+    base = {m: image_decode_config(DecodeConfig(method=m, batching=args.batching, draft=JacobiDraftConfig(init=args.init)), target)
+            for m in args.methods}
+
+    def engine(config: Any) -> Any:
+        return Engine(target, make_proposer(config, target), config, constraint=target.vocab_constraint(), eos_token_ids=target.eos_token_ids)
+
+    def requests(config: Any, first: int, count: int) -> list:
+        return [RowRequest(ImagePrompt(make_sample(HELD_OUT_SEED_START + first + i).prompt, None), seed=args.seed + first + i,
+                           max_new_tokens=config.max_new_tokens) for i in range(count)]
+
+    return Workload(target, base, engine, requests)
+
+
+def _caption_workload(args: argparse.Namespace, dtype: torch.dtype, device: str) -> Workload:
+    from raydec.api import draft_dtype, load_target
+    from raydec.api.inputs import caption_decode_config, max_positions
+    from raydec.config import DRAFT_METHODS, DecodeConfig
+    from raydec.models.hf_vlm import VlmPrompt
+    from raydec.models.loading import load_draft
+    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
+    from raydec.speculative.engine import Engine
+    from raydec.speculative.proposers.factory import make_proposer
+    from raydec.speculative.requests import RowRequest
+
+    target = load_target(args.model, task="caption", dtype=dtype, device=None if device == "cpu" else device)
+    base = {m: caption_decode_config(DecodeConfig(method=m, batching=args.batching, max_new_tokens=args.max_new_tokens), target)
+            for m in args.methods}
+    drafts = {m: load_draft(target, m, args.model, None, dtype=draft_dtype(target, "auto")) for m in args.methods if m in DRAFT_METHODS}
+
+    def engine(config: Any) -> Any:
+        draft = drafts.get(config.method)
+        return Engine(target, make_proposer(config, target, draft), config, eos_token_ids=target.eos_token_ids,
+                      max_positions=max_positions(target))
+
+    def requests(config: Any, first: int, count: int) -> list:
+        rows = []
+        for i in range(count):
+            image = to_pil(make_sample(HELD_OUT_SEED_START + first + i).image)
+            rows.append(RowRequest(VlmPrompt(target.format_prompt(args.prompt, 1), [image]), seed=args.seed + first + i,
+                                   max_new_tokens=config.max_new_tokens))
+        return rows
+
+    return Workload(target, base, engine, requests)
+
+
+def decode_rows(workload: Workload, config: Any, requests: list, batch: int, continuous: bool) -> Measured:
+    """Decode ``requests`` at ``batch`` (continuously batched, or in consecutive batches) and measure."""
+    engine = workload.engine(config)
+    groups = [requests] if continuous else [requests[i : i + batch] for i in range(0, len(requests), batch)]
+    tokens = forwards = kv_bytes = 0
+    occupancy = None
+    synchronize(workload.target.device)
+    start = time.perf_counter()
+    for group in groups:
+        session = engine.session(max_batch=batch)
+        handles = [session.submit(r) for r in group]
+        while session.busy:
+            session.step()
+            if session.cache is not None:
+                kv_bytes = max(kv_bytes, session.cache.nbytes())
+        for handle in handles:
+            out = session.output(handle)
+            tokens += len(out.tokens)
+            forwards += out.stats.target_forwards
+        if continuous:
+            occupancy = session.occupancy
+    synchronize(workload.target.device)
+    return Measured(time.perf_counter() - start, tokens, forwards, kv_bytes, occupancy)
+
+
+def frontier(rows: list[dict], budget: float | None) -> dict:
+    """Best AR and best speculative items/s over the batches whose KV fits ``budget`` bytes."""
+    fits = [r for r in rows if budget is None or r["kv_bytes"] <= budget]
+    ar = [r for r in fits if r["shape"] == "ar" and r["method"] == "ar"]
+    spec = [r for r in fits if r["method"] != "ar" and r["auto"]]
+    best_ar = max(ar, key=lambda r: r["items_per_s"], default=None)
+    best_spec = max(spec, key=lambda r: r["items_per_s"], default=None)
+    ratio = best_spec["items_per_s"] / best_ar["items_per_s"] if best_ar and best_spec else None
+    def brief(r: dict | None) -> dict | None:
+        return None if r is None else {k: r[k] for k in ("method", "batch", "shape", "items_per_s", "kv_bytes")}
+    return {"memory_budget": budget, "best_ar": brief(best_ar), "best_speculative": brief(best_spec), "frontier_ratio": ratio}
+
+
+def bench_throughput(args: argparse.Namespace) -> dict:
+    from raydec.api import continuous_batching
+    from raydec.frontier import candidate_configs, shape_label, tune_for_batch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.methods = parse_methods(args.methods or DEFAULT_METHODS[args.task], TASK_METHODS[args.task])
+    device = resolve_device(args.device)
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    workload = (_t2i_workload if args.task == "t2i" else _caption_workload)(args, dtype, device)
+    continuous = continuous_batching(device, args.batching)
+    rows: list[dict] = []
+    tuned: list[dict] = []
+    warm = workload.base["ar"]
+    decode_rows(workload, warm, workload.requests(warm, 0, 1), 1, continuous)  # warm-up
+    for turn, batch in enumerate(args.batches):
+        items = max(args.items, 2 * batch)
+        calibration = max(args.calibration, batch)
+        configs: dict[str, Any] = {}  # shape label -> config, AR first
+        chosen: dict[str, str] = {}
+        for method in args.methods:
+            if method == "ar":
+                configs.setdefault("ar", workload.base["ar"])
+                continue
+            candidates = candidate_configs(workload.base[method])
+            for config in candidates:
+                configs.setdefault(f"{method}:{shape_label(config)}" if config.method != "ar" else "ar", config)
+            def seconds(config: Any) -> float:
+                cal = workload.requests(config, CALIBRATION_OFFSET, calibration)
+                return decode_rows(workload, config, cal, batch, continuous).seconds
+            t0 = time.perf_counter()
+            best, trials = tune_for_batch(seconds, candidates, calibration, rounds=args.rounds)
+            chosen[method] = shape_label(best)
+            tuned.append({"method": method, "batch": batch, "chosen": chosen[method], "tune_seconds": time.perf_counter() - t0,
+                          "trials": [{"shape": shape_label(t.config), "rows_per_s": t.rows_per_s, "ratio_to_ar": t.ratio_to_ar} for t in trials]})
+            logger.info("bench throughput: batch %d, %s tuned to %s in %.0f s", batch, method, chosen[method], tuned[-1]["tune_seconds"])
+        labels = list(configs)
+        labels = labels[turn % len(labels):] + labels[: turn % len(labels)]
+        measured = {}
+        for label in labels:
+            config = configs[label]
+            measured[label] = decode_rows(workload, config, workload.requests(config, 0, items), batch, continuous)
+            logger.info("bench throughput: batch %d %s: %.2f items/s", batch, label, items / measured[label].seconds)
+        for label, config in configs.items():  # AR's one row is its own choice
+            method = "ar" if label == "ar" else label.split(":")[0]
+            rows.append(_row(method, batch, shape_label(config), label == "ar", items, measured[label]))
+        for method, label in chosen.items():  # each method's tuned choice, as decoded in this run (it may be AR)
+            rows.append(_row(method, batch, label, True, items, measured["ar" if label == "ar" else f"{method}:{label}"]))
+    result = {
+        "bench": "throughput", "task": args.task, "model": str(args.model), "device": device, "dtype": args.dtype,
+        "threads": torch.get_num_threads(), "batching": "continuous" if continuous else "consecutive",
+        "batches": args.batches, "methods": args.methods, "rows": rows, "tuning": tuned,
+        "frontier": frontier(rows, args.memory_budget),
+    }
+    result["frontier_ratio"] = result["frontier"]["frontier_ratio"]
+    _print(result)
+    if args.plots is not None:
+        result["plot"] = str(_plot(result, args.plots))
+    return result
+
+
+def _row(method: str, batch: int, shape: str, auto: bool, items: int, m: Measured) -> dict:
+    return {"method": method, "batch": batch, "shape": shape, "auto": auto, "items": items,
+            "items_per_s": items / m.seconds, "tokens_per_forward": m.tokens / max(1, m.forwards),
+            "kv_bytes": m.kv_bytes, "occupancy": m.occupancy}
+
+
+def _print(result: dict) -> None:
+    best = {}
+    for r in result["rows"]:
+        best[r["batch"]] = max(best.get(r["batch"], 0.0), r["items_per_s"])
+    table = [[r["batch"], r["method"], r["shape"], "yes" if r["auto"] else "", f"{r['items_per_s']:.2f}",
+              f"{r['items_per_s'] / best[r['batch']]:.2f}", f"{r['tokens_per_forward']:.2f}", f"{r['kv_bytes'] / 2**20:.1f}",
+              "-" if r["occupancy"] is None else f"{r['occupancy']:.3f}"]
+             for r in sorted(result["rows"], key=lambda r: (r["batch"], r["method"] != "ar", not r["auto"], -r["items_per_s"]))]
+    print_table(f"raydec bench throughput --task {result['task']} ({result['device']}, {result['dtype']}, {result['threads']} thread(s), "
+                f"{result['batching']} batching)",
+                ["batch", "method", "shape", "auto", "items/s", "x best", "tokens/fwd", "KV MiB", "occupancy"], table)
+    f = result["frontier"]
+    if f["frontier_ratio"] is None:
+        print("\nfrontier: needs ar and a speculative method within the memory budget")
+        return
+    print(f"\nfrontier_ratio {f['frontier_ratio']:.2f}: best speculative {f['best_speculative']['items_per_s']:.2f} items/s "
+          f"({f['best_speculative']['method']} {f['best_speculative']['shape']} at batch {f['best_speculative']['batch']}) / "
+          f"best AR {f['best_ar']['items_per_s']:.2f} items/s (batch {f['best_ar']['batch']})"
+          + (f", KV within {f['memory_budget']:.3g} bytes" if f["memory_budget"] else ""))
+
+
+def _plot(result: dict, out_dir: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method in result["methods"]:
+        points = sorted((r["batch"], r["items_per_s"]) for r in result["rows"] if r["method"] == method and r["auto"])
+        ax.plot([b for b, _ in points], [v for _, v in points], marker="o", label=f"{method} (auto)" if method != "ar" else "ar")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("items per second")
+    ratio = result["frontier_ratio"]
+    ax.set_title(f"{result['task']}: frontier ratio {ratio:.2f}" if ratio else result["task"])
+    ax.legend()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"throughput_{result['task']}.png"
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _batches(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected batch sizes >= 1, got {text!r}")
+    return values
+
+
+def add_throughput_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser("throughput", help="items/s against batch size, the shape tuned per batch, and the frontier ratio",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", choices=("t2i", "caption"), default="t2i")
+    parser.add_argument("--model", default="reference", help='"reference" or a local checkpoint folder of the task')
+    parser.add_argument("--methods", default=None, help="comma-separated, ar included (t2i: ar,sjd,sjd_ac,sjd_pac; caption: ar,vispec,eagle)")
+    parser.add_argument("--batches", type=_batches, default=[1, 8, 32], help="batch sizes (comma-separated)")
+    parser.add_argument("--items", type=positive_int, default=16, help="measured rows per (shape, batch); at least twice the batch")
+    parser.add_argument("--calibration", type=positive_int, default=4, help="calibration rows the tuner decodes; at least the batch")
+    parser.add_argument("--rounds", type=positive_int, default=2, help="tuning rounds (every candidate against AR in each)")
+    parser.add_argument("--memory-budget", type=positive_float, default=None, help="KV bytes a batch may use for the frontier (default: any)")
+    parser.add_argument("--init", choices=("uniform", "left", "above"), default="left", help="SJD fresh-draft prior")
+    parser.add_argument("--prompt", default="describe the image .", help="caption task: the question")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128, help="caption task: tokens per caption at most")
+    parser.add_argument("--seed", type=non_negative_int, default=0)
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--batching", choices=("auto", "continuous", "consecutive"), default="auto",
+                        help="auto: continuous on an accelerator, consecutive batches on a CPU")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    parser.add_argument("--threads", type=non_negative_int, default=0, help="torch threads (0 = torch default)")
+    parser.add_argument("--plots", type=folder_path_arg, default=Path("bench_out"), help="folder for the plot")
+    parser.add_argument("--json", type=json_path_arg, default=None, help="write results here")
+    parser.set_defaults(bench=bench_throughput)
