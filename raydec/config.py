@@ -123,7 +123,12 @@ class DecodeConfig(StrictModel):
         "ar", description="Decoding method (proposer); every method uses the same lossless verifier."
     )
     max_new_tokens: int = Field(256, ge=1, le=65536, description="Upper bound on generated tokens per row.")
-    draft: JacobiDraftConfig = Field(default_factory=JacobiDraftConfig, description="Draft window / tree shape.")
+    draft: JacobiDraftConfig | Literal["auto"] = Field(
+        default_factory=JacobiDraftConfig,
+        description="Draft window / tree shape (sjd, sjd_ac, sjd_pac). auto: tuned for the batch size on this device, "
+        "plain AR among the candidates (see docs/benchmarking.md, the frontier), cached on disk and recorded in a "
+        "job's manifest.",
+    )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Target sampling distribution.")
     compaction: Literal["auto", "always", "never"] = Field(
         "auto", description="When the ragged KV cache drops rejected slots physically."
@@ -136,8 +141,9 @@ class DecodeConfig(StrictModel):
         "consecutive on a CPU (a step costs in proportion to its rows). It changes speed, not the output law: each "
         "row's randomness is its own (in low precision, batched kernels may round a row differently).",
     )
-    draft_tree: DraftTreeConfig | None = Field(
-        None, description="Draft-model tree (vispec, eagle); None: DraftTreeConfig.for_temperature(sampling.temperature)."
+    draft_tree: DraftTreeConfig | Literal["auto"] | None = Field(
+        None, description="Draft-model tree (vispec, eagle); None: DraftTreeConfig.for_temperature(sampling.temperature); "
+        "auto: tuned for the batch size, as for draft.",
     )
     draft_model: str | None = Field(
         None, min_length=1,
@@ -152,8 +158,15 @@ class DecodeConfig(StrictModel):
     )
 
     @property
+    def auto_shape(self) -> bool:
+        """Whether this method's draft shape is "auto" (to be tuned for a batch size before decoding)."""
+        return (self.method in JACOBI_METHODS and self.draft == "auto") or (self.method in DRAFT_METHODS and self.draft_tree == "auto")
+
+    @property
     def tree(self) -> DraftTreeConfig:
         """The draft tree this config decodes with (``draft_tree`` or the temperature's default)."""
+        if self.draft_tree == "auto":
+            raise ValueError("decode.draft_tree='auto': the tree is chosen for a batch size first (raydec.api.frontier)")
         return self.draft_tree or DraftTreeConfig.for_temperature(self.sampling.temperature)
 
 

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from PIL import Image
 
 from raydec.api.batching import continuous_batching, decode_batches, progress_callback
+from raydec.api.frontier import auto_shape
 from raydec.api.inputs import (
     as_decode_config, as_image_list, caption_decode_config, check_batch_size, check_seeds, check_text, max_positions,
 )
@@ -40,6 +41,21 @@ class CaptionResult:
     latency_s: float
     finish_reason: str
     accepted_lengths: list[int] = field(default_factory=list)
+
+
+def draft_folder(model: Any, target: Any, config: DecodeConfig) -> str | None:
+    """The folder of the draft ``config`` decodes with (its weights are part of a tuned shape's key), if known."""
+    if config.method not in DRAFT_METHODS:
+        return None
+    if config.draft_model is not None:
+        return config.draft_model
+    from raydec.models.registry import resolve_draft_path
+
+    source = model if isinstance(model, (str, Path)) else getattr(getattr(target, "model", None), "name_or_path", None)
+    try:
+        return str(resolve_draft_path(source, config.method, None)) if source else None
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def caption_text(target: Any, tokens: Sequence[int]) -> str:
@@ -112,6 +128,12 @@ def caption_images(
         RowRequest(VlmPrompt(target.format_prompt(q, len(imgs)), imgs), seed=int(seed), max_new_tokens=config.max_new_tokens)
         for q, imgs, seed in zip(questions, rows, seeds)
     ]
+    if config.auto_shape:  # chosen for this batch size on the call's first rows (cached per weights, device, batch)
+        def calibrate(candidate: DecodeConfig, count: int) -> None:
+            caption_images(rows[:count], prompt=questions[:count], model=target, decode=candidate, seeds=seeds[:count], batch_size=batch_size)
+
+        config = auto_shape(config, target, batch_size, calibrate, len(rows), str(target.dtype).removeprefix("torch."),
+                            draft_folder(model, target, config))
     results: list[CaptionResult] = []
     bar = None
     if progress:

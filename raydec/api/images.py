@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from raydec.api.batching import continuous_batching, decode_batches, progress_callback
+from raydec.api.frontier import auto_shape
 from raydec.api.inputs import as_decode_config, check_inputs, check_positions, image_decode_config, sized
 from raydec.config import IMAGE_METHODS, DecodeConfig
 from raydec.models.image_gen import ImagePrompt
@@ -103,6 +104,12 @@ def generate_images(
         for text, seed, negative in zip(prompts, seeds, negatives)
     ]
     check_positions(target, requests, 2 if config.sampling.uses_cfg else 1)
+    if config.auto_shape:  # chosen for this batch size on the call's first rows (cached per weights, device, batch)
+        def calibrate(candidate: DecodeConfig, rows: int) -> None:
+            generate_images(prompts[:rows], model=target, decode=candidate, seeds=seeds[:rows],
+                            negative_prompts=negatives[:rows] if negative_prompts is not None else None, batch_size=batch_size)
+
+        config = auto_shape(config, target, batch_size, calibrate, len(prompts), str(target.dtype).removeprefix("torch."))
     results: list[ImageResult] = []
     bar = None
     if progress:

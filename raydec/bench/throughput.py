@@ -160,7 +160,7 @@ def frontier(rows: list[dict], budget: float | None) -> dict:
 
 def bench_throughput(args: argparse.Namespace) -> dict:
     from raydec.api import continuous_batching
-    from raydec.frontier import candidate_configs, shape_label, tune_for_batch
+    from raydec.api.frontier import candidate_configs, shape_label, tune_for_batch
 
     if args.threads:
         torch.set_num_threads(args.threads)

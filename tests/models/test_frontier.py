@@ -3,6 +3,7 @@ window's forward costs far more than a one-token forward."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from raydec.api import generate_images, load_target
 from raydec.config import DecodeConfig, JacobiDraftConfig
-from raydec.frontier import candidate_configs, shape_label, tune_for_batch
+from raydec.api.frontier import ShapeCache, apply_shape, candidate_configs, resolve_shape, shape_label, tune_for_batch
 from tests.t2i_toys import tiny_janus
 
 
@@ -38,8 +39,12 @@ def janus(tmp_path_factory):
 def test_candidates_start_with_ar_and_keep_the_methods_prior_and_sampling():
     base = DecodeConfig(method="sjd_pac", draft=JacobiDraftConfig(init="left"), max_new_tokens=64)
     candidates = candidate_configs(base, windows=(8, 16))
-    assert [shape_label(c) for c in candidates] == ["ar", "window=8", "window=8,K=3,D=1", "window=16", "window=16,K=3,D=1"]
-    assert all(c.draft.init == "left" and c.max_new_tokens == 64 for c in candidates)
+    assert [shape_label(c) for c in candidates] == ["ar", "window=8,init=left", "window=8,K=3,D=1,init=left",
+                                                       "window=16,init=left", "window=16,K=3,D=1,init=left"]
+    assert all(c.max_new_tokens == 64 for c in candidates) and all(c.draft.init == "left" for c in candidates[1:])
+    auto = candidate_configs(base.model_copy(update={"draft": "auto"}), windows=(16,))
+    assert [shape_label(c) for c in auto] == ["ar", "window=16,init=uniform", "window=16,K=3,D=1,init=uniform",
+                                              "window=16,init=left", "window=16,K=3,D=1,init=left"]
     trees = candidate_configs(DecodeConfig(method="vispec"))
     assert shape_label(trees[0]) == "ar" and all(c.method == "vispec" for c in trees[1:])
     with pytest.raises(ValueError, match="AR must come first"):
@@ -60,3 +65,30 @@ def test_ar_is_chosen_where_a_window_costs_far_more_than_one_token(janus):
     assert chosen.method == "ar", [(shape_label(t.config), t.ratio_to_ar) for t in trials]
     assert all(t.ratio_to_ar < 1.0 for t in trials[1:])  # every window paid more than it saved
     assert trials[0].ratio_to_ar == 1.0
+
+
+def test_auto_decodes_with_ar_where_speculation_does_not_pay(janus, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYDEC_CACHE_DIR", str(tmp_path))
+    costly = CostlyWindows(janus, seconds_per_token=0.01)
+    results = generate_images(["a red circle", "two blue squares"], model=costly,
+                              decode={"method": "sjd_pac", "draft": "auto"}, seeds=[1, 2], batch_size=2)
+    assert all(r.tokens_per_forward == 1.0 for r in results)  # one token per forward: plain AR
+    [entry] = (tmp_path / "shapes").glob("*.json")
+    assert '"method": "ar"' in entry.read_text()
+
+
+def test_a_tuned_shape_is_cached_and_reused_and_decodes_as_the_shape_it_records(janus, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYDEC_CACHE_DIR", str(tmp_path))
+    prompts, seeds = ["a red circle", "two blue squares", "a green triangle"], [3, 4, 5]
+    auto = {"method": "sjd_pac", "draft": "auto"}
+    first = generate_images(prompts, model=janus, decode=auto, seeds=seeds, batch_size=2)
+    cache = ShapeCache(tmp_path / "shapes")
+    [entry] = cache.folder.glob("*.json")
+    calls = []
+    again = resolve_shape(DecodeConfig(**auto), 2, lambda c: calls.append(c) or 1.0, 2,
+                          key=json.loads(entry.read_text())["key"], cache=cache)
+    assert calls == [] and again[1]["tuned"] is False  # from the cache, nothing decoded
+    second = generate_images(prompts, model=janus, decode=auto, seeds=seeds, batch_size=2)
+    fixed = generate_images(prompts, model=janus, decode=apply_shape(DecodeConfig(**auto), again[1]), seeds=seeds, batch_size=2)
+    assert [r.tokens for r in first] == [r.tokens for r in second] == [r.tokens for r in fixed]
+    assert len(list(cache.folder.glob("*.json"))) == 1

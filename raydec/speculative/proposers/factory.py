@@ -29,6 +29,10 @@ def make_proposer(decode: DecodeConfig, target: Any, draft: Any = None) -> Propo
     ``draft``, a loaded draft model (``raydec.models.loading.load_draft``: the core loads nothing).
     """
     method = decode.method
+    if decode.auto_shape:
+        field = "draft" if method in JACOBI_METHODS else "draft_tree"
+        raise ValueError(f"decode.{field}='auto': the shape is chosen for a batch size before an engine is built "
+                         f"(raydec.api.frontier.resolve_shape; the public functions, jobs and sessions do it)")
     if method == "ar":
         return ARProposer()
     if method in JACOBI_METHODS:

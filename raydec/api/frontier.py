@@ -1,0 +1,282 @@
+"""The draft shape for a batch size, with plain AR among the candidates.
+
+Speculation trades a wider forward for fewer of them. At batch 1 the wider forward is nearly
+free; as the batch grows each forward already fills the device, a draft window multiplies its
+work, and the trade stops paying, first for wide shapes, then for all. So the shape is chosen
+for the batch it will decode, by measuring, and "no speculation" is a candidate:
+
+    for each round (the order of the candidates rotated each round):
+        seconds(c) = wall seconds to decode the calibration rows at the batch with config c
+        ratio(c)   = seconds(ar) / seconds(c)            AR decoded in the same round
+        after it, only AR and the leaders (a quarter of the field, at least two) go on
+    chosen = argmax over candidates of median_round ratio(c), AR (ratio 1) included
+
+Timing every candidate against AR in the same round keeps the choice stable on a busy machine:
+a slow spell slows a round alike and its ratios hold; the median drops a round a spell split.
+The measure is throughput (rows per second at the batch), which is what a batch job buys; a
+latency-bound caller at batch 1 gets the same answer, since one row's latency is its
+throughput. Every candidate decodes losslessly: the choice moves speed, never the output law,
+though with sampling a row's particular sample depends on the shape it was decoded with: so a
+choice is made once per (model weights, device, dtype, threads, batch, config), cached on disk
+(:class:`ShapeCache`) and recorded in a job's manifest, and a resumed job reuses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from raydec.config import (
+    DRAFT_METHODS, JACOBI_METHODS, DecodeConfig, DraftTreeConfig, JacobiDraftConfig, full_tree_nodes,
+)
+
+logger = logging.getLogger(__name__)
+
+WINDOWS: tuple[int, ...] = (8, 16, 32, 48)  # SJD windows tried (L - 1)
+PAC_TREES: tuple[tuple[int, int], ...] = ((1, 0), (3, 1))  # (K, D - 1) for sjd_pac: a chain and the default tree
+DRAFT_TREES: tuple[tuple[int, int, int], ...] = ((3, 2, 6), (6, 2, 12), (6, 3, 20), (8, 4, 32))  # (depth, top_k, total_tokens)
+AUTO_INITS: tuple[str, ...] = ("uniform", "left")  # fresh-draft priors tried when the whole draft is "auto"
+ROUNDS = 2
+CALIBRATION_ROWS = 4  # calibration rows at least; a batch size above it calibrates on that many
+
+
+@dataclass(frozen=True)
+class ShapeTrial:
+    """One candidate and what it measured: rows per second, and its median ratio to AR's in the same rounds."""
+
+    config: DecodeConfig
+    rows_per_s: float
+    ratio_to_ar: float
+
+
+def shape_label(config: DecodeConfig) -> str:
+    """A short name of a config's draft shape: ``ar``, ``window=16``, ``window=16,K=3,D=1``, ``tree=6x2/12``."""
+    if config.method == "ar":
+        return "ar"
+    if config.method in JACOBI_METHODS:
+        draft = config.draft
+        tree = f",K={draft.branching},D={draft.tree_depth}" if draft.branching > 1 and draft.tree_depth > 0 else ""
+        return f"window={draft.window}{tree},init={draft.init}"
+    tree = config.tree
+    return f"tree={tree.depth}x{tree.top_k}/{tree.total_tokens}"
+
+
+def candidate_configs(
+    base: DecodeConfig,
+    windows: Sequence[int] = WINDOWS,
+    pac_trees: Sequence[tuple[int, int]] = PAC_TREES,
+    draft_trees: Sequence[tuple[int, int, int]] = DRAFT_TREES,
+) -> list[DecodeConfig]:
+    """Plain AR, then every shape of ``base.method`` worth trying (its prior, sampling and draft kept)."""
+    ar = base.model_copy(update={"method": "ar", "draft": JacobiDraftConfig(), "draft_tree": None})
+    if base.method == "ar":
+        return [ar]
+    shapes: list[DecodeConfig] = []
+    if base.method in JACOBI_METHODS:
+        trees = pac_trees if base.method == "sjd_pac" else [(1, 0)]
+        template = JacobiDraftConfig() if base.draft == "auto" else base.draft
+        inits = AUTO_INITS if base.draft == "auto" else (template.init,)
+        for init, window, (branching, depth) in itertools.product(inits, windows, trees):
+            if branching > 1 and full_tree_nodes(branching, depth) >= window:
+                continue  # the tree does not fit the window
+            draft = JacobiDraftConfig(**{**template.model_dump(), "window": window, "branching": branching, "tree_depth": depth, "init": init})
+            shapes.append(base.model_copy(update={"draft": draft}))
+    elif base.method in DRAFT_METHODS:
+        for depth, top_k, total in draft_trees:
+            shapes.append(base.model_copy(update={"draft_tree": DraftTreeConfig(depth=depth, top_k=top_k, total_tokens=total)}))
+    else:
+        raise ValueError(f"method={base.method!r}: no draft shape to choose")
+    return [ar, *shapes]
+
+
+def tune_for_batch(
+    decode_seconds: Callable[[DecodeConfig], float],
+    candidates: Sequence[DecodeConfig],
+    rows: int,
+    rounds: int = ROUNDS,
+) -> tuple[DecodeConfig, list[ShapeTrial]]:
+    """The candidate with the best median throughput ratio to AR, and every trial.
+
+    decode_seconds(config): decode the calibration rows (``rows`` of them, at the batch being
+    tuned for) with ``config`` and return the wall seconds. candidates: AR first (see
+    :func:`candidate_configs`). Ties keep the earlier candidate, so AR wins a tie.
+    """
+    if not candidates or candidates[0].method != "ar":
+        raise ValueError("candidates: plain AR must come first (it is the baseline every round is timed against)")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    seconds: list[list[float]] = [[] for _ in candidates]
+    ratios: list[list[float]] = [[] for _ in candidates]
+    alive = list(range(len(candidates)))
+    for turn in range(rounds):
+        order = alive[turn % len(alive):] + alive[: turn % len(alive)]
+        for index in order:
+            seconds[index].append(decode_seconds(candidates[index]))
+        for index in alive:
+            ratios[index].append(seconds[0][-1] / seconds[index][-1])
+        # later rounds time only AR and the leaders: a quarter of the field, at least two
+        leaders = sorted(alive[1:], key=lambda i: -statistics.median(ratios[i]))[: max(2, -(-len(candidates) // 4))]
+        alive = [0, *sorted(leaders)]
+    trials = []
+    for config, samples, ratio in zip(candidates, seconds, ratios):
+        trials.append(ShapeTrial(config, rows / statistics.median(samples), statistics.median(ratio)))
+        logger.info("tune %s %s: %.2f rows/s, %.2fx AR", config.method, shape_label(config), trials[-1].rows_per_s, trials[-1].ratio_to_ar)
+    best = max(alive, key=lambda i: (trials[i].ratio_to_ar, -i))  # among those timed in every round
+    return candidates[best], trials
+
+
+# -- the choice, once per model, device and batch ------------------------------------------------
+
+
+def shape_record(config: DecodeConfig) -> dict:
+    """What a tuned choice records (a manifest's ``shape``, a cache entry): the method it decodes
+    with ("ar" when speculation did not pay) and its concrete draft or tree."""
+    return {
+        "method": config.method,
+        "draft": config.draft.model_dump() if config.method in JACOBI_METHODS else None,
+        "draft_tree": config.tree.model_dump() if config.method in DRAFT_METHODS else None,
+        "label": shape_label(config),
+    }
+
+
+def apply_shape(base: DecodeConfig, record: dict) -> DecodeConfig:
+    """``base`` decoding with a recorded choice (its method may become "ar")."""
+    return base.model_copy(update={
+        "method": record["method"],
+        "draft": JacobiDraftConfig.model_validate(record["draft"]) if record.get("draft") else JacobiDraftConfig(),
+        "draft_tree": DraftTreeConfig.model_validate(record["draft_tree"]) if record.get("draft_tree") else None,
+    })
+
+
+def device_name(device: Any) -> str:
+    """The device a timing belongs to: the GPU's name, or the CPU's model and torch's thread count."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"cpu {model} x{torch.get_num_threads()} threads"
+
+
+def cache_folder() -> Path:
+    """Where tuned shapes are kept: ``$RAYDEC_CACHE_DIR/shapes``, else ``~/.cache/raydec/shapes``."""
+    root = os.environ.get("RAYDEC_CACHE_DIR")
+    return (Path(root) if root else Path.home() / ".cache" / "raydec") / "shapes"
+
+
+class ShapeCache:
+    """Tuned shapes on disk, one JSON file per key (the key's hash names it; the key is kept inside)."""
+
+    def __init__(self, folder: str | Path | None = None) -> None:
+        self.folder = Path(folder) if folder is not None else cache_folder()
+
+    def _path(self, key: dict) -> Path:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]
+        return self.folder / f"{digest}.json"
+
+    def get(self, key: dict) -> dict | None:
+        try:
+            entry = json.loads(self._path(key).read_text())
+        except (OSError, ValueError):
+            return None
+        return entry.get("shape") if entry.get("key") == json.loads(json.dumps(key, default=str)) else None
+
+    def put(self, key: dict, record: dict, trials: Sequence[ShapeTrial] = ()) -> Path | None:
+        """Keep ``record`` under ``key`` (written whole, then renamed); an unwritable folder only logs."""
+        path = self._path(key)
+        entry = {"key": key, "shape": record,
+                 "trials": [{"shape": shape_label(t.config), "rows_per_s": t.rows_per_s, "ratio_to_ar": t.ratio_to_ar} for t in trials]}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_text(json.dumps(entry, indent=2, default=str))
+            partial.replace(path)
+        except OSError as exc:
+            logger.warning("shape cache %s is not writable (%s): the next run tunes again", self.folder, exc)
+            return None
+        return path
+
+
+def shape_key(base: DecodeConfig, weights: str, device: str, dtype: str, batch: int) -> dict:
+    """What a tuned choice depends on: the weights, the device, the dtype, the batch and the rest of the config."""
+    config = base.model_dump(mode="json", exclude={"draft", "draft_tree", "max_new_tokens"})
+    return {"weights": weights, "device": device, "dtype": dtype, "batch": batch, "config": config}
+
+
+def resolve_shape(
+    base: DecodeConfig,
+    batch: int,
+    decode_seconds: Callable[[DecodeConfig], float],
+    rows: int,
+    key: dict | None,
+    cache: ShapeCache | None = None,
+    rounds: int = ROUNDS,
+) -> tuple[DecodeConfig, dict]:
+    """``base`` with its "auto" shape replaced by the choice for ``batch``: the cached one for
+    ``key`` when there is one, else tuned now (:func:`tune_for_batch` over
+    :func:`candidate_configs`) and cached. ``key`` None: nothing identifies the weights; tune
+    without caching. Returns the config and its record (:func:`shape_record`, with ``tuned``:
+    whether this call measured it)."""
+    if not base.auto_shape:
+        return base, {**shape_record(base), "tuned": False}
+    cache = cache or ShapeCache()
+    cached = cache.get(key) if key is not None else None
+    if cached is not None:
+        logger.info("%s at batch %d: the shape tuned earlier on this device, %s (%s)", base.method, batch, cached["label"], cache.folder)
+        return apply_shape(base, cached), {**cached, "tuned": False}
+    candidates = candidate_configs(base)
+    logger.info("%s at batch %d: tuning the draft shape over %d candidates (plain AR among them) on %d calibration row(s)",
+                base.method, batch, len(candidates), rows)
+    chosen, trials = tune_for_batch(decode_seconds, candidates, rows, rounds)
+    record = shape_record(chosen)
+    if key is not None:
+        cache.put(key, record, trials)
+    logger.info("%s at batch %d: chose %s (%.2fx AR's rows/s on the calibration rows)", base.method, batch, record["label"],
+                next(t.ratio_to_ar for t in trials if t.config is chosen))
+    return chosen, {**record, "tuned": True}
+
+
+def weights_id(target: Any, *more: str | Path | None) -> str | None:
+    """A fingerprint of the target's weight files (and of the folders in ``more``, e.g. a draft's);
+    None when the target was not loaded from a folder (nothing identifies its weights)."""
+    from raydec.models.registry import weights_fingerprint
+
+    folder = getattr(getattr(target, "model", None), "name_or_path", None)
+    if not folder or not Path(folder).is_dir():
+        return None
+    parts = [weights_fingerprint(folder)] + [weights_fingerprint(p) for p in more if p is not None and Path(p).is_dir()]
+    return "+".join(parts)
+
+
+def auto_shape(
+    base: DecodeConfig, target: Any, batch: int, run: Callable[[DecodeConfig, int], Any], total_rows: int,
+    dtype: str, *more_weights: str | Path | None,
+) -> DecodeConfig:
+    """``base`` with its "auto" shape chosen for ``batch`` on ``target``, calibrating on the first rows of a call:
+    ``run(config, n)`` decodes the call's first ``n`` rows with ``config``."""
+    rows = max(1, min(total_rows, max(batch, CALIBRATION_ROWS)))
+    weights = weights_id(target, *more_weights)
+    key = shape_key(base, weights, device_name(target.device), dtype, batch) if weights else None
+
+    def seconds(config: DecodeConfig) -> float:
+        start = time.perf_counter()
+        run(config, rows)
+        return time.perf_counter() - start
+
+    config, _ = resolve_shape(base, batch, seconds, rows, key)
+    return config
