@@ -180,7 +180,7 @@ def _demo_jobs(args: argparse.Namespace):
         task="caption", model="reference", dtype="float32", seed=0,
         input={"path": str((args.out / "results").resolve()), "image_uri_column": "output_uri", "prompt_column": "instruction"},
         output={"path": str((args.out / "captions").resolve())},
-        decode={"method": args.caption_method or caption_method()},
+        decode={"method": args.caption_method or caption_method(), "draft_tree": None},  # the default tree, not 'auto': no tuning in the demo
         pool={"workers": args.workers, "batch_size": args.batch_size, "cpus_per_worker": 0.5},
     ))
     return job, caption_job

@@ -213,8 +213,9 @@ class ShapeCache:
 
 
 def shape_key(base: DecodeConfig, weights: str, device: str, dtype: str, batch: int) -> dict:
-    """What a tuned choice depends on: the weights, the device, the dtype, the batch and the rest of the config."""
-    config = base.model_dump(mode="json", exclude={"draft", "draft_tree", "max_new_tokens"})
+    """What a tuned choice depends on: the weights, the device, the dtype, the batch and the rest of the
+    config (its length included: an image size's layout, a caption's cap)."""
+    config = base.model_dump(mode="json", exclude={"draft", "draft_tree"})
     return {"weights": weights, "device": device, "dtype": dtype, "batch": batch, "config": config}
 
 

@@ -9,12 +9,24 @@ from __future__ import annotations
 import os
 from typing import ClassVar, Literal, Optional, Union
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from raydec.config import CAPTION_METHODS, IMAGE_METHODS, IMAGE_SIZE_PATTERN, DecodeConfig, DType, StrictModel
+from raydec.config import (
+    CAPTION_METHODS, DRAFT_METHODS, IMAGE_METHODS, IMAGE_SIZE_PATTERN, JACOBI_METHODS, DecodeConfig, DType, StrictModel,
+)
 from raydec.io.config import InputConfig, IOConfigError, OutputConfig, RowFormat
 from raydec.io.datasets import listing_root
 from raydec.io.filesystem import is_s3_uri
+
+
+def auto_unless_set(decode: DecodeConfig) -> DecodeConfig:
+    """A job's or stage's decode config with the draft shape 'auto' where the user left it unset:
+    tuned for the batch size on the device (``raydec.api.frontier``), plain AR among the candidates."""
+    if decode.method in JACOBI_METHODS and "draft" not in decode.model_fields_set:
+        return decode.model_copy(update={"draft": "auto"})
+    if decode.method in DRAFT_METHODS and "draft_tree" not in decode.model_fields_set:
+        return decode.model_copy(update={"draft_tree": "auto"})
+    return decode
 
 
 def check_method(task: str, decode: DecodeConfig) -> None:
@@ -78,7 +90,10 @@ class ProcessorConfig(StrictModel):
     task: Literal["t2i", "caption"] = Field("t2i", description="t2i: prompts to images; caption: images to text.")
     model: str = Field(..., min_length=1, description="'reference', or a local folder saved with save_pretrained.")
     dtype: DType = Field("float32", description="Weights and compute dtype.")
-    decode: DecodeConfig = Field(default_factory=DecodeConfig, description="Decoding method and sampling.")
+    decode: DecodeConfig = Field(default_factory=DecodeConfig, description="Decoding method and sampling (an unset draft "
+                                 "shape is 'auto': tuned for the batch size on the device).")
+
+    _auto_shape = field_validator("decode")(classmethod(lambda cls, decode: auto_unless_set(decode)))
     rows: RowFormat = Field(default_factory=RowFormat, description="Column names, row limits, the seed for rows without one.")
     concurrency: Union[int, tuple[int, int]] = Field(
         1, description="Actors running the model: a fixed number, or (min, max) for a pool Ray Data grows and shrinks.",
@@ -134,7 +149,10 @@ class JobConfig(StrictModel):
     dtype: DType = Field("float32", description="Weights and compute dtype.")
     input: InputConfig = Field(..., description="Input rows (local / glob / s3://).")
     output: OutputConfig = Field(..., description="Output location for images, result shards and the manifest.")
-    decode: DecodeConfig = Field(default_factory=DecodeConfig, description="Decoding method and sampling.")
+    decode: DecodeConfig = Field(default_factory=DecodeConfig, description="Decoding method and sampling (an unset draft "
+                                 "shape is 'auto': tuned for the batch size on the device).")
+
+    _auto_shape = field_validator("decode")(classmethod(lambda cls, decode: auto_unless_set(decode)))
     size: Optional[str] = SIZE_FIELD
     pool: PoolConfig = Field(default_factory=PoolConfig, description="Ray actor pool.")
     seed: Optional[int] = Field(

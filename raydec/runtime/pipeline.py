@@ -32,6 +32,7 @@ from raydec.runtime.config import JobConfig
 from raydec.runtime.processors import PROCESSORS
 from raydec.runtime.reading import READ_TASK_CPUS, read_dataset
 from raydec.runtime.resume import check_resume_compatible, job_weights
+from raydec.runtime.shapes import resolve_job_shape
 from raydec.runtime.worker import GenerationWorker
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class JobReport:
     per_worker: Dict[str, int] = field(default_factory=dict)  # rows each actor wrote this run
     per_node: Dict[str, int] = field(default_factory=dict)  # rows each Ray node wrote this run
     missing: int = 0  # input ids without a result (missing_ids names the first 100)
+    shape: Optional[Dict[str, Any]] = None  # decode.draft 'auto': the shape chosen (raydec.runtime.shapes)
 
     @property
     def complete(self) -> bool:
@@ -355,10 +357,12 @@ def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobRepor
         scan.input_rows, len(fragments), report.skipped_completed, scan.input_rows - report.skipped_completed,
         job.pool.workers, report.output,
     )
-    report.timings["prepare_s"] = time.perf_counter() - started
     weights = job_weights(job)
+    if job.decode.auto_shape:  # chosen once for every worker, before any row is decoded
+        workers_job, report.shape = resolve_job_shape(workers_job, fragments, _remote_args(job, *_cluster_resources()))
+    report.timings["prepare_s"] = time.perf_counter() - started
     # on record before any row is written, so an interrupted job's output still names its job
-    # and a resume with another config is refused
+    # (and the shape it decodes with) and a resume with another config is refused
     _manifest(job, report, weights, status="running")
     generate_started = time.perf_counter()
     _run_pool(workers_job, fragments, scan, partial_ref, report, started)
@@ -405,6 +409,8 @@ def _manifest(job: JobConfig, report: JobReport, weights: Dict[str, str], status
         "weights": weights,
         "status": status,
     }
+    if report.shape is not None:  # decode.draft / draft_tree 'auto': what the rows are decoded with
+        extra["shape"] = {k: v for k, v in report.shape.items() if k not in ("tuned",)}
     uri = write_manifest(job.output, job, report.counts(), report.timings, extra)
     logger.info("manifest written to %s", uri)
     return uri

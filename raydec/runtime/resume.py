@@ -84,13 +84,18 @@ def job_weights(job: JobConfig) -> Dict[str, str]:
     Recorded in the manifest so a resume after the folder's weights changed is refused, even
     when `model` still names the same path (or "reference").
     """
+    return weights_of(job.task, job.model, job.decode)
+
+
+def weights_of(task: str, model: str, decode: Any) -> Dict[str, str]:
+    """Fingerprints of the model's weights (and the draft's for vispec / eagle) a ``task`` decodes with."""
     from raydec.models.registry import resolve_draft_path, resolve_t2i_path, resolve_vlm_path, weights_fingerprint
 
-    if job.task != "caption":
-        return {"model": weights_fingerprint(resolve_t2i_path(job.model))}
-    weights = {"model": weights_fingerprint(resolve_vlm_path(job.model))}
-    if job.decode.method in DRAFT_METHODS:
-        weights["draft"] = weights_fingerprint(resolve_draft_path(job.model, job.decode.method, job.decode.draft_model))
+    if task != "caption":
+        return {"model": weights_fingerprint(resolve_t2i_path(model))}
+    weights = {"model": weights_fingerprint(resolve_vlm_path(model))}
+    if decode.method in DRAFT_METHODS:
+        weights["draft"] = weights_fingerprint(resolve_draft_path(model, decode.method, decode.draft_model))
     return weights
 
 

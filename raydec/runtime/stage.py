@@ -117,7 +117,9 @@ class DatasetProcessor:
     def __call__(self, dataset: Any) -> Any:
         import ray.data
 
-        config = self.config
+        from raydec.runtime.shapes import resolve_stage_shape
+
+        config = self.config = resolve_stage_shape(self.config, dataset)  # 'auto': once, for every actor
         size = config.concurrency
         compute = ray.data.ActorPoolStrategy(min_size=size[0], max_size=size[1]) if isinstance(size, tuple) \
             else ray.data.ActorPoolStrategy(size=size)

@@ -565,3 +565,44 @@ def test_contact_sheet_fits_whole_captions_and_marks_cut_ones():
     assert contact_sheet([tile], [caption], caption_lines=2).height == short_sheet.height + 12
     with pytest.raises(ValueError, match="caption_lines"):
         contact_sheet([tile], [caption], caption_lines=0)
+
+
+def test_draft_auto_is_tuned_once_recorded_in_the_manifest_and_reused_by_a_rerun_and_a_second_job(
+    prompts_file, tmp_path, monkeypatch,
+):
+    import torch
+
+    from tests.t2i_toys import tiny_janus as toy_janus
+
+    from raydec.api import generate_images, load_target
+    from raydec.api.frontier import apply_shape
+    from raydec.config import DecodeConfig
+    from raydec.io import encode_png
+    from raydec.io.validation import derive_seed
+
+    monkeypatch.setenv("RAYDEC_CACHE_DIR", str(tmp_path / "cache"))
+    tiny_janus = str(toy_janus(tmp_path / "janus"))  # 16 image tokens: tuning takes seconds
+    auto = {"method": "sjd_pac", "draft": "auto"}
+    first = make_job(tiny_janus, str(prompts_file), str(tmp_path / "first"), decode=auto, pool={"workers": 1}, max_rows=2)
+    run_job(first)  # stops after two rows, as a killed run would leave it
+    shape = read_manifest(first.output)["shape"]
+    assert shape["from"] == "tuned" and shape["batch"] == 2 and shape["method"] in ("ar", "sjd_pac")
+    assert read_manifest(first.output)["config"]["decode"]["draft"] == "auto"
+    partial = len(read_results(first.output))
+
+    rerun = make_job(tiny_janus, str(prompts_file), str(tmp_path / "first"), decode=auto, pool={"workers": 1})
+    report = run_job(rerun)
+    assert report.complete and report.skipped_completed == partial and report.shape["from"] == "manifest"
+
+    fixed = apply_shape(DecodeConfig(**auto), shape)  # the rows, as one uninterrupted run with the recorded shape
+    rows = {row_id: (prompt, derive_seed(row_id, 7)) for row_id, prompt in zip(GOOD_IDS, PROMPTS)}
+    expected = generate_images([p for p, _ in rows.values()], model=load_target(tiny_janus, dtype=torch.float64),
+                               decode=fixed, seeds=[s for _, s in rows.values()])
+    resumed = results_by_id(rerun.output)
+    for row_id, image in zip(rows, expected):
+        assert resumed[row_id]["tokens"] == image.num_tokens
+        assert Path(resumed[row_id]["output_uri"]).read_bytes() == encode_png(image.image)
+
+    second = make_job(tiny_janus, str(prompts_file), str(tmp_path / "second"), decode=auto, pool={"workers": 1})
+    assert run_job(second).shape["from"] == "cache"  # same weights, device, dtype and batch: no tuning
+    assert {k: read_manifest(second.output)["shape"][k] for k in ("method", "draft")} == {k: shape[k] for k in ("method", "draft")}
