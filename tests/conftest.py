@@ -4,12 +4,15 @@ Every process of the suite (this one, notebook kernels, CLI subprocesses, job dr
 workers) runs torch with one intra-op thread: the suite's models are tiny, so a second thread
 only adds synchronisation, and with another process on one of the cores every parallel op
 waits for its descheduled thread (the quickstart notebook took 19 s idle and over 300 s beside
-one busy process with two threads; 18 s and 15 s with one).
+one busy process with two threads; 18 s and 15 s with one). Draft shapes tuned by the suite
+('auto') are cached in a folder of its own, never in the user's ~/.cache/raydec.
 """
 
 import os
+import tempfile
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by every process the tests start
+os.environ["RAYDEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="raydec-test-cache-")
 
 import torch  # noqa: E402
 
