@@ -21,7 +21,10 @@
 #   LIMIT_SCALE=0.5      multiplies each stage's hard time limit (default 1.0; the whole run's
 #                        limits add up to 1170 s at 1.0), to fit a short device lease
 #   STAGES="step engine_7b"  run only these stages (default: all; names as in OUT_DIR/NAME.json:
-#                        host_work step engine_7b caption_t0 t2i_b1 caption_t1 t2i_b8 engine profile)
+#                        host_work step engine_7b caption_t0 t2i_b1 caption_t1 t2i_b8 throughput_t2i
+#                        throughput_caption engine profile)
+#   THROUGHPUT_BATCHES=1,8,32,64  the batch sizes of the throughput stages (the frontier; default
+#                        1,8,32,64 on a GPU, 1,2 on the CPU)
 #   ENGINE_SIZE=small    the engine_7b stage's model (default janus-pro-7b on a GPU, small on the CPU)
 #   OLD_RAYDEC=DIR       a folder holding an earlier raydec package (e.g. a git worktree of the
 #                        commit before issue 30): stage host_work times benchmarks/host_work.py
@@ -47,7 +50,7 @@ pack() {
 
 seconds() { $py -c "print(round($1 * $scale, 3))"; }
 
-stages=${STAGES:-host_work step engine_7b caption_t0 t2i_b1 caption_t1 t2i_b8 t2i_b8_drain engine profile}
+stages=${STAGES:-host_work step engine_7b caption_t0 t2i_b1 caption_t1 t2i_b8 t2i_b8_drain throughput_t2i throughput_caption engine profile}
 engine_size=${ENGINE_SIZE:-$([ "$device" = cpu ] && echo small || echo janus-pro-7b)}
 wanted() { case " $stages " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
@@ -97,6 +100,10 @@ if [ "${DRAIN:-0}" = 1 ]; then
   run t2i_b8_drain 240 t2i --methods ar,sjd,sjd_ac,sjd_pac --prompts 128 --batch 8 --chunk 64 --tune-windows "$windows" \
     --batching consecutive --max-seconds "$(seconds 60)"
 fi
+if [ "$device" = cpu ]; then tp=(--batches "${THROUGHPUT_BATCHES:-1,2}" --items 2 --calibration 2 --rounds 1)
+else tp=(--batches "${THROUGHPUT_BATCHES:-1,8,32,64}" --items 64 --calibration 16 --rounds 2); fi
+run throughput_t2i 240 throughput --task t2i "${tp[@]}" --plots "$out/plots_throughput"
+run throughput_caption 180 throughput --task caption "${tp[@]}" --max-new-tokens 64 --plots "$out/plots_throughput"
 run engine 120 engine --prompts 6 --new-tokens 128
 wanted profile && { echo "=== profile"
 PYTHONUNBUFFERED=1 timeout "$($py -c "print(max(10, round(90 * $limit_scale)))")" $py benchmarks/profile_decode.py --device "$device" --out "$out/profile" --top 25 \
