@@ -100,7 +100,7 @@ if [ "${DRAIN:-0}" = 1 ]; then
   run t2i_b8_drain 240 t2i --methods ar,sjd,sjd_ac,sjd_pac --prompts 128 --batch 8 --chunk 64 --tune-windows "$windows" \
     --batching consecutive --max-seconds "$(seconds 60)"
 fi
-if [ "$device" = cpu ]; then tp=(--batches "${THROUGHPUT_BATCHES:-1,2}" --items 2 --calibration 2 --rounds 1)
+if [ "$device" = cpu ]; then tp=(--batches "${THROUGHPUT_BATCHES:-1,2}" --items 2 --calibration 2 --rounds 1 --repeats 1)
 else tp=(--batches "${THROUGHPUT_BATCHES:-1,8,32,64}" --items 64 --calibration 16 --rounds 2); fi
 run throughput_t2i 240 throughput --task t2i "${tp[@]}" --plots "$out/plots_throughput"
 run throughput_caption 180 throughput --task caption "${tp[@]}" --max-new-tokens 64 --plots "$out/plots_throughput"

@@ -8,7 +8,7 @@ for the batch it will decode, by measuring, and "no speculation" is a candidate:
     for each round (the order of the candidates rotated each round):
         seconds(c) = wall seconds to decode the calibration rows at the batch with config c
         ratio(c)   = seconds(ar) / seconds(c)            AR decoded in the same round
-        after it, only AR and the leaders (a quarter of the field, at least two) go on
+        after it, only AR and the leaders (half the field, at least two) go on
     chosen = argmax over candidates of median_round ratio(c), AR (ratio 1) included
 
 Timing every candidate against AR in the same round keeps the choice stable on a busy machine:
@@ -45,8 +45,8 @@ WINDOWS: tuple[int, ...] = (8, 16, 32, 48)  # SJD windows tried (L - 1)
 PAC_TREES: tuple[tuple[int, int], ...] = ((1, 0), (3, 1))  # (K, D - 1) for sjd_pac: a chain and the default tree
 DRAFT_TREES: tuple[tuple[int, int, int], ...] = ((3, 2, 6), (6, 2, 12), (6, 3, 20), (8, 4, 32))  # (depth, top_k, total_tokens)
 AUTO_INITS: tuple[str, ...] = ("uniform", "left")  # fresh-draft priors tried when the whole draft is "auto"
-ROUNDS = 2
-CALIBRATION_ROWS = 4  # calibration rows at least; a batch size above it calibrates on that many
+ROUNDS = 3
+CALIBRATION_ROWS = 8  # calibration rows at least; a batch size above it calibrates on that many
 
 
 @dataclass(frozen=True)
@@ -123,8 +123,8 @@ def tune_for_batch(
             seconds[index].append(decode_seconds(candidates[index]))
         for index in alive:
             ratios[index].append(seconds[0][-1] / seconds[index][-1])
-        # later rounds time only AR and the leaders: a quarter of the field, at least two
-        leaders = sorted(alive[1:], key=lambda i: -statistics.median(ratios[i]))[: max(2, -(-len(candidates) // 4))]
+        # later rounds time only AR and the leaders: half the field, at least two
+        leaders = sorted(alive[1:], key=lambda i: -statistics.median(ratios[i]))[: max(2, -(-(len(candidates) - 1) // 2))]
         alive = [0, *sorted(leaders)]
     trials = []
     for config, samples, ratio in zip(candidates, seconds, ratios):

@@ -6,9 +6,10 @@
 
 A batch user compares speculation with plain AR at AR's best batch, not at ours. For every
 batch size this bench first tunes each speculative method's shape for that batch
-(``raydec.frontier.tune_for_batch`` on calibration rows, plain AR among the candidates), then
+(``raydec.api.frontier.tune_for_batch`` on calibration rows, plain AR among the candidates), then
 decodes the measured rows with AR and with every candidate shape, the configs one after another
-in an order rotated by batch, and reports per (method, shape, batch):
+in an order rotated by batch and repeat (``--repeats`` runs of each; the median counts), and
+reports per (method, shape, batch):
 
     items_per_s        rows finished per second
     tokens_per_forward generated tokens per target forward
@@ -42,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 TASK_METHODS = {"t2i": ("ar", "sjd", "sjd_ac", "sjd_pac"), "caption": ("ar", "vispec", "eagle")}
 DEFAULT_METHODS = {"t2i": "ar,sjd_pac", "caption": "ar,vispec"}
+DEFAULT_ITEMS = {"t2i": 16, "caption": 128}  # measured rows per (shape, batch): a caption takes a fraction of an image's time
+DEFAULT_CALIBRATION = {"t2i": 8, "caption": 32}
 CALIBRATION_OFFSET = 50_000  # calibration rows come from seeds far from the measured ones
 
 
@@ -174,8 +177,8 @@ def bench_throughput(args: argparse.Namespace) -> dict:
     warm = workload.base["ar"]
     decode_rows(workload, warm, workload.requests(warm, 0, 1), 1, continuous)  # warm-up
     for turn, batch in enumerate(args.batches):
-        items = max(args.items, 2 * batch)
-        calibration = max(args.calibration, batch)
+        items = max(args.items or DEFAULT_ITEMS[args.task], 2 * batch)
+        calibration = max(args.calibration or DEFAULT_CALIBRATION[args.task], batch)
         configs: dict[str, Any] = {}  # shape label -> config, AR first
         chosen: dict[str, str] = {}
         for method in args.methods:
@@ -194,13 +197,15 @@ def bench_throughput(args: argparse.Namespace) -> dict:
             tuned.append({"method": method, "batch": batch, "chosen": chosen[method], "tune_seconds": time.perf_counter() - t0,
                           "trials": [{"shape": shape_label(t.config), "rows_per_s": t.rows_per_s, "ratio_to_ar": t.ratio_to_ar} for t in trials]})
             logger.info("bench throughput: batch %d, %s tuned to %s in %.0f s", batch, method, chosen[method], tuned[-1]["tune_seconds"])
-        labels = list(configs)
-        labels = labels[turn % len(labels):] + labels[: turn % len(labels)]
-        measured = {}
-        for label in labels:
-            config = configs[label]
-            measured[label] = decode_rows(workload, config, workload.requests(config, 0, items), batch, continuous)
-            logger.info("bench throughput: batch %d %s: %.2f items/s", batch, label, items / measured[label].seconds)
+        samples: dict[str, list[Measured]] = {label: [] for label in configs}
+        for repeat in range(args.repeats):  # every config once per repeat, the order rotated by batch and repeat
+            labels = list(configs)
+            shift = (turn + repeat) % len(labels)
+            for label in labels[shift:] + labels[:shift]:
+                config = configs[label]
+                samples[label].append(decode_rows(workload, config, workload.requests(config, 0, items), batch, continuous))
+                logger.info("bench throughput: batch %d %s: %.2f items/s", batch, label, items / samples[label][-1].seconds)
+        measured = {label: _median_run(runs) for label, runs in samples.items()}
         for label, config in configs.items():  # AR's one row is its own choice
             method = "ar" if label == "ar" else label.split(":")[0]
             rows.append(_row(method, batch, shape_label(config), label == "ar", items, measured[label]))
@@ -217,6 +222,11 @@ def bench_throughput(args: argparse.Namespace) -> dict:
     if args.plots is not None:
         result["plot"] = str(_plot(result, args.plots))
     return result
+
+
+def _median_run(runs: list[Measured]) -> Measured:
+    """The run of median seconds (the same rows and seeds decode to the same tokens every time)."""
+    return sorted(runs, key=lambda m: m.seconds)[(len(runs) - 1) // 2]
 
 
 def _row(method: str, batch: int, shape: str, auto: bool, items: int, m: Measured) -> dict:
@@ -287,9 +297,12 @@ def add_throughput_parser(subparsers: Any) -> None:
     parser.add_argument("--model", default="reference", help='"reference" or a local checkpoint folder of the task')
     parser.add_argument("--methods", default=None, help="comma-separated, ar included (t2i: ar,sjd,sjd_ac,sjd_pac; caption: ar,vispec,eagle)")
     parser.add_argument("--batches", type=_batches, default=[1, 8, 32], help="batch sizes (comma-separated)")
-    parser.add_argument("--items", type=positive_int, default=16, help="measured rows per (shape, batch); at least twice the batch")
-    parser.add_argument("--calibration", type=positive_int, default=4, help="calibration rows the tuner decodes; at least the batch")
-    parser.add_argument("--rounds", type=positive_int, default=2, help="tuning rounds (every candidate against AR in each)")
+    parser.add_argument("--items", type=positive_int, default=None,
+                        help="measured rows per (shape, batch), at least twice the batch (default: t2i 16, caption 128)")
+    parser.add_argument("--calibration", type=positive_int, default=None,
+                        help="calibration rows the tuner decodes, at least the batch (default: t2i 8, caption 32)")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="tuning rounds (AR and the leaders in each after the first)")
+    parser.add_argument("--repeats", type=positive_int, default=2, help="measured runs of each (shape, batch); the median counts")
     parser.add_argument("--memory-budget", type=positive_float, default=None, help="KV bytes a batch may use for the frontier (default: any)")
     parser.add_argument("--init", choices=("uniform", "left", "above"), default="left", help="SJD fresh-draft prior")
     parser.add_argument("--prompt", default="describe the image .", help="caption task: the question")

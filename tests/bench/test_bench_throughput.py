@@ -18,7 +18,7 @@ def test_bench_throughput_rows_auto_choices_and_frontier(tmp_path):
     model = tiny_janus(tmp_path / "janus")
     out = tmp_path / "throughput.json"
     assert bench_main(["throughput", "--task", "t2i", "--model", str(model), "--batches", "1,2", "--items", "2", "--calibration", "2",
-                       "--rounds", "1", "--dtype", "float32", "--batching", "continuous", "--plots", str(tmp_path / "plots"),
+                       "--rounds", "1", "--repeats", "1", "--dtype", "float32", "--batching", "continuous", "--plots", str(tmp_path / "plots"),
                        "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     rows = result["rows"]
