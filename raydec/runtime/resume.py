@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict
 
-from raydec.config import DRAFT_METHODS, DraftTreeConfig, SamplingConfig
+from raydec.config import DRAFT_METHODS, JACOBI_METHODS, DraftTreeConfig, SamplingConfig
 from raydec.io import read_manifest
 from raydec.io.writers import shard_uris
 from raydec.runtime.config import JobConfig
@@ -128,12 +128,17 @@ def _resume_identity(config: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _decode_identity(decode: Any) -> Any:
-    """A dumped DecodeConfig with the draft tree as decoding uses it: resolved from the sampling
-    temperature when unset, and left out for methods that build no draft tree (a new tree default
-    must not block resuming an SJD job, and must block resuming a ViSpec one)."""
-    if not isinstance(decode, dict) or "draft_tree" not in decode:
+    """A dumped DecodeConfig with the drafts as decoding uses them: the Jacobi draft only for the
+    Jacobi methods, the draft tree resolved from the sampling temperature when unset and left out
+    for methods that build no draft tree (a new tree default must not block resuming an SJD job,
+    and must block resuming a ViSpec one)."""
+    if not isinstance(decode, dict):
         return decode
     decode = dict(decode)
+    if decode.get("method") not in JACOBI_METHODS:
+        decode.pop("draft", None)  # only the Jacobi methods decode with it
+    if "draft_tree" not in decode:
+        return decode
     tree = decode.pop("draft_tree")
     if decode.get("method") in DRAFT_METHODS:
         temperature = (decode.get("sampling") or {}).get("temperature", SamplingConfig().temperature)

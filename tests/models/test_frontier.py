@@ -69,7 +69,7 @@ def test_ar_is_chosen_where_a_window_costs_far_more_than_one_token(janus):
 
 def test_auto_decodes_with_ar_where_speculation_does_not_pay(janus, tmp_path, monkeypatch):
     monkeypatch.setenv("RAYDEC_CACHE_DIR", str(tmp_path))
-    costly = CostlyWindows(janus, seconds_per_token=0.01)
+    costly = CostlyWindows(janus, seconds_per_token=0.004)
     results = generate_images(["a red circle", "two blue squares"], model=costly,
                               decode={"method": "sjd_pac", "draft": "auto"}, seeds=[1, 2], batch_size=2)
     assert all(r.tokens_per_forward == 1.0 for r in results)  # one token per forward: plain AR
