@@ -64,6 +64,17 @@ positive_int = count_arg(1)
 non_negative_int = count_arg(0)
 
 
+def positive_int_list(text: str) -> list[int]:
+    """An argparse ``type``: comma-separated integers >= 1 (batch sizes, windows, vocabularies)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
 def positive_float(text: str) -> float:
     """An argparse ``type``: a finite number > 0 (a time budget, a CPU share)."""
     try:

@@ -35,7 +35,7 @@ from typing import Any, Iterator
 
 import torch
 
-from raydec.bench.common import json_path_arg, non_negative_int, positive_int, print_table, resolve_device
+from raydec.bench.common import json_path_arg, non_negative_int, positive_int, positive_int_list, print_table, resolve_device
 from raydec.models.base import synchronize
 
 logger = logging.getLogger(__name__)
@@ -248,16 +248,6 @@ def draft_tree_runs(vocab: int, batches: list[int], windows: list[int], steps: i
     return runs
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
-    return values
-
-
 def _methods(text: str) -> list[str]:
     methods = [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in methods if m not in JACOBI + ("eagle",)]
@@ -288,10 +278,10 @@ def add_step_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("step", help="per decode step outside the forward: syncs, bytes to host, ops, host ms",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", type=_methods, default=list(JACOBI) + ["eagle"], help="sjd, sjd_ac, sjd_pac, eagle (comma-separated)")
-    parser.add_argument("--vocab", type=_int_list, default=[16384, 32768], help="Janus codebook sizes (comma-separated)")
+    parser.add_argument("--vocab", type=positive_int_list, default=[16384, 32768], help="Janus codebook sizes (comma-separated)")
     parser.add_argument("--draft-vocab", type=positive_int, default=32000, help="vocabulary of the draft-tree path's random Llama")
-    parser.add_argument("--batch", type=_int_list, default=[1, 8, 16], help="batch sizes (comma-separated)")
-    parser.add_argument("--window", type=_int_list, default=[16, 64, 96], help="draft windows / tree sizes (comma-separated)")
+    parser.add_argument("--batch", type=positive_int_list, default=[1, 8, 16], help="batch sizes (comma-separated)")
+    parser.add_argument("--window", type=positive_int_list, default=[16, 64, 96], help="draft windows / tree sizes (comma-separated)")
     parser.add_argument("--steps", type=positive_int, default=3, help="timed decode steps per shape (each followed by a profiled one)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (cuda when torch sees a GPU)")
     parser.add_argument("--threads", type=non_negative_int, default=0, help="torch threads (0 = torch default)")

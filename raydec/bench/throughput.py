@@ -36,7 +36,10 @@ from typing import Any, Callable
 
 import torch
 
-from raydec.bench.common import folder_path_arg, json_path_arg, non_negative_int, parse_methods, positive_float, positive_int, print_table, resolve_device
+from raydec.bench.common import (
+    folder_path_arg, json_path_arg, non_negative_int, parse_methods, positive_float, positive_int, positive_int_list, print_table,
+    resolve_device,
+)
 from raydec.models.base import synchronize
 
 logger = logging.getLogger(__name__)
@@ -280,23 +283,13 @@ def _plot(result: dict, out_dir: Path) -> Path:
     return path
 
 
-def _batches(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected batch sizes >= 1, got {text!r}")
-    return values
-
-
 def add_throughput_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("throughput", help="items/s against batch size, the shape tuned per batch, and the frontier ratio",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=("t2i", "caption"), default="t2i")
     parser.add_argument("--model", default="reference", help='"reference" or a local checkpoint folder of the task')
     parser.add_argument("--methods", default=None, help="comma-separated, ar included (t2i: ar,sjd,sjd_ac,sjd_pac; caption: ar,vispec,eagle)")
-    parser.add_argument("--batches", type=_batches, default=[1, 8, 32], help="batch sizes (comma-separated)")
+    parser.add_argument("--batches", type=positive_int_list, default=[1, 8, 32], help="batch sizes (comma-separated)")
     parser.add_argument("--items", type=positive_int, default=None,
                         help="measured rows per (shape, batch), at least twice the batch (default: t2i 16, caption 128)")
     parser.add_argument("--calibration", type=positive_int, default=None,
