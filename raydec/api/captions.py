@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from PIL import Image
 
 from raydec.api.batching import continuous_batching, decode_batches, progress_callback
-from raydec.api.frontier import auto_shape
+from raydec.api.frontier import shape_for_call
 from raydec.api.inputs import (
     as_decode_config, as_image_list, caption_decode_config, check_batch_size, check_seeds, check_text, max_positions,
 )
@@ -132,8 +132,7 @@ def caption_images(
         def calibrate(candidate: DecodeConfig, count: int) -> None:
             caption_images(rows[:count], prompt=questions[:count], model=target, decode=candidate, seeds=seeds[:count], batch_size=batch_size)
 
-        config = auto_shape(config, target, batch_size, calibrate, len(rows), str(target.dtype).removeprefix("torch."),
-                            draft_folder(model, target, config))
+        config = shape_for_call(config, target, batch_size, calibrate, len(rows), draft_folder(model, target, config))
     results: list[CaptionResult] = []
     bar = None
     if progress:

@@ -264,14 +264,15 @@ def weights_id(target: Any, *more: str | Path | None) -> str | None:
     return "+".join(parts)
 
 
-def auto_shape(
+def shape_for_call(
     base: DecodeConfig, target: Any, batch: int, run: Callable[[DecodeConfig, int], Any], total_rows: int,
-    dtype: str, *more_weights: str | Path | None,
+    *more_weights: str | Path | None,
 ) -> DecodeConfig:
     """``base`` with its "auto" shape chosen for ``batch`` on ``target``, calibrating on the first rows of a call:
     ``run(config, n)`` decodes the call's first ``n`` rows with ``config``."""
     rows = max(1, min(total_rows, max(batch, CALIBRATION_ROWS)))
     weights = weights_id(target, *more_weights)
+    dtype = str(target.dtype).removeprefix("torch.")
     key = shape_key(base, weights, device_name(target.device), dtype, batch) if weights else None
 
     def seconds(config: DecodeConfig) -> float:

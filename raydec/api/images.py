@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from raydec.api.batching import continuous_batching, decode_batches, progress_callback
-from raydec.api.frontier import auto_shape
+from raydec.api.frontier import shape_for_call
 from raydec.api.inputs import as_decode_config, check_inputs, check_positions, image_decode_config, sized
 from raydec.config import IMAGE_METHODS, DecodeConfig
 from raydec.models.image_gen import ImagePrompt
@@ -109,7 +109,7 @@ def generate_images(
             generate_images(prompts[:rows], model=target, decode=candidate, seeds=seeds[:rows],
                             negative_prompts=negatives[:rows] if negative_prompts is not None else None, batch_size=batch_size)
 
-        config = auto_shape(config, target, batch_size, calibrate, len(prompts), str(target.dtype).removeprefix("torch."))
+        config = shape_for_call(config, target, batch_size, calibrate, len(prompts))
     results: list[ImageResult] = []
     bar = None
     if progress:
