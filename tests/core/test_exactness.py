@@ -1,7 +1,8 @@
 """The exactness harness: the engine's output law equals plain AR sampling.
 
 Toy targets with computable laws (a random Markov chain; a tiny random LlamaForCausalLM in
-float64, vocabulary 8), >= 20,000 samples per configuration, chi-square on every marginal and
+float64, vocabulary 8), >= 20,000 samples per configuration (8,000 for the batch-1 and
+ragged-batch paths, tests/lawtest.py's PATH_SAMPLES), chi-square on every marginal and
 pairwise joint at a fixed family-wise false-alarm rate (tests/lawtest.py). The same harness
 rejects three deliberately broken verifiers (tests/broken.py).
 
@@ -25,7 +26,7 @@ from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.random_tree import RandomTreeProposer
 from raydec.speculative.sampling import VocabConstraint
 from tests.broken import batch_minimum_verifier, longest_path_verifier, stale_proposal_verifier
-from tests.lawtest import SAMPLES, compare_to_law, sample_engine
+from tests.lawtest import PATH_SAMPLES, SAMPLES, compare_to_law, sample_engine
 from tests.toys import FixedCandidatesProposer, forked_markov, lm_law, markov_law, random_markov
 
 torch.set_num_threads(1)  # tiny tensors: threads only add synchronisation cost
@@ -54,9 +55,9 @@ def test_markov_chain_proposals(markov, mode):
 
 
 def test_markov_batch_one(markov):
-    """20,000 separate batch-1 generate calls."""
+    """8,000 separate batch-1 generate calls."""
     config = _config(SAMPLING, window=3)
-    samples = sample_engine(markov, RandomTreeProposer(config.draft, "dense"), config, [[1]], list(range(SAMPLES)), 1)
+    samples = sample_engine(markov, RandomTreeProposer(config.draft, "dense"), config, [[1]], list(range(PATH_SAMPLES)), 1)
     report = compare_to_law(samples, markov_law(markov, [1], LENGTH, SAMPLING))
     assert report.passed, str(report)
 
@@ -68,7 +69,7 @@ def test_markov_batch_four_ragged(markov):
     prompts = [[4], [0, 4], [5, 5, 4], [1, 2, 3, 4]]
     caps = [LENGTH, LENGTH - 1, LENGTH, LENGTH - 2]
     rows = []
-    for call in range(SAMPLES // 4):
+    for call in range(PATH_SAMPLES // 4):
         outs = engine.generate([RowRequest(prompts[i], seed=4 * call + i, max_new_tokens=caps[i]) for i in range(4)])
         assert [len(o.tokens) for o in outs] == caps
         rows += [o.tokens[: LENGTH - 2] for o in outs]

@@ -1,6 +1,6 @@
 """Exactness harness for the SJD family (sjd, sjd_ac, sjd_pac) and their broken variants.
 
-Same law test as tests/core/test_exactness.py: >= 20,000 samples, chi-square on every marginal and
+Same law test as tests/core/test_exactness.py: >= 20,000 samples (8,000 on the batching paths), chi-square on every marginal and
 pairwise joint at one family-wise false-alarm rate. Sequences are long enough (8 tokens on the
 Markov chain) for carried-over drafts, coupling and proactive trees to matter.
 """
@@ -17,7 +17,7 @@ from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.jacobi import JacobiProposer
 from raydec.speculative.sampling import VocabConstraint, sample_with_uniform
 from raydec.speculative.tree import DraftTree
-from tests.lawtest import SAMPLES, compare_to_law, sample_engine
+from tests.lawtest import PATH_SAMPLES, SAMPLES, compare_to_law, sample_engine
 from tests.toys import lm_law, markov_law, random_markov
 
 torch.set_num_threads(1)
@@ -70,7 +70,7 @@ def test_sjd_pac_batch_one(markov):
     length = 5
     config = _config(length, window=5, branching=2, tree_depth=1)
     proposer = JacobiProposer(config.draft, "sjd_pac", "uniform")
-    samples = sample_engine(markov, proposer, config, [[3]], list(range(SAMPLES)), 1)
+    samples = sample_engine(markov, proposer, config, [[3]], list(range(PATH_SAMPLES)), 1)
     report = compare_to_law(samples, markov_law(markov, [3], length, SAMPLING))
     assert report.passed, str(report)
 
@@ -83,7 +83,7 @@ def test_sjd_pac_batch_four_ragged(markov):
     prompts = [[4], [0, 4], [5, 5, 4], [1, 2, 3, 4]]
     caps = [length, length - 2, length, length - 1]
     rows = []
-    for call in range(SAMPLES // 4):
+    for call in range(PATH_SAMPLES // 4):
         outs = engine.generate([RowRequest(prompts[i], seed=4 * call + i, max_new_tokens=caps[i]) for i in range(4)])
         rows += [o.tokens[: length - 2] for o in outs]
     report = compare_to_law(torch.tensor(rows), markov_law(markov, [4], length - 2, SAMPLING))
@@ -98,7 +98,7 @@ def test_sjd_pac_continuous_batching(markov):
     engine = Engine(markov, JacobiProposer(config.draft, "sjd_pac", "left"), config)
     prompts = [[4], [0, 4], [5, 5, 4], [1, 2, 3, 4]]
     caps = [length - 2, length, length - 1, length - 2, length]
-    requests = [RowRequest(prompts[i % 4], seed=i, max_new_tokens=caps[i % 5]) for i in range(SAMPLES)]
+    requests = [RowRequest(prompts[i % 4], seed=i, max_new_tokens=caps[i % 5]) for i in range(PATH_SAMPLES)]
     rows = [o.tokens[: length - 2] for o in engine.generate(requests, max_batch=4)]
     report = compare_to_law(torch.tensor(rows), markov_law(markov, [4], length - 2, SAMPLING))
     assert report.passed, str(report)

@@ -69,8 +69,8 @@ def _train_job(name: str, root: Path, images: dict | None) -> tuple[Path, Path, 
     """A tiny checkpoint of the family and the job file that trains its two drafts."""
     folder = BUILDERS[name](root / "target")
     drafts = {"vispec": root / "vispec", "eagle": root / "eagle"}
-    train = dict(steps=120, batch_size=8, lr=3e-3, warmup_steps=5, mtp_steps=1, feature_noise=0.1, num_workers=1,
-                 cpus_per_worker=0.5, log_every=40, seed=1)
+    train = dict(steps=40, batch_size=8, lr=3e-3, warmup_steps=5, mtp_steps=1, feature_noise=0.1, num_workers=1,
+                 cpus_per_worker=0.5, log_every=20, seed=1)
     job = {
         "data": {"target": str(folder), "output_dir": str(root / "data"), "num_samples": TRAIN_SEEDS, "prompt": PROMPT,
                  "max_new_tokens": NEW_TOKENS, "batch_size": 12, "workers": 1, "cpus_per_worker": 0.5, "storage_dtype": "float32",
