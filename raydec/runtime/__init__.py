@@ -20,12 +20,12 @@ from raydec.runtime.pipeline import (
     preflight,
     run_job,
 )
-from raydec.runtime.processors import PROCESSORS, Processor, T2IProcessor, make_processor
+from raydec.runtime.row_decoders import ROW_DECODERS, RowDecoder, ImageRowDecoder, make_row_decoder
 from raydec.runtime.resume import ResumeMismatchError, check_resume_compatible, job_weights
 from raydec.runtime.stage import DatasetProcessor, build_processor
 
 __all__ = [
-    "DatasetProcessor", "FaultInjection", "JobConfig", "JobIncompleteError", "JobReport", "ModelNotFoundError", "PROCESSORS", "PoolConfig",
-    "Processor", "ProcessorConfig", "ResumeMismatchError", "T2IProcessor", "build_processor", "check_model", "check_resume_compatible", "connect_ray",
-    "init_local_ray", "job_weights", "make_processor", "preflight", "run_job",
+    "DatasetProcessor", "FaultInjection", "JobConfig", "JobIncompleteError", "JobReport", "ModelNotFoundError", "ROW_DECODERS", "PoolConfig",
+    "RowDecoder", "ProcessorConfig", "ResumeMismatchError", "ImageRowDecoder", "build_processor", "check_model", "check_resume_compatible", "connect_ray",
+    "init_local_ray", "job_weights", "make_row_decoder", "preflight", "run_job",
 ]

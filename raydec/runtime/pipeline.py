@@ -29,7 +29,7 @@ from raydec.io.fragments import Fragment, plan_fragments
 from raydec.io.id_index import IdScan, scan_ids
 from raydec.runtime.cluster import connect_ray
 from raydec.runtime.config import JobConfig
-from raydec.runtime.processors import PROCESSORS
+from raydec.runtime.row_decoders import ROW_DECODERS
 from raydec.runtime.reading import READ_TASK_CPUS, read_dataset
 from raydec.runtime.resume import check_resume_compatible, job_weights
 from raydec.runtime.shapes import resolve_job_shape
@@ -148,8 +148,8 @@ def _check_caption_model(job: JobConfig) -> None:
 def preflight(job: JobConfig) -> List[InputFile]:
     """Fail fast before any model loads: task supported, input columns present, checkpoint
     present and fit for the task, output writable (the first check that touches the output)."""
-    if job.task not in PROCESSORS:
-        raise ValueError(f"task: {job.task!r} is not available in this build (available: {sorted(PROCESSORS)})")
+    if job.task not in ROW_DECODERS:
+        raise ValueError(f"task: {job.task!r} is not available in this build (available: {sorted(ROW_DECODERS)})")
     files = check_dataset(job.input, job.task)
     check_model(job)
     check_output_writable(job.output)

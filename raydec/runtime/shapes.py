@@ -73,21 +73,21 @@ def tune_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) -> Dict[st
     """The record of ``raydec.api.frontier.resolve_shape`` for ``config``'s auto shape at its batch
     size, calibrated on ``rows`` (validated, error-free), with the batch size and the seconds it took."""
     from raydec.api.frontier import ShapeCache, device_name, resolve_shape, shape_key
-    from raydec.runtime.processors import make_processor
+    from raydec.runtime.row_decoders import make_row_decoder
     from raydec.runtime.resume import weights_of
 
     started = time.perf_counter()
-    probe = make_processor(config.model_copy(update={"decode": config.decode.model_copy(update={"method": "ar"})}))
+    probe = make_row_decoder(config.model_copy(update={"decode": config.decode.model_copy(update={"method": "ar"})}))
     probe.setup()  # loads the model (cached for the candidates below) and sets the threads
     device = getattr(getattr(probe, "pipeline", None), "device", "cpu")
     weights = "+".join(f"{role}:{fingerprint}" for role, fingerprint in sorted(weights_of(config.task, config.model, config.decode).items()))
     key = shape_key(config.decode, weights, device_name(device), config.dtype, config.batch_size)
 
     def seconds(candidate: Any) -> float:
-        processor = make_processor(config.model_copy(update={"decode": candidate}))
-        processor.setup()
+        decoder = make_row_decoder(config.model_copy(update={"decode": candidate}))
+        decoder.setup()
         start = time.perf_counter()
-        failed = [r for r in processor(rows) if r.get("error")]  # a row's own fault (an unreadable image): alike for every candidate
+        failed = [r for r in decoder(rows) if r.get("error")]  # a row's own fault (an unreadable image): alike for every candidate
         if failed:
             logger.warning("shape calibration: %d of %d row(s) failed with %s (e.g. %s)", len(failed), len(rows),
                            candidate.method, failed[0]["error"])

@@ -59,11 +59,11 @@ class StageWorker:
     each batch of the user's rows."""
 
     def __init__(self, config: ProcessorConfig) -> None:
-        from raydec.runtime.processors import make_processor
+        from raydec.runtime.row_decoders import make_row_decoder
 
         self.config = config
-        self.processor = make_processor(config)
-        self.processor.setup()
+        self.decoder = make_row_decoder(config)
+        self.decoder.setup()
         self.writer = None
         if config.images_to is not None:
             from raydec.io import ResultWriter
@@ -81,9 +81,9 @@ class StageWorker:
         # rows without an id get "<stage batch>#<row>": unique within this call only; give your rows ids to resume by them
         checked = validate(rows, config.rows, file_key=f"batch-{id(self):x}-{self.batches}", first_row_index=0)
         good = [row for row in checked if not row["error"]]
-        results = {row["id"]: error_result(row, self.processor.method) for row in checked if row["error"]}
+        results = {row["id"]: error_result(row, self.decoder.method) for row in checked if row["error"]}
         if good:
-            for result in self.processor(good):
+            for result in self.decoder(good):
                 results[result["id"]] = result
         names = output_names(config)
         columns: Dict[str, List[Any]] = {name: [] for name in names}

@@ -1,6 +1,6 @@
 """The actor class Ray Data's actor pool runs: one model per actor, durable results per batch.
 
-Each call takes a batch of validated rows, runs the job's processor on the good ones,
+Each call takes a batch of validated rows, runs the job's row decoder on the good ones,
 writes images and one result shard with a `ResultWriter` named after this actor, and
 returns a small summary (id, error, worker) for the driver's progress accounting. Because
 the shard is written before the call returns, a batch is either durable or redone.
@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from raydec.io import ResultWriter, error_result
 from raydec.runtime.config import FaultInjection, JobConfig
-from raydec.runtime.processors import failed_result, make_processor
+from raydec.runtime.row_decoders import failed_result, make_row_decoder
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +85,8 @@ class GenerationWorker:
 
     def __init__(self, job: JobConfig) -> None:
         self.job = job
-        self.processor = make_processor(job.processor_config())
-        self.processor.setup()
+        self.decoder = make_row_decoder(job.processor_config())
+        self.decoder.setup()
         self.worker_id = worker_id()
         self.node = node_id()
         self.writer = ResultWriter(job.output, worker_id=self.worker_id)
@@ -96,7 +96,7 @@ class GenerationWorker:
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows = batch.to_pylist()
         good = [row for row in rows if not row.get("error")]
-        results: List[Dict[str, Any]] = [error_result(row, self.processor.method) for row in rows if row.get("error")]
+        results: List[Dict[str, Any]] = [error_result(row, self.decoder.method) for row in rows if row.get("error")]
         invalid = {result["id"] for result in results}
         if good:
             results += self._process(good)
@@ -107,18 +107,18 @@ class GenerationWorker:
         return pa.Table.from_pylist(summary, schema=SUMMARY_SCHEMA)
 
     def _process(self, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-        """Processor results for good rows; a processor crash becomes error rows, not a lost batch."""
+        """Row decoder results for good rows; a decoder crash becomes error rows, not a lost batch."""
         try:
-            results = self.processor(rows)
+            results = self.decoder(rows)
         except Exception as exc:
             if is_device_failure(exc):  # not the rows' fault: fail the batch so Ray retries it, record nothing
                 logger.error("worker %s: device failure on a batch of %d row(s): %s", self.worker_id, len(rows), exc)
                 raise
             logger.exception("worker %s: batch of %d row(s) failed", self.worker_id, len(rows))
-            return [failed_result(row, self.processor.method, f"{type(exc).__name__}: {exc}") for row in rows]
+            return [failed_result(row, self.decoder.method, f"{type(exc).__name__}: {exc}") for row in rows]
         missing = {row["id"] for row in rows} - {result["id"] for result in results}
         by_id = {row["id"]: row for row in rows}
-        return results + [failed_result(by_id[i], self.processor.method, "processor returned no result") for i in missing]
+        return results + [failed_result(by_id[i], self.decoder.method, "the row decoder returned no result") for i in missing]
 
     def _write(self, result: Dict[str, Any]) -> Dict[str, Any]:
         """Write the result's image (if any), buffer its row; returns the summary row."""

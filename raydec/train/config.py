@@ -1,4 +1,4 @@
-"""Typed configs of the ViSpec / EAGLE draft training pipeline (data generation, training, evaluation).
+"""Typed configs of ViSpec / EAGLE draft training: data generation, training, evaluation.
 
 ``DraftJobConfig.from_yaml(path)`` validates a job file (``jobs/configs/train_vispec_*.yaml``);
 unknown keys are errors that name the key.

@@ -169,7 +169,7 @@ def test_shipped_job_configs_validate_and_gpu_requests_fall_back_to_cpu(caplog):
 def test_device_failures_fail_the_batch_and_row_failures_become_error_rows(caplog):
     import torch
 
-    from raydec.runtime.processors import _device
+    from raydec.runtime.row_decoders import _device
     from raydec.runtime.worker import GenerationWorker, is_device_failure
 
     assert is_device_failure(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
@@ -188,10 +188,10 @@ def test_device_failures_fail_the_batch_and_row_failures_become_error_rows(caplo
     worker = object.__new__(GenerationWorker)
     worker.worker_id = "test"
     rows = [{"id": "a", "prompt": "a cat", "seed": 1}]
-    worker.processor = Failing(torch.cuda.OutOfMemoryError("CUDA out of memory"))
+    worker.decoder = Failing(torch.cuda.OutOfMemoryError("CUDA out of memory"))
     with pytest.raises(torch.cuda.OutOfMemoryError):  # Ray retries the batch; nothing is recorded as the row's
         worker._process(rows)
-    worker.processor = Failing(ValueError("bad row"))
+    worker.decoder = Failing(ValueError("bad row"))
     assert worker._process(rows)[0]["error"] == "ValueError: bad row"
     gpu_job = make_job("reference", "p.parquet", "out", pool={"gpus_per_worker": 0.5})
     assert _device(gpu_job.processor_config()) == "cpu" and "this actor has no GPU" in caplog.text  # Ray assigned none here

@@ -1,9 +1,9 @@
-"""Processors: what one worker actor does to a batch of validated rows.
+"""Row decoders: what one worker actor does to a batch of validated rows.
 
-A processor loads its model once per actor in `setup()` and turns a batch of good rows
+A row decoder loads its model once per actor in `setup()` and turns a batch of good rows
 (validated dicts, no `error`) into result rows (`raydec.io.RESULT_SCHEMA` keys). A result
 row may carry an `image` (a PIL image) that the worker writes and replaces by its URI.
-Processors hold no decoding logic: they call `raydec.api`.
+Row decoders hold no decoding logic: they call `raydec.api`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
 
 
 @runtime_checkable
-class Processor(Protocol):
+class RowDecoder(Protocol):
     """Loads models once (`setup`) and maps a batch of good rows to result rows."""
 
     method: str
@@ -63,13 +63,13 @@ def assigned_gpu_ids() -> list:
         return []
 
 
-class T2IProcessor:
+class ImageRowDecoder:
     """Text-to-image rows -> images and decoding statistics, via `raydec.api.generate_images`."""
 
     def __init__(self, config: ProcessorConfig) -> None:
         self.config = config
         self.method = config.decode.method
-        self.pipeline: Any = None
+        self.target: Any = None
 
     def setup(self) -> None:
         import torch
@@ -78,8 +78,8 @@ class T2IProcessor:
 
         torch.set_num_threads(self.config.threads)
         target = load_target(model=self.config.model, task="t2i", dtype=_torch_dtype(self.config.dtype), device=_device(self.config))
-        self.pipeline = sized(target, self.config.size)
-        logger.info("t2i processor: loaded %s (%s, method %s)", self.config.model, self.config.dtype, self.method)
+        self.target = sized(target, self.config.size)
+        logger.info("t2i row decoder: loaded %s (%s, method %s)", self.config.model, self.config.dtype, self.method)
 
     def _generate(self, rows: List[Dict[str, Any]]) -> List[Any]:
         from raydec.api import generate_images
@@ -87,7 +87,7 @@ class T2IProcessor:
         negatives = [row.get("negative_prompt") for row in rows]
         return generate_images(
             [row["prompt"] for row in rows],
-            model=self.pipeline,
+            model=self.target,
             decode=self.config.decode,
             seeds=[int(row["seed"]) for row in rows],
             negative_prompts=negatives if any(n is not None for n in negatives) else None,
@@ -136,7 +136,7 @@ def failed_result(row: Dict[str, Any], method: str, error: str) -> Dict[str, Any
     return error_result(row, method, error)
 
 
-class CaptionProcessor:
+class CaptionRowDecoder:
     """Captioning rows -> captions and decoding statistics, via `raydec.api.caption_images`.
 
     Images are decoded (inline bytes) or fetched (local path or s3:// URI) here, in the
@@ -146,7 +146,7 @@ class CaptionProcessor:
     def __init__(self, config: ProcessorConfig) -> None:
         self.config = config
         self.method = config.decode.method
-        self.pipeline: Any = None
+        self.target: Any = None
 
     def setup(self) -> None:
         import torch
@@ -155,11 +155,11 @@ class CaptionProcessor:
         from raydec.config import DRAFT_METHODS
 
         torch.set_num_threads(self.config.threads)
-        self.pipeline = load_target(model=self.config.model, task="caption", dtype=_torch_dtype(self.config.dtype), device=_device(self.config))
+        self.target = load_target(model=self.config.model, task="caption", dtype=_torch_dtype(self.config.dtype), device=_device(self.config))
         if self.method in DRAFT_METHODS:  # load the draft once, now, so a bad path fails here
-            dtype = draft_dtype(self.pipeline, self.config.decode.draft_dtype)
-            load_draft(self.pipeline, self.method, self.config.model, self.config.decode.draft_model, dtype=dtype)
-        logger.info("caption processor: loaded %s (%s, method %s)", self.config.model, self.config.dtype, self.method)
+            dtype = draft_dtype(self.target, self.config.decode.draft_dtype)
+            load_draft(self.target, self.method, self.config.model, self.config.decode.draft_model, dtype=dtype)
+        logger.info("caption row decoder: loaded %s (%s, method %s)", self.config.model, self.config.dtype, self.method)
 
     def _caption(self, rows: List[Dict[str, Any]]) -> List[Any]:
         from raydec.api import DEFAULT_CAPTION_PROMPT, caption_images
@@ -167,7 +167,7 @@ class CaptionProcessor:
         return caption_images(
             [row["pil_image"] for row in rows],
             prompt=[row.get("prompt") or DEFAULT_CAPTION_PROMPT for row in rows],
-            model=self.pipeline,
+            model=self.target,
             decode=self.config.decode,
             seeds=[int(row["seed"]) for row in rows],
             batch_size=self.config.batch_size,
@@ -190,12 +190,12 @@ class CaptionProcessor:
         return results + run_rows(good, self._caption, self._result, self.method, "captioning")
 
 
-PROCESSORS: Dict[str, Callable[[ProcessorConfig], Processor]] = {"t2i": T2IProcessor, "caption": CaptionProcessor}
-"""Processor per task."""
+ROW_DECODERS: Dict[str, Callable[[ProcessorConfig], RowDecoder]] = {"t2i": ImageRowDecoder, "caption": CaptionRowDecoder}
+"""RowDecoder per task."""
 
 
-def make_processor(config: ProcessorConfig) -> Processor:
-    """The processor for `config.task`; raises ValueError naming the task when none is registered."""
-    if config.task not in PROCESSORS:
-        raise ValueError(f"task: {config.task!r} has no processor in this build (available: {sorted(PROCESSORS)})")
-    return PROCESSORS[config.task](config)
+def make_row_decoder(config: ProcessorConfig) -> RowDecoder:
+    """The row decoder for `config.task`; raises ValueError naming the task when none is registered."""
+    if config.task not in ROW_DECODERS:
+        raise ValueError(f"task: {config.task!r} has no row decoder in this build (available: {sorted(ROW_DECODERS)})")
+    return ROW_DECODERS[config.task](config)
