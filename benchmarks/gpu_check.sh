@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmarks of issues 4, 5 and 30 on one CUDA GPU, as one prepared run.
+# The GPU benchmarks (text-to-image, captioning, the device-native step) on one CUDA GPU, as one prepared run.
 #
 #   benchmarks/gpu_check.sh OUT_DIR [SCALE]
 #
@@ -10,7 +10,7 @@
 # = speedup / (compression / window forward cost) says what the step's own work leaves of the
 # gain), bench caption at T=0, bench t2i at batch 1, bench caption at T=1, bench t2i at batch 8
 # (all bf16), bench engine (a 60M random Llama: our AR vs HF generate, and an oracle drafter's
-# ceiling), then a cProfile of ViSpec and SJD-PAC decoding. Each bench asks for the issues' counts (200 images / prompts) and stops taking
+# ceiling), then a cProfile of ViSpec and SJD-PAC decoding. Each bench asks for the full counts (200 images / prompts) and stops taking
 # new ones at its --max-seconds budget (every method finishes the same items); SCALE (default
 # 1.0) multiplies the budgets. JSON, plots and logs land in OUT_DIR.
 #   DEVICE=cpu           run the same on the CPU (a dry run: SCALE 0.05)
@@ -27,7 +27,7 @@
 #                        1,8,32,64 on a GPU, 1,2 on the CPU)
 #   ENGINE_SIZE=small    the engine_7b stage's model (default janus-pro-7b on a GPU, small on the CPU)
 #   OLD_RAYDEC=DIR       a folder holding an earlier raydec package (e.g. a git worktree of the
-#                        commit before issue 30): stage host_work times benchmarks/host_work.py
+#                        commit 4003d24, before the device-native step): stage host_work times benchmarks/host_work.py
 #                        (sjd_pac, 16,384 codes, CFG, batch 8, window 64) new / old / new / old
 #   HW_THREADS=4         torch threads of the host_work stage
 #   STEP_ARGS="..."      bench step's grid (default: its own full grid on a GPU)
