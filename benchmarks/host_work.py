@@ -109,7 +109,7 @@ def main() -> None:
 
     owner._commit = counted_commit
     branching, depth = (3, 1) if args.method == "sjd_pac" else (1, 0)
-    decode = DecodeConfig(method=args.method, draft=JacobiDraftConfig(window=args.window, branching=branching, tree_depth=depth, init="left"))
+    decode = DecodeConfig(method=args.method, jacobi=JacobiDraftConfig(window=args.window, branching=branching, tree_depth=depth, init="left"))
     prompts = [make_sample(HELD_OUT_SEED_START + i).prompt for i in range(args.batch)]
 
     def run() -> float:

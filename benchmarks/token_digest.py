@@ -52,7 +52,8 @@ def main() -> None:
         "sjd_pac": draft(window=48, branching=3, tree_depth=1, init="left"),
     }
     for method, shape in shapes.items():
-        decode = DecodeConfig(method=method) if shape is None else DecodeConfig(method=method, draft=shape)
+        shape_field = "jacobi" if "jacobi" in DecodeConfig.model_fields else "draft"  # "draft" before the rename
+        decode = DecodeConfig(method=method) if shape is None else DecodeConfig(method=method, **{shape_field: shape})
         results = generate_images(prompts, model=t2i, decode=decode, seeds=list(range(len(prompts))), batch_size=1)
         tokens[f"t2i/{method}"] = [list(r.tokens) for r in results]
     vlm = load("reference", caption_task, dtype=torch.bfloat16)

@@ -7,7 +7,7 @@ loudly instead of being silently ignored.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -117,13 +117,16 @@ IMAGE_METHODS = ("ar",) + JACOBI_METHODS
 
 
 class DecodeConfig(StrictModel):
-    """Which decoding method to run and its knobs."""
+    """Which decoding method to run and its knobs. ``jacobi`` shapes the Jacobi methods' drafts;
+    the ``draft_*`` fields belong to the methods with a draft model (vispec, eagle)."""
+
+    renamed_keys: ClassVar[dict[str, str]] = {"draft": "jacobi"}
 
     method: Literal["ar", "sjd", "sjd_ac", "sjd_pac", "vispec", "eagle"] = Field(
         "ar", description="Decoding method (proposer); every method uses the same lossless verifier."
     )
     max_new_tokens: int = Field(256, ge=1, le=65536, description="Upper bound on generated tokens per row.")
-    draft: JacobiDraftConfig | Literal["auto"] = Field(
+    jacobi: JacobiDraftConfig | Literal["auto"] = Field(
         default_factory=JacobiDraftConfig,
         description="Draft window / tree shape (sjd, sjd_ac, sjd_pac). auto: tuned for the batch size on this device, "
         "plain AR among the candidates (see docs/benchmarking.md, the frontier), cached on disk and recorded in a "
@@ -143,7 +146,7 @@ class DecodeConfig(StrictModel):
     )
     draft_tree: DraftTreeConfig | Literal["auto"] | None = Field(
         None, description="Draft-model tree (vispec, eagle); None: DraftTreeConfig.for_temperature(sampling.temperature); "
-        "auto: tuned for the batch size, as for draft.",
+        "auto: tuned for the batch size, as for jacobi.",
     )
     draft_model: str | None = Field(
         None, min_length=1,
@@ -160,7 +163,7 @@ class DecodeConfig(StrictModel):
     @property
     def auto_shape(self) -> bool:
         """Whether this method's draft shape is "auto" (to be tuned for a batch size before decoding)."""
-        return (self.method in JACOBI_METHODS and self.draft == "auto") or (self.method in DRAFT_METHODS and self.draft_tree == "auto")
+        return (self.method in JACOBI_METHODS and self.jacobi == "auto") or (self.method in DRAFT_METHODS and self.draft_tree == "auto")
 
     @property
     def tree(self) -> DraftTreeConfig:

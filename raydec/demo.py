@@ -59,7 +59,7 @@ def demo_decode(method: str) -> dict:
     fresh-draft prior (left copies: the reference shapes repeat codes along rows) that
     ``raydec bench t2i`` tuned for the reference Janus on a 2-core CPU."""
     if method == "sjd_pac":
-        return {"method": method, "draft": {"window": 32, "branching": 2, "tree_depth": 1, "init": "left"}}
+        return {"method": method, "jacobi": {"window": 32, "branching": 2, "tree_depth": 1, "init": "left"}}
     return {"method": method}
 
 

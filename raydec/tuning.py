@@ -68,7 +68,7 @@ class TunedShape:
     """One candidate draft shape and what it was measured to give."""
 
     method: str
-    draft: JacobiDraftConfig
+    jacobi: JacobiDraftConfig
     steps_per_batch: float  # mean target forwards per batch (prefill included; see calibration_run)
     window_cost: float  # cost(window + 1) / cost(1)
     predicted_speedup: float
@@ -186,7 +186,7 @@ def choose_fresh_drafts(
     steps = {}
     for init in inits:
         draft = JacobiDraftConfig(**{**probe.model_dump(), "init": init})
-        config = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft, batching=batching)
+        config = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, jacobi=draft, batching=batching)
         rows = calibration_rows(target, config, prompts, seeds, batch)
         steps[init] = float(np.mean([r.target_forwards for r in rows]))
         logger.info("tune %s fresh drafts %r at window=%d branching=%d tree_depth=%d: %.1f forwards per image",
@@ -378,7 +378,7 @@ def tune_draft(
         seconds = forward_seconds(target, prompts[0], sorted({1} | {s.window + 1 for s in shapes}), batch=batch)
         one_token_seconds, costs = seconds[1], relative_costs(seconds)
     timed = one_token_seconds is not None
-    configs = [DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft, batching=batching) for draft in shapes]
+    configs = [DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, jacobi=draft, batching=batching) for draft in shapes]
     counted, first, rows = [], [], []  # steps per batch; seconds per step of the counting runs; rows' forwards
     for config in configs:
         steps, per_step, forwards = calibration_counts(target, config, prompts, seeds, batch)
@@ -406,11 +406,11 @@ def tune_draft(
         logger.info("tune %s %s: %.1f steps per batch, step cost %.2f (measured %.2f), predicted speedup %.2f",
                     method, draft, steps, step, raw, tried[-1].predicted_speedup)
     best = max(tried, key=lambda t: t.predicted_speedup)
-    chains = [i for i, t in enumerate(tried) if is_chain(t.draft)]
+    chains = [i for i, t in enumerate(tried) if is_chain(t.jacobi)]
     if method == "sjd_pac" and chains and best not in [tried[i] for i in chains]:
         chain = max(chains, key=lambda i: tried[i].predicted_speedup)
         if not tree_beats_chain(best, tried[chain], rows[tried.index(best)], rows[chain]):
             logger.info("tune sjd_pac: the tree %s leads the chain %s by %.2fx, within the calibration's noise: "
-                        "keeping the chain", best.draft, tried[chain].draft, best.predicted_speedup / tried[chain].predicted_speedup)
+                        "keeping the chain", best.jacobi, tried[chain].jacobi, best.predicted_speedup / tried[chain].predicted_speedup)
             best = tried[chain]
     return best, tried

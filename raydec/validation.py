@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import types
 import typing
+import warnings
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 
 
 def _takes_number_not_bool(annotation: object) -> bool:
@@ -63,6 +64,9 @@ class StrictModel(BaseModel):
     #: what ``from_yaml`` raises (a ValueError subclass), so each layer keeps its own error type
     config_error: typing.ClassVar[type[ValueError]] = ValueError
 
+    #: keys of an earlier release (old name -> field): still read, with a FutureWarning naming the new key
+    renamed_keys: typing.ClassVar[dict[str, str]] = {}
+
     @classmethod
     def from_yaml(cls: type[_Config], path: str | Path) -> _Config:
         """Load and validate a YAML file; the error names the file and, per line, each bad key."""
@@ -80,6 +84,22 @@ class StrictModel(BaseModel):
         except ValidationError as exc:
             problems = "\n".join(f"  {line}" for line in validation_problems(exc))
             raise cls.config_error(f"config: {path} is invalid:\n{problems}") from None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_renamed_keys(cls, data: object) -> object:
+        if not cls.renamed_keys or not isinstance(data, dict) or not any(old in data for old in cls.renamed_keys):
+            return data
+        data = dict(data)
+        for old, new in cls.renamed_keys.items():
+            if old not in data:
+                continue
+            if new in data:
+                raise ValueError(f"{old} and {new}: give only {new} ({old} is its name in earlier releases)")
+            warnings.warn(f"{cls.__name__}: the key {old!r} is now {new!r}; {old!r} will stop loading in a later release",
+                          FutureWarning, stacklevel=2)
+            data[new] = data.pop(old)
+        return data
 
     @field_validator("*", mode="before")
     @classmethod

@@ -63,7 +63,7 @@ def shape_label(config: DecodeConfig) -> str:
     if config.method == "ar":
         return "ar"
     if config.method in JACOBI_METHODS:
-        draft = config.draft
+        draft = config.jacobi
         tree = f",K={draft.branching},D={draft.tree_depth}" if draft.branching > 1 and draft.tree_depth > 0 else ""
         return f"window={draft.window}{tree},init={draft.init}"
     tree = config.tree
@@ -77,19 +77,19 @@ def candidate_configs(
     draft_trees: Sequence[tuple[int, int, int]] = DRAFT_TREES,
 ) -> list[DecodeConfig]:
     """Plain AR, then every shape of ``base.method`` worth trying (its prior, sampling and draft kept)."""
-    ar = base.model_copy(update={"method": "ar", "draft": JacobiDraftConfig(), "draft_tree": None})
+    ar = base.model_copy(update={"method": "ar", "jacobi": JacobiDraftConfig(), "draft_tree": None})
     if base.method == "ar":
         return [ar]
     shapes: list[DecodeConfig] = []
     if base.method in JACOBI_METHODS:
         trees = pac_trees if base.method == "sjd_pac" else [(1, 0)]
-        template = JacobiDraftConfig() if base.draft == "auto" else base.draft
-        inits = AUTO_INITS if base.draft == "auto" else (template.init,)
+        template = JacobiDraftConfig() if base.jacobi == "auto" else base.jacobi
+        inits = AUTO_INITS if base.jacobi == "auto" else (template.init,)
         for init, window, (branching, depth) in itertools.product(inits, windows, trees):
             if branching > 1 and full_tree_nodes(branching, depth) >= window:
                 continue  # the tree does not fit the window
             draft = JacobiDraftConfig(**{**template.model_dump(), "window": window, "branching": branching, "tree_depth": depth, "init": init})
-            shapes.append(base.model_copy(update={"draft": draft}))
+            shapes.append(base.model_copy(update={"jacobi": draft}))
     elif base.method in DRAFT_METHODS:
         for depth, top_k, total in draft_trees:
             shapes.append(base.model_copy(update={"draft_tree": DraftTreeConfig(depth=depth, top_k=top_k, total_tokens=total)}))
@@ -142,17 +142,19 @@ def shape_record(config: DecodeConfig) -> dict:
     with ("ar" when speculation did not pay) and its concrete draft or tree."""
     return {
         "method": config.method,
-        "draft": config.draft.model_dump() if config.method in JACOBI_METHODS else None,
+        "jacobi": config.jacobi.model_dump() if config.method in JACOBI_METHODS else None,
         "draft_tree": config.tree.model_dump() if config.method in DRAFT_METHODS else None,
         "label": shape_label(config),
     }
 
 
 def apply_shape(base: DecodeConfig, record: dict) -> DecodeConfig:
-    """``base`` decoding with a recorded choice (its method may become "ar")."""
+    """``base`` decoding with a recorded choice (its method may become "ar"). A record of an earlier
+    release names the Jacobi shape ``draft``."""
+    jacobi = record.get("jacobi") or record.get("draft")
     return base.model_copy(update={
         "method": record["method"],
-        "draft": JacobiDraftConfig.model_validate(record["draft"]) if record.get("draft") else JacobiDraftConfig(),
+        "jacobi": JacobiDraftConfig.model_validate(jacobi) if jacobi else JacobiDraftConfig(),
         "draft_tree": DraftTreeConfig.model_validate(record["draft_tree"]) if record.get("draft_tree") else None,
     })
 
@@ -215,7 +217,7 @@ class ShapeCache:
 def shape_key(base: DecodeConfig, weights: str, device: str, dtype: str, batch: int) -> dict:
     """What a tuned choice depends on: the weights, the device, the dtype, the batch and the rest of the
     config (its length included: an image size's layout, a caption's cap)."""
-    config = base.model_dump(mode="json", exclude={"draft", "draft_tree"})
+    config = base.model_dump(mode="json", exclude={"jacobi", "draft_tree"})
     return {"weights": weights, "device": device, "dtype": dtype, "batch": batch, "config": config}
 
 

@@ -117,7 +117,7 @@ def bench_engine(args: argparse.Namespace) -> dict:
     params = sum(p.numel() for p in model.parameters())
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 16384, (int(torch.randint(16, 33, (1,), generator=generator)),), generator=generator).tolist() for _ in range(args.prompts)]
-    greedy = DecodeConfig(max_new_tokens=args.new_tokens, sampling=SamplingConfig(temperature=0.0), draft=JacobiDraftConfig(window=args.window))
+    greedy = DecodeConfig(max_new_tokens=args.new_tokens, sampling=SamplingConfig(temperature=0.0), jacobi=JacobiDraftConfig(window=args.window))
     ar_engine = Engine(target, ARProposer(), greedy)
 
     def run_hf(prompt):

@@ -78,7 +78,7 @@ def _decode_config(args: argparse.Namespace) -> Any:
     if args.method == "ar":
         return DecodeConfig(method="ar")
     tree = dict(branching=args.branching, tree_depth=args.tree_depth) if args.method == "sjd_pac" else {}
-    return DecodeConfig(method=args.method, draft=JacobiDraftConfig(window=args.window, **tree))
+    return DecodeConfig(method=args.method, jacobi=JacobiDraftConfig(window=args.window, **tree))
 
 
 def _write_prompts(path: Path, rows: int, seed: int) -> None:

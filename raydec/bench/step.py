@@ -197,7 +197,7 @@ def jacobi_runs(codebook: int, methods: list[str], batches: list[int], windows: 
         for window in windows:
             branching, depth = (3, 1) if method == "sjd_pac" else (1, 0)
             draft = JacobiDraftConfig(window=window, branching=branching, tree_depth=depth, init="left")
-            config = DecodeConfig(method=method, max_new_tokens=target.num_image_tokens, sampling=target.default_sampling(), draft=draft)
+            config = DecodeConfig(method=method, max_new_tokens=target.num_image_tokens, sampling=target.default_sampling(), jacobi=draft)
             for batch in batches:
                 engine = Engine(timed, make_proposer(config, target), config, constraint=target.vocab_constraint(),
                                 eos_token_ids=target.eos_token_ids)

@@ -71,7 +71,7 @@ def method_config(method: str, args: argparse.Namespace, sampling: Any, length: 
     if method == "ar":
         return DecodeConfig(method="ar", max_new_tokens=length, sampling=sampling, batching=args.batching)
     draft = fixed_draft(method, args, args.init)
-    return DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft, batching=args.batching)
+    return DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, jacobi=draft, batching=args.batching)
 
 
 def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sampling: Any, length: int) -> tuple[dict, list, list]:
@@ -117,10 +117,10 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
                 target, method, prompts, seeds, sampling, args.batch, windows=windows,
                 costs=costs, one_token_seconds=seconds[1], inits=(init,), batching=args.batching, chain_init=chain_init,
             )
-            draft, tried = best.draft, tried + shapes
+            draft, tried = best.jacobi, tried + shapes
         else:
             draft = fixed_draft(method, args, init)
-        configs[method] = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, draft=draft, batching=args.batching)
+        configs[method] = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, jacobi=draft, batching=args.batching)
     return configs, tried, priors
 
 
@@ -255,7 +255,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
             f"draft shapes tried at batch {args.batch} on {args.tune_prompts} calibration prompts "
             "(costs in one-token forwards; step = a whole decode step: median of interleaved rounds, then fitted)",
             ["method", "window", "K", "D-1", "prior", "steps/batch", "window cost", "step measured", "step fitted", "predicted x AR"],
-            [[t.method, t.draft.window, t.draft.branching, t.draft.tree_depth, t.draft.init, f"{t.steps_per_batch:.1f}",
+            [[t.method, t.jacobi.window, t.jacobi.branching, t.jacobi.tree_depth, t.jacobi.init, f"{t.steps_per_batch:.1f}",
               f"{t.window_cost:.2f}", f"{t.measured_step_cost:.2f}", f"{t.step_cost:.2f}", f"{t.predicted_speedup:.2f}"] for t in tried],
         )
     records = {m: MethodRecord() for m in methods}
@@ -312,7 +312,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
         if method != "ar":
             entry.update(score_agreement(ar.scores, record.scores))
         summary[method] = entry
-    windows = {c.draft.window + 1 for c in configs.values() if c.method != "ar"}
+    windows = {c.jacobi.window + 1 for c in configs.values() if c.method != "ar"}
     cost = window_cost(target, prompts[0], sorted({1, 16, 64} | windows), batch=args.batch)
     plots = _plots(records, target.layout_grid, args.plots)
     header = ["method", "step compr.", "latency x AR", "latency x hf", "tokens/fwd", "judge", "judge vs AR (p KS/MW)", "img/s"]
@@ -326,7 +326,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
     batching = "continuous" if continuous_batching(device, args.batching) else "consecutive"
     print_table(f"bench t2i: {args.model}, {measured} prompts, batch {args.batch} ({batching}), {args.dtype}, {device}", header, rows)
     print("drafts: " + ", ".join(
-        f"{m} window {c.draft.window}" + (f" K {c.draft.branching} D-1 {c.draft.tree_depth}" if c.draft.tree_depth else "") + f" ({c.draft.init})"
+        f"{m} window {c.jacobi.window}" + (f" K {c.jacobi.branching} D-1 {c.jacobi.tree_depth}" if c.jacobi.tree_depth else "") + f" ({c.jacobi.init})"
         for m, c in configs.items() if c.method != "ar"
     ))
     print("forward cost relative to a 1-token forward: " + ", ".join(f"{n} tokens {c:.2f}x" for n, c in cost.items()))
@@ -338,7 +338,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
             {"method": m, "probe": probe.model_dump(), "steps_per_batch": steps, "chosen": init} for m, probe, steps, init in priors
         ],
         "tuning": [
-            {"method": t.method, "draft": t.draft.model_dump(), "steps_per_batch": t.steps_per_batch,
+            {"method": t.method, "jacobi": t.jacobi.model_dump(), "steps_per_batch": t.steps_per_batch,
              "window_cost": t.window_cost, "step_cost": t.step_cost,
              "predicted_speedup": t.predicted_speedup}
             for t in tried

@@ -81,7 +81,7 @@ def _t2i_workload(args: argparse.Namespace, dtype: torch.dtype, device: str) -> 
     from raydec.speculative.requests import RowRequest
 
     target = load_target(args.model, task="t2i", dtype=dtype, device=None if device == "cpu" else device)
-    base = {m: image_decode_config(DecodeConfig(method=m, batching=args.batching, draft=JacobiDraftConfig(init=args.init)), target)
+    base = {m: image_decode_config(DecodeConfig(method=m, batching=args.batching, jacobi=JacobiDraftConfig(init=args.init)), target)
             for m in args.methods}
 
     def engine(config: Any) -> Any:

@@ -136,6 +136,10 @@ def _section(model: type[BaseModel], used_by: list[str]) -> str:
     for name, field in model.model_fields.items():
         cells = [f"`{name}`", _field_type(field), _default(field), _constraints(field), _markdown(field.description or "")]
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
+    renamed = getattr(model, "renamed_keys", None) or {}
+    if renamed:
+        names = ", ".join(f"`{old}` (now `{new}`)" for old, new in renamed.items())
+        lines += ["", f"Keys of earlier releases, still read with a warning: {names}."]
     return "\n".join(lines) + "\n"
 
 

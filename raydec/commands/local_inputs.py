@@ -20,9 +20,10 @@ def add_decode_flags(parser: argparse.ArgumentParser, methods: tuple[str, ...], 
     parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (0: greedy); default: the checkpoint's")
     parser.add_argument("--top-k", type=int, default=None, help="top-k (0 disables); default: the checkpoint's")
     parser.add_argument("--top-p", type=float, default=None, help="nucleus mass; default: the checkpoint's")
-    parser.add_argument("--draft", choices=["auto", "default"], default="auto",
-                        help="draft shape: auto (default) tunes it for --batch-size on this device on the first rows, plain "
-                        "AR among the candidates, and caches the choice; default: the method's default shape")
+    parser.add_argument("--shape", "--draft", dest="shape", choices=["auto", "default"], default="auto",
+                        help="the draft shape (sjd*: the Jacobi window / tree; vispec / eagle: the draft tree): auto (default) "
+                        "tunes it for --batch-size on this device on the first rows, plain AR among the candidates, and "
+                        "caches the choice; default: the method's default shape. (--draft: its name in earlier releases)")
     parser.add_argument("--seed", type=int, default=0, help="row i gets seed SEED + i (default 0)")
     parser.add_argument("--batch-size", type=int, default=8, help="rows decoded together (default 8)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"], default="float32", help="weights dtype")
@@ -45,8 +46,8 @@ def decode_config(args: argparse.Namespace, default_method: str, extra: Optional
     if sampling:
         values["sampling"] = sampling
     values.update(extra or {})
-    shape_field = "draft" if values["method"] in JACOBI_METHODS else "draft_tree" if values["method"] in DRAFT_METHODS else None
-    if args.draft == "auto" and shape_field is not None:
+    shape_field = "jacobi" if values["method"] in JACOBI_METHODS else "draft_tree" if values["method"] in DRAFT_METHODS else None
+    if args.shape == "auto" and shape_field is not None:
         values.setdefault(shape_field, "auto")  # a shape in --decode-config stays
     return values
 

@@ -22,8 +22,8 @@ from raydec.io.filesystem import is_s3_uri
 def auto_unless_set(decode: DecodeConfig) -> DecodeConfig:
     """A job's or stage's decode config with the draft shape 'auto' where the user left it unset:
     tuned for the batch size on the device (``raydec.api.frontier``), plain AR among the candidates."""
-    if decode.method in JACOBI_METHODS and "draft" not in decode.model_fields_set:
-        return decode.model_copy(update={"draft": "auto"})
+    if decode.method in JACOBI_METHODS and "jacobi" not in decode.model_fields_set:
+        return decode.model_copy(update={"jacobi": "auto"})
     if decode.method in DRAFT_METHODS and "draft_tree" not in decode.model_fields_set:
         return decode.model_copy(update={"draft_tree": "auto"})
     return decode

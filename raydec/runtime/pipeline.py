@@ -63,7 +63,7 @@ class JobReport:
     per_worker: Dict[str, int] = field(default_factory=dict)  # rows each actor wrote this run
     per_node: Dict[str, int] = field(default_factory=dict)  # rows each Ray node wrote this run
     missing: int = 0  # input ids without a result (missing_ids names the first 100)
-    shape: Optional[Dict[str, Any]] = None  # decode.draft 'auto': the shape chosen (raydec.runtime.shapes)
+    shape: Optional[Dict[str, Any]] = None  # decode.jacobi 'auto': the shape chosen (raydec.runtime.shapes)
 
     @property
     def complete(self) -> bool:
@@ -409,7 +409,7 @@ def _manifest(job: JobConfig, report: JobReport, weights: Dict[str, str], status
         "weights": weights,
         "status": status,
     }
-    if report.shape is not None:  # decode.draft / draft_tree 'auto': what the rows are decoded with
+    if report.shape is not None:  # decode.jacobi / draft_tree 'auto': what the rows are decoded with
         extra["shape"] = {k: v for k, v in report.shape.items() if k not in ("tuned",)}
     uri = write_manifest(job.output, job, report.counts(), report.timings, extra)
     logger.info("manifest written to %s", uri)

@@ -135,8 +135,10 @@ def _decode_identity(decode: Any) -> Any:
     if not isinstance(decode, dict):
         return decode
     decode = dict(decode)
+    if "draft" in decode and "jacobi" not in decode:  # a manifest of an earlier release
+        decode["jacobi"] = decode.pop("draft")
     if decode.get("method") not in JACOBI_METHODS:
-        decode.pop("draft", None)  # only the Jacobi methods decode with it
+        decode.pop("jacobi", None)  # only the Jacobi methods decode with it
     if "draft_tree" not in decode:
         return decode
     tree = decode.pop("draft_tree")

@@ -65,7 +65,7 @@ def tune_in_worker(job: JobConfig, fragments: List[Fragment]) -> Dict[str, Any]:
 
     rows = calibration_rows(job, fragments, max(job.pool.batch_size, CALIBRATION_ROWS))
     if not rows:
-        raise ValueError(f"decode.draft='auto': input.path {job.input.path!r} has no valid row to tune the draft shape on")
+        raise ValueError(f"decode.jacobi='auto': input.path {job.input.path!r} has no valid row to tune the draft shape on")
     return tune_on_rows(job.processor_config(), rows)
 
 
@@ -109,7 +109,7 @@ def remote_tuning(function: Any, num_cpus: float, num_gpus: float) -> Any:
 
 def log_choice(decode: Any, shape: Dict[str, Any]) -> None:
     logger.info("decode.%s='auto' at batch %d: %s (%s, %.0f s, %d calibration rows)",
-                "draft" if decode.method in JACOBI_METHODS else "draft_tree", shape["batch"], shape["label"],
+                "jacobi" if decode.method in JACOBI_METHODS else "draft_tree", shape["batch"], shape["label"],
                 "tuned now" if shape["tuned"] else "taken from the shape cache", shape["seconds"], shape["calibration_rows"])
 
 
@@ -122,7 +122,7 @@ def resolve_job_shape(job: JobConfig, fragments: List[Fragment], remote_args: Di
     shape = recorded_shape(job)
     if shape is not None:
         logger.info("decode.%s='auto': resuming with the shape this output's manifest records, %s",
-                    "draft" if job.decode.method in JACOBI_METHODS else "draft_tree", shape["label"])
+                    "jacobi" if job.decode.method in JACOBI_METHODS else "draft_tree", shape["label"])
         shape = {**shape, "tuned": False, "from": "manifest"}
     else:
         task = remote_tuning(tune_in_worker, remote_args.get("num_cpus", 1), remote_args.get("num_gpus", 0))

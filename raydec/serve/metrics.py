@@ -22,7 +22,7 @@ MAX_POSITIONS = 16  # accepted-per-position counters kept for the first 16 draft
 def draft_tokens_per_step(config: DecodeConfig) -> int:
     """Draft nodes a row puts before the target per step under ``config`` (0 for ar)."""
     if config.method in JACOBI_METHODS:
-        return config.draft.window
+        return config.jacobi.window
     if config.method in DRAFT_METHODS:
         return config.tree.total_tokens - 1
     return 0

@@ -45,8 +45,8 @@ def test_bench_t2i_runs_every_method_on_a_tiny_janus(tmp_path):
     for name, prior in priors.items():
         assert prior["probe"]["window"] == 8 and set(prior["steps_per_batch"]) == {"uniform", "left", "above"}
         assert prior["chosen"] == min(prior["steps_per_batch"], key=prior["steps_per_batch"].get)
-        assert result["config"][name]["draft"]["init"] == prior["chosen"] and result["config"][name]["draft"]["window"] == 8
-    assert (result["config"]["sjd_pac"]["draft"]["branching"], result["config"]["sjd_pac"]["draft"]["tree_depth"]) == (2, 1)
+        assert result["config"][name]["jacobi"]["init"] == prior["chosen"] and result["config"][name]["jacobi"]["window"] == 8
+    assert (result["config"]["sjd_pac"]["jacobi"]["branching"], result["config"]["sjd_pac"]["jacobi"]["tree_depth"]) == (2, 1)
 
 
 def test_candidate_shapes_skip_trees_that_do_not_fit():
@@ -72,12 +72,12 @@ def test_tune_draft_follows_the_cost_curve(tmp_path):
     args["inits"] = ("uniform",)  # the prior's choice has its own test
     flat = {1: 1.0, 3: 1.0, 9: 1.0}
     best, tried = tune_draft(target, "sjd", costs=flat, **args)
-    assert [t.draft.window for t in tried] == [2, 8]
+    assert [t.jacobi.window for t in tried] == [2, 8]
     assert tried[1].steps_per_batch < tried[0].steps_per_batch  # a wider window never needs more steps here
-    assert best.draft.window == 8
+    assert best.jacobi.window == 8
     linear = {1: 1.0, 3: 3.0, 9: 9.0}
     best, tried = tune_draft(target, "sjd", costs=linear, **args)
-    assert best.draft.window == 2 and all(t.predicted_speedup < 1.0 for t in tried)
+    assert best.jacobi.window == 2 and all(t.predicted_speedup < 1.0 for t in tried)
     # timed: whole steps are timed; predictions follow N * step(ar) / (steps * step(c))
     best, tried = tune_draft(target, "sjd", costs=linear, one_token_seconds=1e-3, ar_step=2.0, **args)
     for t in tried:
@@ -166,11 +166,11 @@ def test_bench_t2i_auto_window_reports_the_shapes_it_tried(tmp_path):
     result = json.loads(out.read_text())
     tried = [t for t in result["tuning"] if t["method"] == "sjd_ac"]
     best = max(tried, key=lambda t: t["predicted_speedup"])
-    assert result["config"]["sjd_ac"]["draft"]["window"] == best["draft"]["window"]
+    assert result["config"]["sjd_ac"]["jacobi"]["window"] == best["jacobi"]["window"]
     # the prior is chosen first, at the median window, and every shape is then tried with it
     (prior,) = result["fresh_drafts"]
     assert prior["method"] == "sjd_ac" and prior["probe"]["window"] == 32
-    assert {t["draft"]["init"] for t in tried} == {prior["chosen"]} == {result["config"]["sjd_ac"]["draft"]["init"]}
+    assert {t["jacobi"]["init"] for t in tried} == {prior["chosen"]} == {result["config"]["sjd_ac"]["jacobi"]["init"]}
 
 
 def test_bench_t2i_fixed_window_and_prior_tune_nothing(tmp_path):
@@ -183,7 +183,7 @@ def test_bench_t2i_fixed_window_and_prior_tune_nothing(tmp_path):
     assert code == 0
     result = json.loads(out.read_text())
     assert result["fresh_drafts"] == [] and result["tuning"] == []
-    assert result["config"]["sjd"]["draft"]["init"] == "above" and result["config"]["sjd"]["draft"]["window"] == 4
+    assert result["config"]["sjd"]["jacobi"]["init"] == "above" and result["config"]["sjd"]["jacobi"]["window"] == 4
 
 
 def test_tune_draft_chooses_the_fresh_draft_prior_first(tmp_path):
@@ -202,18 +202,18 @@ def test_tune_draft_chooses_the_fresh_draft_prior_first(tmp_path):
     assert steps[chosen] == min(steps.values())
     best, tried = tune_draft(target, "sjd_ac", windows=(2, 8), costs={1: 1.0, 3: 1.0, 9: 1.0}, **args)
     probe_choice, _ = choose_fresh_drafts(target, "sjd_ac", probe_shape("sjd_ac", (2, 8)), **args)
-    assert {t.draft.init for t in tried} == {probe_choice}
+    assert {t.jacobi.init for t in tried} == {probe_choice}
     _, tried = tune_draft(target, "sjd_ac", windows=(2, 8), costs={1: 1.0, 3: 1.0, 9: 1.0}, inits=("above",), **args)
-    assert {t.draft.init for t in tried} == {"above"}
+    assert {t.jacobi.init for t in tried} == {"above"}
     # SJD-PAC: trees take the prior chosen at its tree probe, chains the one SJD-AC's probe chooses
     _, tried = tune_draft(target, "sjd_pac", windows=(8,), trees=((1, 0), (2, 1)), costs={1: 1.0, 9: 1.0},
                           inits=("uniform", "above"), **args)
     ac_choice, _ = choose_fresh_drafts(target, "sjd_ac", probe_shape("sjd_ac", (8,)), inits=("uniform", "above"), **args)
     pac_choice, _ = choose_fresh_drafts(target, "sjd_pac", probe_shape("sjd_pac", (8,), ((1, 0), (2, 1))), inits=("uniform", "above"), **args)
-    assert {(t.draft.branching, t.draft.init) for t in tried} == {(1, ac_choice), (2, pac_choice)}
+    assert {(t.jacobi.branching, t.jacobi.init) for t in tried} == {(1, ac_choice), (2, pac_choice)}
     _, tried = tune_draft(target, "sjd_pac", windows=(8,), trees=((1, 0), (2, 1)), costs={1: 1.0, 9: 1.0},
                           inits=("above",), chain_init="uniform", **args)
-    assert {(t.draft.branching, t.draft.init) for t in tried} == {(1, "uniform"), (2, "above")}
+    assert {(t.jacobi.branching, t.jacobi.init) for t in tried} == {(1, "uniform"), (2, "above")}
     with pytest.raises(ValueError, match="inits: expected at least one"):
         tune_draft(target, "sjd_ac", windows=(2, 8), costs={1: 1.0, 3: 1.0, 9: 1.0}, inits=(), **args)
     with pytest.raises(ValueError, match="init"):  # pydantic names the field and the value
@@ -233,7 +233,7 @@ def test_fresh_drafts_are_chosen_by_the_rows_mean_forwards_at_batch_2(tmp_path):
     sampling = target.default_sampling()
     _, steps = choose_fresh_drafts(target, "sjd", JacobiDraftConfig(window=4), prompts, seeds, sampling, batch=2, inits=("uniform",))
     config = DecodeConfig(
-        method="sjd", max_new_tokens=int(target.num_image_tokens), sampling=sampling, draft=JacobiDraftConfig(window=4, init="uniform")
+        method="sjd", max_new_tokens=int(target.num_image_tokens), sampling=sampling, jacobi=JacobiDraftConfig(window=4, init="uniform")
     )
     forwards = [r.target_forwards for r in calibration_rows(target, config, prompts, seeds, 2)]
     assert steps["uniform"] == pytest.approx(np.mean(forwards))
@@ -345,7 +345,7 @@ def test_calibration_counts_the_slowest_row_or_the_mean_as_batches_are_run(tmp_p
 
     target = load_target(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
     config = DecodeConfig(method="sjd", max_new_tokens=int(target.num_image_tokens), sampling=target.default_sampling(),
-                          draft=JacobiDraftConfig(window=4))
+                          jacobi=JacobiDraftConfig(window=4))
     prompts, seeds = ["a red circle", "a blue square", "a green circle", "a red square"], [0, 1, 2, 3]
     forwards = [r.target_forwards for r in generate_images(prompts, model=target, decode=config, seeds=seeds, batch_size=2)]
     assert len(set(forwards)) > 1  # rows finish apart, so the two counts differ

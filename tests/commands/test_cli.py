@@ -39,7 +39,7 @@ def test_generate_writes_the_images_generate_images_gives(tmp_path):
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle on the left\n\na blue square at the top\n")
-    assert main(["generate", "--prompts-file", str(prompts), "--method", "sjd", "--draft", "default", "--seed", "5",
+    assert main(["generate", "--prompts-file", str(prompts), "--method", "sjd", "--shape", "default", "--seed", "5",
                  "--out", str(tmp_path / "png")]) == 0
     rows = [json.loads(line) for line in (tmp_path / "png" / "results.jsonl").read_text().splitlines()]
     assert [row["seed"] for row in rows] == [5, 6] and rows[0]["method"] == "sjd"
@@ -63,7 +63,7 @@ def test_generate_makes_an_emu3_at_two_sizes_and_names_the_sizes_it_can(tmp_path
     emu3 = str(tiny_emu3(tmp_path / "emu3", seed=0))
     for size, (width, height) in (("32x32", (32, 32)), ("16x24", (16, 24))):
         out = tmp_path / size
-        assert main(["generate", "a red circle", "--model", emu3, "--size", size, "--method", "sjd_pac", "--draft", "default",
+        assert main(["generate", "a red circle", "--model", emu3, "--size", size, "--method", "sjd_pac", "--shape", "default",
                      "--out", str(out)]) == 0
         (row,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
         image = Image.open(row["image"])
@@ -87,7 +87,7 @@ def test_generate_tunes_the_draft_shape_once_and_decodes_as_the_api_with_auto(tm
     assert main(["generate", *prompts, "--model", janus, "--method", "sjd_pac", "--batch-size", "2", "--out", str(tmp_path / "out")]) == 0
     [entry] = (tmp_path / "cache" / "shapes").glob("*.json")
     rows = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
-    expected = generate_images(prompts, model=janus, decode={"method": "sjd_pac", "draft": "auto"}, seeds=[r["seed"] for r in rows],
+    expected = generate_images(prompts, model=janus, decode={"method": "sjd_pac", "jacobi": "auto"}, seeds=[r["seed"] for r in rows],
                                batch_size=2)  # the cached choice: no second tuning
     assert list((tmp_path / "cache" / "shapes").glob("*.json")) == [entry]
     for row, result in zip(rows, expected):
@@ -101,7 +101,7 @@ def test_caption_prints_what_caption_images_gives(tmp_path, capsys):
     image = sample_images([3])[0]
     path = tmp_path / "shape.png"
     image.save(path)
-    assert main(["caption", str(path), "--method", "vispec", "--draft", "default", "--json", str(tmp_path / "c.jsonl")]) == 0
+    assert main(["caption", str(path), "--method", "vispec", "--shape", "default", "--json", str(tmp_path / "c.jsonl")]) == 0
     expected = caption_images([image], decode={"method": "vispec"}, seeds=[0])[0].caption
     assert capsys.readouterr().out.strip() == f"shape: {expected}"
     assert json.loads((tmp_path / "c.jsonl").read_text())["caption"] == expected

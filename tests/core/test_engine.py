@@ -41,7 +41,7 @@ def llama64(tmp_path_factory):
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_equals_hf_generate(llama32, draft, batch):
     spec, mode = DRAFTS[draft]
-    config = DecodeConfig(max_new_tokens=20, sampling=GREEDY, draft=spec)
+    config = DecodeConfig(max_new_tokens=20, sampling=GREEDY, jacobi=spec)
     engine = Engine(llama32, RandomTreeProposer(spec, mode), config)
     ours = []
     for start in range(0, len(PROMPTS), batch):
@@ -62,10 +62,10 @@ def test_ar_equals_hf_and_oracle_compresses(llama32):
 
 
 def test_eos_stops_rows_independently(llama32):
-    config = DecodeConfig(max_new_tokens=30, sampling=GREEDY, draft=JacobiDraftConfig(window=4))
+    config = DecodeConfig(max_new_tokens=30, sampling=GREEDY, jacobi=JacobiDraftConfig(window=4))
     free = Engine(llama32, ARProposer(), config).generate([RowRequest(p, seed=0) for p in PROMPTS])
     eos = free[0].tokens[5]
-    engine = Engine(llama32, RandomTreeProposer(config.draft), config, eos_token_ids=[eos])
+    engine = Engine(llama32, RandomTreeProposer(config.jacobi), config, eos_token_ids=[eos])
     outs = engine.generate([RowRequest(p, seed=0) for p in PROMPTS])
     for full, out in zip(free, outs):
         cut = full.tokens.index(eos) + 1 if eos in full.tokens else len(full.tokens)
@@ -95,7 +95,7 @@ def test_ragged_cache_matches_fresh_prefill(llama32, compaction):
     the row's prompt + committed tokens + the node's draft path (max abs diff <= 1e-4)."""
     recorder = RecordingTarget(llama32)
     spec = JacobiDraftConfig(window=6, branching=2, tree_depth=1)
-    config = DecodeConfig(max_new_tokens=40, sampling=SamplingConfig(temperature=1.0), draft=spec, compaction=compaction)
+    config = DecodeConfig(max_new_tokens=40, sampling=SamplingConfig(temperature=1.0), jacobi=spec, compaction=compaction)
     worst = [0.0]
     checks = [0]
     engine_ref: dict = {}
@@ -137,7 +137,7 @@ def test_ragged_cache_matches_fresh_prefill(llama32, compaction):
 def test_row_alone_equals_row_in_batch(llama64):
     """Same seed -> identical tokens alone and inside a batch of 4 (float64 model)."""
     spec = JacobiDraftConfig(window=5, branching=2, tree_depth=1)
-    config = DecodeConfig(max_new_tokens=16, sampling=SamplingConfig(temperature=1.0, top_p=0.9), draft=spec)
+    config = DecodeConfig(max_new_tokens=16, sampling=SamplingConfig(temperature=1.0, top_p=0.9), jacobi=spec)
     prompts = [[p % 16 for p in prompt] for prompt in PROMPTS]
     requests = [RowRequest(p, seed=100 + i) for i, p in enumerate(prompts)]
     together = Engine(llama64, RandomTreeProposer(spec), config).generate(requests)
@@ -151,7 +151,7 @@ def test_cfg_rows_share_one_decision(llama64):
     """CFG: paired cond/uncond model rows, one window and one acceptance per prompt."""
     spec = JacobiDraftConfig(window=4)
     sampling = SamplingConfig(temperature=1.0, cfg_scale=2.5, top_k=5)
-    config = DecodeConfig(max_new_tokens=12, sampling=sampling, draft=spec)
+    config = DecodeConfig(max_new_tokens=12, sampling=sampling, jacobi=spec)
     prompts = [CfgPrompt(cond=[1, 2, 3], uncond=[0]), CfgPrompt(cond=[4, 5], uncond=[0])]
     outs = Engine(llama64, RandomTreeProposer(spec), config).generate([RowRequest(p, seed=i) for i, p in enumerate(prompts)])
     alone = Engine(llama64, RandomTreeProposer(spec), config).generate([RowRequest(prompts[1], seed=1)])
@@ -165,7 +165,7 @@ def test_continuous_batching_equals_each_row_alone(llama64, method):
     rows take finished rows' places, and every row's tokens equal its run alone."""
     spec = JacobiDraftConfig(window=5, branching=2, tree_depth=1)
     sampling = SamplingConfig(temperature=1.0, cfg_scale=2.5, top_k=6)
-    config = DecodeConfig(method=method, max_new_tokens=14, sampling=sampling, draft=spec)
+    config = DecodeConfig(method=method, max_new_tokens=14, sampling=sampling, jacobi=spec)
     proposer = lambda: ARProposer() if method == "ar" else JacobiProposer(spec, "sjd_pac", "uniform")  # noqa: E731
     prompts = [CfgPrompt(cond=[p % 16 for p in prompt], uncond=[0]) for prompt in PROMPTS]
     requests = [RowRequest(prompts[i % 4], seed=10 + i, max_new_tokens=[14, 3, 9, 14, 1, 6][i]) for i in range(6)]
@@ -193,7 +193,7 @@ def test_continuous_batching_equals_each_row_alone(llama64, method):
 
 def test_proposers_that_cannot_admit_rows_run_consecutive_batches(llama64):
     spec = JacobiDraftConfig(window=4)
-    config = DecodeConfig(max_new_tokens=5, sampling=SamplingConfig(temperature=1.0), draft=spec)
+    config = DecodeConfig(max_new_tokens=5, sampling=SamplingConfig(temperature=1.0), jacobi=spec)
     requests = [RowRequest([p % 16 for p in PROMPTS[i % 4]], seed=i, max_new_tokens=[5, 2, 4][i]) for i in range(3)]
     together = Engine(llama64, RandomTreeProposer(spec), config).generate(requests, max_batch=2)
     for i, request in enumerate(requests):
@@ -208,7 +208,7 @@ def test_config_rejects_unknown_keys_and_bad_values():
     with pytest.raises(ValueError, match="temperature"):
         SamplingConfig(temperature=-1)
     with pytest.raises(ValueError, match="window"):
-        DecodeConfig(draft=JacobiDraftConfig(window=4, branching=3, tree_depth=2))
+        DecodeConfig(jacobi=JacobiDraftConfig(window=4, branching=3, tree_depth=2))
 
 
 def test_config_numbers_refuse_booleans():
@@ -227,6 +227,16 @@ def test_config_numbers_refuse_booleans():
     with pytest.raises(ValueError, match="boolean"):  # on assignment too
         spec.branching = True
     assert JacobiDraftConfig(window=8, branching=2, tree_depth=1).window == 8 and SamplingConfig(temperature=1).temperature == 1.0
+
+
+def test_keys_of_earlier_releases_load_with_a_warning_and_not_beside_their_new_name():
+    """`decode.draft` is `decode.jacobi` now: a YAML file of an earlier release still loads (and
+    says what to write instead); giving both is an error naming both."""
+    with pytest.warns(FutureWarning, match="'draft' is now 'jacobi'"):
+        config = DecodeConfig.model_validate({"method": "sjd", "draft": {"window": 8}})
+    assert config.jacobi == JacobiDraftConfig(window=8) and "draft" not in DecodeConfig.model_fields
+    with pytest.raises(ValueError, match="draft and jacobi: give only jacobi"):
+        DecodeConfig.model_validate({"draft": {"window": 8}, "jacobi": {"window": 4}})
 
 
 def test_gpu_decoding_excludes_cudnn_attention_and_restores_the_flags():

@@ -40,7 +40,7 @@ def markov():
 
 
 def _config(sampling: SamplingConfig, **draft) -> DecodeConfig:
-    return DecodeConfig(max_new_tokens=LENGTH, sampling=sampling, draft=JacobiDraftConfig(**draft), compaction="always")
+    return DecodeConfig(max_new_tokens=LENGTH, sampling=sampling, jacobi=JacobiDraftConfig(**draft), compaction="always")
 
 
 SAMPLING = SamplingConfig(temperature=1.0)
@@ -49,7 +49,7 @@ SAMPLING = SamplingConfig(temperature=1.0)
 @pytest.mark.parametrize("mode", ["dense", "onehot"])
 def test_markov_chain_proposals(markov, mode):
     config = _config(SAMPLING, window=3)
-    samples = sample_engine(markov, RandomTreeProposer(config.draft, mode), config, [[2]], list(range(SAMPLES)), 5000)
+    samples = sample_engine(markov, RandomTreeProposer(config.jacobi, mode), config, [[2]], list(range(SAMPLES)), 5000)
     report = compare_to_law(samples, markov_law(markov, [2], LENGTH, SAMPLING))
     assert report.passed, str(report)
 
@@ -57,7 +57,7 @@ def test_markov_chain_proposals(markov, mode):
 def test_markov_batch_one(markov):
     """8,000 separate batch-1 generate calls."""
     config = _config(SAMPLING, window=3)
-    samples = sample_engine(markov, RandomTreeProposer(config.draft, "dense"), config, [[1]], list(range(PATH_SAMPLES)), 1)
+    samples = sample_engine(markov, RandomTreeProposer(config.jacobi, "dense"), config, [[1]], list(range(PATH_SAMPLES)), 1)
     report = compare_to_law(samples, markov_law(markov, [1], LENGTH, SAMPLING))
     assert report.passed, str(report)
 
@@ -65,7 +65,7 @@ def test_markov_batch_one(markov):
 def test_markov_batch_four_ragged(markov):
     """Batch 4, prompts of lengths 1..4 (same last token, so one law), rows with different caps."""
     config = _config(SAMPLING, window=3)
-    engine = Engine(markov, RandomTreeProposer(config.draft, "dense"), config)
+    engine = Engine(markov, RandomTreeProposer(config.jacobi, "dense"), config)
     prompts = [[4], [0, 4], [5, 5, 4], [1, 2, 3, 4]]
     caps = [LENGTH, LENGTH - 1, LENGTH, LENGTH - 2]
     rows = []
@@ -80,7 +80,7 @@ def test_markov_batch_four_ragged(markov):
 
 def test_llama_multicandidate_tree_without_replacement(llama):
     config = _config(SAMPLING, window=7, branching=2, tree_depth=2)
-    proposer = RandomTreeProposer(config.draft, "dense", sharpness=3.0)
+    proposer = RandomTreeProposer(config.jacobi, "dense", sharpness=3.0)
     samples = sample_engine(llama, proposer, config, [[3, 1, 4]], list(range(SAMPLES)), 5000)
     report = compare_to_law(samples, lm_law(llama, [3, 1, 4], LENGTH, SAMPLING))
     assert report.passed, str(report)
@@ -92,7 +92,7 @@ def test_llama_cfg_topk_and_vocab_constraint(llama):
     constraint = VocabConstraint(allowed=allowed)
     config = _config(sampling, window=4, branching=2, tree_depth=1)
     prompt = CfgPrompt(cond=[5, 2, 6], uncond=[0])
-    proposer = RandomTreeProposer(config.draft, "dense", sharpness=3.0)
+    proposer = RandomTreeProposer(config.jacobi, "dense", sharpness=3.0)
     samples = sample_engine(llama, proposer, config, [prompt], list(range(SAMPLES)), 5000, constraint=constraint)
     report = compare_to_law(samples, lm_law(llama, prompt, LENGTH, sampling, constraint))
     assert report.passed, str(report)
@@ -124,7 +124,7 @@ def test_fixed_candidate_trees(verifier, lossless):
 
 def test_outdated_proposal_fails(llama):
     config = _config(SAMPLING, window=3, branching=3, tree_depth=1)
-    proposer = RandomTreeProposer(config.draft, "dense", sharpness=3.0)
+    proposer = RandomTreeProposer(config.jacobi, "dense", sharpness=3.0)
     samples = sample_engine(llama, proposer, config, [[3, 1, 4]], list(range(SAMPLES)), 5000, verifier=stale_proposal_verifier)
     report = compare_to_law(samples, lm_law(llama, [3, 1, 4], LENGTH, SAMPLING))
     assert not report.passed, str(report)
@@ -132,7 +132,7 @@ def test_outdated_proposal_fails(llama):
 
 def test_batch_minimum_commit_fails(llama):
     config = _config(SAMPLING, window=3)
-    proposer = RandomTreeProposer(config.draft, "dense", sharpness=3.0)
+    proposer = RandomTreeProposer(config.jacobi, "dense", sharpness=3.0)
     samples = sample_engine(llama, proposer, config, [[3, 1, 4]], list(range(SAMPLES)), 16, verifier=batch_minimum_verifier)
     report = compare_to_law(samples, lm_law(llama, [3, 1, 4], LENGTH, SAMPLING))
     assert not report.passed, str(report)

@@ -31,7 +31,7 @@ def markov():
 
 
 def _config(length: int, sampling: SamplingConfig = SAMPLING, **draft) -> DecodeConfig:
-    return DecodeConfig(max_new_tokens=length, sampling=sampling, draft=JacobiDraftConfig(**draft))
+    return DecodeConfig(max_new_tokens=length, sampling=sampling, jacobi=JacobiDraftConfig(**draft))
 
 
 @pytest.mark.parametrize(
@@ -48,7 +48,7 @@ def _config(length: int, sampling: SamplingConfig = SAMPLING, **draft) -> Decode
 def test_sjd_family_on_markov_chain(markov, variant, init, draft):
     length = 8
     config = _config(length, **draft)
-    proposer = JacobiProposer(config.draft, variant, init, grid_width=3)
+    proposer = JacobiProposer(config.jacobi, variant, init, grid_width=3)
     samples = sample_engine(markov, proposer, config, [[2]], list(range(SAMPLES)), 5000)
     report = compare_to_law(samples, markov_law(markov, [2], length, SAMPLING))
     assert report.passed, str(report)
@@ -60,7 +60,7 @@ def test_sjd_pac_cfg_topk_spatial_prior_on_llama(llama):
     length = 5
     config = _config(length, sampling, window=6, branching=2, tree_depth=2)
     prompt = CfgPrompt(cond=[5, 2, 6], uncond=[0])
-    proposer = JacobiProposer(config.draft, "sjd_pac", "above", grid_width=2)
+    proposer = JacobiProposer(config.jacobi, "sjd_pac", "above", grid_width=2)
     samples = sample_engine(llama, proposer, config, [prompt], list(range(SAMPLES)), 5000, constraint=constraint)
     report = compare_to_law(samples, lm_law(llama, prompt, length, sampling, constraint))
     assert report.passed, str(report)
@@ -69,7 +69,7 @@ def test_sjd_pac_cfg_topk_spatial_prior_on_llama(llama):
 def test_sjd_pac_batch_one(markov):
     length = 5
     config = _config(length, window=5, branching=2, tree_depth=1)
-    proposer = JacobiProposer(config.draft, "sjd_pac", "uniform")
+    proposer = JacobiProposer(config.jacobi, "sjd_pac", "uniform")
     samples = sample_engine(markov, proposer, config, [[3]], list(range(PATH_SAMPLES)), 1)
     report = compare_to_law(samples, markov_law(markov, [3], length, SAMPLING))
     assert report.passed, str(report)
@@ -79,7 +79,7 @@ def test_sjd_pac_batch_four_ragged(markov):
     """Batch 4 with prompts of different lengths and rows that stop at different lengths."""
     length = 7
     config = _config(length, window=5, branching=2, tree_depth=1)
-    engine = Engine(markov, JacobiProposer(config.draft, "sjd_pac", "left"), config)
+    engine = Engine(markov, JacobiProposer(config.jacobi, "sjd_pac", "left"), config)
     prompts = [[4], [0, 4], [5, 5, 4], [1, 2, 3, 4]]
     caps = [length, length - 2, length, length - 1]
     rows = []
@@ -95,7 +95,7 @@ def test_sjd_pac_continuous_batching(markov):
     prompts and length caps that differ, so rows join at every stage of the others' decoding."""
     length = 7
     config = _config(length, window=5, branching=2, tree_depth=1)
-    engine = Engine(markov, JacobiProposer(config.draft, "sjd_pac", "left"), config)
+    engine = Engine(markov, JacobiProposer(config.jacobi, "sjd_pac", "left"), config)
     prompts = [[4], [0, 4], [5, 5, 4], [1, 2, 3, 4]]
     caps = [length - 2, length, length - 1, length - 2, length]
     requests = [RowRequest(prompts[i % 4], seed=i, max_new_tokens=caps[i % 5]) for i in range(PATH_SAMPLES)]
@@ -126,7 +126,7 @@ def test_jacobi_trees_record_the_structure_their_fields_imply(llama, draft):
     config = _config(6, sampling, **draft)
     StructureCheckingProposer.checked = StructureCheckingProposer.missing = 0
     variant = "sjd_pac" if "branching" in draft else "sjd"
-    sample_engine(llama, StructureCheckingProposer(config.draft, variant, "uniform"), config, [[5, 2, 6], [1]], list(range(8)), 4)
+    sample_engine(llama, StructureCheckingProposer(config.jacobi, variant, "uniform"), config, [[5, 2, 6], [1]], list(range(8)), 4)
     assert StructureCheckingProposer.checked >= 4
     assert (StructureCheckingProposer.missing > 0) == (variant == "sjd_pac")
 
@@ -155,7 +155,7 @@ class DuplicateCandidatesPD(JacobiProposer):
 def test_ac_recording_old_proposal_fails(markov):
     length = 8
     config = _config(length, window=4)
-    samples = sample_engine(markov, OldProposalAC(config.draft, "sjd_ac", "uniform"), config, [[2]], list(range(SAMPLES)), 5000)
+    samples = sample_engine(markov, OldProposalAC(config.jacobi, "sjd_ac", "uniform"), config, [[2]], list(range(SAMPLES)), 5000)
     report = compare_to_law(samples, markov_law(markov, [2], length, SAMPLING))
     assert not report.passed, str(report)
 
@@ -163,7 +163,7 @@ def test_ac_recording_old_proposal_fails(markov):
 def test_pd_duplicate_candidates_fail(markov):
     length = 8
     config = _config(length, window=6, branching=3, tree_depth=1)
-    samples = sample_engine(markov, DuplicateCandidatesPD(config.draft, "sjd_pac", "left"), config, [[2]], list(range(SAMPLES)), 5000)
+    samples = sample_engine(markov, DuplicateCandidatesPD(config.jacobi, "sjd_pac", "left"), config, [[2]], list(range(SAMPLES)), 5000)
     report = compare_to_law(samples, markov_law(markov, [2], length, SAMPLING))
     assert not report.passed, str(report)
 

@@ -64,7 +64,7 @@ def read_backs_per_step(llama, method: str, batch: int, window: int, steps: int 
     """Read-backs of each of the first ``steps`` decode steps of a ``batch``-row session."""
     proposer, spec = _proposer(method, window)
     sampling = SamplingConfig(temperature=1.0, top_k=0, cfg_scale=3.0)
-    config = DecodeConfig(method="ar" if method == "ar" else method, max_new_tokens=60, sampling=sampling, draft=spec)
+    config = DecodeConfig(method="ar" if method == "ar" else method, max_new_tokens=60, sampling=sampling, jacobi=spec)
     allowed = torch.arange(VOCAB) >= 8  # an image-token range: the first 8 ids are never sampled
     engine = Engine(llama, proposer, config, constraint=VocabConstraint(allowed=allowed))
     session = engine.session(max_batch=batch)

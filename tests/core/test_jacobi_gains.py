@@ -36,8 +36,8 @@ class RedrawingCoupling(JacobiProposer):
 def tokens_per_forward(target: MarkovChainTarget, method: str, proposer_class=JacobiProposer) -> float:
     tree = dict(branching=3, tree_depth=1) if method == "sjd_pac" else {}
     config = DecodeConfig(method=method, max_new_tokens=LENGTH, sampling=SamplingConfig(temperature=1.0),
-                          draft=JacobiDraftConfig(window=WINDOW, init="left", **tree))
-    rows = Engine(target, proposer_class(config.draft, method, "left"), config).generate(
+                          jacobi=JacobiDraftConfig(window=WINDOW, init="left", **tree))
+    rows = Engine(target, proposer_class(config.jacobi, method, "left"), config).generate(
         [RowRequest([0], seed=seed) for seed in range(SEQUENCES)]
     )
     assert all(len(r.tokens) == LENGTH for r in rows)

@@ -38,7 +38,7 @@ def test_greedy_with_a_penalty_equals_hf_generate_and_drafts_are_accepted(llama3
     length = 24
     expected = hf_greedy_lm(llama32, PROMPTS, length, repetition_penalty=PENALTY)
     assert expected != hf_greedy_lm(llama32, PROMPTS, length), "the penalty should change the greedy output"
-    config = DecodeConfig(max_new_tokens=length, sampling=GREEDY, draft=JacobiDraftConfig(window=6))
+    config = DecodeConfig(max_new_tokens=length, sampling=GREEDY, jacobi=JacobiDraftConfig(window=6))
     ar = Engine(llama32, ARProposer(), config).generate([RowRequest(p, seed=0) for p in PROMPTS])
     assert [o.tokens for o in ar] == expected
     # the oracle drafts the true continuation: every draft node's P must see its own path
@@ -46,7 +46,7 @@ def test_greedy_with_a_penalty_equals_hf_generate_and_drafts_are_accepted(llama3
     fast = Engine(llama32, oracle, config).generate([RowRequest(p, seed=0) for p in PROMPTS])
     assert [o.tokens for o in fast] == expected
     assert all(o.stats.target_forwards == 4 for o in fast)  # 1 + 8 + 8 + 7 tokens
-    for proposer in (JacobiProposer(config.draft), RandomTreeProposer(JacobiDraftConfig(window=8, branching=2, tree_depth=2), "dense")):
+    for proposer in (JacobiProposer(config.jacobi), RandomTreeProposer(JacobiDraftConfig(window=8, branching=2, tree_depth=2), "dense")):
         outs = Engine(llama32, proposer, config).generate([RowRequest(p, seed=0) for p in PROMPTS])
         assert [o.tokens for o in outs] == expected, type(proposer).__name__
 
@@ -75,7 +75,7 @@ def test_sampling_with_a_penalty_keeps_the_law(tmp_path):
     llama = tiny_llama(tmp_path / "toy", vocab=8, seed=1)
     sampling = SamplingConfig(temperature=1.0, repetition_penalty=2.0)
     spec = JacobiDraftConfig(window=6, branching=2, tree_depth=2)
-    config = DecodeConfig(max_new_tokens=4, sampling=sampling, draft=spec, compaction="always")
+    config = DecodeConfig(max_new_tokens=4, sampling=sampling, jacobi=spec, compaction="always")
     samples = sample_engine(llama, RandomTreeProposer(spec, "dense", sharpness=3.0), config, [[3, 1, 4]], list(range(SAMPLES)), 5000)
     assert compare_to_law(samples, lm_law(llama, [3, 1, 4], 4, sampling)).passed
     # the same samples against the law without the penalty: the test can tell the difference

@@ -25,7 +25,7 @@ def llama(tmp_path_factory):
 
 def _engine(llama, method: str) -> Engine:
     spec = JacobiDraftConfig(window=8, branching=2, tree_depth=1)
-    config = DecodeConfig(max_new_tokens=12, sampling=SamplingConfig(temperature=1.0), draft=spec)
+    config = DecodeConfig(max_new_tokens=12, sampling=SamplingConfig(temperature=1.0), jacobi=spec)
     proposer = ARProposer() if method == "ar" else JacobiProposer(spec, method)
     return Engine(llama, proposer, config)
 

@@ -106,7 +106,7 @@ def test_drafted_methods_decode_ar_greedy_tokens_and_images_of_the_size_asked(ch
 
     greedy = {"temperature": 0.0, "cfg_scale": 3.0}
     results = {method: generate_images(PROMPTS, model=chameleon, size=f"{size[0]}x{size[1]}", seeds=[1, 2, 3],
-                                       decode={"method": method, "sampling": greedy, "draft": {"window": 6}})
+                                       decode={"method": method, "sampling": greedy, "jacobi": {"window": 6}})
                for method in ("ar", "sjd", "sjd_ac", "sjd_pac")}
     for method, rows in results.items():
         assert [r.tokens for r in rows] == [r.tokens for r in results["ar"]], method
@@ -148,8 +148,8 @@ def test_sjd_pac_samples_follow_the_exact_law_with_cfg(chameleon):
     (4 codes, then its forced end of line)."""
     target = chameleon.with_size(64, 32)
     sampling = SamplingConfig(temperature=1.0, top_k=3, cfg_scale=3.0, cfg_space="logits")
-    config = DecodeConfig(max_new_tokens=5, sampling=sampling, draft=JacobiDraftConfig(window=5, branching=2, tree_depth=1))
-    proposer = JacobiProposer(config.draft, "sjd_pac", "left", grid_width=target.layout_grid[1])
+    config = DecodeConfig(max_new_tokens=5, sampling=sampling, jacobi=JacobiDraftConfig(window=5, branching=2, tree_depth=1))
+    proposer = JacobiProposer(config.jacobi, "sjd_pac", "left", grid_width=target.layout_grid[1])
     samples = sample_engine(target, proposer, config, [PROMPTS[1]], list(range(6000)), 1500, constraint=target.vocab_constraint())
     report = compare_to_law(samples, _exact_law(target, PROMPTS[1], 5, sampling))
     assert report.passed, str(report)

@@ -37,12 +37,12 @@ def janus(tmp_path_factory):
 
 
 def test_candidates_start_with_ar_and_keep_the_methods_prior_and_sampling():
-    base = DecodeConfig(method="sjd_pac", draft=JacobiDraftConfig(init="left"), max_new_tokens=64)
+    base = DecodeConfig(method="sjd_pac", jacobi=JacobiDraftConfig(init="left"), max_new_tokens=64)
     candidates = candidate_configs(base, windows=(8, 16))
     assert [shape_label(c) for c in candidates] == ["ar", "window=8,init=left", "window=8,K=3,D=1,init=left",
                                                        "window=16,init=left", "window=16,K=3,D=1,init=left"]
-    assert all(c.max_new_tokens == 64 for c in candidates) and all(c.draft.init == "left" for c in candidates[1:])
-    auto = candidate_configs(base.model_copy(update={"draft": "auto"}), windows=(16,))
+    assert all(c.max_new_tokens == 64 for c in candidates) and all(c.jacobi.init == "left" for c in candidates[1:])
+    auto = candidate_configs(base.model_copy(update={"jacobi": "auto"}), windows=(16,))
     assert [shape_label(c) for c in auto] == ["ar", "window=16,init=uniform", "window=16,K=3,D=1,init=uniform",
                                               "window=16,init=left", "window=16,K=3,D=1,init=left"]
     trees = candidate_configs(DecodeConfig(method="vispec"))
@@ -53,7 +53,7 @@ def test_candidates_start_with_ar_and_keep_the_methods_prior_and_sampling():
 
 def test_ar_is_chosen_where_a_window_costs_far_more_than_one_token(janus):
     costly = CostlyWindows(janus, seconds_per_token=0.01)
-    base = DecodeConfig(method="sjd_pac", draft=JacobiDraftConfig(init="left"))
+    base = DecodeConfig(method="sjd_pac", jacobi=JacobiDraftConfig(init="left"))
     prompts = ["a red circle", "two blue squares"]
 
     def seconds(config: DecodeConfig) -> float:
@@ -71,7 +71,7 @@ def test_auto_decodes_with_ar_where_speculation_does_not_pay(janus, tmp_path, mo
     monkeypatch.setenv("RAYDEC_CACHE_DIR", str(tmp_path))
     costly = CostlyWindows(janus, seconds_per_token=0.004)
     results = generate_images(["a red circle", "two blue squares"], model=costly,
-                              decode={"method": "sjd_pac", "draft": "auto"}, seeds=[1, 2], batch_size=2)
+                              decode={"method": "sjd_pac", "jacobi": "auto"}, seeds=[1, 2], batch_size=2)
     assert all(r.tokens_per_forward == 1.0 for r in results)  # one token per forward: plain AR
     [entry] = (tmp_path / "shapes").glob("*.json")
     assert '"method": "ar"' in entry.read_text()
@@ -80,7 +80,7 @@ def test_auto_decodes_with_ar_where_speculation_does_not_pay(janus, tmp_path, mo
 def test_a_tuned_shape_is_cached_and_reused_and_decodes_as_the_shape_it_records(janus, tmp_path, monkeypatch):
     monkeypatch.setenv("RAYDEC_CACHE_DIR", str(tmp_path))
     prompts, seeds = ["a red circle", "two blue squares", "a green triangle"], [3, 4, 5]
-    auto = {"method": "sjd_pac", "draft": "auto"}
+    auto = {"method": "sjd_pac", "jacobi": "auto"}
     first = generate_images(prompts, model=janus, decode=auto, seeds=seeds, batch_size=2)
     cache = ShapeCache(tmp_path / "shapes")
     [entry] = cache.folder.glob("*.json")

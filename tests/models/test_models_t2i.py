@@ -55,7 +55,7 @@ def emu3(emu3_path):
 
 
 def decode(target, proposer, sampling: SamplingConfig, prompts, seeds, draft: JacobiDraftConfig = JacobiDraftConfig()):
-    config = DecodeConfig(max_new_tokens=target.num_image_tokens, sampling=sampling, draft=draft)
+    config = DecodeConfig(max_new_tokens=target.num_image_tokens, sampling=sampling, jacobi=draft)
     engine = Engine(target, proposer, config, constraint=target.vocab_constraint(), eos_token_ids=target.eos_token_ids)
     return engine.generate([RowRequest(p, seed=s) for p, s in zip(prompts, seeds)])
 
@@ -165,7 +165,7 @@ def method_proposer(method: str, target):
     RandomTreeProposer (dense q), which no public method names."""
     if method == "random":
         return RandomTreeProposer(PAC_DRAFT, "dense")
-    return make_proposer(DecodeConfig(method=method, draft=PAC_DRAFT), target)
+    return make_proposer(DecodeConfig(method=method, jacobi=PAC_DRAFT), target)
 
 
 @pytest.mark.parametrize("name", ["janus", "emu3"])
@@ -200,7 +200,7 @@ def test_spatial_prior_drafts_greedy_equal_ar(request, name, init):
     target = request.getfixturevalue(name)
     greedy = SamplingConfig(temperature=0.0, cfg_scale=3.0, cfg_space=target.default_sampling().cfg_space)
     draft = PAC_DRAFT.model_copy(update={"init": init})
-    proposer = make_proposer(DecodeConfig(method="sjd_pac", draft=draft), target)
+    proposer = make_proposer(DecodeConfig(method="sjd_pac", jacobi=draft), target)
     assert proposer.init == init and proposer.grid_width == target.layout_grid[1]
     ar = decode(target, ARProposer(), greedy, PROMPTS, [0, 1, 2])
     drafted = decode(target, proposer, greedy, PROMPTS, [0, 1, 2], draft)
@@ -255,7 +255,7 @@ def test_generate_images_end_to_end(janus_path):
     # a row's image depends on its prompt and seed only, not on the batch
     again = api.generate_images([PROMPTS[2]], model=pipeline, seeds=[5], negative_prompts=[None])
     assert again[0].tokens == results[2].tokens
-    decode_pac = DecodeConfig(method="sjd_pac", draft=PAC_DRAFT, sampling=SamplingConfig(temperature=0.0, cfg_scale=3.0))
+    decode_pac = DecodeConfig(method="sjd_pac", jacobi=PAC_DRAFT, sampling=SamplingConfig(temperature=0.0, cfg_scale=3.0))
     drafted = api.generate_images(PROMPTS, model=pipeline, decode=decode_pac, seeds=[3, 4, 5])
     greedy = api.generate_images(PROMPTS, model=pipeline, decode=DecodeConfig(sampling=decode_pac.sampling), seeds=[3, 4, 5])
     assert [r.tokens for r in drafted] == [r.tokens for r in greedy]
@@ -271,7 +271,7 @@ def test_generate_images_batching_refills_rows_without_changing_them(janus_path)
     assert api.continuous_batching("cuda") is True and api.continuous_batching("cuda", "consecutive") is False
     by_mode = {}
     for batching in ("consecutive", "continuous"):
-        decode = {"method": "sjd_pac", "draft": PAC_DRAFT.model_dump(), "batching": batching}  # a dict is validated into a DecodeConfig
+        decode = {"method": "sjd_pac", "jacobi": PAC_DRAFT.model_dump(), "batching": batching}  # a dict is validated into a DecodeConfig
         by_mode[batching] = api.generate_images(prompts, model=pipeline, decode=decode, seeds=seeds, batch_size=2)
     assert [r.tokens for r in by_mode["continuous"]] == [r.tokens for r in by_mode["consecutive"]]
     assert [r.target_forwards for r in by_mode["continuous"]] == [r.target_forwards for r in by_mode["consecutive"]]
@@ -436,7 +436,7 @@ def test_an_emu3_with_32768_codes_samples_over_its_codes_not_its_head(tmp_path):
         widths.add(target_probs.shape[-1])
         return verify_tree(tree, target_probs, uniforms)
 
-    decode_config = DecodeConfig(method="sjd_pac", max_new_tokens=target.num_image_tokens, sampling=target.default_sampling(), draft=PAC_DRAFT)
+    decode_config = DecodeConfig(method="sjd_pac", max_new_tokens=target.num_image_tokens, sampling=target.default_sampling(), jacobi=PAC_DRAFT)
     engine = Engine(target, make_proposer(decode_config, target), decode_config, constraint=target.vocab_constraint(), verifier=recording)
     out = engine.generate([RowRequest(ImagePrompt(PROMPTS[0], None), seed=0)])[0]
     assert widths == {32768 + 5} and target.model.lm_head.weight.shape[0] > 32768 + 5

@@ -28,7 +28,7 @@ def test_t2i_stage_composes_with_a_users_map_and_filter(ray_cluster, tmp_path):
 
     rows = [{"id": f"p{i}", "text": text, "seed": 100 + i} for i, text in
             enumerate(["a red circle on the left", "", "a blue square at the top", "x " * 300])]
-    sjd = {"method": "sjd", "draft": {"window": 16}}  # a fixed shape: the outputs are compared with generate_images'
+    sjd = {"method": "sjd", "jacobi": {"window": 16}}  # a fixed shape: the outputs are compared with generate_images'
     processor = build_processor(ProcessorConfig(task="t2i", model="reference", decode=sjd, batch_size=2,
                                                 concurrency=(1, 2), rows={"prompt_column": "prompt"}))
     dataset = ray.data.from_items(rows).map(lambda row: {**row, "prompt": row["text"].strip()})  # the user's map
@@ -115,7 +115,7 @@ def test_an_auto_shape_is_chosen_once_for_every_actor_of_the_stage(ray_cluster, 
             enumerate(["a red circle", "a blue square", "a green triangle", "a purple cross", "two red circles"])]
     processor = build_processor(ProcessorConfig(task="t2i", model=model, dtype="float64", decode={"method": "sjd_pac"},
                                                 batch_size=2, concurrency=2))
-    assert processor.config.decode.draft == "auto"
+    assert processor.config.decode.jacobi == "auto"
     out = sorted(processor(ray.data.from_items(rows)).take_all(), key=lambda row: row["id"])
     chosen = processor.config.decode  # what every actor decoded with
     assert not chosen.auto_shape and list((tmp_path / "cache" / "shapes").glob("*.json"))

@@ -545,6 +545,13 @@ def test_resume_identity_resolves_the_draft_tree_only_where_one_is_built():
     assert identity("vispec", None)["decode"]["draft_tree"] == {"depth": 6, "top_k": 2, "total_tokens": 12}
     assert not _differs(identity("vispec", {"depth": 6, "top_k": 2, "total_tokens": 12})["decode"], identity("vispec", None)["decode"])
 
+    # a manifest of an earlier release names the Jacobi shape `draft`: the same shape resumes, another does not
+    def jacobi_identity(key, window):
+        return _resume_identity({"decode": {"method": "sjd", key: {"window": window}}, "input": {"seed": 1}})["decode"]
+
+    assert not _differs(jacobi_identity("draft", 16), jacobi_identity("jacobi", 16))
+    assert _differs(jacobi_identity("draft", 8), jacobi_identity("jacobi", 16))
+
 
 def test_contact_sheet_fits_whole_captions_and_marks_cut_ones():
     from PIL import Image
@@ -582,12 +589,12 @@ def test_draft_auto_is_tuned_once_recorded_in_the_manifest_and_reused_by_a_rerun
 
     monkeypatch.setenv("RAYDEC_CACHE_DIR", str(tmp_path / "cache"))
     tiny_janus = str(toy_janus(tmp_path / "janus"))  # 16 image tokens: tuning takes seconds
-    auto = {"method": "sjd_pac", "draft": "auto"}
+    auto = {"method": "sjd_pac", "jacobi": "auto"}
     first = make_job(tiny_janus, str(prompts_file), str(tmp_path / "first"), decode=auto, pool={"workers": 1}, max_rows=2)
     run_job(first)  # stops after two rows, as a killed run would leave it
     shape = read_manifest(first.output)["shape"]
     assert shape["from"] == "tuned" and shape["batch"] == 2 and shape["method"] in ("ar", "sjd_pac")
-    assert read_manifest(first.output)["config"]["decode"]["draft"] == "auto"
+    assert read_manifest(first.output)["config"]["decode"]["jacobi"] == "auto"
     partial = len(read_results(first.output))
 
     rerun = make_job(tiny_janus, str(prompts_file), str(tmp_path / "first"), decode=auto, pool={"workers": 1})
@@ -605,4 +612,4 @@ def test_draft_auto_is_tuned_once_recorded_in_the_manifest_and_reused_by_a_rerun
 
     second = make_job(tiny_janus, str(prompts_file), str(tmp_path / "second"), decode=auto, pool={"workers": 1})
     assert run_job(second).shape["from"] == "cache"  # same weights, device, dtype and batch: no tuning
-    assert {k: read_manifest(second.output)["shape"][k] for k in ("method", "draft")} == {k: shape[k] for k in ("method", "draft")}
+    assert {k: read_manifest(second.output)["shape"][k] for k in ("method", "jacobi")} == {k: shape[k] for k in ("method", "jacobi")}
