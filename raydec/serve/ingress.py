@@ -162,8 +162,8 @@ class Ingress:
         return self._events(name, lambda handle: handle.chat.remote(job))
 
     async def _events(self, name: str, start: Callable[[DeploymentHandle], DeploymentResponseGenerator]) -> AsyncIterator[Event]:
-        """The events of the call ``start`` makes on model ``name``'s streaming handle, until the
-        deadline; a ``Failed`` event and Serve's and Ray's failures as API errors."""
+        """The events of the call ``start`` makes on model ``name``'s streaming handle; a ``Failed``
+        event and Serve's and Ray's failures as API errors."""
         retry = {"Retry-After": str(self.config.limits.retry_after_s)}
         stream = None
         try:
