@@ -116,6 +116,10 @@ class _Sessions(ABC):
         """The tokens committed so far (read-only)."""
         return self.row(ticket).generated
 
+    def finish_reason(self, ticket: Ticket) -> str:
+        """Why a finished request ended (eos, length, cancelled, ...; empty while it runs)."""
+        return self.row(ticket).stats.finish_reason
+
     def cancel(self, ticket: Ticket) -> None:
         """Stop a request; it finishes (reason "cancelled") at the next step."""
         session = self.sessions.get(ticket.engine)
@@ -314,6 +318,10 @@ class CaptionSession(_Sessions):
                 self.stopped[ticket] = text[:cut]
                 self.cancel(ticket)
         return finished
+
+    def finish_reason(self, ticket: Ticket) -> str:
+        """As for any request, but "stop" for one a stop string ended (its row was cancelled)."""
+        return "stop" if ticket in self.stopped else super().finish_reason(ticket)
 
     def result(self, ticket: Ticket):
         """A finished request's CaptionResult (finish_reason eos, length or stop)."""

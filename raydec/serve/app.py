@@ -17,7 +17,7 @@ from ray.serve import Application
 
 from raydec.serve.config import ServeConfig
 from raydec.serve.ingress import Ingress
-from raydec.serve.replica import ModelReplica
+from raydec.serve.replica import replica_class
 
 
 def deployment_name(model: str) -> str:
@@ -41,7 +41,7 @@ def build_app(config: ServeConfig) -> Application:
             options["autoscaling_config"] = served.autoscaling_config
         else:
             options["num_replicas"] = served.num_replicas
-        models[served.name] = serve.deployment(ModelReplica).options(**options).bind(served, config.limits)
+        models[served.name] = serve.deployment(replica_class(served.task)).options(**options).bind(served, config.limits)
     ingress = serve.deployment(Ingress).options(
         name="ingress", num_replicas=config.ingress_replicas, max_ongoing_requests=config.ingress_max_ongoing_requests,
         ray_actor_options={"num_cpus": 0.1},

@@ -55,8 +55,8 @@ class ServedModel(StrictModel):
         methods = IMAGE_METHODS if self.task == "t2i" else CAPTION_METHODS
         if self.decode.method not in methods:
             raise ValueError(f"decode.method: {self.decode.method!r} does not serve task {self.task!r} (use {', '.join(methods)})")
-        for field in ("jacobi", "draft_tree"):
-            if getattr(self.decode, field) == "auto":
+        for field, shape in (("jacobi", self.decode.jacobi), ("draft_tree", self.decode.draft_tree)):
+            if shape == "auto":
                 raise ValueError(
                     f"decode.{field}: 'auto' is chosen by batch jobs and the public functions, not by a replica (it has "
                     f"no rows to tune on when it starts); set the shape, e.g. the one `raydec bench throughput "

@@ -17,53 +17,115 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Optional, Protocol, TypeVar, Union
 
 from raydec.api.sessions import Ticket
+from raydec.serve.boundary import Event, Failed, RowResult
+from raydec.speculative.requests import RowState
 
 logger = logging.getLogger("raydec.serve")
 
+ResultT = TypeVar("ResultT", bound=RowResult)
+ResultT_co = TypeVar("ResultT_co", bound=RowResult, covariant=True)
 
-class Watcher:
+
+class EngineSession(Protocol[ResultT_co]):
+    """What the engine loop drives (an ImageSession, a CaptionSession): requests submitted over
+    time as tickets, stepped together, each read once finished and then released."""
+
+    decode_steps: int
+    rows_stepped: int
+
+    @property
+    def busy(self) -> bool: ...
+
+    def step(self) -> list[Ticket]:
+        """One step; the requests that finished in it."""
+
+    def row(self, ticket: Ticket) -> RowState: ...
+
+    def finish_reason(self, ticket: Ticket) -> str: ...
+
+    def result(self, ticket: Ticket) -> ResultT_co: ...
+
+    def cancel(self, ticket: Ticket) -> None: ...
+
+    def release(self, ticket: Ticket) -> None: ...
+
+    def drop(self) -> list[Ticket]:
+        """Abandon every engine; the requests they held."""
+
+    def active_rows(self) -> int: ...
+
+    def queued_rows(self) -> int: ...
+
+
+class Watcher(Generic[ResultT]):
     """One row's link to its request: the events it sends, on the request's event loop.
 
     Subclasses say what a row sends as it progresses and when it finishes; both run on the
-    engine thread."""
+    engine thread (a subclass that reads its session holds it)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, events: asyncio.Queue, index: int = 0) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, events: "asyncio.Queue[Event]", index: int = 0,
+                 draft_per_step: int = 0) -> None:
         self.loop = loop
         self.events = events
         self.index = index  # the row's place in its request (images: 0..n-1)
-        self.ticket: Optional[Ticket] = None
+        self.draft_per_step = draft_per_step  # draft tokens the row's engine verifies per step (metrics)
+        self.ticket: Optional[Ticket] = None  # set on the engine thread once the session took the row
         self.submitted_at = time.perf_counter()
         self.admitted_at: Optional[float] = None  # perf_counter of the row's prefill
         self.first_token_at: Optional[float] = None
 
-    def emit(self, event: dict[str, Any]) -> None:
+    def emit(self, event: Event) -> None:
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:  # the request's loop is gone (its client left)
             pass
 
-    def progress(self, session: Any) -> None:
+    def progress(self) -> None:
         """Called after each step while the row decodes."""
 
-    def finish(self, session: Any, result: Any) -> None:
+    def finish(self, result: ResultT) -> None:
         """Called once when the row finished (EOS, length, stop string), with its result."""
 
     def fail(self, status: int, message: str, code: str) -> None:
-        self.emit({"kind": "error", "index": self.index, "status": status, "message": message, "code": code})
+        self.emit(Failed(self.index, status, message, code))
 
 
-class EngineLoop:
+# what reaches the engine thread through its inbox
+@dataclass(frozen=True)
+class _Submit:
+    make_ticket: Callable[[], Ticket]
+    watcher: Watcher[Any]
+
+
+@dataclass(frozen=True)
+class _Cancel:
+    watcher: Watcher[Any]
+
+
+@dataclass(frozen=True)
+class _Call:
+    fn: Callable[[], Any]
+    loop: asyncio.AbstractEventLoop
+    future: "asyncio.Future[Any]"
+
+
+_Message = Union[_Submit, _Cancel, _Call]
+
+
+class EngineLoop(Generic[ResultT]):
     """Drives ``session`` (an ImageSession or CaptionSession) from one daemon thread."""
 
-    def __init__(self, session: Any, on_finish: Callable[[Watcher, Any], None] | None = None) -> None:
+    def __init__(self, session: EngineSession[ResultT],
+                 on_finish: Callable[[Watcher[ResultT], ResultT], None] | None = None) -> None:
         self.session = session
         self.on_finish = on_finish  # (watcher, result) on the engine thread: metrics
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox: "queue.SimpleQueue[_Message]" = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._watchers: dict[Ticket, Watcher] = {}
+        self._watchers: dict[Ticket, Watcher[ResultT]] = {}
         self._thread = threading.Thread(target=self._run, name="raydec-engine", daemon=True)
         self._stopping = False
         self.died: Optional[BaseException] = None
@@ -82,20 +144,20 @@ class EngineLoop:
 
     # -- from the request side (any thread) --------------------------------------------------------
 
-    def submit(self, make_ticket: Callable[[], Ticket], watcher: Watcher) -> None:
+    def submit(self, make_ticket: Callable[[], Ticket], watcher: Watcher[ResultT]) -> None:
         """Run ``make_ticket`` (a session.submit call) on the engine thread; ``watcher`` follows the row."""
-        self._inbox.put(("submit", make_ticket, watcher))
+        self._inbox.put(_Submit(make_ticket, watcher))
         self._wake.set()
 
-    def cancel(self, watcher: Watcher) -> None:
-        self._inbox.put(("cancel", None, watcher))
+    def cancel(self, watcher: Watcher[ResultT]) -> None:
+        self._inbox.put(_Cancel(watcher))
         self._wake.set()
 
     def call(self, fn: Callable[[], Any]) -> "asyncio.Future[Any]":
         """Run ``fn`` on the engine thread (it owns the session); the result as an awaitable."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
-        self._inbox.put(("call", fn, (loop, future)))
+        self._inbox.put(_Call(fn, loop, future))
         self._wake.set()
         return future
 
@@ -120,32 +182,34 @@ class EngineLoop:
     def _drain(self) -> None:
         while True:
             try:
-                kind, fn, watcher = self._inbox.get_nowait()
+                message = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if kind == "submit":
-                try:
-                    watcher.ticket = fn()
-                except ValueError as error:  # the request's own fault (its checks raise ValueError)
-                    watcher.fail(400, str(error), "invalid_value")
-                    continue  # refused: nothing of it is kept
-                except Exception as error:
-                    logger.exception("submitting a request failed")
-                    watcher.fail(500, f"submitting the request failed: {type(error).__name__}", "engine_failed")
-                    continue
-                self._watchers[watcher.ticket] = watcher
-            elif kind == "cancel":
-                if watcher.ticket is not None and watcher.ticket in self._watchers:
-                    self.session.cancel(watcher.ticket)
-                    if self.session.row(watcher.ticket).done:  # it was still queued: it ends now, not in a step
-                        self._finished(watcher.ticket)
-            elif kind == "call":
-                loop, future = watcher
-                try:
-                    value = fn()
-                    loop.call_soon_threadsafe(_settle, future, value, None)
-                except Exception as error:
-                    loop.call_soon_threadsafe(_settle, future, None, error)
+            match message:
+                case _Submit(make_ticket, watcher):
+                    try:
+                        ticket = make_ticket()
+                    except ValueError as error:  # the request's own fault (its checks raise ValueError)
+                        watcher.fail(400, str(error), "invalid_value")
+                        continue  # refused: nothing of it is kept
+                    except Exception as error:
+                        logger.exception("submitting a request failed")
+                        watcher.fail(500, f"submitting the request failed: {type(error).__name__}", "engine_failed")
+                        continue
+                    watcher.ticket = ticket
+                    self._watchers[ticket] = watcher
+                case _Cancel(watcher):
+                    ticket = watcher.ticket
+                    if ticket is not None and ticket in self._watchers:
+                        self.session.cancel(ticket)
+                        if self.session.row(ticket).done:  # it was still queued: it ends now, not in a step
+                            self._finished(ticket)
+                case _Call(fn, loop, future):
+                    try:
+                        value = fn()
+                        loop.call_soon_threadsafe(_settle, future, value, None)
+                    except Exception as error:
+                        loop.call_soon_threadsafe(_settle, future, None, error)
 
     def _step(self) -> None:
         try:
@@ -157,7 +221,7 @@ class EngineLoop:
             self._finished(ticket)
         for watcher in self._watchers.values():
             try:
-                watcher.progress(self.session)
+                watcher.progress()
             except Exception:  # progress is optional: the row still finishes
                 logger.exception("sending progress failed")
 
@@ -167,13 +231,13 @@ class EngineLoop:
         try:
             if watcher is None:  # nobody follows it any more
                 return
-            if self.session.row(ticket).stats.finish_reason == "cancelled" and not self._stopped_by_text(ticket):
+            if self.session.finish_reason(ticket) == "cancelled":  # not "stop": a stop string ended it
                 self.cancelled += 1
                 watcher.fail(499, "cancelled", "cancelled")
                 return
             watcher.admitted_at = self.session.row(ticket).admitted_at
             result = self.session.result(ticket)
-            watcher.finish(self.session, result)
+            watcher.finish(result)
             if self.on_finish is not None:
                 self.on_finish(watcher, result)
         except Exception as error:  # a result that cannot be built (VQ decode...) fails its row only
@@ -182,9 +246,6 @@ class EngineLoop:
                 watcher.fail(500, f"finishing the row failed: {type(error).__name__}: {error}", "engine_failed")
         finally:
             self.session.release(ticket)
-
-    def _stopped_by_text(self, ticket: Ticket) -> bool:
-        return ticket in getattr(self.session, "stopped", {})
 
     def _fail_step(self, error: Exception) -> None:
         """A step raised: its engine's rows get the error, the engine is dropped."""

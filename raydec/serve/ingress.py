@@ -18,9 +18,10 @@ import asyncio
 import base64
 import json
 import logging
+import sys
 import time
 import uuid
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,13 +29,20 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 from ray.exceptions import RayError, RayTaskError
 from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from raydec.serve.boundary import ChatDone, ChatJob, Event, Failed, ImageDone, ImageJob, ModelInfo, PartialImage, RowStats, TextDelta
 from raydec.serve.config import ServeConfig
 from raydec.serve.errors import APIError, validation_error
 from raydec.serve.media import MediaError, check_image_count, load_image_url
-from raydec.serve.protocol import ChatCompletionRequest, ImageGenerationRequest
+from raydec.serve.protocol import ChatCompletionRequest, ImageGenerationRequest, ImagePart, TextPart
 from raydec.serve.request_guard import CLIENT_GONE, RequestGuard, answer
+
+if sys.version_info >= (3, 11):
+    from builtins import BaseExceptionGroup
+else:  # the backport anyio depends on
+    from exceptiongroup import BaseExceptionGroup
 
 logger = logging.getLogger("raydec.serve")
 
@@ -76,9 +84,8 @@ async def _unexpected(request: Request, error: Exception) -> Response:
 
 def _client_gone(error: BaseException) -> bool:
     """The error says only that the client left (possibly inside a task group's exception group)."""
-    inner = getattr(error, "exceptions", None)  # an ExceptionGroup (a backport's on Python 3.10)
-    if isinstance(inner, tuple) and inner:
-        return all(_client_gone(e) for e in inner)
+    if isinstance(error, BaseExceptionGroup) and error.exceptions:
+        return all(_client_gone(e) for e in error.exceptions)
     return isinstance(error, CLIENT_GONE)
 
 
@@ -90,7 +97,7 @@ def _sse(data: Any, event: Optional[str] = None) -> bytes:
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
-async def with_deadline(events: AsyncIterator[dict[str, Any]], seconds: float) -> AsyncIterator[dict[str, Any]]:
+async def with_deadline(events: AsyncIterator[Event], seconds: float) -> AsyncIterator[Event]:
     """``events`` until ``seconds`` have passed since the first wait: then a 408 (and ``events``
     is closed, which cancels the request's rows)."""
     deadline = time.monotonic() + seconds
@@ -114,11 +121,11 @@ async def with_deadline(events: AsyncIterator[dict[str, Any]], seconds: float) -
 class Ingress:
     """Routes requests to the model deployments (``models``: name -> handle)."""
 
-    def __init__(self, config: ServeConfig, models: dict[str, Any]) -> None:
+    def __init__(self, config: ServeConfig, models: dict[str, DeploymentHandle]) -> None:
         logging.getLogger("raydec").setLevel(logging.INFO)
         self.config = config
         self.models = models
-        self.info: dict[str, dict[str, Any]] = {}
+        self.info: dict[str, ModelInfo] = {}
         app.state.keys = {key.encode("utf-8") for key in config.keys()}  # read by RequestGuard
         app.state.max_request_bytes = config.limits.max_request_bytes
         app.state.body_timeout_s = config.limits.body_timeout_s
@@ -143,22 +150,29 @@ class Ingress:
             raise APIError(400, f"model {name!r} serves {route}", param=param, code="wrong_model_type")
         return name
 
-    async def _info(self, name: str) -> dict[str, Any]:
+    async def _info(self, name: str) -> ModelInfo:
         if name not in self.info:
             self.info[name] = await self.models[name].info.remote()
         return self.info[name]
 
-    async def _events(self, name: str, method: str, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """The replica's events for one request; Serve's and Ray's failures as API errors."""
+    def _image_events(self, name: str, job: ImageJob) -> AsyncIterator[Event]:
+        return self._events(name, lambda handle: handle.generate_images.remote(job))
+
+    def _chat_events(self, name: str, job: ChatJob) -> AsyncIterator[Event]:
+        return self._events(name, lambda handle: handle.chat.remote(job))
+
+    async def _events(self, name: str, start: Callable[[DeploymentHandle], DeploymentResponseGenerator]) -> AsyncIterator[Event]:
+        """The events of the call ``start`` makes on model ``name``'s streaming handle; a ``Failed``
+        event and Serve's and Ray's failures as API errors."""
         retry = {"Retry-After": str(self.config.limits.retry_after_s)}
         stream = None
         try:
-            stream = getattr(self.models[name].options(stream=True), method).remote(payload)
+            stream = start(self.models[name].options(stream=True))
             async for event in stream:
-                if event["kind"] == "error":
-                    if event["status"] == 499:
+                if isinstance(event, Failed):
+                    if event.status == 499:
                         raise APIError(499, "the request was cancelled", code="cancelled")
-                    raise APIError(event["status"], event["message"], code=event["code"])
+                    raise APIError(event.status, event.message, code=event.code)
                 yield event
         except (APIError, asyncio.CancelledError):
             raise
@@ -181,7 +195,7 @@ class Ingress:
                 except Exception:
                     pass
 
-    def _with_timeout(self, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    def _with_timeout(self, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
         return with_deadline(events, self.config.limits.request_timeout_s)
 
     # -- routes ------------------------------------------------------------------------------------
@@ -231,38 +245,46 @@ class Ingress:
         if not body.prompt.strip():
             raise APIError(400, "prompt: is blank", param="prompt", code="invalid_value")
         info = await self._info(name)
-        size = info["size"] if body.size in (None, "auto") else body.size  # the replica refuses one the model cannot make
-        payload = body.model_dump()
+        size = info.size if body.size in (None, "auto") else body.size  # the replica refuses one the model cannot make
         created = int(time.time())
-        events = self._with_timeout(self._events(name, "generate_images", payload))
+        events = self._with_timeout(self._image_events(name, ImageJob.from_request(body)))
         if body.stream:
             return await self._stream(events, lambda event: self._image_event(event, created, size))
-        images: list[Optional[dict[str, Any]]] = [None] * body.n
+        images: list[Optional[ImageDone]] = [None] * body.n
         async for event in events:
-            if event["kind"] == "image":
-                images[event["index"]] = event
-        data = [{"b64_json": base64.b64encode(image["png"]).decode(), "revised_prompt": None} for image in images]
+            if isinstance(event, ImageDone):
+                images[event.index] = event
+        done = [image for image in images if image is not None]
+        if len(done) < body.n:  # the replica ended the stream early (it cannot, short of a fault)
+            raise APIError(500, f"model {name!r} returned {len(done)} of {body.n} images", code="engine_failed")
+        data = [{"b64_json": base64.b64encode(image.png).decode(), "revised_prompt": None} for image in done]
         return {"created": created, "data": data, "output_format": "png", "size": size,
-                "usage": self._image_usage([image["stats"] for image in images])}
+                "usage": self._image_usage([image.stats for image in done])}
 
     @staticmethod
-    def _image_usage(stats: list[dict[str, Any]]) -> dict[str, Any]:
-        output = sum(s["tokens"] for s in stats)
+    def _image_usage(stats: list[RowStats]) -> dict[str, Any]:
+        output = sum(s.tokens for s in stats)
         return {"input_tokens": 0, "input_tokens_details": {"image_tokens": 0, "text_tokens": 0}, "output_tokens": output,
-                "total_tokens": output, "images": stats}
+                "total_tokens": output, "images": [s.usage() for s in stats]}
 
-    def _image_event(self, event: dict[str, Any], created: int, size: str) -> Optional[bytes]:
-        common = {"b64_json": base64.b64encode(event["png"]).decode(), "created_at": created, "size": size, "quality": "auto",
-                  "background": "opaque", "output_format": "png", "index": event["index"]}
-        if event["kind"] == "partial":
-            kind = "image_generation.partial_image"
-            return _sse({"type": kind, "partial_image_index": event["partial_image_index"], **common}, kind)
-        if event["kind"] == "image":
-            kind = "image_generation.completed"
-            return _sse({"type": kind, "usage": self._image_usage([event["stats"]]), **common}, kind)
+    def _image_event(self, event: Event, created: int, size: Optional[str]) -> Optional[bytes]:
+        match event:
+            case PartialImage(index, partial_image_index, png):
+                kind = "image_generation.partial_image"
+                return _sse({"type": kind, "partial_image_index": partial_image_index, **self._image_fields(png, index, created, size)},
+                            kind)
+            case ImageDone(index, png, stats):
+                kind = "image_generation.completed"
+                return _sse({"type": kind, "usage": self._image_usage([stats]), **self._image_fields(png, index, created, size)}, kind)
         return None
 
-    async def _stream(self, events: AsyncIterator[dict[str, Any]], render: Any, done: Optional[bytes] = None) -> StreamingResponse:
+    @staticmethod
+    def _image_fields(png: bytes, index: int, created: int, size: Optional[str]) -> dict[str, Any]:
+        return {"b64_json": base64.b64encode(png).decode(), "created_at": created, "size": size, "quality": "auto",
+                "background": "opaque", "output_format": "png", "index": index}
+
+    async def _stream(self, events: AsyncIterator[Event], render: Callable[[Event], Optional[bytes]],
+                      done: Optional[bytes] = None) -> StreamingResponse:
         """SSE from ``events``: the first event is awaited here, so a request refused before it
         starts still gets its status; a failure later is an error event."""
         try:
@@ -293,57 +315,56 @@ class Ingress:
     async def chat(self, body: ChatCompletionRequest) -> Any:
         limits = self.config.limits
         name = self._model(body.model, "caption")
-        max_tokens = body.max_completion_tokens or body.max_tokens
+        max_tokens = body.new_tokens()
         if max_tokens is not None and max_tokens > limits.max_tokens:
             field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
             raise APIError(400, f"{field}: {max_tokens} is more than limits.max_tokens={limits.max_tokens}", param=field,
                            code="invalid_value")
-        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        stop = body.stop_strings()
         if len(stop) > 4 or any(not s for s in stop):
             raise APIError(400, "stop: up to 4 non-empty strings", param="stop", code="invalid_value")
         messages, images = await self._chat_inputs(body)
-        payload = {"messages": messages, "images": images, "seed": body.seed, "temperature": body.temperature,
-                   "top_p": body.top_p, "top_k": body.top_k, "method": body.method, "max_tokens": max_tokens, "stop": stop,
-                   "stream": body.stream}
         created, completion = int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
-        events = self._with_timeout(self._events(name, "chat", payload))
+        events = self._with_timeout(self._chat_events(name, ChatJob.from_request(body, messages, images)))
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             head = {"id": completion, "object": "chat.completion.chunk", "created": created, "model": name}
-            state = {"role_sent": False}
+            role_sent = False
 
-            def render(event: dict[str, Any]) -> Optional[bytes]:
-                if event["kind"] == "delta":
-                    delta = {"content": event["text"]}
-                    if not state["role_sent"]:
-                        delta = {"role": "assistant", **delta}
-                        state["role_sent"] = True
-                    return _sse({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}]})
-                if event["kind"] == "done":
-                    delta = {} if state["role_sent"] else {"role": "assistant", "content": ""}
-                    last = _sse({**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                                       "finish_reason": FINISH_REASONS.get(event["finish_reason"], "stop")}]})
-                    if usage:
-                        last += _sse({**head, "choices": [], "usage": self._chat_usage(event)})
-                    return last
+            def render(event: Event) -> Optional[bytes]:
+                nonlocal role_sent
+                match event:
+                    case TextDelta(text):
+                        delta = {"content": text} if role_sent else {"role": "assistant", "content": text}
+                        role_sent = True
+                        return _sse({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}]})
+                    case ChatDone():
+                        delta = {} if role_sent else {"role": "assistant", "content": ""}
+                        last = _sse({**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                           "finish_reason": FINISH_REASONS.get(event.finish_reason, "stop")}]})
+                        if usage:
+                            last += _sse({**head, "choices": [], "usage": self._chat_usage(event)})
+                        return last
                 return None
 
             return await self._stream(events, render, done=_sse("[DONE]"))
-        answer: dict[str, Any] = {}
+        answer: Optional[ChatDone] = None
         async for event in events:
-            if event["kind"] == "done":
+            if isinstance(event, ChatDone):
                 answer = event
+        if answer is None:  # the replica ended the stream without its answer (it cannot, short of a fault)
+            raise APIError(500, f"model {name!r} returned no answer", code="engine_failed")
         return {
             "id": completion, "object": "chat.completion", "created": created, "model": name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer["text"]}, "logprobs": None,
-                         "finish_reason": FINISH_REASONS.get(answer["finish_reason"], "stop")}],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer.text}, "logprobs": None,
+                         "finish_reason": FINISH_REASONS.get(answer.finish_reason, "stop")}],
             "usage": self._chat_usage(answer),
         }
 
     @staticmethod
-    def _chat_usage(event: dict[str, Any]) -> dict[str, Any]:
-        return {"prompt_tokens": event["prompt_tokens"], "completion_tokens": event["completion_tokens"],
-                "total_tokens": event["prompt_tokens"] + event["completion_tokens"], **event["stats"]}
+    def _chat_usage(answer: ChatDone) -> dict[str, Any]:
+        return {"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.completion_tokens,
+                "total_tokens": answer.prompt_tokens + answer.completion_tokens, **answer.stats.usage()}
 
     async def _chat_inputs(self, body: ChatCompletionRequest) -> tuple[list[dict[str, Any]], list[Any]]:
         """OpenAI messages -> Hugging Face chat messages (an image part becomes {"type": "image"}) and
@@ -354,18 +375,16 @@ class Ingress:
                            param="messages", code="invalid_value")
         messages, urls, chars = [], [], 0
         for m, message in enumerate(body.messages):
-            parts = [{"type": "text", "text": message.content}] if isinstance(message.content, str) else message.content
-            content = []
+            parts = [TextPart.model_construct(type="text", text=message.content)] if isinstance(message.content, str) else message.content
+            content: list[dict[str, Any]] = []
             for p, part in enumerate(parts):
-                if isinstance(part, dict):
-                    content.append(part)
-                    chars += len(part["text"])
-                elif part.type == "text":
-                    content.append({"type": "text", "text": part.text})
-                    chars += len(part.text)
-                else:
-                    content.append({"type": "image"})
-                    urls.append((part.image_url.url, f"messages[{m}].content[{p}].image_url.url"))
+                match part:
+                    case TextPart(text=text):
+                        content.append({"type": "text", "text": text})
+                        chars += len(text)
+                    case ImagePart(image_url=image_url):
+                        content.append({"type": "image"})
+                        urls.append((image_url.url, f"messages[{m}].content[{p}].image_url.url"))
             messages.append({"role": message.role, "content": content})
         if chars > limits.max_prompt_chars:
             raise APIError(400, f"messages: {chars} characters of text, more than limits.max_prompt_chars={limits.max_prompt_chars}",

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raydec.config import DRAFT_METHODS, JACOBI_METHODS, DecodeConfig
+from raydec.serve.boundary import RowResult
+
+if TYPE_CHECKING:
+    from raydec.serve.engine_loop import Watcher
 
 LATENCY_BOUNDARIES = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300]
 TOKEN_BOUNDARIES = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]
@@ -65,9 +69,10 @@ class ReplicaMetrics:
         self.batch_size = metrics.Gauge("raydec_batch_size", description="Mean rows per decode step since start.", tag_keys=("model",))
         self.batch_size.set_default_tags(tags)
 
-    def finished(self, watcher: Any, result: Any, draft_per_step: int) -> None:
+    def finished(self, watcher: Watcher[Any], result: RowResult) -> None:
         """Record one finished row: its accepted lengths, latencies and tokens."""
         now = time.perf_counter()
+        draft_per_step = watcher.draft_per_step
         lengths = list(result.accepted_lengths)
         drafts = len(lengths) if draft_per_step else 0
         accepted = sum(max(0, n - 1) for n in lengths) if draft_per_step else 0

@@ -110,3 +110,11 @@ class ChatCompletionRequest(_Body):
     # raydec
     method: Optional[Literal["ar", "vispec", "eagle"]] = Field(None, description="raydec: decoding method; unset: the model's.")
     top_k: Optional[int] = Field(None, ge=0, le=1_000_000, description="raydec: top-k (0 disables).")
+
+    def new_tokens(self) -> Optional[int]:
+        """The most tokens to generate: max_completion_tokens, else max_tokens (None: neither set)."""
+        return self.max_completion_tokens or self.max_tokens
+
+    def stop_strings(self) -> tuple[str, ...]:
+        """``stop`` as a tuple of strings (empty: none)."""
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())

@@ -1,12 +1,8 @@
-"""A model replica: one target (and draft) on its device, one engine session in a background
-loop, requests from the ingress streamed back as events.
+"""Model replicas: one target (and draft) on its device, one engine session in a background loop,
+requests from the ingress streamed back as events (``boundary``).
 
-Events (dicts) a request gets:
-    {"kind": "partial", "index", "partial_image_index", "png"}       images, while rows commit
-    {"kind": "image", "index", "png", "stats"}                        an image finished
-    {"kind": "delta", "text"}                                         chat text as tokens commit
-    {"kind": "done", "text", "finish_reason", "stats", "prompt_tokens"}  the chat answer
-    {"kind": "error", "index", "status", "message", "code"}           the request failed
+``ImageReplica`` serves a text-to-image model (``generate_images``: an ``ImageJob``), ``ChatReplica``
+a vision-language model (``chat``: a ``ChatJob``); ``replica_class`` picks one for a task.
 """
 
 from __future__ import annotations
@@ -17,133 +13,135 @@ import os
 import secrets
 import time
 from io import BytesIO
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, ClassVar, Generic, TypeVar
 
+import torch
+from PIL import Image
+
+from raydec.api.captions import CaptionResult
+from raydec.api.images import ImageResult
+from raydec.api.sessions import CaptionSession, ImageSession, Ticket
+from raydec.config import DType
+from raydec.serve.boundary import (ChatDone, ChatEvent, ChatJob, Event, Failed, ImageDone, ImageEvent, ImageJob, ModelInfo,
+                                   PartialImage, RowStats, TextDelta)
 from raydec.serve.config import LimitsConfig, ServedModel
 from raydec.serve.engine_loop import EngineLoop, Watcher
 from raydec.serve.metrics import ReplicaMetrics, draft_tokens_per_step
 
 logger = logging.getLogger("raydec.serve")
 
+TORCH_DTYPES: dict[DType, torch.dtype] = {
+    "float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16,
+}
 
-def png_bytes(image: Any) -> bytes:
+
+def png_bytes(image: Image.Image) -> bytes:
     buffer = BytesIO()
     image.save(buffer, format="PNG")
     return buffer.getvalue()
 
 
-def row_stats(result: Any) -> dict[str, Any]:
-    """A finished row's decoding statistics, as ``usage`` reports them."""
-    return {
-        "target_forwards": result.target_forwards,
-        "tokens": result.num_tokens,
-        "tokens_per_forward": round(result.tokens_per_forward, 4),
-        "accepted_lengths": list(result.accepted_lengths),
-        "seed": result.seed,
-        "decode_s": round(result.latency_s, 4),
-    }
-
-
-class ImageWatcher(Watcher):
+class ImageWatcher(Watcher[ImageResult]):
     """Sends up to ``partial_images`` partial images, at evenly spaced committed rows, then the image."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, events: asyncio.Queue, index: int, partial_images: int) -> None:
-        super().__init__(loop, events, index)
+    def __init__(self, session: ImageSession, loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Event], index: int,
+                 partial_images: int, draft_per_step: int) -> None:
+        super().__init__(loop, events, index, draft_per_step)
+        self.session = session
         self.partial_images = partial_images
         self.sent = 0
 
-    def progress(self, session: Any) -> None:
+    def progress(self) -> None:
         if self.sent >= self.partial_images or self.ticket is None:
             return
+        session = self.session
         done, rows = session.rows_done(self.ticket), session.rows_per_image(self.ticket)
         if done >= rows:
             return  # the final image follows
         due = done * (self.partial_images + 1) // rows  # partial images due by now
         if due > self.sent:
-            self.emit({"kind": "partial", "index": self.index, "partial_image_index": self.sent,
-                       "png": png_bytes(session.partial_image(self.ticket))})
+            self.emit(PartialImage(self.index, self.sent, png_bytes(session.partial_image(self.ticket))))
             self.sent += 1
 
-    def finish(self, session: Any, result: Any) -> None:
-        self.emit({"kind": "image", "index": self.index, "png": png_bytes(result.image), "stats": row_stats(result)})
+    def finish(self, result: ImageResult) -> None:
+        self.emit(ImageDone(self.index, png_bytes(result.image), RowStats.of(result)))
 
 
-class ChatWatcher(Watcher):
+class ChatWatcher(Watcher[CaptionResult]):
     """Sends the answer's new text after each step (held back while it may be the start of a
     stop string or of a multi-byte character), then the whole answer."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, events: asyncio.Queue, stream: bool, stop: tuple[str, ...]) -> None:
-        super().__init__(loop, events, 0)
+    def __init__(self, session: CaptionSession, loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Event], stream: bool,
+                 stop: tuple[str, ...], draft_per_step: int) -> None:
+        super().__init__(loop, events, 0, draft_per_step)
+        self.session = session
         self.stream = stream
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.sent = ""
-        self.prompt_tokens = 0
+        self.prompt_tokens = 0  # set on the engine thread when the row is submitted
 
-    def progress(self, session: Any) -> None:
-        if self.ticket is None or not session.tokens(self.ticket):
+    def progress(self) -> None:
+        if self.ticket is None or not self.session.tokens(self.ticket):
             return
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
         if not self.stream:
             return
-        text = session.text(self.ticket)
+        text = self.session.text(self.ticket)
         ready = text[: len(text) - self.hold] if self.hold else text
         ready = ready.rstrip("\ufffd")  # an incomplete character
         if ready.startswith(self.sent) and len(ready) > len(self.sent):
-            self.emit({"kind": "delta", "text": ready[len(self.sent):]})
+            self.emit(TextDelta(ready[len(self.sent):]))
             self.sent = ready
 
-    def finish(self, session: Any, result: Any) -> None:
+    def finish(self, result: CaptionResult) -> None:
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
         text = result.caption
         if self.stream and text.startswith(self.sent) and len(text) > len(self.sent):
-            self.emit({"kind": "delta", "text": text[len(self.sent):]})
-        self.emit({"kind": "done", "text": text, "finish_reason": result.finish_reason, "stats": row_stats(result),
-                   "prompt_tokens": self.prompt_tokens, "completion_tokens": result.num_tokens})
+            self.emit(TextDelta(text[len(self.sent):]))
+        self.emit(ChatDone(text, result.finish_reason, RowStats.of(result), self.prompt_tokens, result.num_tokens))
 
 
-class ModelReplica:
-    """The Serve deployment of one served model (see ``app.build_app`` for its options)."""
+SessionT = TypeVar("SessionT", ImageSession, CaptionSession)
+ResultT = TypeVar("ResultT", ImageResult, CaptionResult)
+EventT = TypeVar("EventT", ImageEvent, ChatEvent)
+
+
+class ModelReplica(Generic[SessionT, ResultT]):
+    """The Serve deployment of one served model (see ``app.build_app`` for its options): what
+    both tasks share. A subclass opens its task's session and adds its request method."""
+
+    task: ClassVar[str]
 
     def __init__(self, served: ServedModel, limits: LimitsConfig) -> None:
-        import torch
-
-        from raydec.api.sessions import CaptionSession, ImageSession
-
+        if served.task != self.task:
+            raise ValueError(f"{type(self).__name__} serves task {self.task!r}, not {served.task!r}")
         logging.getLogger("raydec").setLevel(logging.INFO)
         torch.set_num_threads(served.torch_threads)
         self.served, self.limits = served, limits
         device = "cuda" if served.num_gpus > 0 else None
-        dtype = getattr(torch, served.dtype)
         started = time.perf_counter()
-        if served.task == "t2i":
-            self.session = ImageSession(served.model, served.decode, dtype=dtype, device=device, max_batch=served.max_batch_size)
-        else:
-            self.session = CaptionSession(served.model, served.decode, dtype=dtype, device=device, max_batch=served.max_batch_size)
+        self.session: SessionT = self._open(served, TORCH_DTYPES[served.dtype], device)
         self.metrics = ReplicaMetrics(served.name)
-        self.loop = EngineLoop(self.session, on_finish=self._finished)
+        self.loop: EngineLoop[ResultT] = EngineLoop(self.session, on_finish=self._finished)
         self.loop.start()
         self.requests = 0
         logger.info("model %s (%s, %s) ready in %.1f s on %s", served.name, served.task, served.model,
                     time.perf_counter() - started, device or "cpu")
 
-    def _finished(self, watcher: Any, result: Any) -> None:
-        self.metrics.finished(watcher, result, getattr(watcher, "draft_per_step", 0))
-        stats = self.loop.stats()
-        self.metrics.record_batch(stats["mean_batch_size"])
+    def _open(self, served: ServedModel, dtype: torch.dtype, device: str | None) -> SessionT:
+        raise NotImplementedError
+
+    def _finished(self, watcher: Watcher[ResultT], result: ResultT) -> None:
+        self.metrics.finished(watcher, result)
+        self.metrics.record_batch(self.loop.stats()["mean_batch_size"])
 
     # -- what the ingress calls ------------------------------------------------------------------
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> ModelInfo:
         """What the API needs to know of the model."""
-        target = self.session.target
-        info: dict[str, Any] = {"task": self.served.task, "method": self.session.base.method, "pid": os.getpid()}
-        if self.served.task == "t2i":
-            height, width = target.image_size
-            info["size"] = f"{width}x{height}"  # its own: what "auto" or no size gives
-            info["sizes"] = target.sizes
-        return info
+        return ModelInfo(task=self.served.task, method=self.session.base.method, pid=os.getpid())
 
     def stats(self) -> dict[str, Any]:
         return {**self.loop.stats(), **self.metrics.snapshot(), "requests": self.requests, "pid": os.getpid()}
@@ -153,72 +151,97 @@ class ModelReplica:
         if not self.loop.alive:
             raise RuntimeError(f"the engine loop of model {self.served.name!r} died: {self.loop.died!r}")
 
-    async def generate_images(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def _follow(self, events: asyncio.Queue[EventT], watchers: list[Watcher[ResultT]]) -> AsyncIterator[EventT]:
+        """The request's events until each row has finished or one failed; rows still running
+        when the caller goes away (a client disconnect cancels this generator) are cancelled."""
+        finished = 0
+        try:
+            while finished < len(watchers):
+                event = await events.get()
+                yield event
+                match event:
+                    case Failed():
+                        return
+                    case ImageDone() | ChatDone():
+                        finished += 1
+        finally:
+            for watcher in watchers:
+                self.loop.cancel(watcher)
+
+
+class ImageReplica(ModelReplica[ImageSession, ImageResult]):
+    """A text-to-image model's replica."""
+
+    task = "t2i"
+
+    def _open(self, served: ServedModel, dtype: torch.dtype, device: str | None) -> ImageSession:
+        return ImageSession(served.model, served.decode, dtype=dtype, device=device, max_batch=served.max_batch_size)
+
+    def info(self) -> ModelInfo:
+        height, width = self.session.target.image_size
+        return ModelInfo(task=self.served.task, method=self.session.base.method, pid=os.getpid(),
+                         size=f"{width}x{height}", sizes=self.session.target.sizes)
+
+    async def generate_images(self, job: ImageJob) -> AsyncIterator[ImageEvent]:
         """One image request (n rows): partial images (if asked) and each image as it finishes."""
         self.requests += 1
-        n = request["n"]
-        seed = request["seed"] if request.get("seed") is not None else secrets.randbelow(2**63 - n)
-        sampling = {k: request[k] for k in ("temperature", "top_k", "top_p") if request.get(k) is not None}
-        method, cfg_scale = request.get("method"), request.get("cfg_scale")
-        draft_per_step = draft_tokens_per_step(self.session.config_for(method, cfg_scale, request.get("temperature")))
+        seed = job.seed if job.seed is not None else secrets.randbelow(2**63 - job.n)
+        sampling = job.sampling.per_row()
+        draft_per_step = draft_tokens_per_step(self.session.config_for(job.method, job.cfg_scale, job.sampling.temperature))
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        watchers = []
-        for index in range(n):
-            watcher = ImageWatcher(loop, events, index, request.get("partial_images", 0) if request.get("stream") else 0)
-            watcher.draft_per_step = draft_per_step
+        watchers: list[Watcher[ImageResult]] = []
+        for index in range(job.n):
+            watcher = ImageWatcher(self.session, loop, events, index, job.partial_images, draft_per_step)
             row_seed = (seed + index) % 2**63
 
-            def submit(row_seed: int = row_seed) -> Any:
-                return self.session.submit(request["prompt"], row_seed, method=method, cfg_scale=cfg_scale,
-                                           sampling=sampling or None, negative_prompt=request.get("negative_prompt"),
-                                           size=request.get("size"))
+            def submit(row_seed: int = row_seed) -> Ticket:
+                return self.session.submit(job.prompt, row_seed, method=job.method, cfg_scale=job.cfg_scale, sampling=sampling,
+                                           negative_prompt=job.negative_prompt, size=job.size)
 
             self.loop.submit(submit, watcher)
             watchers.append(watcher)
-        async for event in self._follow(events, watchers, n):
+        async for event in self._follow(events, watchers):
             yield event
 
-    async def chat(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+
+class ChatReplica(ModelReplica[CaptionSession, CaptionResult]):
+    """A vision-language model's replica."""
+
+    task = "caption"
+
+    def _open(self, served: ServedModel, dtype: torch.dtype, device: str | None) -> CaptionSession:
+        return CaptionSession(served.model, served.decode, dtype=dtype, device=device, max_batch=served.max_batch_size)
+
+    async def chat(self, job: ChatJob) -> AsyncIterator[ChatEvent]:
         """One chat: text deltas (when streamed) and the answer."""
         self.requests += 1
-        seed = request["seed"] if request.get("seed") is not None else secrets.randbelow(2**63)
-        sampling = {k: request[k] for k in ("temperature", "top_k", "top_p") if request.get(k) is not None}
-        method = request.get("method")
-        stop = tuple(request.get("stop") or ())
+        seed = job.seed if job.seed is not None else secrets.randbelow(2**63)
+        draft_per_step = draft_tokens_per_step(self.session.config_for(job.method, None, job.sampling.temperature))
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        watcher = ChatWatcher(loop, events, bool(request.get("stream")), stop)
-        watcher.draft_per_step = draft_tokens_per_step(self.session.config_for(method, None, request.get("temperature")))
-        messages, images = request["messages"], request["images"]
+        watcher = ChatWatcher(self.session, loop, events, job.stream, job.stop, draft_per_step)
+        messages, images = list(job.messages), list(job.images)
         limit, positions = self.limits.max_prompt_tokens, self.session.max_positions
         # unset max_tokens: the model's decode config as caption_images resolves it (128 unless set), within the limit
-        default_tokens = min(self.session.base.max_new_tokens, self.limits.max_tokens)
+        max_new_tokens = job.max_tokens or min(self.session.base.max_new_tokens, self.limits.max_tokens)
 
-        def submit() -> Any:
+        def submit() -> Ticket:
             tokens = self.session.prompt_tokens(messages, images)
             if tokens > limit:
                 raise ValueError(f"messages: the prompt is {tokens} tokens (images included), more than max_prompt_tokens={limit}")
             if positions is not None and tokens >= positions:
                 raise ValueError(f"messages: the prompt is {tokens} tokens, the model has {positions} positions")
             watcher.prompt_tokens = tokens
-            return self.session.submit(messages, images, seed, method=method, sampling=sampling or None,
-                                       max_new_tokens=request["max_tokens"] or default_tokens, stop=stop)
+            return self.session.submit(messages, images, seed, method=job.method, sampling=job.sampling.per_row(),
+                                       max_new_tokens=max_new_tokens, stop=job.stop)
 
         self.loop.submit(submit, watcher)
-        async for event in self._follow(events, [watcher], 1):
+        async for event in self._follow(events, [watcher]):
             yield event
 
-    async def _follow(self, events: asyncio.Queue, watchers: list[Watcher], rows: int) -> AsyncIterator[dict[str, Any]]:
-        """The request's events until each row has finished or one failed; rows still running
-        when the caller goes away (a client disconnect cancels this generator) are cancelled."""
-        finished = 0
-        try:
-            while finished < rows:
-                event = await events.get()
-                yield event
-                if event["kind"] == "error":
-                    return
-                if event["kind"] in ("image", "done"):
-                    finished += 1
-        finally:
-            for watcher in watchers:
-                self.loop.cancel(watcher)
+
+REPLICAS: dict[str, type[ModelReplica[Any, Any]]] = {"t2i": ImageReplica, "caption": ChatReplica}
+
+
+def replica_class(task: str) -> type[ModelReplica[Any, Any]]:
+    """The deployment class of a served model's task."""
+    return REPLICAS[task]

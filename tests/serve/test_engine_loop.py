@@ -76,9 +76,9 @@ def test_caption_session_stop_string():
 def test_health_check_fails_once_the_engine_loop_died(serve_app):
     """The replica class in this process (ray is up: its metrics need it)."""
     from raydec.serve.config import LimitsConfig, ServedModel
-    from raydec.serve.replica import ModelReplica
+    from raydec.serve.replica import ImageReplica
 
-    replica = ModelReplica(ServedModel(name="t", task="t2i", decode={"method": "ar"}), LimitsConfig())
+    replica = ImageReplica(ServedModel(name="t", task="t2i", decode={"method": "ar"}), LimitsConfig())
     replica.check_health()  # alive
 
     async def kill() -> None:
@@ -97,16 +97,18 @@ def test_health_check_fails_once_the_engine_loop_died(serve_app):
 
 
 def test_a_request_past_its_deadline_gets_408_and_is_closed():
+    from raydec.serve.boundary import ImageDone, PartialImage, RowStats
     from raydec.serve.errors import APIError
     from raydec.serve.ingress import with_deadline
 
     closed = []
+    partial = PartialImage(0, 0, b"png")
 
     async def slow():
         try:
-            yield {"kind": "partial"}
+            yield partial
             await asyncio.sleep(10)
-            yield {"kind": "image"}
+            yield ImageDone(0, b"png", RowStats(1, 1, 1.0, (1,), 0, 0.1))
         finally:
             closed.append(True)
 
@@ -114,9 +116,9 @@ def test_a_request_past_its_deadline_gets_408_and_is_closed():
         seen = []
         with pytest.raises(APIError) as caught:
             async for event in with_deadline(slow(), 0.2):
-                seen.append(event["kind"])
+                seen.append(event)
         assert caught.value.status == 408 and caught.value.body()["error"]["code"] == "timeout"
         return seen
 
-    assert asyncio.run(run()) == ["partial"]
+    assert asyncio.run(run()) == [partial]
     assert closed == [True]
