@@ -31,7 +31,7 @@ def build_app(config: ServeConfig) -> Application:
     for served in config.models:
         options: dict[str, Any] = {
             "name": deployment_name(served.name),
-            "ray_actor_options": {"num_cpus": served.num_cpus, "num_gpus": served.num_gpus},
+            "ray_actor_options": {"num_cpus": served.cpus_per_worker, "num_gpus": served.gpus_per_worker},
             "max_ongoing_requests": served.max_ongoing_requests,
             "max_queued_requests": served.max_queued_requests,
             "health_check_period_s": served.health_check_period_s,

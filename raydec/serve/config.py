@@ -8,7 +8,7 @@ model reuses the batch side's ``DecodeConfig`` and dtypes.
 from __future__ import annotations
 
 import os
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -20,7 +20,9 @@ MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
 
 
 class ServedModel(StrictModel):
-    """One model behind the API, with its replicas (each runs one engine session)."""
+    """One model behind the API, with its replicas (each runs one scheduler)."""
+
+    renamed_keys: ClassVar[dict[str, str]] = {"max_batch_size": "batch_size", "num_gpus": "gpus_per_worker", "num_cpus": "cpus_per_worker"}
 
     name: str = Field(..., pattern=MODEL_NAME_PATTERN, description="The API's model id (the request's `model`).")
     task: Literal["t2i", "caption"] = Field(..., description="t2i: /v1/images/generations; caption: /v1/chat/completions.")
@@ -31,16 +33,16 @@ class ServedModel(StrictModel):
         description="Method and sampling; unset sampling takes the checkpoint's. Requests may change the method "
         "(within the task), cfg_scale and per-row temperature / top_k / top_p.",
     )
-    max_batch_size: int = Field(8, ge=1, le=1024, description="Rows one replica decodes together (continuous batching).")
+    batch_size: int = Field(8, ge=1, le=1024, description="Rows one replica decodes together (continuous batching).")
     num_replicas: int = Field(1, ge=1, le=4096, description="Replicas when autoscaling_config is unset.")
     autoscaling_config: Optional[dict[str, Any]] = Field(
         None, description="Ray Serve autoscaling_config passed through (min_replicas, max_replicas, target_ongoing_requests, ...).",
     )
-    num_gpus: float = Field(0.0, ge=0.0, le=8.0, description="GPUs per replica (the model runs on cuda); 0 runs on CPU.")
-    num_cpus: float = Field(0.5, gt=0.0, le=256.0, description="CPUs reserved per replica.")
+    gpus_per_worker: float = Field(0.0, ge=0.0, le=8.0, description="GPUs per replica (the model runs on cuda); 0 runs on CPU.")
+    cpus_per_worker: float = Field(0.5, gt=0.0, le=256.0, description="CPUs reserved per replica.")
     torch_threads: int = Field(1, ge=1, le=256, description="torch.set_num_threads in each replica (CPU decoding).")
     max_ongoing_requests: int = Field(
-        32, ge=1, le=100_000, description="Requests one replica holds at once (decoding or queued in its session).",
+        32, ge=1, le=100_000, description="Requests one replica holds at once (decoding or queued in its scheduler).",
     )
     max_queued_requests: int = Field(
         64, ge=-1, le=1_000_000,
@@ -60,7 +62,7 @@ class ServedModel(StrictModel):
                 raise ValueError(
                     f"decode.{field}: 'auto' is chosen by batch jobs and the public functions, not by a replica (it has "
                     f"no rows to tune on when it starts); set the shape, e.g. the one `raydec bench throughput "
-                    f"--batches {self.max_batch_size}` marks auto for this model"
+                    f"--batches {self.batch_size}` marks auto for this model"
                 )
         return self
 

@@ -1,4 +1,4 @@
-"""A replica's engine session, driven by one background thread.
+"""A replica's scheduler, driven by one background thread.
 
 Requests reach the thread through an inbox (submit, cancel); between two steps it admits them,
 so a request that arrives while a batch decodes joins it (continuous batching). After every
@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, Protocol, TypeVar, Union
 
-from raydec.api.sessions import Ticket
+from raydec.api.schedulers import Ticket
 from raydec.serve.boundary import Event, Failed, RowResult
 from raydec.speculative.requests import RowState
 
@@ -30,8 +30,8 @@ ResultT = TypeVar("ResultT", bound=RowResult)
 ResultT_co = TypeVar("ResultT_co", bound=RowResult, covariant=True)
 
 
-class EngineSession(Protocol[ResultT_co]):
-    """What the engine loop drives (an ImageSession, a CaptionSession): requests submitted over
+class DrivenScheduler(Protocol[ResultT_co]):
+    """What the engine loop drives (an ImageScheduler, a CaptionScheduler): requests submitted over
     time as tickets, stepped together, each read once finished and then released."""
 
     decode_steps: int
@@ -65,7 +65,7 @@ class Watcher(Generic[ResultT]):
     """One row's link to its request: the events it sends, on the request's event loop.
 
     Subclasses say what a row sends as it progresses and when it finishes; both run on the
-    engine thread (a subclass that reads its session holds it)."""
+    engine thread (a subclass that reads its scheduler holds it)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, events: "asyncio.Queue[Event]", index: int = 0,
                  draft_per_step: int = 0) -> None:
@@ -73,7 +73,7 @@ class Watcher(Generic[ResultT]):
         self.events = events
         self.index = index  # the row's place in its request (images: 0..n-1)
         self.draft_per_step = draft_per_step  # draft tokens the row's engine verifies per step (metrics)
-        self.ticket: Optional[Ticket] = None  # set on the engine thread once the session took the row
+        self.ticket: Optional[Ticket] = None  # set on the engine thread once the scheduler took the row
         self.submitted_at = time.perf_counter()
         self.admitted_at: Optional[float] = None  # perf_counter of the row's prefill
         self.first_token_at: Optional[float] = None
@@ -117,11 +117,11 @@ _Message = Union[_Submit, _Cancel, _Call]
 
 
 class EngineLoop(Generic[ResultT]):
-    """Drives ``session`` (an ImageSession or CaptionSession) from one daemon thread."""
+    """Drives ``scheduler`` (an ImageScheduler or CaptionScheduler) from one daemon thread."""
 
-    def __init__(self, session: EngineSession[ResultT],
+    def __init__(self, scheduler: DrivenScheduler[ResultT],
                  on_finish: Callable[[Watcher[ResultT], ResultT], None] | None = None) -> None:
-        self.session = session
+        self.scheduler = scheduler
         self.on_finish = on_finish  # (watcher, result) on the engine thread: metrics
         self._inbox: "queue.SimpleQueue[_Message]" = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -145,7 +145,7 @@ class EngineLoop(Generic[ResultT]):
     # -- from the request side (any thread) --------------------------------------------------------
 
     def submit(self, make_ticket: Callable[[], Ticket], watcher: Watcher[ResultT]) -> None:
-        """Run ``make_ticket`` (a session.submit call) on the engine thread; ``watcher`` follows the row."""
+        """Run ``make_ticket`` (a scheduler.submit call) on the engine thread; ``watcher`` follows the row."""
         self._inbox.put(_Submit(make_ticket, watcher))
         self._wake.set()
 
@@ -154,7 +154,7 @@ class EngineLoop(Generic[ResultT]):
         self._wake.set()
 
     def call(self, fn: Callable[[], Any]) -> "asyncio.Future[Any]":
-        """Run ``fn`` on the engine thread (it owns the session); the result as an awaitable."""
+        """Run ``fn`` on the engine thread (it owns the scheduler); the result as an awaitable."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
         self._inbox.put(_Call(fn, loop, future))
@@ -167,7 +167,7 @@ class EngineLoop(Generic[ResultT]):
         try:
             while not self._stopping:
                 self._drain()
-                if self.session.busy:
+                if self.scheduler.busy:
                     self._step()
                 else:
                     self._wake.wait(timeout=1.0)
@@ -201,8 +201,8 @@ class EngineLoop(Generic[ResultT]):
                 case _Cancel(watcher):
                     ticket = watcher.ticket
                     if ticket is not None and ticket in self._watchers:
-                        self.session.cancel(ticket)
-                        if self.session.row(ticket).done:  # it was still queued: it ends now, not in a step
+                        self.scheduler.cancel(ticket)
+                        if self.scheduler.row(ticket).done:  # it was still queued: it ends now, not in a step
                             self._finished(ticket)
                 case _Call(fn, loop, future):
                     try:
@@ -213,7 +213,7 @@ class EngineLoop(Generic[ResultT]):
 
     def _step(self) -> None:
         try:
-            finished = self.session.step()
+            finished = self.scheduler.step()
         except Exception as error:
             self._fail_step(error)
             return
@@ -231,12 +231,12 @@ class EngineLoop(Generic[ResultT]):
         try:
             if watcher is None:  # nobody follows it any more
                 return
-            if self.session.finish_reason(ticket) == "cancelled":  # not "stop": a stop string ended it
+            if self.scheduler.finish_reason(ticket) == "cancelled":  # not "stop": a stop string ended it
                 self.cancelled += 1
                 watcher.fail(499, "cancelled", "cancelled")
                 return
-            watcher.admitted_at = self.session.row(ticket).admitted_at
-            result = self.session.result(ticket)
+            watcher.admitted_at = self.scheduler.row(ticket).admitted_at
+            result = self.scheduler.result(ticket)
             watcher.finish(result)
             if self.on_finish is not None:
                 self.on_finish(watcher, result)
@@ -245,7 +245,7 @@ class EngineLoop(Generic[ResultT]):
             if watcher is not None:
                 watcher.fail(500, f"finishing the row failed: {type(error).__name__}: {error}", "engine_failed")
         finally:
-            self.session.release(ticket)
+            self.scheduler.release(ticket)
 
     def _fail_step(self, error: Exception) -> None:
         """A step raised: its engine's rows get the error, the engine is dropped."""
@@ -253,19 +253,19 @@ class EngineLoop(Generic[ResultT]):
         logger.log(logging.WARNING if bad_input else logging.ERROR, "a decode step failed: %s: %s", type(error).__name__, error,
                    exc_info=not bad_input)
         status, code = (400, "invalid_value") if bad_input else (500, "engine_failed")
-        for ticket in self.session.drop():
+        for ticket in self.scheduler.drop():
             watcher = self._watchers.pop(ticket, None)
             if watcher is not None:
                 watcher.fail(status, f"{type(error).__name__}: {error}" if not bad_input else str(error), code)
 
     def stats(self) -> dict[str, Any]:
-        session = self.session
+        scheduler = self.scheduler
         return {
-            "decode_steps": session.decode_steps,
-            "rows_stepped": session.rows_stepped,
-            "mean_batch_size": session.rows_stepped / session.decode_steps if session.decode_steps else 0.0,
-            "active_rows": self.session.active_rows(),
-            "queued_rows": self.session.queued_rows(),
+            "decode_steps": scheduler.decode_steps,
+            "rows_stepped": scheduler.rows_stepped,
+            "mean_batch_size": scheduler.rows_stepped / scheduler.decode_steps if scheduler.decode_steps else 0.0,
+            "active_rows": self.scheduler.active_rows(),
+            "queued_rows": self.scheduler.queued_rows(),
             "following": len(self._watchers),
             "cancelled": self.cancelled,
             "alive": self.alive,

@@ -1,4 +1,4 @@
-"""Model replicas: one target (and draft) on its device, one engine session in a background loop,
+"""Model replicas: one target (and draft) on its device, one scheduler in a background loop,
 requests from the ingress streamed back as events (``boundary``).
 
 ``ImageReplica`` serves a text-to-image model (``generate_images``: an ``ImageJob``), ``ChatReplica``
@@ -20,7 +20,7 @@ from PIL import Image
 
 from raydec.api.captions import CaptionResult
 from raydec.api.images import ImageResult
-from raydec.api.sessions import CaptionSession, ImageSession, Ticket
+from raydec.api.schedulers import CaptionScheduler, ImageScheduler, Ticket
 from raydec.config import DType
 from raydec.serve.boundary import (ChatDone, ChatEvent, ChatJob, Event, Failed, ImageDone, ImageEvent, ImageJob, ModelInfo,
                                    PartialImage, RowStats, TextDelta)
@@ -44,23 +44,23 @@ def png_bytes(image: Image.Image) -> bytes:
 class ImageWatcher(Watcher[ImageResult]):
     """Sends up to ``partial_images`` partial images, at evenly spaced committed rows, then the image."""
 
-    def __init__(self, session: ImageSession, loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Event], index: int,
+    def __init__(self, scheduler: ImageScheduler, loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Event], index: int,
                  partial_images: int, draft_per_step: int) -> None:
         super().__init__(loop, events, index, draft_per_step)
-        self.session = session
+        self.scheduler = scheduler
         self.partial_images = partial_images
         self.sent = 0
 
     def progress(self) -> None:
         if self.sent >= self.partial_images or self.ticket is None:
             return
-        session = self.session
-        done, rows = session.rows_done(self.ticket), session.rows_per_image(self.ticket)
+        scheduler = self.scheduler
+        done, rows = scheduler.rows_done(self.ticket), scheduler.rows_per_image(self.ticket)
         if done >= rows:
             return  # the final image follows
         due = done * (self.partial_images + 1) // rows  # partial images due by now
         if due > self.sent:
-            self.emit(PartialImage(self.index, self.sent, png_bytes(session.partial_image(self.ticket))))
+            self.emit(PartialImage(self.index, self.sent, png_bytes(scheduler.partial_image(self.ticket))))
             self.sent += 1
 
     def finish(self, result: ImageResult) -> None:
@@ -71,23 +71,23 @@ class ChatWatcher(Watcher[CaptionResult]):
     """Sends the answer's new text after each step (held back while it may be the start of a
     stop string or of a multi-byte character), then the whole answer."""
 
-    def __init__(self, session: CaptionSession, loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Event], stream: bool,
+    def __init__(self, scheduler: CaptionScheduler, loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Event], stream: bool,
                  stop: tuple[str, ...], draft_per_step: int) -> None:
         super().__init__(loop, events, 0, draft_per_step)
-        self.session = session
+        self.scheduler = scheduler
         self.stream = stream
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.sent = ""
         self.prompt_tokens = 0  # set on the engine thread when the row is submitted
 
     def progress(self) -> None:
-        if self.ticket is None or not self.session.tokens(self.ticket):
+        if self.ticket is None or not self.scheduler.tokens(self.ticket):
             return
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
         if not self.stream:
             return
-        text = self.session.text(self.ticket)
+        text = self.scheduler.text(self.ticket)
         ready = text[: len(text) - self.hold] if self.hold else text
         ready = ready.rstrip("\ufffd")  # an incomplete character
         if ready.startswith(self.sent) and len(ready) > len(self.sent):
@@ -103,14 +103,14 @@ class ChatWatcher(Watcher[CaptionResult]):
         self.emit(ChatDone(text, result.finish_reason, RowStats.of(result), self.prompt_tokens, result.num_tokens))
 
 
-SessionT = TypeVar("SessionT", ImageSession, CaptionSession)
+SchedulerT = TypeVar("SchedulerT", ImageScheduler, CaptionScheduler)
 ResultT = TypeVar("ResultT", ImageResult, CaptionResult)
 EventT = TypeVar("EventT", ImageEvent, ChatEvent)
 
 
-class ModelReplica(Generic[SessionT, ResultT]):
+class ModelReplica(Generic[SchedulerT, ResultT]):
     """The Serve deployment of one served model (see ``app.build_app`` for its options): what
-    both tasks share. A subclass opens its task's session and adds its request method."""
+    both tasks share. A subclass opens its task's scheduler and adds its request method."""
 
     task: ClassVar[str]
 
@@ -120,17 +120,17 @@ class ModelReplica(Generic[SessionT, ResultT]):
         logging.getLogger("raydec").setLevel(logging.INFO)
         torch.set_num_threads(served.torch_threads)
         self.served, self.limits = served, limits
-        device = "cuda" if served.num_gpus > 0 else None
+        device = "cuda" if served.gpus_per_worker > 0 else None
         started = time.perf_counter()
-        self.session: SessionT = self._open(served, TORCH_DTYPES[served.dtype], device)
+        self.scheduler: SchedulerT = self._open(served, TORCH_DTYPES[served.dtype], device)
         self.metrics = ReplicaMetrics(served.name)
-        self.loop: EngineLoop[ResultT] = EngineLoop(self.session, on_finish=self._finished)
+        self.loop: EngineLoop[ResultT] = EngineLoop(self.scheduler, on_finish=self._finished)
         self.loop.start()
         self.requests = 0
         logger.info("model %s (%s, %s) ready in %.1f s on %s", served.name, served.task, served.model,
                     time.perf_counter() - started, device or "cpu")
 
-    def _open(self, served: ServedModel, dtype: torch.dtype, device: str | None) -> SessionT:
+    def _open(self, served: ServedModel, dtype: torch.dtype, device: str | None) -> SchedulerT:
         raise NotImplementedError
 
     def _finished(self, watcher: Watcher[ResultT], result: ResultT) -> None:
@@ -141,7 +141,7 @@ class ModelReplica(Generic[SessionT, ResultT]):
 
     def info(self) -> ModelInfo:
         """What the API needs to know of the model."""
-        return ModelInfo(task=self.served.task, method=self.session.base.method, pid=os.getpid())
+        return ModelInfo(task=self.served.task, method=self.scheduler.base.method, pid=os.getpid())
 
     def stats(self) -> dict[str, Any]:
         return {**self.loop.stats(), **self.metrics.snapshot(), "requests": self.requests, "pid": os.getpid()}
@@ -169,33 +169,33 @@ class ModelReplica(Generic[SessionT, ResultT]):
                 self.loop.cancel(watcher)
 
 
-class ImageReplica(ModelReplica[ImageSession, ImageResult]):
+class ImageReplica(ModelReplica[ImageScheduler, ImageResult]):
     """A text-to-image model's replica."""
 
     task = "t2i"
 
-    def _open(self, served: ServedModel, dtype: torch.dtype, device: str | None) -> ImageSession:
-        return ImageSession(served.model, served.decode, dtype=dtype, device=device, max_batch=served.max_batch_size)
+    def _open(self, served: ServedModel, dtype: torch.dtype, device: str | None) -> ImageScheduler:
+        return ImageScheduler(served.model, served.decode, dtype=dtype, device=device, batch_size=served.batch_size)
 
     def info(self) -> ModelInfo:
-        height, width = self.session.target.image_size
-        return ModelInfo(task=self.served.task, method=self.session.base.method, pid=os.getpid(),
-                         size=f"{width}x{height}", sizes=self.session.target.sizes)
+        height, width = self.scheduler.target.image_size
+        return ModelInfo(task=self.served.task, method=self.scheduler.base.method, pid=os.getpid(),
+                         size=f"{width}x{height}", sizes=self.scheduler.target.sizes)
 
     async def generate_images(self, job: ImageJob) -> AsyncIterator[ImageEvent]:
         """One image request (n rows): partial images (if asked) and each image as it finishes."""
         self.requests += 1
         seed = job.seed if job.seed is not None else secrets.randbelow(2**63 - job.n)
         sampling = job.sampling.per_row()
-        draft_per_step = draft_tokens_per_step(self.session.config_for(job.method, job.cfg_scale, job.sampling.temperature))
+        draft_per_step = draft_tokens_per_step(self.scheduler.config_for(job.method, job.cfg_scale, job.sampling.temperature))
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         watchers: list[Watcher[ImageResult]] = []
         for index in range(job.n):
-            watcher = ImageWatcher(self.session, loop, events, index, job.partial_images, draft_per_step)
+            watcher = ImageWatcher(self.scheduler, loop, events, index, job.partial_images, draft_per_step)
             row_seed = (seed + index) % 2**63
 
             def submit(row_seed: int = row_seed) -> Ticket:
-                return self.session.submit(job.prompt, row_seed, method=job.method, cfg_scale=job.cfg_scale, sampling=sampling,
+                return self.scheduler.submit(job.prompt, row_seed, method=job.method, cfg_scale=job.cfg_scale, sampling=sampling,
                                            negative_prompt=job.negative_prompt, size=job.size)
 
             self.loop.submit(submit, watcher)
@@ -204,34 +204,34 @@ class ImageReplica(ModelReplica[ImageSession, ImageResult]):
             yield event
 
 
-class ChatReplica(ModelReplica[CaptionSession, CaptionResult]):
+class ChatReplica(ModelReplica[CaptionScheduler, CaptionResult]):
     """A vision-language model's replica."""
 
     task = "caption"
 
-    def _open(self, served: ServedModel, dtype: torch.dtype, device: str | None) -> CaptionSession:
-        return CaptionSession(served.model, served.decode, dtype=dtype, device=device, max_batch=served.max_batch_size)
+    def _open(self, served: ServedModel, dtype: torch.dtype, device: str | None) -> CaptionScheduler:
+        return CaptionScheduler(served.model, served.decode, dtype=dtype, device=device, batch_size=served.batch_size)
 
     async def chat(self, job: ChatJob) -> AsyncIterator[ChatEvent]:
         """One chat: text deltas (when streamed) and the answer."""
         self.requests += 1
         seed = job.seed if job.seed is not None else secrets.randbelow(2**63)
-        draft_per_step = draft_tokens_per_step(self.session.config_for(job.method, None, job.sampling.temperature))
+        draft_per_step = draft_tokens_per_step(self.scheduler.config_for(job.method, None, job.sampling.temperature))
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        watcher = ChatWatcher(self.session, loop, events, job.stream, job.stop, draft_per_step)
+        watcher = ChatWatcher(self.scheduler, loop, events, job.stream, job.stop, draft_per_step)
         messages, images = list(job.messages), list(job.images)
-        limit, positions = self.limits.max_prompt_tokens, self.session.max_positions
+        limit, positions = self.limits.max_prompt_tokens, self.scheduler.max_positions
         # unset max_tokens: the model's decode config as caption_images resolves it (128 unless set), within the limit
-        max_new_tokens = job.max_tokens or min(self.session.base.max_new_tokens, self.limits.max_tokens)
+        max_new_tokens = job.max_tokens or min(self.scheduler.base.max_new_tokens, self.limits.max_tokens)
 
         def submit() -> Ticket:
-            tokens = self.session.prompt_tokens(messages, images)
+            tokens = self.scheduler.prompt_tokens(messages, images)
             if tokens > limit:
                 raise ValueError(f"messages: the prompt is {tokens} tokens (images included), more than max_prompt_tokens={limit}")
             if positions is not None and tokens >= positions:
                 raise ValueError(f"messages: the prompt is {tokens} tokens, the model has {positions} positions")
             watcher.prompt_tokens = tokens
-            return self.session.submit(messages, images, seed, method=job.method, sampling=job.sampling.per_row(),
+            return self.scheduler.submit(messages, images, seed, method=job.method, sampling=job.sampling.per_row(),
                                        max_new_tokens=max_new_tokens, stop=job.stop)
 
         self.loop.submit(submit, watcher)

@@ -211,7 +211,7 @@ def test_rayservice_serves_raydecs_app_with_two_7b_models_on_gpus():
         paths = [served.model] + ([served.decode.draft_model] if served.decode.draft_model else [])
         for path in paths:
             assert any(path.startswith(m.rstrip("/") + "/") for m in mounts), f"{served.name}: {path} is on no mounted volume"
-        assert served.num_gpus == 1 and served.dtype == "bfloat16"
+        assert served.gpus_per_worker == 1 and served.dtype == "bfloat16"
     assert by_task["caption"].decode.draft_model, "a 7B VLM has no shipped draft: name its checkpoint"
 
     # Enough GPU pods for every model's minimum replicas, and room for their maximum.
@@ -220,8 +220,8 @@ def test_rayservice_serves_raydecs_app_with_two_7b_models_on_gpus():
     def replicas(served, key):
         return (served.autoscaling_config or {}).get(key, served.num_replicas)
 
-    assert sum(replicas(m, "min_replicas") * m.num_gpus for m in config.models) <= group["minReplicas"] * per_pod
-    assert sum(replicas(m, "max_replicas") * m.num_gpus for m in config.models) <= group["maxReplicas"] * per_pod
+    assert sum(replicas(m, "min_replicas") * m.gpus_per_worker for m in config.models) <= group["minReplicas"] * per_pod
+    assert sum(replicas(m, "max_replicas") * m.gpus_per_worker for m in config.models) <= group["maxReplicas"] * per_pod
 
     # API keys: only from the environment the Secret fills, in every pod the ingress may run on.
     assert not config.api_keys and config.api_keys_env == "RAYDEC_API_KEYS"

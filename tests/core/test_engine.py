@@ -237,6 +237,11 @@ def test_keys_of_earlier_releases_load_with_a_warning_and_not_beside_their_new_n
     assert config.jacobi == JacobiDraftConfig(window=8) and "draft" not in DecodeConfig.model_fields
     with pytest.raises(ValueError, match="draft and jacobi: give only jacobi"):
         DecodeConfig.model_validate({"draft": {"window": 8}, "jacobi": {"window": 4}})
+    from raydec.serve.config import ServedModel
+
+    with pytest.warns(FutureWarning, match="'num_gpus' is now 'gpus_per_worker'"):
+        served = ServedModel.model_validate({"name": "m", "task": "t2i", "max_batch_size": 4, "num_gpus": 1, "num_cpus": 2})
+    assert (served.batch_size, served.gpus_per_worker, served.cpus_per_worker) == (4, 1.0, 2.0)
 
 
 def test_gpu_decoding_excludes_cudnn_attention_and_restores_the_flags():

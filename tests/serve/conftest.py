@@ -37,12 +37,12 @@ def serve_app(tmp_path_factory) -> Iterator[dict]:
         "api_keys": [API_KEY],
         "api_keys_env": None,
         "models": [
-            {"name": "t2i", "task": "t2i", "decode": {"method": "sjd_pac"}, "max_batch_size": 8, "max_ongoing_requests": 48,
+            {"name": "t2i", "task": "t2i", "decode": {"method": "sjd_pac"}, "batch_size": 8, "max_ongoing_requests": 48,
              "max_queued_requests": 64, "health_check_period_s": 2.0},
-            {"name": "vlm", "task": "caption", "decode": {"method": "vispec"}, "max_batch_size": 8,
+            {"name": "vlm", "task": "caption", "decode": {"method": "vispec"}, "batch_size": 8,
              "max_ongoing_requests": 2, "max_queued_requests": 2},  # small: the overload test fills it
-            {"name": "emu3", "task": "t2i", "model": str(emu3), "decode": {"method": "sjd_pac"}, "max_batch_size": 4,
-             "num_cpus": 0.25},
+            {"name": "emu3", "task": "t2i", "model": str(emu3), "decode": {"method": "sjd_pac"}, "batch_size": 4,
+             "cpus_per_worker": 0.25},
         ],
         "media": {"allowed_domains": ["localhost", "127.0.0.1"], "max_images_per_request": 2},
         "limits": {"max_request_bytes": 2 * 2**20, "max_n": 4, "request_timeout_s": 120, "header_timeout_s": 3.0,

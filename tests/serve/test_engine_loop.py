@@ -1,4 +1,4 @@
-"""The pieces under a replica, in this process: engine sessions that take requests over time
+"""The pieces under a replica, in this process: schedulers that take requests over time
 (equal to the public functions, rows released so memory stays flat) and the engine loop whose
 death fails the replica's health check."""
 
@@ -10,65 +10,65 @@ import numpy as np
 import pytest
 
 
-def test_image_session_equals_generate_images_and_releases_rows():
+def test_image_scheduler_equals_generate_images_and_releases_rows():
     from raydec.api import generate_images
-    from raydec.api.sessions import ImageSession
+    from raydec.api.schedulers import ImageScheduler
 
-    session = ImageSession("reference", {"method": "sjd"}, max_batch=4)
-    first = session.submit("a red circle on the left", seed=3)
+    scheduler = ImageScheduler("reference", {"method": "sjd"}, batch_size=4)
+    first = scheduler.submit("a red circle on the left", seed=3)
     for _ in range(5):  # first decodes a few steps alone
-        session.step()
-    second = session.submit("a blue square at the top", seed=4, method="ar", sampling={"temperature": 0.7})
+        scheduler.step()
+    second = scheduler.submit("a blue square at the top", seed=4, method="ar", sampling={"temperature": 0.7})
     results = {}
-    while session.busy:
-        for ticket in session.step():
-            results[ticket] = session.result(ticket)
-            session.release(ticket)
+    while scheduler.busy:
+        for ticket in scheduler.step():
+            results[ticket] = scheduler.result(ticket)
+            scheduler.release(ticket)
     expected = generate_images(["a red circle on the left"], decode={"method": "sjd"}, seeds=[3])[0]
     assert np.array_equal(np.asarray(results[first].image), np.asarray(expected.image))
     expected = generate_images(["a blue square at the top"], decode={"method": "ar", "sampling": {"temperature": 0.7}}, seeds=[4])[0]
     assert results[second].tokens == expected.tokens
-    assert all(not s.rows for s in session.sessions.values())  # released: nothing kept per request
+    assert all(not s.rows for s in scheduler.sessions.values())  # released: nothing kept per request
     with pytest.raises(ValueError, match="text-to-image method"):
-        session.submit("x", seed=1, method="vispec")
+        scheduler.submit("x", seed=1, method="vispec")
     with pytest.raises(ValueError, match="per request"):
-        session.submit("x", seed=1, sampling={"cfg_scale": 3.0})
+        scheduler.submit("x", seed=1, sampling={"cfg_scale": 3.0})
 
 
 def test_cancelled_queued_row_and_release_of_a_running_row():
-    from raydec.api.sessions import ImageSession
+    from raydec.api.schedulers import ImageScheduler
 
-    session = ImageSession("reference", {"method": "ar"}, max_batch=1)
-    running = session.submit("a red circle", seed=1)
-    queued = session.submit("a blue circle", seed=2)
-    session.step()
+    scheduler = ImageScheduler("reference", {"method": "ar"}, batch_size=1)
+    running = scheduler.submit("a red circle", seed=1)
+    queued = scheduler.submit("a blue circle", seed=2)
+    scheduler.step()
     with pytest.raises(ValueError, match="still queued or decoding"):
-        session.release(running)
-    session.cancel(queued)
-    assert session.row(queued).done and session.row(queued).stats.finish_reason == "cancelled"
-    session.release(queued)
-    session.cancel(running)
-    assert session.step() == [running]
-    session.release(running)
-    assert not session.busy
+        scheduler.release(running)
+    scheduler.cancel(queued)
+    assert scheduler.row(queued).done and scheduler.row(queued).stats.finish_reason == "cancelled"
+    scheduler.release(queued)
+    scheduler.cancel(running)
+    assert scheduler.step() == [running]
+    scheduler.release(running)
+    assert not scheduler.busy
 
 
 def test_caption_session_stop_string():
     from raydec.api import caption_images
-    from raydec.api.sessions import CaptionSession
+    from raydec.api.schedulers import CaptionScheduler
     from raydec.reference.shapes import sample_images
 
     image = sample_images([7])[0]
     expected = caption_images([image], decode={"method": "vispec"}, seeds=[1])[0].caption
     stop = " " + expected.split()[4] + " "
-    session = CaptionSession("reference", {"method": "vispec"}, max_batch=2)
+    scheduler = CaptionScheduler("reference", {"method": "vispec"}, batch_size=2)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "describe the image ."}]}]
-    ticket = session.submit(messages, [image], seed=1, stop=[stop])
-    plain = session.submit(messages, [image], seed=1)
+    ticket = scheduler.submit(messages, [image], seed=1, stop=[stop])
+    plain = scheduler.submit(messages, [image], seed=1)
     done = {}
-    while session.busy:
-        for t in session.step():
-            done[t] = session.result(t)
+    while scheduler.busy:
+        for t in scheduler.step():
+            done[t] = scheduler.result(t)
     assert done[plain].caption == expected
     assert done[ticket].caption == expected[: expected.find(stop)] and done[ticket].finish_reason == "stop"
 

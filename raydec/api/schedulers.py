@@ -1,14 +1,14 @@
-"""Requests that arrive over time, decoded together: the engine sessions behind a Serve replica.
+"""Schedulers: requests that arrive over time, decoded together (what a Serve replica drives).
 
-    images = ImageSession("reference", DecodeConfig(method="sjd_pac"), max_batch=8)
+    images = ImageScheduler("reference", DecodeConfig(method="sjd_pac"), batch_size=8)
     ticket = images.submit("a red circle on the left", seed=7)
     while images.busy:
         for done in images.step():          # one admission or one decode step
             result = images.result(done)    # an ImageResult, as generate_images gives it
 
 A request joins the running batch between steps (continuous batching) and can be cancelled.
-Rows of one engine share its method and classifier-free guidance, so a session keeps one engine
-per (method, cfg_scale, draft tree) that requests ask for and steps each in turn; temperature,
+Rows of one engine share its method and classifier-free guidance, so a scheduler keeps one engine
+and its DecodeSession per (method, cfg_scale, draft tree) that requests ask for and steps each in turn; temperature,
 top-k and top-p are per row. A row's output depends only on its inputs, seed and config, so it equals
 ``generate_images`` / ``caption_images`` for the same seed (exactly so in float32 and float64).
 """
@@ -38,21 +38,21 @@ ROW_SAMPLING = ("temperature", "top_k", "top_p", "repetition_penalty")
 
 @dataclass(frozen=True)
 class Ticket:
-    """A submitted request: which engine decodes it and its handle there."""
+    """A submitted request: which of the scheduler's sessions decodes it and its handle there."""
 
-    engine: tuple  # (method, cfg_scale, draft tree, target variant): rows of one engine share these
+    session_key: tuple  # (method, cfg_scale, draft tree, target variant): rows of one session share these
     handle: int
 
 
-class _Sessions(ABC):
+class Scheduler(ABC):
     """One DecodeSession per (method, cfg_scale, draft tree), stepped in turn; a task's subclass
     says how its engine is built (``make_engine``)."""
 
-    def __init__(self, base: DecodeConfig, max_batch: int) -> None:
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    def __init__(self, base: DecodeConfig, batch_size: int) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.base = base
-        self.max_batch = max_batch
+        self.batch_size = batch_size
         self.sessions: dict[tuple, DecodeSession] = {}
         self._turn = 0
         self.rows_stepped = 0  # rows in the batch, summed over decode steps (mean batch = this / decode_steps)
@@ -81,7 +81,7 @@ class _Sessions(ABC):
         key = (config.method, config.sampling.cfg_scale,
                (tree.depth, tree.top_k, tree.total_tokens) if config.method in DRAFT_METHODS else None, variant)
         if key not in self.sessions:
-            self.sessions[key] = self.make_engine(config, variant).session(max_batch=self.max_batch)
+            self.sessions[key] = self.make_engine(config, variant).session(max_batch=self.batch_size)
         return key, self.sessions[key]
 
     @abstractmethod
@@ -110,7 +110,7 @@ class _Sessions(ABC):
         return [Ticket(key, handle) for handle in finished]
 
     def row(self, ticket: Ticket) -> RowState:
-        return self.sessions[ticket.engine].rows[ticket.handle]
+        return self.sessions[ticket.session_key].rows[ticket.handle]
 
     def tokens(self, ticket: Ticket) -> list[int]:
         """The tokens committed so far (read-only)."""
@@ -122,13 +122,13 @@ class _Sessions(ABC):
 
     def cancel(self, ticket: Ticket) -> None:
         """Stop a request; it finishes (reason "cancelled") at the next step."""
-        session = self.sessions.get(ticket.engine)
+        session = self.sessions.get(ticket.session_key)
         if session is not None and ticket.handle in session.rows:
             session.cancel(ticket.handle)
 
     def release(self, ticket: Ticket) -> None:
         """Forget a finished request (call after reading its result)."""
-        self.sessions[ticket.engine].release(ticket.handle)
+        self.sessions[ticket.session_key].release(ticket.handle)
 
     def active_rows(self) -> int:
         return sum(len(session.active) for session in self.sessions.values())
@@ -153,18 +153,18 @@ class _Sessions(ABC):
         return over_checkpoint(SamplingConfig(**sampling), config.sampling)
 
 
-class ImageSession(_Sessions):
+class ImageScheduler(Scheduler):
     """Text-to-image requests (methods ar, sjd, sjd_ac, sjd_pac) decoded as they arrive."""
 
     def __init__(
         self, model: str | Path | Any = "reference", decode: DecodeConfig | dict | None = None,
-        dtype: torch.dtype = torch.float32, device: str | None = None, max_batch: int = 8,
+        dtype: torch.dtype = torch.float32, device: str | None = None, batch_size: int = 8,
     ) -> None:
         self.target = load_target(model, task="t2i", dtype=dtype, device=device)
         config = image_decode_config(as_decode_config(decode), self.target)
         if config.method not in IMAGE_METHODS:
             raise ValueError(f"decode.method={config.method!r} is not a text-to-image method (use {', '.join(IMAGE_METHODS)})")
-        super().__init__(config, max_batch)
+        super().__init__(config, batch_size)
 
     def make_engine(self, config: DecodeConfig, variant: Any = None) -> Engine:
         target = self.target_of_size(variant)
@@ -178,7 +178,7 @@ class ImageSession(_Sessions):
 
     def target_of(self, ticket: Ticket) -> Any:
         """The target (at its size) that decodes ``ticket``."""
-        return self.target_of_size(ticket.engine[-1])
+        return self.target_of_size(ticket.session_key[-1])
 
     def rows_per_image(self, ticket: Ticket) -> int:
         """Image-token rows of ``ticket``'s image."""
@@ -234,7 +234,7 @@ class ImageSession(_Sessions):
 
     def result(self, ticket: Ticket):
         """A finished request's ImageResult (VQ-decoded here)."""
-        session = self.sessions[ticket.engine]
+        session = self.sessions[ticket.session_key]
         row = session.rows[ticket.handle]
         output = session.output(ticket.handle)
         if row.stats.finish_reason == "cancelled":
@@ -242,17 +242,17 @@ class ImageSession(_Sessions):
         return image_result(row.request, output, decode_image(self.target_of(ticket), output.tokens))
 
 
-class CaptionSession(_Sessions):
+class CaptionScheduler(Scheduler):
     """Vision-language requests (methods ar, vispec, eagle) decoded as they arrive, with stop
     strings."""
 
     def __init__(
         self, model: str | Path | Any = "reference", decode: DecodeConfig | dict | None = None,
-        dtype: torch.dtype = torch.float32, device: str | None = None, max_batch: int = 8,
+        dtype: torch.dtype = torch.float32, device: str | None = None, batch_size: int = 8,
     ) -> None:
         self.model = model
         self.target = load_target(model, task="caption", dtype=dtype, device=device)
-        super().__init__(caption_decode_config(as_decode_config(decode), self.target), max_batch)
+        super().__init__(caption_decode_config(as_decode_config(decode), self.target), batch_size)
         self.max_positions = max_positions(self.target)
         self.stops: dict[Ticket, tuple[str, ...]] = {}
         self.stopped: dict[Ticket, str] = {}  # the text up to a stop string, for requests it ended
@@ -325,7 +325,7 @@ class CaptionSession(_Sessions):
 
     def result(self, ticket: Ticket):
         """A finished request's CaptionResult (finish_reason eos, length or stop)."""
-        session = self.sessions[ticket.engine]
+        session = self.sessions[ticket.session_key]
         row = session.rows[ticket.handle]
         output = session.output(ticket.handle)
         if ticket in self.stopped:
