@@ -108,9 +108,6 @@ class DraftTree:
     def num_nodes(self) -> int:
         return self.tokens.shape[1]
 
-    def node_counts(self) -> list[int]:
-        return self.valid.sum(dim=1).tolist()
-
     def children_bound(self) -> int:
         """Most children of any node (``max_children``, or counted: a read-back)."""
         if self.max_children is None:
