@@ -111,10 +111,11 @@ class DecodeSession:
         finished = session.step()          # admit queued rows, or decode one step
         session.cancel(handle)             # a queued row never starts; a decoding row leaves
 
-    ``step`` returns the handles that finished in it (EOS, length cap or cancel); their
-    ``output(handle)`` is final, and ``release(handle)`` drops them. Handles count from 0 in
-    submission order. A session is
-    single-threaded: a Serve replica or a batch worker drives it from one loop.
+    ``step`` returns the handles that finished in it (EOS, length cap or cancel) and those
+    cancelled while queued since the last step (each once; not one released meanwhile); their
+    ``output(handle)`` is final, and ``release(handle)`` drops them. So a loop that releases what
+    ``step`` returns holds no row once ``busy`` is False. Handles count from 0 in submission
+    order. A session is single-threaded: a Serve replica or a batch worker drives it from one loop.
     """
 
     def __init__(self, engine: Engine, max_batch: int | None = None, on_finish: Callable[[int, RowOutput], None] | None = None) -> None:
@@ -127,6 +128,7 @@ class DecodeSession:
         self._next_handle = 0
         self.queue: list[int] = []
         self.active: list[int] = []
+        self._unreported: list[int] = []  # cancelled while queued: finished, not yet returned by ``step``
         self.cache: RaggedCache | None = None
         self.random: RowRandom | None = None  # the active rows' streams, in batch order, on the device
         self.prob_dtype = torch.float32
@@ -171,7 +173,8 @@ class DecodeSession:
         return output
 
     def cancel(self, handle: int) -> None:
-        """Stop a request: a queued one is dropped, a decoding one leaves the batch before the next step."""
+        """Stop a request: a queued one finishes now (it never decodes), a decoding one leaves the batch
+        at the next step; either is reported (reason "cancelled") by the next ``step``."""
         row = self.rows[handle]
         if row.done:
             return
@@ -179,11 +182,12 @@ class DecodeSession:
         if handle in self.queue:
             self.queue.remove(handle)
             self._finish(handle, "cancelled")
+            self._unreported.append(handle)
 
     @property
     def busy(self) -> bool:
-        """Rows are decoding or queued."""
-        return bool(self.active or self.queue)
+        """``step`` has work: rows are decoding or queued, or a row cancelled while queued is yet to be reported."""
+        return bool(self.active or self.queue or self._held_unreported())
 
     def output(self, handle: int) -> RowOutput:
         row = self.rows[handle]
@@ -191,9 +195,13 @@ class DecodeSession:
 
     @torch.inference_mode()
     def step(self) -> list[int]:
-        """Admit queued rows (their prefill) if there is room, else decode one step of the batch."""
-        finished = self._retire()
-        if not self.busy:
+        """Admit queued rows (their prefill) if there is room, else decode one step of the batch.
+
+        Returns the handles that finished (see the class docstring).
+        """
+        finished = self._held_unreported() + self._retire()
+        self._unreported = []
+        if not (self.active or self.queue):
             return finished
         max_batch = self.max_batch or max(1, len(self.active) + len(self.queue))
         room = max_batch - len(self.active)
@@ -209,6 +217,10 @@ class DecodeSession:
             self._decode_step()
             self.refill.stepped(time.perf_counter() - start, len(self.active), len(self.queue), max_batch)
         return finished + self._retire()
+
+    def _held_unreported(self) -> list[int]:
+        """Rows cancelled while queued that ``step`` has not returned and the caller has not released."""
+        return [handle for handle in self._unreported if handle in self.rows]
 
     @property
     def occupancy(self) -> float | None:
