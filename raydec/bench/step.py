@@ -120,8 +120,6 @@ def top_level_ops(events: Any) -> int:
 
 def measure_session(session: Any, timed: TimedTarget, steps: int, warmup: int) -> dict:
     """Run ``warmup`` decode steps, then ``steps`` measured ones (read-backs, ops, host ms)."""
-    from raydec.speculative.engine import DecodeSession
-
     while session.busy and not session.active:
         session.step()  # admission
     decoded = 0
@@ -130,25 +128,29 @@ def measure_session(session: Any, timed: TimedTarget, steps: int, warmup: int) -
         session.step()
         decoded += session.steps - before
     host_ms, read_backs, ops = [], ReadBacks(), []
-    original = DecodeSession._decode_step
-    for _ in range(steps):
-        if not session.active:
-            break
-        # host time and read-backs: a step without the profiler
+
+    @contextlib.contextmanager
+    def timed_step() -> Iterator[None]:  # host time and read-backs: a step without the profiler
         forward_before = timed.forward_seconds
         start = time.perf_counter()
         with read_backs.counting():
-            original(session)
+            yield
         synchronize(timed.device)
         host_ms.append(1e3 * ((time.perf_counter() - start) - (timed.forward_seconds - forward_before)))
-        session._retire()
+
+    @contextlib.contextmanager
+    def profiled_step() -> Iterator[None]:  # operators: the next step under the profiler
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            yield
+        ops.append(top_level_ops(profile.events()))
+
+    for _ in range(steps):
         if not session.active:
             break
-        # operators: the next step under the profiler
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-            original(session)
-        ops.append(top_level_ops(profile.events()))
-        session._retire()
+        session.step(decode_scope=timed_step)
+        if not session.active:
+            break
+        session.step(decode_scope=profiled_step)
     done = max(1, len(host_ms))
     return {
         "steps_measured": len(host_ms),

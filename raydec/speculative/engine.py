@@ -23,9 +23,10 @@ seed and step only.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from typing import Callable, Sequence
+from typing import Callable, ContextManager, Sequence
 
 import torch
 
@@ -194,10 +195,13 @@ class DecodeSession:
         return RowOutput(tokens=row.generated, stats=row.stats)
 
     @torch.inference_mode()
-    def step(self) -> list[int]:
+    def step(self, decode_scope: Callable[[], ContextManager] | None = None) -> list[int]:
         """Admit queued rows (their prefill) if there is room, else decode one step of the batch.
 
         Returns the handles that finished (see the class docstring).
+        decode_scope: a decode step runs inside ``decode_scope()``, admission and the rows leaving
+        outside it (a timer or profiler sees the step's own work alone; not entered when the
+        call admits rows).
         """
         finished = self._held_unreported() + self._retire()
         self._unreported = []
@@ -214,7 +218,8 @@ class DecodeSession:
             self._admit(joining)
             self.refill.admitted(time.perf_counter() - start, len(joining), while_decoding=running)
         else:
-            self._decode_step()
+            with decode_scope() if decode_scope is not None else contextlib.nullcontext():
+                self._decode_step()
             self.refill.stepped(time.perf_counter() - start, len(self.active), len(self.queue), max_batch)
         return finished + self._retire()
 

@@ -9,6 +9,9 @@ they are the same calls, so the count carries over.
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import pytest
 import torch
 
@@ -44,19 +47,15 @@ def _proposer(method: str, window: int):
 def counted_steps(session: DecodeSession, steps: int) -> list[int]:
     """Run up to ``steps`` decode steps of ``session``: the read-backs of each."""
     counts: list[int] = []
-    original = DecodeSession._decode_step
 
-    def counted_step(self):
+    @contextlib.contextmanager
+    def counted() -> Iterator[None]:
         with ReadBacks().counting() as tally:
-            original(self)
+            yield
         counts.append(tally.count)
 
-    DecodeSession._decode_step = counted_step
-    try:
-        while session.busy and len(counts) < steps:
-            session.step()
-    finally:
-        DecodeSession._decode_step = original
+    while session.busy and len(counts) < steps:
+        session.step(decode_scope=counted)
     return counts
 
 
