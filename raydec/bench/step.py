@@ -201,7 +201,7 @@ def jacobi_runs(codebook: int, methods: list[str], batches: list[int], windows: 
             draft = JacobiDraftConfig(window=window, branching=branching, tree_depth=depth, init="left")
             config = DecodeConfig(method=method, max_new_tokens=target.num_image_tokens, sampling=target.default_sampling(), draft=draft)
             for batch in batches:
-                engine = Engine(timed, make_proposer(config, target), config, constraint=target.vocab_constraint(),
+                engine = Engine(timed, make_proposer(config, target), config.sampling, config.max_new_tokens, constraint=target.vocab_constraint(),
                                 eos_token_ids=target.eos_token_ids)
                 session = engine.session(max_batch=batch)
                 for i in range(batch):
@@ -240,7 +240,7 @@ def draft_tree_runs(vocab: int, batches: list[int], windows: list[int], steps: i
         tree = DraftTreeConfig(depth=depth, top_k=top_k, total_tokens=min(window, top_k + (depth - 1) * top_k * top_k))
         decode = DecodeConfig(method="eagle", max_new_tokens=256, sampling=SamplingConfig(temperature=1.0), draft_tree=tree)
         for batch in batches:
-            engine = Engine(timed, DraftTreeProposer(draft, tree), decode)
+            engine = Engine(timed, DraftTreeProposer(draft, tree), decode.sampling, decode.max_new_tokens)
             session = engine.session(max_batch=batch)
             for i in range(batch):
                 session.submit(RowRequest([1 + i % 7, 2, 3 + i % 5], seed=i))

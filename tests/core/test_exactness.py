@@ -64,7 +64,7 @@ def test_markov_batch_one(markov):
 def test_markov_batch_four_ragged(markov):
     """Batch 4, prompts of lengths 1..4 (same last token, so one law), rows with different caps."""
     config = _config(SAMPLING, window=3)
-    engine = Engine(markov, RandomTreeProposer(config.draft, "dense"), config)
+    engine = Engine(markov, RandomTreeProposer(config.draft, "dense"), config.sampling, config.max_new_tokens, compaction=config.compaction)
     prompts = [[4], [0, 4], [5, 5, 4], [1, 2, 3, 4]]
     caps = [LENGTH, LENGTH - 1, LENGTH, LENGTH - 2]
     rows = []

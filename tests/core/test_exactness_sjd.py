@@ -79,7 +79,7 @@ def test_sjd_pac_batch_four_ragged(markov):
     """Batch 4 with prompts of different lengths and rows that stop at different lengths."""
     length = 7
     config = _config(length, window=5, branching=2, tree_depth=1)
-    engine = Engine(markov, JacobiProposer(config.draft, "sjd_pac", "left"), config)
+    engine = Engine(markov, JacobiProposer(config.draft, "sjd_pac", "left"), config.sampling, config.max_new_tokens)
     prompts = [[4], [0, 4], [5, 5, 4], [1, 2, 3, 4]]
     caps = [length, length - 2, length, length - 1]
     rows = []
@@ -95,7 +95,7 @@ def test_sjd_pac_continuous_batching(markov):
     prompts and length caps that differ, so rows join at every stage of the others' decoding."""
     length = 7
     config = _config(length, window=5, branching=2, tree_depth=1)
-    engine = Engine(markov, JacobiProposer(config.draft, "sjd_pac", "left"), config)
+    engine = Engine(markov, JacobiProposer(config.draft, "sjd_pac", "left"), config.sampling, config.max_new_tokens)
     prompts = [[4], [0, 4], [5, 5, 4], [1, 2, 3, 4]]
     caps = [length - 2, length, length - 1, length - 2, length]
     requests = [RowRequest(prompts[i % 4], seed=i, max_new_tokens=caps[i % 5]) for i in range(SAMPLES)]

@@ -27,7 +27,7 @@ def _engine(llama, method: str) -> Engine:
     spec = JacobiDraftConfig(window=8, branching=2, tree_depth=1)
     config = DecodeConfig(max_new_tokens=12, sampling=SamplingConfig(temperature=1.0), draft=spec)
     proposer = ARProposer() if method == "ar" else JacobiProposer(spec, method)
-    return Engine(llama, proposer, config)
+    return Engine(llama, proposer, config.sampling, config.max_new_tokens)
 
 
 def _requests(count: int) -> list[RowRequest]:
