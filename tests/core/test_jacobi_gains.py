@@ -29,7 +29,7 @@ LENGTH, SEQUENCES, WINDOW = 256, 8, 32
 class RedrawingCoupling(JacobiProposer):
     """Broken AC: redraws every carried slot from P (SJD's rule) while claiming to couple."""
 
-    def _couple(self, p, old_tokens, old_q, uniforms):
+    def couple(self, p, old_tokens, old_q, uniforms):
         return sample_with_uniform(p, uniforms[..., 0]), p
 
 
