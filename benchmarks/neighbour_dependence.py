@@ -34,7 +34,7 @@ def main() -> None:
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
     from raydec.speculative.engine import Engine
     from raydec.speculative.requests import RowRequest
-    from raydec.speculative.proposers.random_tree import OracleProposer
+    from raydec.speculative.proposers.oracle import OracleProposer
     from raydec.speculative.verify import verify_tree
 
     target = load_target(args.model, "t2i", dtype=torch.float32)

@@ -88,7 +88,7 @@ def _self_consistent_reference(target, window: int, config, prompt: list[int], a
     """
     from raydec.speculative.engine import Engine
     from raydec.speculative.requests import RowRequest
-    from raydec.speculative.proposers.random_tree import OracleProposer
+    from raydec.speculative.proposers.oracle import OracleProposer
 
     reference = ar_tokens
     for _ in range(passes):
@@ -107,7 +107,7 @@ def bench_engine(args: argparse.Namespace) -> dict:
     from raydec.speculative.engine import Engine
     from raydec.speculative.requests import RowRequest
     from raydec.speculative.proposers.ar import ARProposer
-    from raydec.speculative.proposers.random_tree import OracleProposer
+    from raydec.speculative.proposers.oracle import OracleProposer
 
     torch.set_num_threads(args.threads) if args.threads else None
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]

@@ -12,7 +12,8 @@ from raydec.speculative.engine import Engine
 from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.jacobi import JacobiProposer
-from raydec.speculative.proposers.random_tree import OracleProposer, RandomTreeProposer
+from raydec.speculative.proposers.oracle import OracleProposer
+from tests.proposers import RandomTreeProposer
 from raydec.speculative.verify import verify_tree
 from tests.toys import hf_greedy_lm, tiny_llama
 

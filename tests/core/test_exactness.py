@@ -22,7 +22,7 @@ from raydec.models.causal_lm import CfgPrompt
 from raydec.speculative.engine import Engine
 from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.ar import ARProposer
-from raydec.speculative.proposers.random_tree import RandomTreeProposer
+from tests.proposers import RandomTreeProposer
 from raydec.speculative.sampling import VocabConstraint
 from tests.broken import batch_minimum_verifier, longest_path_verifier, stale_proposal_verifier
 from tests.lawtest import SAMPLES, compare_to_law, sample_engine

@@ -16,7 +16,7 @@ from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
 from raydec.speculative.engine import Engine
 from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.jacobi import JacobiProposer
-from raydec.speculative.proposers.random_tree import RandomTreeProposer
+from tests.proposers import RandomTreeProposer
 from tests.lawtest import compare_to_law
 from tests.toys import lm_law
 

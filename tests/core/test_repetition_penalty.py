@@ -18,7 +18,8 @@ from raydec.speculative.engine import Engine
 from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.jacobi import JacobiProposer
-from raydec.speculative.proposers.random_tree import OracleProposer, RandomTreeProposer
+from raydec.speculative.proposers.oracle import OracleProposer
+from tests.proposers import RandomTreeProposer
 from tests.lawtest import SAMPLES, compare_to_law, sample_engine
 from tests.toys import hf_greedy_lm, lm_law, tiny_llama
 

@@ -25,7 +25,7 @@ from raydec.speculative.requests import RowRequest
 from raydec.speculative.sampling import process_logits
 from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.factory import make_proposer
-from raydec.speculative.proposers.random_tree import RandomTreeProposer
+from tests.proposers import RandomTreeProposer
 from tests.t2i_toys import tiny_emu3, tiny_janus
 
 torch.set_num_threads(1)

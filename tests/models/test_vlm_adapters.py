@@ -27,7 +27,7 @@ from raydec.speculative.engine import Engine
 from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.draft_tree import DraftTreeProposer
-from raydec.speculative.proposers.random_tree import OracleProposer
+from raydec.speculative.proposers.oracle import OracleProposer
 from tests.vlm_toys import (
     build_tiny_llava, build_tiny_llava_next, build_tiny_qwen2_5_vl, build_tiny_qwen2_vl, build_tiny_qwen3_vl, hf_greedy_vlm,
     successor_draft,
