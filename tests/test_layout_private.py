@@ -97,3 +97,14 @@ def test_no_raydec_module_imports_or_calls_another_modules_private_names():
 def test_the_allowlist_holds_only_what_is_still_there():
     for (relative, called) in ALLOWED:
         assert f"{called}(" in (ROOT / relative).read_text(), f"{relative} no longer calls {called}: drop it from ALLOWED"
+
+
+def test_no_raydec_module_imports_the_tests():
+    """Test helpers (the random-tree proposer, toy targets, broken verifiers) stay in tests/."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names if name.split(".")[0] == "tests"]
+    assert not found, "\n".join(found)
