@@ -34,7 +34,7 @@ def main() -> None:
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
     from raydec.speculative.engine import Engine
     from raydec.speculative.requests import RowRequest
-    from raydec.speculative.proposers.random_tree import OracleProposer
+    from raydec.speculative.proposers.oracle import OracleProposer
     from raydec.speculative.verify import verify_tree
 
     target = load_target(args.model, "t2i", dtype=torch.float32)
@@ -53,7 +53,7 @@ def main() -> None:
                 seen.append(target_probs[0].clone())
             return verify_tree(tree, target_probs, uniforms)
 
-        engine = Engine(target, OracleProposer(length, {0: tokens}), config, constraint=target.vocab_constraint(),
+        engine = Engine(target, OracleProposer(length, {0: tokens}), config.sampling, config.max_new_tokens, constraint=target.vocab_constraint(),
                         eos_token_ids=target.eos_token_ids, verifier=verifier)
         first = engine.generate([RowRequest(ImagePrompt(prompt, None), seed=seed, max_new_tokens=length)])[0].tokens[0]
         if first != tokens[0]:

@@ -40,7 +40,7 @@ def tokens_per_forward(target, method: str, args) -> float:
     tree = dict(branching=args.branching, tree_depth=args.tree_depth) if method == "sjd_pac" else {}
     config = DecodeConfig(method=method, max_new_tokens=args.length, sampling=SamplingConfig(temperature=1.0),
                           draft=JacobiDraftConfig(window=args.window, init=args.init, **tree))
-    engine = Engine(target, JacobiProposer(config.draft, method, args.init), config)
+    engine = Engine(target, JacobiProposer(config.draft, method, args.init), config.sampling, config.max_new_tokens)
     rows = engine.generate([RowRequest([0], seed=seed) for seed in range(args.sequences)])
     return sum(len(r.tokens) for r in rows) / sum(r.stats.target_forwards for r in rows)
 

@@ -31,6 +31,35 @@ def ray_cluster() -> Iterator[None]:
         ray.shutdown()
 
 
+def actor_pids(title: str) -> list:
+    """PIDs of the worker processes of this driver's Ray cluster whose title contains ``title``.
+
+    Ray titles an actor's process ``ray::<class name>...`` (Ray Data's pool:
+    ``ray::MapWorker(MapBatches(GenerationWorker))``). Only children of this cluster's raylets count:
+    ``ray.nodes()`` names each raylet's socket, a path under the cluster's own session folder, so
+    another cluster's workers on the machine (another test run's) are never matched.
+    """
+    import ray
+
+    sockets = [node["RayletSocketName"] for node in ray.nodes() if node.get("Alive")]
+    processes = {}  # pid -> (parent pid, command line)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as handle:
+                parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        processes[int(entry)] = (parent, cmdline)
+    raylets = {pid for pid, (_, cmdline) in processes.items()
+               if "raylet" in cmdline.split(" ", 1)[0] and any(f"--raylet_socket_name={s} " in cmdline + " " for s in sockets)}
+    return sorted(pid for pid, (parent, cmdline) in processes.items()
+                  if parent in raylets and cmdline.startswith("ray::") and title in cmdline)
+
+
 # ----------------------------------------------------------------------------- ray start --head
 
 

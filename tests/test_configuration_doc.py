@@ -22,7 +22,7 @@ CONFIG_MODULES = (
 EXPECTED = {
     "DecodeConfig", "SamplingConfig", "JacobiDraftConfig", "DraftTreeConfig",
     "S3Config", "RowFormat", "InputConfig", "OutputConfig",
-    "JobConfig", "PoolConfig", "ProcessorConfig", "FaultInjection",
+    "JobConfig", "PoolConfig", "ProcessorConfig",
     "ServeConfig", "ServedModel", "LimitsConfig", "MediaConfig",
     "DraftJobConfig", "DataGenConfig", "DraftTrainConfig", "LossConfig", "EvalConfig",
 }

@@ -88,11 +88,11 @@ def _self_consistent_reference(target, window: int, config, prompt: list[int], a
     """
     from raydec.speculative.engine import Engine
     from raydec.speculative.requests import RowRequest
-    from raydec.speculative.proposers.random_tree import OracleProposer
+    from raydec.speculative.proposers.oracle import OracleProposer
 
     reference = ar_tokens
     for _ in range(passes):
-        out = Engine(target, OracleProposer(window, {0: reference}), config).generate([RowRequest(prompt, seed=0)])[0]
+        out = Engine(target, OracleProposer(window, {0: reference}), config.sampling, config.max_new_tokens).generate([RowRequest(prompt, seed=0)])[0]
         if out.tokens == reference:
             break
         reference = out.tokens
@@ -107,7 +107,7 @@ def bench_engine(args: argparse.Namespace) -> dict:
     from raydec.speculative.engine import Engine
     from raydec.speculative.requests import RowRequest
     from raydec.speculative.proposers.ar import ARProposer
-    from raydec.speculative.proposers.random_tree import OracleProposer
+    from raydec.speculative.proposers.oracle import OracleProposer
 
     torch.set_num_threads(args.threads) if args.threads else None
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
@@ -118,7 +118,7 @@ def bench_engine(args: argparse.Namespace) -> dict:
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 16384, (int(torch.randint(16, 33, (1,), generator=generator)),), generator=generator).tolist() for _ in range(args.prompts)]
     greedy = DecodeConfig(max_new_tokens=args.new_tokens, sampling=SamplingConfig(temperature=0.0), jacobi=JacobiDraftConfig(window=args.window))
-    ar_engine = Engine(target, ARProposer(), greedy)
+    ar_engine = Engine(target, ARProposer(), greedy.sampling, greedy.max_new_tokens)
 
     def run_hf(prompt):
         ids = torch.tensor([prompt], device=device)
@@ -138,7 +138,7 @@ def bench_engine(args: argparse.Namespace) -> dict:
         t_hf, hf_tokens = _timed(lambda: run_hf(prompt))
         t_ar, ar_out = _timed(lambda: ar_engine.generate([RowRequest(prompt, seed=i)])[0])
         reference = _self_consistent_reference(target, args.window, greedy, prompt, ar_out.tokens)
-        oracle = Engine(target, OracleProposer(args.window, {0: reference}), greedy)
+        oracle = Engine(target, OracleProposer(args.window, {0: reference}), greedy.sampling, greedy.max_new_tokens)
         t_or, or_out = _timed(lambda: oracle.generate([RowRequest(prompt, seed=i)])[0])
         mismatches += int(hf_tokens != ar_out.tokens)
         oracle_drift += sum(a != b for a, b in zip(or_out.tokens, ar_out.tokens))

@@ -120,8 +120,6 @@ def top_level_ops(events: Any) -> int:
 
 def measure_session(session: Any, timed: TimedTarget, steps: int, warmup: int) -> dict:
     """Run ``warmup`` decode steps, then ``steps`` measured ones (read-backs, ops, host ms)."""
-    from raydec.speculative.engine import DecodeSession
-
     while session.busy and not session.active:
         session.step()  # admission
     decoded = 0
@@ -130,25 +128,29 @@ def measure_session(session: Any, timed: TimedTarget, steps: int, warmup: int) -
         session.step()
         decoded += session.steps - before
     host_ms, read_backs, ops = [], ReadBacks(), []
-    original = DecodeSession._decode_step
-    for _ in range(steps):
-        if not session.active:
-            break
-        # host time and read-backs: a step without the profiler
+
+    @contextlib.contextmanager
+    def timed_step() -> Iterator[None]:  # host time and read-backs: a step without the profiler
         forward_before = timed.forward_seconds
         start = time.perf_counter()
         with read_backs.counting():
-            original(session)
+            yield
         synchronize(timed.device)
         host_ms.append(1e3 * ((time.perf_counter() - start) - (timed.forward_seconds - forward_before)))
-        session._retire()
+
+    @contextlib.contextmanager
+    def profiled_step() -> Iterator[None]:  # operators: the next step under the profiler
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            yield
+        ops.append(top_level_ops(profile.events()))
+
+    for _ in range(steps):
         if not session.active:
             break
-        # operators: the next step under the profiler
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-            original(session)
-        ops.append(top_level_ops(profile.events()))
-        session._retire()
+        session.step(decode_scope=timed_step)
+        if not session.active:
+            break
+        session.step(decode_scope=profiled_step)
     done = max(1, len(host_ms))
     return {
         "steps_measured": len(host_ms),
@@ -199,7 +201,7 @@ def jacobi_runs(codebook: int, methods: list[str], batches: list[int], windows: 
             draft = JacobiDraftConfig(window=window, branching=branching, tree_depth=depth, init="left")
             config = DecodeConfig(method=method, max_new_tokens=target.num_image_tokens, sampling=target.default_sampling(), jacobi=draft)
             for batch in batches:
-                engine = Engine(timed, make_proposer(config, target), config, constraint=target.vocab_constraint(),
+                engine = Engine(timed, make_proposer(config, target), config.sampling, config.max_new_tokens, constraint=target.vocab_constraint(),
                                 eos_token_ids=target.eos_token_ids)
                 session = engine.session(max_batch=batch)
                 for i in range(batch):
@@ -238,7 +240,7 @@ def draft_tree_runs(vocab: int, batches: list[int], windows: list[int], steps: i
         tree = DraftTreeConfig(depth=depth, top_k=top_k, total_tokens=min(window, top_k + (depth - 1) * top_k * top_k))
         decode = DecodeConfig(method="eagle", max_new_tokens=256, sampling=SamplingConfig(temperature=1.0), draft_tree=tree)
         for batch in batches:
-            engine = Engine(timed, DraftTreeProposer(draft, tree), decode)
+            engine = Engine(timed, DraftTreeProposer(draft, tree), decode.sampling, decode.max_new_tokens)
             session = engine.session(max_batch=batch)
             for i in range(batch):
                 session.submit(RowRequest([1 + i % 7, 2, 3 + i % 5], seed=i))

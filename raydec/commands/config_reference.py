@@ -35,9 +35,7 @@ DEFAULT_OUTPUT = Path(__file__).resolve().parents[2] / "docs" / "configuration.m
 TOP_LEVEL: tuple[type[BaseModel], ...] = (JobConfig, ServeConfig, ProcessorConfig, DraftJobConfig)
 
 #: a warning placed above a section's table (the docstring says what the model is; this says who it is for)
-_NOTES: dict[str, str] = {
-    "FaultInjection": "**Tests only.** A hook of the fault-tolerance tests; leave `fault_injection` unset in real jobs.",
-}
+_NOTES: dict[str, str] = {}
 
 _INTRO = f"""\
 # Configuration reference

@@ -24,7 +24,7 @@ from raydec.io.config import InputConfig, IOConfigError, OutputConfig, Task
 from raydec.io.fragments import Fragment, read_fragment
 from raydec.io.filesystem import resolve_filesystem
 from raydec.io.validation import derive_row_id, row_id
-from raydec.io.writers import _read_shards
+from raydec.io.writers import read_shards
 
 MISSING_SAMPLE = 100
 """How many missing ids a scan names (the count is always exact)."""
@@ -74,7 +74,7 @@ def fragment_ids(fragment: Fragment, cfg: InputConfig, task: Task) -> pa.Array:
 
 def result_ids(output: OutputConfig) -> tuple[pa.Array, pa.Array]:
     """(ids with any result, ids with a result without error), each distinct."""
-    table = _read_shards(output, ["id", "error"])
+    table = read_shards(output, ["id", "error"])
     any_result = pc.unique(table["id"].combine_chunks())
     ok = pc.unique(table.filter(pc.is_null(table["error"]))["id"].combine_chunks())
     return any_result, ok

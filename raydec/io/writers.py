@@ -179,8 +179,9 @@ LEGACY_COLUMNS = {"tokens_per_forward": "mean_accepted"}
 """Result columns renamed since: current name -> the name shards written before carry."""
 
 
-def _read_shards(output: OutputConfig, columns: Optional[List[str]] = None) -> pa.Table:
-    """Concatenate finished shards, tagging rows with shard and row order; unreadable shards are skipped."""
+def read_shards(output: OutputConfig, columns: Optional[List[str]] = None) -> pa.Table:
+    """Concatenate the finished result shards (only ``columns``; None: all), each row tagged with its
+    shard and row order (columns ``_shard``, ``_row``); unreadable shards are skipped with a warning."""
     uris = shard_uris(output)
     columns = columns or RESULT_SCHEMA.names
     schema = pa.schema([RESULT_SCHEMA.field(c) for c in columns])
@@ -217,7 +218,7 @@ def completed_ids(output: OutputConfig, include_errors: bool = True) -> Set[str]
     With `include_errors=False`, rows that only have a failed result are retried; the
     retry's success then wins in `read_results`.
     """
-    table = _read_shards(output, ["id", "error"])
+    table = read_shards(output, ["id", "error"])
     if not include_errors:
         table = table.filter(pc.is_null(table["error"]))
     return set(table["id"].to_pylist())
@@ -234,7 +235,7 @@ def read_results(output: Union[OutputConfig, str, "os.PathLike[str]"]) -> pa.Tab
     When an id appears more than once (a shard rewritten by a crash-retry, or a retried
     error), the kept row is the first without an error, else the first, in shard order.
     """
-    table = _read_shards(as_output(output))
+    table = read_shards(as_output(output))
     if table.num_rows == 0:
         return table.drop_columns(["_shard", "_row"])
     table = table.append_column("_failed", pc.is_valid(table["error"]))

@@ -100,18 +100,9 @@ class ChameleonT2ITarget(CodesThenLayout, SharedVocabularyForward):
         self.output_token_ids = torch.cat([self.image_token_ids, torch.tensor([ids[END_OF_LINE], ids[IMAGE_END]])])
         self.window_head = gathered_head(model.lm_head, self.output_token_ids)  # one copy of the output space's rows
         self._output_ids_on: dict = {}
-        self._set_size(*size)
+        _set_size(self, *size)
         self._default_size = size
         self._views: dict[tuple[int, int], ChameleonT2ITarget] = {size: self}  # (width, height) -> view, shared by every view
-
-    def _set_size(self, width: int, height: int) -> None:
-        problem = chameleon_size_problem(self.vqgan.config.pixels_per_code, width, height)
-        if problem is not None:
-            raise ValueError(problem)
-        self._size = (width, height)
-        codes = len(self.image_token_ids)
-        rows, columns = height // self.pixels_per_token, width // self.pixels_per_token
-        self.layout = ChameleonLayout(rows, columns, eol=codes, end=codes + 1)
 
     @classmethod
     def from_pretrained(
@@ -189,7 +180,7 @@ class ChameleonT2ITarget(CodesThenLayout, SharedVocabularyForward):
         if (width, height) not in self._views:
             view = copy.copy(self)
             try:
-                view._set_size(width, height)
+                _set_size(view, width, height)
             except ValueError as error:
                 raise ValueError(f"{error}; its own size is {self._default_size[0]}x{self._default_size[1]}") from None
             self._views[(width, height)] = view
@@ -232,3 +223,14 @@ def chameleon_size_problem(pixels_per_code: int, width: int, height: int) -> str
         return (f"size: this Chameleon's VQ-GAN makes {pixels_per_code}-pixel codes; Lumina-mGPT's layout needs "
                 f"{GRID_PIXELS // TOKENS_PER_CELL}")
     return None
+
+
+def _set_size(target: ChameleonT2ITarget, width: int, height: int) -> None:
+    """Lay ``target`` (itself while it is built, or a view being made) out at ``width`` x ``height``."""
+    problem = chameleon_size_problem(target.vqgan.config.pixels_per_code, width, height)
+    if problem is not None:
+        raise ValueError(problem)
+    target._size = (width, height)
+    codes = len(target.image_token_ids)
+    rows, columns = height // target.pixels_per_token, width // target.pixels_per_token
+    target.layout = ChameleonLayout(rows, columns, eol=codes, end=codes + 1)

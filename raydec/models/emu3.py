@@ -116,17 +116,10 @@ class Emu3T2ITarget(CodesThenLayout, SharedVocabularyForward):  # visual and lay
         self.window_head = gathered_head(model.lm_head, self.output_token_ids)
         self._output_ids_on: dict = {}
         self.pixels_per_token = emu3_pixels_per_token(model.config)
-        self._set_grid(int(height), int(width), ratio, image_area)
+        _set_grid(self, int(height), int(width), ratio, image_area)
         self._default_size = self.image_size
         self._views: dict[tuple[int, int], Emu3T2ITarget] = {(width * self.pixels_per_token, height * self.pixels_per_token): self}
         # (width, height) in pixels -> the view making that size, one dict shared by every view
-
-    def _set_grid(self, height: int, width: int, ratio: str, image_area: int) -> None:
-        """The h x w token grid an image takes, and the processor knobs that give it in the prompt."""
-        self.ratio, self.image_area = ratio, image_area
-        self._grid = (height, width)
-        self.layout = Emu3Layout(height, width, **self._layout_ids)
-        self._image_size = (height * self.pixels_per_token, width * self.pixels_per_token)
 
     @property
     def sizes(self) -> str:
@@ -145,7 +138,7 @@ class Emu3T2ITarget(CodesThenLayout, SharedVocabularyForward):  # visual and lay
         limit = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
         view = copy.copy(self)
         downsample = self.processor.downsample_ratio  # the processor's knobs that give this grid back
-        view._set_grid(rows, columns, f"{columns}:{rows}", rows * columns * downsample * downsample)
+        _set_grid(view, rows, columns, f"{columns}:{rows}", rows * columns * downsample * downsample)
         if view.processor.calculate_generate_size(view.ratio, view.image_area, downsample) != (rows, columns):
             raise ValueError(f"size: '{width}x{height}': the processor cannot lay out a {rows}x{columns} grid")
         if limit is not None and len(view.prompt_ids("")) + view.num_image_tokens > limit:
@@ -264,3 +257,12 @@ def emu3_size_problem(config: Any, width: int, height: int) -> str | None:
     if width % step or height % step:
         return f"size: '{width}x{height}' is not a size this Emu3 makes: {emu3_sizes(config)}"
     return None
+
+
+def _set_grid(target: Emu3T2ITarget, height: int, width: int, ratio: str, image_area: int) -> None:
+    """Lay ``target`` (itself while it is built, or a view being made) out on an h x w token grid,
+    with the processor knobs that give that grid in the prompt."""
+    target.ratio, target.image_area = ratio, image_area
+    target._grid = (height, width)
+    target.layout = Emu3Layout(height, width, **target._layout_ids)
+    target._image_size = (height * target.pixels_per_token, width * target.pixels_per_token)

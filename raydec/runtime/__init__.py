@@ -11,7 +11,7 @@
 """
 
 from raydec.runtime.cluster import connect_ray, init_local_ray
-from raydec.runtime.config import FaultInjection, JobConfig, PoolConfig, ProcessorConfig
+from raydec.runtime.config import JobConfig, PoolConfig, ProcessorConfig
 from raydec.runtime.pipeline import (
     JobIncompleteError,
     JobReport,
@@ -25,7 +25,7 @@ from raydec.runtime.resume import ResumeMismatchError, check_resume_compatible, 
 from raydec.runtime.stage import DatasetProcessor, build_processor
 
 __all__ = [
-    "DatasetProcessor", "FaultInjection", "JobConfig", "JobIncompleteError", "JobReport", "ModelNotFoundError", "ROW_DECODERS", "PoolConfig",
+    "DatasetProcessor", "JobConfig", "JobIncompleteError", "JobReport", "ModelNotFoundError", "ROW_DECODERS", "PoolConfig",
     "RowDecoder", "ProcessorConfig", "ResumeMismatchError", "ImageRowDecoder", "build_processor", "check_model", "check_resume_compatible", "connect_ray",
     "init_local_ray", "job_weights", "make_row_decoder", "preflight", "run_job",
 ]

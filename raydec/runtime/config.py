@@ -130,15 +130,6 @@ class ProcessorConfig(StrictModel):
         return self
 
 
-class FaultInjection(StrictModel):
-    """Test hook: the first actor to pass `kill_after_rows` rows exits hard, once per marker file."""
-
-    kill_after_rows: int = Field(..., ge=0, description="Kill when an actor's row count would pass this number.")
-    marker_path: str = Field(
-        ..., min_length=1, description="Local file created atomically before the kill; when present, no kill."
-    )
-
-
 class JobConfig(StrictModel):
     """One batch job: what to run, on which rows, where results go and on how many workers."""
 
@@ -163,7 +154,6 @@ class JobConfig(StrictModel):
         None, ge=1, description="Decode at most this many rows in this run (a trial run); a re-run without it "
         "continues with the rest. The manifest then says 'incomplete'.",
     )
-    fault_injection: Optional[FaultInjection] = Field(None, description="Tests only: kill a worker once.")
 
     @model_validator(mode="after")
     def _one_job_seed(self) -> "JobConfig":

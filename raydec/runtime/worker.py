@@ -16,7 +16,7 @@ from typing import Any, Dict, List
 import pyarrow as pa
 
 from raydec.io import ResultWriter, error_result
-from raydec.runtime.config import FaultInjection, JobConfig
+from raydec.runtime.config import JobConfig
 from raydec.runtime.row_decoders import failed_result, make_row_decoder
 
 logger = logging.getLogger(__name__)
@@ -56,20 +56,6 @@ def worker_id() -> str:
     return f"{actor_id[:16]}_{suffix}" if actor_id else f"local_{suffix}"
 
 
-def maybe_kill(fault: FaultInjection | None, rows_before: int, rows_now: int) -> None:
-    """Test hook: exit the process hard, once (guarded by the marker file), past `kill_after_rows`."""
-    if fault is None or rows_now <= fault.kill_after_rows:
-        return
-    try:
-        handle = os.open(fault.marker_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return
-    os.write(handle, f"killed pid {os.getpid()} after {rows_before} rows\n".encode())
-    os.close(handle)
-    logger.warning("fault injection: killing worker pid %d mid-batch (after %d rows)", os.getpid(), rows_before)
-    os._exit(1)
-
-
 def is_device_failure(exc: BaseException) -> bool:
     """An accelerator failure (out of memory, a device-side assert, a lost device): it says nothing
     about the rows, so it must not become their error results (a resume would skip them)."""
@@ -90,7 +76,6 @@ class GenerationWorker:
         self.worker_id = worker_id()
         self.node = node_id()
         self.writer = ResultWriter(job.output, worker_id=self.worker_id)
-        self.rows_seen = 0
         logger.info("worker %s ready (pid %d)", self.worker_id, os.getpid())
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -100,8 +85,6 @@ class GenerationWorker:
         invalid = {result["id"] for result in results}
         if good:
             results += self._process(good)
-        rows_before, self.rows_seen = self.rows_seen, self.rows_seen + len(rows)
-        maybe_kill(self.job.fault_injection, rows_before, self.rows_seen)
         summary = [dict(self._write(result), invalid=result["id"] in invalid) for result in results]
         self.writer.flush()
         return pa.Table.from_pylist(summary, schema=SUMMARY_SCHEMA)

@@ -55,10 +55,6 @@ class RaggedCache:
         """Bytes the keys and values hold now (every layer, every model row, holes included)."""
         return sum(t.numel() * t.element_size() for layer in self.kv.layers for t in (layer.keys, layer.values) if t is not None and t.numel())
 
-    def committed_lengths(self) -> torch.Tensor:
-        """[M] number of valid slots per row."""
-        return self.valid.sum(dim=1)
-
     # -- masks and positions for a new window --------------------------------------------------
 
     def attention_mask(self, window_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -23,13 +23,14 @@ seed and step only.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from typing import Callable, Sequence
+from typing import Callable, ContextManager, Literal, Sequence
 
 import torch
 
-from raydec.config import DecodeConfig, SamplingConfig
+from raydec.config import SamplingConfig
 from raydec.speculative import random as streams
 from raydec.speculative.buffers import KeptBuffer
 from raydec.speculative.cache import RaggedCache
@@ -50,34 +51,51 @@ Verifier = Callable[[DraftTree, torch.Tensor, torch.Tensor], VerifyResult]
 
 
 class Engine:
-    """Decode rows with one target, one proposer and the shared verifier."""
+    """Decode rows with one target, one proposer and the shared verifier.
+
+    sampling:       the distribution every row samples from, unless its request brings its own
+                    (``RowRequest.sampling``; classifier-free guidance is the engine's alone)
+    max_new_tokens: a row's length cap, unless its request sets one
+    constraint:     the token ids the output may take, and the tokens its layout forces
+    eos_token_ids:  tokens that end a row (a request may add stop tokens of its own)
+    verifier:       the lossless verifier (``verify_tree``)
+    max_positions:  the model's positions: a row stops where they end (None: no limit)
+    compaction:     when the ragged KV cache drops rejected slots physically
+    """
 
     def __init__(
         self,
         target: DecodingTarget,
         proposer: Proposer,
-        config: DecodeConfig,
+        sampling: SamplingConfig,
+        max_new_tokens: int,
+        *,
         constraint: VocabConstraint | None = None,
         eos_token_ids: Sequence[int] = (),
         verifier: Verifier = verify_tree,
         max_positions: int | None = None,
+        compaction: Literal["auto", "always", "never"] = "auto",
     ) -> None:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: {max_new_tokens} must be >= 1")
         self.target = target
         self.proposer = proposer
-        self.config = config
+        self.sampling = sampling
+        self.max_new_tokens = max_new_tokens
         self.constraint = constraint
         self.eos_token_ids = set(int(t) for t in eos_token_ids)
         self.verifier = verifier
-        self.max_positions = max_positions  # the model's positions: a row stops where they end
-        if config.sampling.repetition_penalty != 1.0 and config.sampling.uses_cfg:
+        self.max_positions = max_positions
+        self.compaction = compaction
+        if sampling.repetition_penalty != 1.0 and sampling.uses_cfg:
             raise ValueError(
-                f"sampling.repetition_penalty={config.sampling.repetition_penalty} is not supported with "
-                f"classifier-free guidance (sampling.cfg_scale={config.sampling.cfg_scale})"
+                f"sampling.repetition_penalty={sampling.repetition_penalty} is not supported with "
+                f"classifier-free guidance (sampling.cfg_scale={sampling.cfg_scale})"
             )
 
     @property
     def streams(self) -> int:
-        return 2 if self.config.sampling.uses_cfg else 1
+        return 2 if self.sampling.uses_cfg else 1
 
     def session(self, max_batch: int | None = None, on_finish: Callable[[int, RowOutput], None] | None = None) -> "DecodeSession":
         """A session that takes requests while it runs (see ``DecodeSession``)."""
@@ -111,10 +129,11 @@ class DecodeSession:
         finished = session.step()          # admit queued rows, or decode one step
         session.cancel(handle)             # a queued row never starts; a decoding row leaves
 
-    ``step`` returns the handles that finished in it (EOS, length cap or cancel); their
-    ``output(handle)`` is final, and ``release(handle)`` drops them. Handles count from 0 in
-    submission order. A session is
-    single-threaded: a Serve replica or a batch worker drives it from one loop.
+    ``step`` returns the handles that finished in it (EOS, length cap or cancel) and those
+    cancelled while queued since the last step (each once; not one released meanwhile); their
+    ``output(handle)`` is final, and ``release(handle)`` drops them. So a loop that releases what
+    ``step`` returns holds no row once ``busy`` is False. Handles count from 0 in submission
+    order. A session is single-threaded: a Serve replica or a batch worker drives it from one loop.
     """
 
     def __init__(self, engine: Engine, max_batch: int | None = None, on_finish: Callable[[int, RowOutput], None] | None = None) -> None:
@@ -127,6 +146,7 @@ class DecodeSession:
         self._next_handle = 0
         self.queue: list[int] = []
         self.active: list[int] = []
+        self._unreported: list[int] = []  # cancelled while queued: finished, not yet returned by ``step``
         self.cache: RaggedCache | None = None
         self.random: RowRandom | None = None  # the active rows' streams, in batch order, on the device
         self.prob_dtype = torch.float32
@@ -141,11 +161,11 @@ class DecodeSession:
         """Queue a request; returns its handle."""
         handle = self._next_handle
         if request.max_new_tokens is not None and request.max_new_tokens < 1:
-            raise ValueError(f"requests[{handle}].max_new_tokens: {request.max_new_tokens} must be >= 1 (None: the config's)")
-        limit = request.max_new_tokens if request.max_new_tokens is not None else self.engine.config.max_new_tokens
+            raise ValueError(f"requests[{handle}].max_new_tokens: {request.max_new_tokens} must be >= 1 (None: the engine's)")
+        limit = request.max_new_tokens if request.max_new_tokens is not None else self.engine.max_new_tokens
         sampling = request.sampling
         if sampling is not None:
-            mine = self.engine.config.sampling
+            mine = self.engine.sampling
             for name in ("cfg_scale", "cfg_space"):
                 if getattr(sampling, name) != getattr(mine, name):
                     raise ValueError(f"requests[{handle}].sampling.{name}: {getattr(sampling, name)!r} differs from the engine's "
@@ -171,7 +191,8 @@ class DecodeSession:
         return output
 
     def cancel(self, handle: int) -> None:
-        """Stop a request: a queued one is dropped, a decoding one leaves the batch before the next step."""
+        """Stop a request: a queued one finishes now (it never decodes), a decoding one leaves the batch
+        at the next step; either is reported (reason "cancelled") by the next ``step``."""
         row = self.rows[handle]
         if row.done:
             return
@@ -179,21 +200,29 @@ class DecodeSession:
         if handle in self.queue:
             self.queue.remove(handle)
             self._finish(handle, "cancelled")
+            self._unreported.append(handle)
 
     @property
     def busy(self) -> bool:
-        """Rows are decoding or queued."""
-        return bool(self.active or self.queue)
+        """``step`` has work: rows are decoding or queued, or a row cancelled while queued is yet to be reported."""
+        return bool(self.active or self.queue or self._held_unreported())
 
     def output(self, handle: int) -> RowOutput:
         row = self.rows[handle]
         return RowOutput(tokens=row.generated, stats=row.stats)
 
     @torch.inference_mode()
-    def step(self) -> list[int]:
-        """Admit queued rows (their prefill) if there is room, else decode one step of the batch."""
-        finished = self._retire()
-        if not self.busy:
+    def step(self, decode_scope: Callable[[], ContextManager] | None = None) -> list[int]:
+        """Admit queued rows (their prefill) if there is room, else decode one step of the batch.
+
+        Returns the handles that finished (see the class docstring).
+        decode_scope: a decode step runs inside ``decode_scope()``, admission and the rows leaving
+        outside it (a timer or profiler sees the step's own work alone; not entered when the
+        call admits rows).
+        """
+        finished = self._held_unreported() + self._retire()
+        self._unreported = []
+        if not (self.active or self.queue):
             return finished
         max_batch = self.max_batch or max(1, len(self.active) + len(self.queue))
         room = max_batch - len(self.active)
@@ -206,9 +235,14 @@ class DecodeSession:
             self._admit(joining)
             self.refill.admitted(time.perf_counter() - start, len(joining), while_decoding=running)
         else:
-            self._decode_step()
+            with decode_scope() if decode_scope is not None else contextlib.nullcontext():
+                self._decode_step()
             self.refill.stepped(time.perf_counter() - start, len(self.active), len(self.queue), max_batch)
         return finished + self._retire()
+
+    def _held_unreported(self) -> list[int]:
+        """Rows cancelled while queued that ``step`` has not returned and the caller has not released."""
+        return [handle for handle in self._unreported if handle in self.rows]
 
     @property
     def occupancy(self) -> float | None:
@@ -216,16 +250,16 @@ class DecodeSession:
         return self.refill.occupancy
 
     def _sampling_of(self, handles: list[int], device: torch.device) -> SamplingConfig | RowSampling:
-        """The engine's config when every row uses it, else the rows' own (kept while they stay)."""
+        """The engine's sampling when every row uses it, else the rows' own (kept while they stay)."""
         if all(self.rows[h].sampling is None for h in handles):
-            return self.engine.config.sampling
+            return self.engine.sampling
         if self._sampling is None or self._sampling[0] != handles:
-            configs = [self.rows[h].sampling or self.engine.config.sampling for h in handles]
+            configs = [self.rows[h].sampling or self.engine.sampling for h in handles]
             self._sampling = (list(handles), RowSampling.of(configs, device))
         return self._sampling[1]
 
     def _penalised(self, handles: list[int]) -> bool:
-        return any((self.rows[h].sampling or self.engine.config.sampling).repetition_penalty != 1.0 for h in handles)
+        return any((self.rows[h].sampling or self.engine.sampling).repetition_penalty != 1.0 for h in handles)
 
     # -- admission -------------------------------------------------------------------------------
 
@@ -247,7 +281,7 @@ class DecodeSession:
         batch = len(handles)
 
         # prefill: every model row's prefix, left-padded
-        joining = RaggedCache(len(prompts), compaction=engine.config.compaction, device=target.device)
+        joining = RaggedCache(len(prompts), compaction=engine.compaction, device=target.device)
         embeds, positions, valid, next_position, image_index = left_pad(prompts, target)
         mask = joining.attention_mask(prefill_mask(valid), target.dtype)
         residuals = pad_layer_residuals(prompts, valid, target)
@@ -323,7 +357,7 @@ class DecodeSession:
             row = self.rows[handle]
             ids = row.context_ids
             if ids is None:
-                penalty = (row.sampling or self.engine.config.sampling).repetition_penalty
+                penalty = (row.sampling or self.engine.sampling).repetition_penalty
                 raise ValueError(
                     f"sampling.repetition_penalty={penalty}: "
                     f"{type(self.engine.target).__name__} does not report its prompts' token ids"

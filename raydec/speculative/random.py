@@ -68,8 +68,7 @@ VERIFY = 0         # column 0: the final token (residual or bonus); column n: no
 FIRST_TOKEN = 1    # the token sampled from the prefill's P
 JACOBI_FILL = 2    # fresh drafts and extra tree candidates of a Jacobi window
 JACOBI_CARRY = 3   # the maximal coupling that carries untested drafts to the next window
-RANDOM_TREE = 4    # the exactness harness's random proposer (normals)
-RANDOM_TREE_PICK = 5
+FIRST_FREE_STREAM = 4  # streams from here up are free for proposers defined outside raydec
 
 
 @dataclass

@@ -108,9 +108,6 @@ class DraftTree:
     def num_nodes(self) -> int:
         return self.tokens.shape[1]
 
-    def node_counts(self) -> list[int]:
-        return self.valid.sum(dim=1).tolist()
-
     def children_bound(self) -> int:
         """Most children of any node (``max_children``, or counted: a read-back)."""
         if self.max_children is None:
@@ -210,11 +207,14 @@ class DraftTree:
         self._memo["ancestors"] = mask
         return mask
 
-    def with_structure(self, depth: torch.Tensor, ancestors: torch.Tensor, chain: bool | None = None) -> "DraftTree":
-        """Record ``depth()`` [B, N], ``ancestor_mask()`` [B, N, N] and, if given, ``is_chain()``
-        that a proposer with a fixed node layout already knows, so they are not derived again
-        every step. They must equal what the methods compute (tests check the proposers that do this)."""
-        self._memo["depth"], self._memo["ancestors"] = depth, ancestors
+    def with_structure(self, depth: torch.Tensor, ancestors: torch.Tensor | None = None, chain: bool | None = None) -> "DraftTree":
+        """Record ``depth()`` [B, N] and, if given, ``ancestor_mask()`` [B, N, N] and ``is_chain()``
+        that a proposer already knows (a fixed node layout, a search that tracked depths), so they
+        are not derived again every step. They must equal what the methods would compute from the
+        tree's fields."""
+        self._memo["depth"] = depth
+        if ancestors is not None:
+            self._memo["ancestors"] = ancestors
         if chain is not None:
             self._memo["chain"] = chain
         return self

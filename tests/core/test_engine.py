@@ -12,7 +12,8 @@ from raydec.speculative.engine import Engine
 from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.jacobi import JacobiProposer
-from raydec.speculative.proposers.random_tree import OracleProposer, RandomTreeProposer
+from raydec.speculative.proposers.oracle import OracleProposer
+from tests.proposers import RandomTreeProposer
 from raydec.speculative.verify import verify_tree
 from tests.toys import hf_greedy_lm, tiny_llama
 
@@ -42,7 +43,7 @@ def llama64(tmp_path_factory):
 def test_greedy_equals_hf_generate(llama32, draft, batch):
     spec, mode = DRAFTS[draft]
     config = DecodeConfig(max_new_tokens=20, sampling=GREEDY, jacobi=spec)
-    engine = Engine(llama32, RandomTreeProposer(spec, mode), config)
+    engine = Engine(llama32, RandomTreeProposer(spec, mode), config.sampling, config.max_new_tokens, compaction=config.compaction)
     ours = []
     for start in range(0, len(PROMPTS), batch):
         ours += [o.tokens for o in engine.generate([RowRequest(p, seed=7) for p in PROMPTS[start : start + batch]])]
@@ -51,11 +52,11 @@ def test_greedy_equals_hf_generate(llama32, draft, batch):
 
 def test_ar_equals_hf_and_oracle_compresses(llama32):
     config = DecodeConfig(max_new_tokens=24, sampling=GREEDY)
-    ar = Engine(llama32, ARProposer(), config).generate([RowRequest(p, seed=0) for p in PROMPTS])
+    ar = Engine(llama32, ARProposer(), config.sampling, config.max_new_tokens, compaction=config.compaction).generate([RowRequest(p, seed=0) for p in PROMPTS])
     assert [o.tokens for o in ar] == hf_greedy_lm(llama32, PROMPTS, 24, 4)
     assert all(o.stats.target_forwards == 24 for o in ar)
     oracle = OracleProposer(window=7, references={i: o.tokens for i, o in enumerate(ar)})
-    fast = Engine(llama32, oracle, config).generate([RowRequest(p, seed=0) for p in PROMPTS])
+    fast = Engine(llama32, oracle, config.sampling, config.max_new_tokens, compaction=config.compaction).generate([RowRequest(p, seed=0) for p in PROMPTS])
     assert [o.tokens for o in fast] == [o.tokens for o in ar]
     # 1 prefill token, then 8 tokens per forward: 1 + 8 + 8 + 7 = 24 in 4 forwards
     assert all(o.stats.target_forwards == 4 for o in fast)
@@ -63,9 +64,9 @@ def test_ar_equals_hf_and_oracle_compresses(llama32):
 
 def test_eos_stops_rows_independently(llama32):
     config = DecodeConfig(max_new_tokens=30, sampling=GREEDY, jacobi=JacobiDraftConfig(window=4))
-    free = Engine(llama32, ARProposer(), config).generate([RowRequest(p, seed=0) for p in PROMPTS])
+    free = Engine(llama32, ARProposer(), config.sampling, config.max_new_tokens, compaction=config.compaction).generate([RowRequest(p, seed=0) for p in PROMPTS])
     eos = free[0].tokens[5]
-    engine = Engine(llama32, RandomTreeProposer(config.jacobi), config, eos_token_ids=[eos])
+    engine = Engine(llama32, RandomTreeProposer(config.jacobi), config.sampling, config.max_new_tokens, compaction=config.compaction, eos_token_ids=[eos])
     outs = engine.generate([RowRequest(p, seed=0) for p in PROMPTS])
     for full, out in zip(free, outs):
         cut = full.tokens.index(eos) + 1 if eos in full.tokens else len(full.tokens)
@@ -119,7 +120,7 @@ def test_ragged_cache_matches_fresh_prefill(llama32, compaction):
         return verify_tree(tree, target_probs, uniforms)
 
     proposer = RandomTreeProposer(spec, "dense", sharpness=0.5)
-    engine = Engine(recorder, proposer, config, verifier=checking_verifier)
+    engine = Engine(recorder, proposer, config.sampling, config.max_new_tokens, compaction=config.compaction, verifier=checking_verifier)
     requests = [RowRequest(p, seed=3 + i, max_new_tokens=10 * (i + 1)) for i, p in enumerate(PROMPTS)]
     original_propose = proposer.propose
 
@@ -140,9 +141,9 @@ def test_row_alone_equals_row_in_batch(llama64):
     config = DecodeConfig(max_new_tokens=16, sampling=SamplingConfig(temperature=1.0, top_p=0.9), jacobi=spec)
     prompts = [[p % 16 for p in prompt] for prompt in PROMPTS]
     requests = [RowRequest(p, seed=100 + i) for i, p in enumerate(prompts)]
-    together = Engine(llama64, RandomTreeProposer(spec), config).generate(requests)
+    together = Engine(llama64, RandomTreeProposer(spec), config.sampling, config.max_new_tokens, compaction=config.compaction).generate(requests)
     for i, request in enumerate(requests):
-        alone = Engine(llama64, RandomTreeProposer(spec), config).generate([request])[0]
+        alone = Engine(llama64, RandomTreeProposer(spec), config.sampling, config.max_new_tokens, compaction=config.compaction).generate([request])[0]
         assert alone.tokens == together[i].tokens
     assert len({tuple(o.tokens) for o in together}) > 1
 
@@ -153,8 +154,8 @@ def test_cfg_rows_share_one_decision(llama64):
     sampling = SamplingConfig(temperature=1.0, cfg_scale=2.5, top_k=5)
     config = DecodeConfig(max_new_tokens=12, sampling=sampling, jacobi=spec)
     prompts = [CfgPrompt(cond=[1, 2, 3], uncond=[0]), CfgPrompt(cond=[4, 5], uncond=[0])]
-    outs = Engine(llama64, RandomTreeProposer(spec), config).generate([RowRequest(p, seed=i) for i, p in enumerate(prompts)])
-    alone = Engine(llama64, RandomTreeProposer(spec), config).generate([RowRequest(prompts[1], seed=1)])
+    outs = Engine(llama64, RandomTreeProposer(spec), config.sampling, config.max_new_tokens, compaction=config.compaction).generate([RowRequest(p, seed=i) for i, p in enumerate(prompts)])
+    alone = Engine(llama64, RandomTreeProposer(spec), config.sampling, config.max_new_tokens, compaction=config.compaction).generate([RowRequest(prompts[1], seed=1)])
     assert outs[1].tokens == alone[0].tokens
     assert all(len(o.tokens) == 12 for o in outs)
 
@@ -170,7 +171,7 @@ def test_continuous_batching_equals_each_row_alone(llama64, method):
     prompts = [CfgPrompt(cond=[p % 16 for p in prompt], uncond=[0]) for prompt in PROMPTS]
     requests = [RowRequest(prompts[i % 4], seed=10 + i, max_new_tokens=[14, 3, 9, 14, 1, 6][i]) for i in range(6)]
     finished, widths = [], []
-    engine = Engine(llama64, proposer(), config)
+    engine = Engine(llama64, proposer(), config.sampling, config.max_new_tokens, compaction=config.compaction)
     forward = llama64.forward
 
     def counting_forward(*args, **kwargs):
@@ -186,7 +187,7 @@ def test_continuous_batching_equals_each_row_alone(llama64, method):
     assert sorted(finished) == [(i, r.max_new_tokens) for i, r in enumerate(requests)]
     assert [i for i, _ in finished] != list(range(6))  # a short queued row overtook a long one
     for i, request in enumerate(requests):
-        alone = Engine(llama64, proposer(), config).generate([request])[0]
+        alone = Engine(llama64, proposer(), config.sampling, config.max_new_tokens, compaction=config.compaction).generate([request])[0]
         assert alone.tokens == together[i].tokens, i
         assert together[i].stats.finish_reason == "length" and together[i].stats.wall_time_s > 0
 
@@ -195,11 +196,11 @@ def test_proposers_that_cannot_admit_rows_run_consecutive_batches(llama64):
     spec = JacobiDraftConfig(window=4)
     config = DecodeConfig(max_new_tokens=5, sampling=SamplingConfig(temperature=1.0), jacobi=spec)
     requests = [RowRequest([p % 16 for p in PROMPTS[i % 4]], seed=i, max_new_tokens=[5, 2, 4][i]) for i in range(3)]
-    together = Engine(llama64, RandomTreeProposer(spec), config).generate(requests, max_batch=2)
+    together = Engine(llama64, RandomTreeProposer(spec), config.sampling, config.max_new_tokens, compaction=config.compaction).generate(requests, max_batch=2)
     for i, request in enumerate(requests):
-        assert Engine(llama64, RandomTreeProposer(spec), config).generate([request])[0].tokens == together[i].tokens
+        assert Engine(llama64, RandomTreeProposer(spec), config.sampling, config.max_new_tokens, compaction=config.compaction).generate([request])[0].tokens == together[i].tokens
     with pytest.raises(ValueError, match="max_batch"):
-        Engine(llama64, RandomTreeProposer(spec), config).generate(requests, max_batch=0)
+        Engine(llama64, RandomTreeProposer(spec), config.sampling, config.max_new_tokens, compaction=config.compaction).generate(requests, max_batch=0)
 
 
 def test_config_rejects_unknown_keys_and_bad_values():
@@ -230,7 +231,7 @@ def test_config_numbers_refuse_booleans():
 
 
 def test_keys_of_earlier_releases_load_with_a_warning_and_not_beside_their_new_name():
-    """`decode.draft` is `decode.jacobi` now: a YAML file of an earlier release still loads (and
+    """`decode.jacobi` is `decode.jacobi` now: a YAML file of an earlier release still loads (and
     says what to write instead); giving both is an error naming both."""
     with pytest.warns(FutureWarning, match="'draft' is now 'jacobi'"):
         config = DecodeConfig.model_validate({"method": "sjd", "draft": {"window": 8}})
@@ -268,12 +269,12 @@ def test_adapters_decode_under_the_attention_policy_of_their_device(llama32, mon
     seen = []
     monkeypatch.setattr(base, "decoding_attention", lambda device: seen.append(device) or nullcontext())
     config = DecodeConfig(method="ar", max_new_tokens=3, sampling=SamplingConfig(temperature=0.0))
-    Engine(llama32, ARProposer(), config).generate([RowRequest(prompt=[1, 2, 3], seed=0)])
+    Engine(llama32, ARProposer(), config.sampling, config.max_new_tokens, compaction=config.compaction).generate([RowRequest(prompt=[1, 2, 3], seed=0)])
     assert seen == [llama32.device] * 3  # the prefill and two decode steps
 
 
 def test_a_row_length_cap_below_one_is_refused(llama32):
-    engine = Engine(llama32, ARProposer(), DecodeConfig(max_new_tokens=4, sampling=GREEDY))
+    engine = Engine(llama32, ARProposer(), GREEDY, 4)
     with pytest.raises(ValueError, match=r"requests\[1\].max_new_tokens: 0 must be >= 1"):
         engine.generate([RowRequest([1, 2], seed=0), RowRequest([3], seed=0, max_new_tokens=0)])
     assert len(engine.generate([RowRequest([1, 2], seed=0, max_new_tokens=1)])[0].tokens) == 1
@@ -281,8 +282,8 @@ def test_a_row_length_cap_below_one_is_refused(llama32):
 
 def test_rows_stop_where_the_models_positions_end(llama32):
     config = DecodeConfig(max_new_tokens=10, sampling=GREEDY)
-    free = Engine(llama32, ARProposer(), config).generate([RowRequest(PROMPTS[0], seed=0)])[0].tokens
-    capped = Engine(llama32, ARProposer(), config, max_positions=8).generate([RowRequest(PROMPTS[0], seed=0)])[0].tokens
+    free = Engine(llama32, ARProposer(), config.sampling, config.max_new_tokens, compaction=config.compaction).generate([RowRequest(PROMPTS[0], seed=0)])[0].tokens
+    capped = Engine(llama32, ARProposer(), config.sampling, config.max_new_tokens, compaction=config.compaction, max_positions=8).generate([RowRequest(PROMPTS[0], seed=0)])[0].tokens
     assert capped == free[:3]  # 5 prompt positions of 8
     with pytest.raises(ValueError, match=r"requests\[0\]: its prompt takes positions up to 8, the model has 8"):
-        Engine(llama32, ARProposer(), config, max_positions=8).generate([RowRequest(PROMPTS[2], seed=0)])
+        Engine(llama32, ARProposer(), config.sampling, config.max_new_tokens, compaction=config.compaction, max_positions=8).generate([RowRequest(PROMPTS[2], seed=0)])

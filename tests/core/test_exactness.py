@@ -23,7 +23,7 @@ from raydec.models.causal_lm import CfgPrompt
 from raydec.speculative.engine import Engine
 from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.ar import ARProposer
-from raydec.speculative.proposers.random_tree import RandomTreeProposer
+from tests.proposers import RandomTreeProposer
 from raydec.speculative.sampling import VocabConstraint
 from tests.broken import batch_minimum_verifier, longest_path_verifier, stale_proposal_verifier
 from tests.lawtest import PATH_SAMPLES, SAMPLES, compare_to_law, sample_engine
@@ -65,7 +65,7 @@ def test_markov_batch_one(markov):
 def test_markov_batch_four_ragged(markov):
     """Batch 4, prompts of lengths 1..4 (same last token, so one law), rows with different caps."""
     config = _config(SAMPLING, window=3)
-    engine = Engine(markov, RandomTreeProposer(config.jacobi, "dense"), config)
+    engine = Engine(markov, RandomTreeProposer(config.jacobi, "dense"), config.sampling, config.max_new_tokens, compaction=config.compaction)
     prompts = [[4], [0, 4], [5, 5, 4], [1, 2, 3, 4]]
     caps = [LENGTH, LENGTH - 1, LENGTH, LENGTH - 2]
     rows = []

@@ -16,7 +16,7 @@ from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
 from raydec.speculative.engine import Engine
 from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.jacobi import JacobiProposer
-from raydec.speculative.proposers.random_tree import RandomTreeProposer
+from tests.proposers import RandomTreeProposer
 from tests.lawtest import compare_to_law
 from tests.toys import lm_law
 
@@ -42,7 +42,7 @@ def _proposer(name: str, draft: JacobiDraftConfig):
 def test_rows_with_different_sampling_each_match_their_own_law(llama, name):
     draft = JacobiDraftConfig(window=6, branching=2, tree_depth=1)
     config = DecodeConfig(max_new_tokens=LENGTH, sampling=KINDS[0], jacobi=draft, compaction="always")
-    engine = Engine(llama, _proposer(name, draft), config)
+    engine = Engine(llama, _proposer(name, draft), config.sampling, config.max_new_tokens, compaction=config.compaction)
     rows = len(KINDS) * SAMPLES
     requests = [RowRequest(PROMPT, seed=i, sampling=KINDS[i % len(KINDS)]) for i in range(rows)]
     outputs = []
@@ -61,7 +61,7 @@ def test_per_row_sampling_has_teeth(llama, monkeypatch):
     draft = JacobiDraftConfig(window=6, branching=2, tree_depth=1)
     config = DecodeConfig(max_new_tokens=LENGTH, sampling=KINDS[0], jacobi=draft, compaction="always")
     monkeypatch.setattr(engine_module.DecodeSession, "_sampling_of", lambda self, handles, device: KINDS[0])
-    engine = Engine(llama, _proposer("tree", draft), config)
+    engine = Engine(llama, _proposer("tree", draft), config.sampling, config.max_new_tokens, compaction=config.compaction)
     requests = [RowRequest(PROMPT, seed=i, sampling=KINDS[1]) for i in range(SAMPLES)]
     tokens = torch.tensor([out.tokens for out in engine.generate(requests)])
     assert not compare_to_law(tokens, lm_law(llama, PROMPT, LENGTH, KINDS[1])).passed
@@ -74,14 +74,14 @@ def test_a_greedy_row_in_a_sampled_batch_decodes_greedily(llama):
     expected = llama.model.generate(input_ids=torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False,
                                     pad_token_id=0, eos_token_id=None)[0, len(PROMPT):].tolist()
     for name in ("tree", "sjd_pac"):
-        engine = Engine(llama, _proposer(name, draft), config)
+        engine = Engine(llama, _proposer(name, draft), config.sampling, config.max_new_tokens, compaction=config.compaction)
         outs = engine.generate([RowRequest(PROMPT, seed=i, sampling=greedy if i == 2 else KINDS[i % 3]) for i in range(5)])
         assert outs[2].tokens == expected, name
 
 
 def test_per_row_stop_tokens_and_caps(llama):
     config = DecodeConfig(max_new_tokens=8, sampling=SamplingConfig(temperature=0.0), jacobi=JacobiDraftConfig(window=4))
-    engine = Engine(llama, JacobiProposer(config.jacobi, "sjd_ac"), config)
+    engine = Engine(llama, JacobiProposer(config.jacobi, "sjd_ac"), config.sampling, config.max_new_tokens, compaction=config.compaction)
     plain = engine.generate([RowRequest(PROMPT, seed=0)])[0].tokens
     stop = plain[3]
     outs = engine.generate([RowRequest(PROMPT, seed=0, stop_token_ids=[stop]), RowRequest(PROMPT, seed=0, max_new_tokens=2),
@@ -93,6 +93,6 @@ def test_per_row_stop_tokens_and_caps(llama):
 
 def test_a_request_with_its_own_guidance_is_refused_by_name(llama):
     config = DecodeConfig(max_new_tokens=4, sampling=SamplingConfig(temperature=1.0), jacobi=JacobiDraftConfig(window=4))
-    session = Engine(llama, JacobiProposer(config.jacobi, "sjd"), config).session()
+    session = Engine(llama, JacobiProposer(config.jacobi, "sjd"), config.sampling, config.max_new_tokens, compaction=config.compaction).session()
     with pytest.raises(ValueError, match=r"requests\[0\].sampling.cfg_scale: 2.0 differs from the engine's 1.0"):
         session.submit(RowRequest(PROMPT, seed=0, sampling=SamplingConfig(cfg_scale=2.0)))

@@ -79,7 +79,7 @@ def test_sjd_pac_batch_four_ragged(markov):
     """Batch 4 with prompts of different lengths and rows that stop at different lengths."""
     length = 7
     config = _config(length, window=5, branching=2, tree_depth=1)
-    engine = Engine(markov, JacobiProposer(config.jacobi, "sjd_pac", "left"), config)
+    engine = Engine(markov, JacobiProposer(config.jacobi, "sjd_pac", "left"), config.sampling, config.max_new_tokens)
     prompts = [[4], [0, 4], [5, 5, 4], [1, 2, 3, 4]]
     caps = [length, length - 2, length, length - 1]
     rows = []
@@ -95,7 +95,7 @@ def test_sjd_pac_continuous_batching(markov):
     prompts and length caps that differ, so rows join at every stage of the others' decoding."""
     length = 7
     config = _config(length, window=5, branching=2, tree_depth=1)
-    engine = Engine(markov, JacobiProposer(config.jacobi, "sjd_pac", "left"), config)
+    engine = Engine(markov, JacobiProposer(config.jacobi, "sjd_pac", "left"), config.sampling, config.max_new_tokens)
     prompts = [[4], [0, 4], [5, 5, 4], [1, 2, 3, 4]]
     caps = [length - 2, length, length - 1, length - 2, length]
     requests = [RowRequest(prompts[i % 4], seed=i, max_new_tokens=caps[i % 5]) for i in range(PATH_SAMPLES)]
@@ -138,8 +138,8 @@ def test_jacobi_trees_record_the_structure_their_fields_imply(llama, draft):
 class OldProposalAC(JacobiProposer):
     """Pitfall 4: after coupling, records the OLD proposal instead of Q := P."""
 
-    def _couple(self, p, old_tokens, old_q, uniforms):
-        tokens, _ = super()._couple(p, old_tokens, old_q, uniforms)
+    def couple(self, p, old_tokens, old_q, uniforms):
+        tokens, _ = super().couple(p, old_tokens, old_q, uniforms)
         return tokens, old_q
 
 
@@ -147,7 +147,7 @@ class DuplicateCandidatesPD(JacobiProposer):
     """Pitfall 2: extra tree candidates drawn WITH replacement from q (duplicates possible)
     while the tree still claims sampling without replacement."""
 
-    def _extra_candidates(self, q, first, uniforms):
+    def extra_candidates(self, q, first, uniforms):
         picks = torch.stack([sample_with_uniform(q.to(torch.float64), uniforms[:, k]) for k in range(uniforms.shape[1])], dim=1)
         return picks, torch.ones_like(picks, dtype=torch.bool)
 
@@ -218,11 +218,11 @@ def test_adaptive_continuation_couples_drafts_on_hand_made_slots():
     # acceptance: 0.5, 1 (0.4 / 0.25 capped), 0.4, 0.4
     uniforms = torch.tensor([[[0.7, 0.5], [0.99, 0.5], [0.3, 0.5], [0.85, 0.8]]], dtype=torch.float64)
     ac = JacobiProposer(JacobiDraftConfig(window=4), "sjd_ac", "uniform")
-    tokens, recorded = ac._couple(p, old_tokens, old_q, uniforms)
+    tokens, recorded = ac.couple(p, old_tokens, old_q, uniforms)
     # slot 0: rejected, the residual is all on token 1; slots 1, 2 keep; slot 3: residual [0, 0, .25, .75], u 0.8 -> 2
     assert tokens.tolist() == [[1, 3, 0, 2]]
     assert recorded is p
     sjd = JacobiProposer(JacobiDraftConfig(window=4), "sjd", "uniform")
-    tokens, recorded = sjd._couple(p, old_tokens, old_q, uniforms)
+    tokens, recorded = sjd.couple(p, old_tokens, old_q, uniforms)
     # fresh draws from P with u[..., 0]: the first token whose cumulative mass reaches 1 - u
     assert tokens.tolist() == [[0, 0, 3, 1]] and recorded is p

@@ -9,6 +9,9 @@ they are the same calls, so the count carries over.
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import pytest
 import torch
 
@@ -44,19 +47,15 @@ def _proposer(method: str, window: int):
 def counted_steps(session: DecodeSession, steps: int) -> list[int]:
     """Run up to ``steps`` decode steps of ``session``: the read-backs of each."""
     counts: list[int] = []
-    original = DecodeSession._decode_step
 
-    def counted_step(self):
+    @contextlib.contextmanager
+    def counted() -> Iterator[None]:
         with ReadBacks().counting() as tally:
-            original(self)
+            yield
         counts.append(tally.count)
 
-    DecodeSession._decode_step = counted_step
-    try:
-        while session.busy and len(counts) < steps:
-            session.step()
-    finally:
-        DecodeSession._decode_step = original
+    while session.busy and len(counts) < steps:
+        session.step(decode_scope=counted)
     return counts
 
 
@@ -66,7 +65,7 @@ def read_backs_per_step(llama, method: str, batch: int, window: int, steps: int 
     sampling = SamplingConfig(temperature=1.0, top_k=0, cfg_scale=3.0)
     config = DecodeConfig(method="ar" if method == "ar" else method, max_new_tokens=60, sampling=sampling, jacobi=spec)
     allowed = torch.arange(VOCAB) >= 8  # an image-token range: the first 8 ids are never sampled
-    engine = Engine(llama, proposer, config, constraint=VocabConstraint(allowed=allowed))
+    engine = Engine(llama, proposer, config.sampling, config.max_new_tokens, constraint=VocabConstraint(allowed=allowed))
     session = engine.session(max_batch=batch)
     for row in range(batch):
         session.submit(RowRequest(CfgPrompt(cond=[1, 2 + row % 5, 3], uncond=[1]), seed=row))
@@ -119,7 +118,7 @@ def tree_read_backs_per_step(target, draft, prompts, batch: int, total: int, ste
     from raydec.speculative.proposers.draft_tree import DraftTreeProposer
 
     config = DecodeConfig(method="vispec", max_new_tokens=40, sampling=SamplingConfig(temperature=1.0), draft_tree=TREES[total])
-    engine = Engine(target, DraftTreeProposer(draft, config.tree), config)
+    engine = Engine(target, DraftTreeProposer(draft, config.tree), config.sampling, config.max_new_tokens)
     session = engine.session(max_batch=batch)
     for row in range(batch):
         session.submit(RowRequest(prompts[row % len(prompts)], seed=row))

@@ -29,7 +29,7 @@ LENGTH, SEQUENCES, WINDOW = 256, 8, 32
 class RedrawingCoupling(JacobiProposer):
     """Broken AC: redraws every carried slot from P (SJD's rule) while claiming to couple."""
 
-    def _couple(self, p, old_tokens, old_q, uniforms):
+    def couple(self, p, old_tokens, old_q, uniforms):
         return sample_with_uniform(p, uniforms[..., 0]), p
 
 
@@ -37,7 +37,7 @@ def tokens_per_forward(target: MarkovChainTarget, method: str, proposer_class=Ja
     tree = dict(branching=3, tree_depth=1) if method == "sjd_pac" else {}
     config = DecodeConfig(method=method, max_new_tokens=LENGTH, sampling=SamplingConfig(temperature=1.0),
                           jacobi=JacobiDraftConfig(window=WINDOW, init="left", **tree))
-    rows = Engine(target, proposer_class(config.jacobi, method, "left"), config).generate(
+    rows = Engine(target, proposer_class(config.jacobi, method, "left"), config.sampling, config.max_new_tokens).generate(
         [RowRequest([0], seed=seed) for seed in range(SEQUENCES)]
     )
     assert all(len(r.tokens) == LENGTH for r in rows)

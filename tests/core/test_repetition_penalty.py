@@ -18,7 +18,8 @@ from raydec.speculative.engine import Engine
 from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.jacobi import JacobiProposer
-from raydec.speculative.proposers.random_tree import OracleProposer, RandomTreeProposer
+from raydec.speculative.proposers.oracle import OracleProposer
+from tests.proposers import RandomTreeProposer
 from tests.lawtest import SAMPLES, compare_to_law, sample_engine
 from tests.toys import hf_greedy_lm, lm_law, tiny_llama
 
@@ -39,15 +40,15 @@ def test_greedy_with_a_penalty_equals_hf_generate_and_drafts_are_accepted(llama3
     expected = hf_greedy_lm(llama32, PROMPTS, length, repetition_penalty=PENALTY)
     assert expected != hf_greedy_lm(llama32, PROMPTS, length), "the penalty should change the greedy output"
     config = DecodeConfig(max_new_tokens=length, sampling=GREEDY, jacobi=JacobiDraftConfig(window=6))
-    ar = Engine(llama32, ARProposer(), config).generate([RowRequest(p, seed=0) for p in PROMPTS])
+    ar = Engine(llama32, ARProposer(), config.sampling, config.max_new_tokens, compaction=config.compaction).generate([RowRequest(p, seed=0) for p in PROMPTS])
     assert [o.tokens for o in ar] == expected
     # the oracle drafts the true continuation: every draft node's P must see its own path
     oracle = OracleProposer(window=7, references={i: t for i, t in enumerate(expected)})
-    fast = Engine(llama32, oracle, config).generate([RowRequest(p, seed=0) for p in PROMPTS])
+    fast = Engine(llama32, oracle, config.sampling, config.max_new_tokens, compaction=config.compaction).generate([RowRequest(p, seed=0) for p in PROMPTS])
     assert [o.tokens for o in fast] == expected
     assert all(o.stats.target_forwards == 4 for o in fast)  # 1 + 8 + 8 + 7 tokens
     for proposer in (JacobiProposer(config.jacobi), RandomTreeProposer(JacobiDraftConfig(window=8, branching=2, tree_depth=2), "dense")):
-        outs = Engine(llama32, proposer, config).generate([RowRequest(p, seed=0) for p in PROMPTS])
+        outs = Engine(llama32, proposer, config.sampling, config.max_new_tokens, compaction=config.compaction).generate([RowRequest(p, seed=0) for p in PROMPTS])
         assert [o.tokens for o in outs] == expected, type(proposer).__name__
 
 
@@ -67,7 +68,7 @@ def test_a_path_blind_context_fails(llama32, monkeypatch):
 
     monkeypatch.setattr(DecodeSession, "_context", row_context_only)
     oracle = OracleProposer(window=7, references={i: t for i, t in enumerate(expected)})
-    outs = Engine(llama32, oracle, config).generate([RowRequest(p, seed=0) for p in PROMPTS])
+    outs = Engine(llama32, oracle, config.sampling, config.max_new_tokens, compaction=config.compaction).generate([RowRequest(p, seed=0) for p in PROMPTS])
     assert [o.tokens for o in outs] != expected
 
 
@@ -85,7 +86,7 @@ def test_sampling_with_a_penalty_keeps_the_law(tmp_path):
 def test_a_penalty_with_cfg_is_refused(llama32):
     config = DecodeConfig(sampling=SamplingConfig(repetition_penalty=1.2, cfg_scale=3.0))
     with pytest.raises(ValueError, match=r"repetition_penalty=1.2 is not supported with classifier-free guidance"):
-        Engine(llama32, ARProposer(), config)
+        Engine(llama32, ARProposer(), config.sampling, config.max_new_tokens, compaction=config.compaction)
 
 
 def test_generation_config_defaults_resolve_as_hf_and_unapplied_settings_are_named(caplog, monkeypatch):
@@ -135,7 +136,7 @@ def test_captions_follow_the_checkpoints_penalty_as_hf_generate_does(tmp_path):
     tree = DraftTreeConfig(depth=3, top_k=3, total_tokens=10)
     config = config.model_copy(update={"draft_tree": tree})
     for proposer in (ARProposer(), DraftTreeProposer(draft_for(llava, True), tree)):
-        outs = Engine(llava, proposer, config, eos_token_ids=llava.eos_token_ids).generate([RowRequest(p, seed=0) for p in prompts])
+        outs = Engine(llava, proposer, config.sampling, config.max_new_tokens, compaction=config.compaction, eos_token_ids=llava.eos_token_ids).generate([RowRequest(p, seed=0) for p in prompts])
         assert [o.tokens for o in outs] == expected
 
 

@@ -27,7 +27,7 @@ def _engine(llama, method: str) -> Engine:
     spec = JacobiDraftConfig(window=8, branching=2, tree_depth=1)
     config = DecodeConfig(max_new_tokens=12, sampling=SamplingConfig(temperature=1.0), jacobi=spec)
     proposer = ARProposer() if method == "ar" else JacobiProposer(spec, method)
-    return Engine(llama, proposer, config)
+    return Engine(llama, proposer, config.sampling, config.max_new_tokens)
 
 
 def _requests(count: int) -> list[RowRequest]:
@@ -83,6 +83,48 @@ def test_a_queued_request_cancelled_before_it_starts_never_decodes(llama):
         session.step()
     assert session.output(second).tokens == [] and session.output(second).stats.finish_reason == "cancelled"
     assert session.output(first).stats.finish_reason == "length"
+
+
+@pytest.mark.parametrize("method", ["ar", "sjd_pac"])
+def test_a_loop_that_releases_what_step_reports_holds_no_row_at_the_end(llama, method):
+    """Rows cancelled while queued (before any step, mid-run, and all that are left) are reported
+    by ``step`` like a cancelled decoding row: once each, with reason "cancelled"."""
+    session = _engine(llama, method).session(max_batch=2)
+    handles = [session.submit(r) for r in _requests(8)]
+    session.cancel(handles[3])  # queued, before anything ran
+    reported: list[int] = []
+
+    def step() -> None:
+        for handle in session.step():
+            assert session.output(handle).tokens or session.output(handle).stats.finish_reason == "cancelled"
+            reported.append(handle)
+            session.release(handle)
+
+    step()  # admits rows 0 and 1
+    session.cancel(handles[5])  # queued, mid-run
+    session.cancel(handles[0])  # decoding
+    step()
+    assert handles[3] in reported and handles[5] in reported and handles[0] in reported
+    while session.busy and len(session.active) + len(session.queue) > 3:
+        step()
+    for handle in list(session.queue):  # every row still waiting
+        session.cancel(handle)
+    while session.busy:
+        step()
+    assert sorted(reported) == handles and len(set(reported)) == len(reported)
+    assert session.rows == {}
+
+
+def test_a_row_cancelled_while_queued_and_released_at_once_is_not_reported_again(llama):
+    session = _engine(llama, "ar").session(max_batch=1)
+    first, second = session.submit(_requests(1)[0]), session.submit(_requests(2)[1])
+    session.cancel(second)
+    session.release(second)  # the caller read it at the cancel
+    assert session.step() == []  # admits the first row
+    finished = []
+    while session.busy:
+        finished += session.step()
+    assert finished == [first] and list(session.rows) == [first]
 
 
 @pytest.mark.parametrize("method", ["ar", "sjd", "sjd_pac"])

@@ -442,7 +442,7 @@ def test_jacobi_coupling_keeps_a_certain_draft_at_a_uniform_just_below_one():
     p = torch.tensor([[[0.2, 0.3, 0.5]]])  # [B, S, V] float32; the old draft, token 2: p = q, kept for sure
     old_q = torch.tensor([[[0.3, 0.2, 0.5]]])  # a rejection would redraw from max(0, p - q) = token 1
     uniforms = torch.tensor([[[1 - 2**-26, 0.5]]], dtype=torch.float64)
-    tokens, _ = proposer._couple(p, torch.tensor([[2]]), old_q, uniforms)
+    tokens, _ = proposer.couple(p, torch.tensor([[2]]), old_q, uniforms)
     assert tokens.tolist() == [[2]]
 
 

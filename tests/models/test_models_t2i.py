@@ -25,7 +25,7 @@ from raydec.speculative.requests import RowRequest
 from raydec.speculative.sampling import process_logits
 from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.factory import make_proposer
-from raydec.speculative.proposers.random_tree import RandomTreeProposer
+from tests.proposers import RandomTreeProposer
 from tests.t2i_toys import tiny_emu3, tiny_janus
 
 torch.set_num_threads(1)
@@ -56,7 +56,7 @@ def emu3(emu3_path):
 
 def decode(target, proposer, sampling: SamplingConfig, prompts, seeds, draft: JacobiDraftConfig = JacobiDraftConfig()):
     config = DecodeConfig(max_new_tokens=target.num_image_tokens, sampling=sampling, jacobi=draft)
-    engine = Engine(target, proposer, config, constraint=target.vocab_constraint(), eos_token_ids=target.eos_token_ids)
+    engine = Engine(target, proposer, config.sampling, config.max_new_tokens, constraint=target.vocab_constraint(), eos_token_ids=target.eos_token_ids)
     return engine.generate([RowRequest(p, seed=s) for p, s in zip(prompts, seeds)])
 
 
@@ -437,7 +437,7 @@ def test_an_emu3_with_32768_codes_samples_over_its_codes_not_its_head(tmp_path):
         return verify_tree(tree, target_probs, uniforms)
 
     decode_config = DecodeConfig(method="sjd_pac", max_new_tokens=target.num_image_tokens, sampling=target.default_sampling(), jacobi=PAC_DRAFT)
-    engine = Engine(target, make_proposer(decode_config, target), decode_config, constraint=target.vocab_constraint(), verifier=recording)
+    engine = Engine(target, make_proposer(decode_config, target), decode_config.sampling, decode_config.max_new_tokens, constraint=target.vocab_constraint(), verifier=recording)
     out = engine.generate([RowRequest(ImagePrompt(PROMPTS[0], None), seed=0)])[0]
     assert widths == {32768 + 5} and target.model.lm_head.weight.shape[0] > 32768 + 5
     assert len(out.tokens) == target.num_image_tokens and len(target.decode_tokens(torch.tensor([out.tokens]))) == 1

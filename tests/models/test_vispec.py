@@ -131,7 +131,7 @@ def test_fresh_img_fc_reproduces_the_eagle_draft(tmp_path):
     config = DecodeConfig(max_new_tokens=12, sampling=SamplingConfig(temperature=1.0), draft_tree=DraftTreeConfig(depth=3, top_k=2, total_tokens=6))
     outs = []
     for draft in (vispec, eagle):
-        engine = Engine(target, DraftTreeProposer(draft, config.tree), config)
+        engine = Engine(target, DraftTreeProposer(draft, config.tree), config.sampling, config.max_new_tokens)
         outs.append([(o.tokens, o.stats.accepted_lengths) for o in engine.generate([RowRequest([1, 2, 3], seed=s) for s in range(4)])])
     assert outs[0] == outs[1]
 
@@ -261,7 +261,7 @@ def test_greedy_equals_hf_generate(llava, vision, batch):
     draft = successor_draft(llava, expected, vision)
     if batch > 1:  # the inference form loaded drafts run (fused layer, folded input)
         draft.prepare_inference()
-    engine = Engine(llava, DraftTreeProposer(draft, config.tree), config, eos_token_ids=llava.eos_token_ids)
+    engine = Engine(llava, DraftTreeProposer(draft, config.tree), config.sampling, config.max_new_tokens, eos_token_ids=llava.eos_token_ids)
     outputs = []
     for start in range(0, len(prompts), batch):
         outputs += engine.generate([RowRequest(p, seed=0) for p in prompts[start : start + batch]])
@@ -277,7 +277,7 @@ def test_continuous_batching_with_image_rows_equals_hf_generate(llava):
     lengths = [16, 5, 11, 16, 3]
     expected = [hf_greedy_vlm(llava, prompt, n) for prompt, n in zip(prompts, lengths)]
     config = DecodeConfig(max_new_tokens=16, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeConfig(depth=3, top_k=3, total_tokens=10))
-    engine = Engine(llava, DraftTreeProposer(successor_draft(llava, expected, True), config.tree), config, eos_token_ids=llava.eos_token_ids)
+    engine = Engine(llava, DraftTreeProposer(successor_draft(llava, expected, True), config.tree), config.sampling, config.max_new_tokens, eos_token_ids=llava.eos_token_ids)
     outputs = engine.generate([RowRequest(p, seed=0, max_new_tokens=n) for p, n in zip(prompts, lengths)], max_batch=2)
     assert [out.tokens for out in outputs] == expected
     assert max(max(out.stats.accepted_lengths, default=0) for out in outputs) >= 3
@@ -290,7 +290,7 @@ def test_a_draft_in_another_precision_than_the_target_stays_lossless(llava):
     prompts = vlm_prompts(llava, 2)
     config = DecodeConfig(max_new_tokens=length, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeConfig(depth=3, top_k=2, total_tokens=6))
     draft = draft_for(llava, vision=True, dtype=torch.bfloat16)
-    engine = Engine(llava, DraftTreeProposer(draft, config.tree), config, eos_token_ids=llava.eos_token_ids)
+    engine = Engine(llava, DraftTreeProposer(draft, config.tree), config.sampling, config.max_new_tokens, eos_token_ids=llava.eos_token_ids)
     outputs = engine.generate([RowRequest(p, seed=0) for p in prompts])
     assert next(draft.parameters()).dtype == torch.bfloat16 and llava.dtype == torch.float32
     for prompt, out in zip(prompts, outputs):
@@ -358,7 +358,7 @@ def test_tree_structure_the_proposer_records_is_the_trees_own(llama64, shape):
     proposer.propose = checking
     for prompts in (PROMPTS, PROMPTS * 2):
         checked.clear()
-        Engine(llama64, proposer, config).generate([RowRequest(p, seed=i) for i, p in enumerate(prompts)])
+        Engine(llama64, proposer, config.sampling, config.max_new_tokens).generate([RowRequest(p, seed=i) for i, p in enumerate(prompts)])
         assert checked and checked[0] == len(prompts)
 
 
@@ -366,7 +366,7 @@ def test_batch_rows_equal_batch_one_rows(llama64):
     """Rows accept different lengths in a batch, yet each row's output equals its batch-1 run."""
     config = _sampling_config(length=12)
     proposer = DraftTreeProposer(draft_for(llama64, vision=False, seed=3), config.tree)
-    engine = Engine(llama64, proposer, config)
+    engine = Engine(llama64, proposer, config.sampling, config.max_new_tokens)
     requests = [RowRequest(PROMPTS[i % 4], seed=i, max_new_tokens=6 + i % 7) for i in range(24)]
     batched = engine.generate(requests)
     assert len({tuple(o.stats.accepted_lengths) for o in batched}) > 1
@@ -389,7 +389,7 @@ def test_tree_expansion_equals_sequential_drafting(llama64):
     config = config.model_copy(update={"draft_tree": DraftTreeConfig(depth=4, top_k=3, total_tokens=12)})
     draft = draft_for(llama64, vision=False, seed=3)
     proposer = DraftTreeProposer(draft, config.tree)
-    engine = Engine(llama64, proposer, config)
+    engine = Engine(llama64, proposer, config.sampling, config.max_new_tokens)
     engine.generate([RowRequest(p, seed=1) for p in PROMPTS])  # leaves the proposer after its last step
     # a fresh step on new rows: prefill through the engine, then one traced propose
     captured = {}

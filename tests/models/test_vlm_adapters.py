@@ -27,7 +27,7 @@ from raydec.speculative.engine import Engine
 from raydec.speculative.requests import RowRequest
 from raydec.speculative.proposers.ar import ARProposer
 from raydec.speculative.proposers.draft_tree import DraftTreeProposer
-from raydec.speculative.proposers.random_tree import OracleProposer
+from raydec.speculative.proposers.oracle import OracleProposer
 from tests.vlm_toys import (
     build_tiny_llava, build_tiny_llava_next, build_tiny_qwen2_5_vl, build_tiny_qwen2_vl, build_tiny_qwen3_vl, hf_greedy_vlm,
     successor_draft,
@@ -94,7 +94,7 @@ def case(request, tmp_path_factory) -> Case:
 
 def decode(case: Case, proposer: Any, rows: list[int]) -> list[Any]:
     config = DecodeConfig(max_new_tokens=MAX_NEW_TOKENS, sampling=GREEDY)
-    engine = Engine(case.target, proposer, config, eos_token_ids=case.target.eos_token_ids)
+    engine = Engine(case.target, proposer, config.sampling, config.max_new_tokens, eos_token_ids=case.target.eos_token_ids)
     return engine.generate([RowRequest(case.prompts[r], seed=r) for r in rows])
 
 
@@ -205,6 +205,6 @@ def test_text_only_row_beside_image_rows(case, method):
         assert prefix.next_position == prefix.length
     proposer = ARProposer() if method == "ar" else draft_proposer(case.target, vision=True)
     config = DecodeConfig(max_new_tokens=MAX_NEW_TOKENS, sampling=GREEDY)
-    engine = Engine(case.target, proposer, config, eos_token_ids=case.target.eos_token_ids)
+    engine = Engine(case.target, proposer, config.sampling, config.max_new_tokens, eos_token_ids=case.target.eos_token_ids)
     outputs = engine.generate([RowRequest(text_only, seed=0), RowRequest(case.prompts[0], seed=1)])
     assert [o.tokens for o in outputs] == [hf_greedy_vlm(case.target, text_only, MAX_NEW_TOKENS), case.references[0]]

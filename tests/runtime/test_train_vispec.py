@@ -218,7 +218,7 @@ def test_training_pairs_match_the_proposer(dataset: Path, target) -> None:
     image = to_pil(make_sample(sample.seed).image)
     prompt = VlmPrompt(target.format_prompt("describe the image .", 1), [image])
     decode = DecodeConfig(method="vispec", max_new_tokens=2, sampling=SamplingConfig(temperature=0.0))
-    Engine(target, Recording(draft), decode, eos_token_ids=target.eos_token_ids).generate([RowRequest(prompt, seed=0)])
+    Engine(target, Recording(draft), decode.sampling, decode.max_new_tokens, eos_token_ids=target.eos_token_ids).generate([RowRequest(prompt, seed=0)])
     assert torch.allclose(captured["root"][0], hidden[0, at], atol=1e-4)
     assert int(pairs.valid.sum()) == sample.length - 1 - IMAGE_TOKENS + (config.num_q - 1)
 

@@ -98,7 +98,7 @@ class DraftTreeProposer(Proposer):
         self.pending_counts: list[int] = []
         self.rows: Any = None  # the draft's DecodeRows: g of each row's last image, whether it has one, folded biases
         #: set to a list to record each expansion as (frontier candidate ids [B, K], their
-        #: draft hidden [B, K, H], candidate tokens [B, C], candidate parents [B, C]) (tests)
+        #: draft hidden [B, K, H], candidate tokens [B, C], candidate parents [B, C]), to inspect the search
         self.trace: list | None = None
         self._tree_layout: _TreeLayout | None = None
 
@@ -326,8 +326,7 @@ class DraftTreeProposer(Proposer):
             # only the root and expanded frontier nodes have children; two or more each
             branch_nodes=min(count // 2, 1 + (self.spec.depth - 1) * layout.key[1]),
         )
-        tree._memo["depth"] = depth  # known here; the ancestor mask is derived (no read-back)
-        return tree
+        return tree.with_structure(depth)  # known here; the ancestor mask is derived (no read-back)
 
     # -- observe -------------------------------------------------------------------------------
 

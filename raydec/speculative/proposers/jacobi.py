@@ -190,7 +190,7 @@ class JacobiProposer(Proposer):
         node_tokens[:, 1:] = tokens.gather(1, (node_slot[:, 1:] - 1))
         for level in range(self.depth):
             draws = uniforms[:, slots + level * self.branching : slots + (level + 1) * self.branching - 1]
-            extra, extra_valid = self._extra_candidates(proposals[:, level], tokens[:, level], draws)
+            extra, extra_valid = self.extra_candidates(proposals[:, level], tokens[:, level], draws)
             candidates = torch.cat([tokens[:, level : level + 1], extra], dim=1)            # [B, K]
             candidate_valid = torch.cat([torch.ones(batch, 1, dtype=torch.bool, device=device), extra_valid], dim=1)
             at_level = layout.level_nodes[level]
@@ -222,7 +222,7 @@ class JacobiProposer(Proposer):
         spine = self._device_layout(target_probs.device)[3]
         p = target_probs[:, spine] if isinstance(spine, slice) else self._spine_probs(target_probs, spine)  # P_{j-1}: [B, S, V]
         spent = self._last["proposals"].to(p.dtype)  # this step's Q: written over by the residual, then the carried Q
-        tokens, recorded = self._couple(p, self._last["tokens"], spent, uniforms)
+        tokens, recorded = self.couple(p, self._last["tokens"], spent, uniforms)
         # slots after the new root move to the window's front: slot j + shift -> j
         shift = (result.num_accepted + 1).unsqueeze(1)                                  # [B, 1]
         source = torch.arange(slots, device=p.device).unsqueeze(0) + shift              # [B, S]
@@ -239,10 +239,11 @@ class JacobiProposer(Proposer):
         buffer = self._spine_buffer.get(shape, target_probs.dtype, target_probs.device)
         return torch.index_select(target_probs, 1, spine, out=buffer)
 
-    # -- pieces (overridable by tests' broken variants) ------------------------------------------
+    # -- a step's two draws: the coupling that carries drafts over, a tree level's extra candidates --
 
-    def _couple(self, p: torch.Tensor, old_tokens: torch.Tensor, old_q: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """New drafts for every slot and the proposal to record.
+    def couple(self, p: torch.Tensor, old_tokens: torch.Tensor, old_q: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """New drafts for every slot and the proposal to record (the module docstring's rule for
+        this variant: sjd redraws from P, ac / pac keep a draft by maximal coupling).
 
         p: [B, S, V] new prediction P_{j-1}; old_tokens: [B, S]; old_q: [B, S, V];
         uniforms: [B, S, 2]  -> tokens [B, S], recorded Q [B, S, V] (= p, always).
@@ -255,7 +256,7 @@ class JacobiProposer(Proposer):
         redrawn = torch.where(empty.squeeze(-1), sample_with_uniform(p, uniforms[..., 1]), sample_with_uniform(weights, uniforms[..., 1]))
         return torch.where(keep, old_tokens, redrawn), p
 
-    def _extra_candidates(self, q: torch.Tensor, first: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def extra_candidates(self, q: torch.Tensor, first: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K - 1 more tokens per row without replacement from q, excluding ``first``.
 
         q: [B, V]; first: [B]; uniforms: [B, K-1]  -> tokens [B, K-1], exists [B, K-1]

@@ -1,4 +1,4 @@
-"""A proposer that drafts at random: the workhorse of the exactness harness.
+"""A proposer that drafts at random: the workhorse of the exactness harness (tests only).
 
 It knows nothing about the target, so any acceptance it gets is luck, but every draft is
 reported honestly: a dense ``q`` the token was drawn from, or one-hot for "deterministic"
@@ -17,7 +17,11 @@ from raydec.config import JacobiDraftConfig
 from raydec.speculative import random as streams
 from raydec.speculative.proposers.base import DecodeState, Proposer
 from raydec.speculative.sampling import sample_with_uniform
-from raydec.speculative.tree import DETERMINISTIC, DraftTree, TreeBuilder
+from raydec.speculative.tree import DETERMINISTIC, DraftTree
+
+# this proposer's two streams: ids the engine and raydec's proposers leave free
+RANDOM_TREE = streams.FIRST_FREE_STREAM  # the normals behind each group's q
+RANDOM_TREE_PICK = streams.FIRST_FREE_STREAM + 1  # the uniforms that pick each node's token
 
 
 def tree_shape(branching: int, depth: int, window: int) -> tuple[list[int], list[int], list[int]]:
@@ -77,8 +81,8 @@ class RandomTreeProposer(Proposer):
 
     def propose(self, state: DecodeState) -> DraftTree:
         batch, vocab, width = state.batch_size, state.vocab_size, len(self.parents)
-        normals = state.random.normals(streams.RANDOM_TREE, self.num_groups * vocab).view(batch, self.num_groups, vocab)
-        uniforms = state.random.uniforms(streams.RANDOM_TREE_PICK, width - 1)
+        normals = state.random.normals(RANDOM_TREE, self.num_groups * vocab).view(batch, self.num_groups, vocab)
+        uniforms = state.random.uniforms(RANDOM_TREE_PICK, width - 1)
         logits = normals * self.sharpness  # [B, G, V]
         if state.constraint is not None and state.constraint.allowed is not None:
             logits = logits.masked_fill(~state.constraint.allowed, float("-inf"))
@@ -115,28 +119,3 @@ class RandomTreeProposer(Proposer):
             branch_nodes=self.branch_nodes,
             any_without_replacement=self.mode == "dense" and bool(self.without_replacement.any()),
         )
-
-
-class OracleProposer(Proposer):
-    """Drafts = a known continuation (e.g. the greedy AR output), one-hot, as a chain.
-
-    Measures the engine's ceiling: with the right drafts at temperature 0 every draft is
-    accepted, so tokens per forward approaches window + 1.
-    """
-
-    def __init__(self, window: int, references: dict[int, list[int]]) -> None:
-        self.window = window
-        self.references = references
-
-    def propose(self, state: DecodeState) -> DraftTree:
-        builders = []
-        for row, row_id in enumerate(state.row_ids):
-            done = state.generated[row]
-            builder = TreeBuilder(done[-1])
-            reference = self.references.get(row_id, [])
-            builder.add_chain(0, reference[len(done) : len(done) + self.window])
-            builders.append(builder)
-        return DraftTree.stack(builders, state.vocab_size, state.prob_dtype)
-
-
-__all__ = ["RandomTreeProposer", "OracleProposer", "tree_shape"]
