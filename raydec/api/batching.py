@@ -36,7 +36,7 @@ def decode_batches(engine: Engine, requests: list[RowRequest], batch_size: int, 
     """Decode ``requests`` at most ``batch_size`` rows at a time: continuously batched, or in
     consecutive batches."""
     if continuous:
-        return engine.generate(requests, max_batch=batch_size, on_finish=on_finish)
+        return engine.generate(requests, batch_size=batch_size, on_finish=on_finish)
     outputs = []
     for start in range(0, len(requests), batch_size):
         outputs += engine.generate(requests[start : start + batch_size], on_finish=lambda i, out: on_finish(start + i, out))

@@ -81,7 +81,7 @@ class Scheduler(ABC):
         key = (config.method, config.sampling.cfg_scale,
                (tree.depth, tree.top_k, tree.total_tokens) if config.method in DRAFT_METHODS else None, variant)
         if key not in self.sessions:
-            self.sessions[key] = self.make_engine(config, variant).session(max_batch=self.batch_size)
+            self.sessions[key] = self.make_engine(config, variant).session(batch_size=self.batch_size)
         return key, self.sessions[key]
 
     @abstractmethod

@@ -203,7 +203,7 @@ def jacobi_runs(codebook: int, methods: list[str], batches: list[int], windows: 
             for batch in batches:
                 engine = Engine(timed, make_proposer(config, target), config.sampling, config.max_new_tokens, constraint=target.vocab_constraint(),
                                 eos_token_ids=target.eos_token_ids)
-                session = engine.session(max_batch=batch)
+                session = engine.session(batch_size=batch)
                 for i in range(batch):
                     session.submit(RowRequest(ImagePrompt(prompts[i], None), seed=i))
                 measured = measure_session(session, timed, steps, warmup=1)
@@ -241,7 +241,7 @@ def draft_tree_runs(vocab: int, batches: list[int], windows: list[int], steps: i
         decode = DecodeConfig(method="eagle", max_new_tokens=256, sampling=SamplingConfig(temperature=1.0), draft_tree=tree)
         for batch in batches:
             engine = Engine(timed, DraftTreeProposer(draft, tree), decode.sampling, decode.max_new_tokens)
-            session = engine.session(max_batch=batch)
+            session = engine.session(batch_size=batch)
             for i in range(batch):
                 session.submit(RowRequest([1 + i % 7, 2, 3 + i % 5], seed=i))
             measured = measure_session(session, timed, steps, warmup=1)

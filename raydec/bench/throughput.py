@@ -135,7 +135,7 @@ def decode_rows(workload: Workload, config: Any, requests: list, batch: int, con
     synchronize(workload.target.device)
     start = time.perf_counter()
     for group in groups:
-        session = engine.session(max_batch=batch)
+        session = engine.session(batch_size=batch)
         handles = [session.submit(r) for r in group]
         while session.busy:
             session.step()

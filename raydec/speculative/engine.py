@@ -97,25 +97,25 @@ class Engine:
     def streams(self) -> int:
         return 2 if self.sampling.uses_cfg else 1
 
-    def session(self, max_batch: int | None = None, on_finish: Callable[[int, RowOutput], None] | None = None) -> "DecodeSession":
+    def session(self, batch_size: int | None = None, on_finish: Callable[[int, RowOutput], None] | None = None) -> "DecodeSession":
         """A session that takes requests while it runs (see ``DecodeSession``)."""
-        return DecodeSession(self, max_batch, on_finish)
+        return DecodeSession(self, batch_size, on_finish)
 
     @torch.inference_mode()
     def generate(
         self,
         requests: Sequence[RowRequest],
-        max_batch: int | None = None,
+        batch_size: int | None = None,
         on_finish: Callable[[int, RowOutput], None] | None = None,
     ) -> list[RowOutput]:
         """Decode every request to EOS or its length cap: submit them all, step until done.
 
-        max_batch: at most this many rows decode together (None: all). A finished row's place
+        batch_size: at most this many rows decode together (None: all). A finished row's place
         goes to the next queued request (continuous batching) when the proposer can admit rows
         mid-run (``Proposer.admits_rows``); otherwise requests run in consecutive batches.
         on_finish(index, output): called as each request finishes, in finishing order.
         """
-        session = self.session(max_batch if max_batch is not None else max(1, len(requests)), on_finish)
+        session = self.session(batch_size if batch_size is not None else max(1, len(requests)), on_finish)
         handles = [session.submit(request) for request in requests]
         while session.busy:
             session.step()
@@ -136,11 +136,11 @@ class DecodeSession:
     order. A session is single-threaded: a Serve replica or a batch worker drives it from one loop.
     """
 
-    def __init__(self, engine: Engine, max_batch: int | None = None, on_finish: Callable[[int, RowOutput], None] | None = None) -> None:
-        if max_batch is not None and max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    def __init__(self, engine: Engine, batch_size: int | None = None, on_finish: Callable[[int, RowOutput], None] | None = None) -> None:
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.engine = engine
-        self.max_batch = max_batch
+        self.batch_size = batch_size
         self.on_finish = on_finish
         self.rows: dict[int, RowState] = {}  # submitted and not yet released
         self._next_handle = 0
@@ -224,10 +224,10 @@ class DecodeSession:
         self._unreported = []
         if not (self.active or self.queue):
             return finished
-        max_batch = self.max_batch or max(1, len(self.active) + len(self.queue))
-        room = max_batch - len(self.active)
+        batch_size = self.batch_size or max(1, len(self.active) + len(self.queue))
+        room = batch_size - len(self.active)
         start = time.perf_counter()
-        if self.refill.should_admit(len(self.active), len(self.queue), max_batch) and (
+        if self.refill.should_admit(len(self.active), len(self.queue), batch_size) and (
             not self.active or self.engine.proposer.admits_rows
         ):
             joining, self.queue = self.queue[:room], self.queue[room:]
@@ -237,7 +237,7 @@ class DecodeSession:
         else:
             with decode_scope() if decode_scope is not None else contextlib.nullcontext():
                 self._decode_step()
-            self.refill.stepped(time.perf_counter() - start, len(self.active), len(self.queue), max_batch)
+            self.refill.stepped(time.perf_counter() - start, len(self.active), len(self.queue), batch_size)
         return finished + self._retire()
 
     def _held_unreported(self) -> list[int]:
@@ -246,7 +246,7 @@ class DecodeSession:
 
     @property
     def occupancy(self) -> float | None:
-        """Mean share of ``max_batch`` decoding over the steps run while rows were queued (None: no row waited)."""
+        """Mean share of ``batch_size`` decoding over the steps run while rows were queued (None: no row waited)."""
         return self.refill.occupancy
 
     def _sampling_of(self, handles: list[int], device: torch.device) -> SamplingConfig | RowSampling:

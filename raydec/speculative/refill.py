@@ -4,12 +4,12 @@ Every row needs its prefill sometime, so that part of a refill is not waste. Wha
 part of a refill (the copy of the batch's whole cache the joining rows go into, the call
 overheads, the decode step every active row waits out), which is the same whether one row
 joins or ten. Leaving places empty costs too: a decode step of a batch with ``free`` of
-``max_batch`` places empty does ``free / max_batch`` less work than it could have. The policy
+``batch_size`` places empty does ``free / batch_size`` less work than it could have. The policy
 is the rent-or-buy rule over those two measured costs:
 
     per_row   = seconds of the session's first admission / its rows (a prefill and nothing else)
     overhead  = seconds of the last refill - its rows * per_row
-    wasted   += step_seconds * free / max_batch     after each decode step with rows queued
+    wasted   += step_seconds * free / batch_size     after each decode step with rows queued
 
 and queued rows join once ``wasted`` reaches ``overhead``. Like renting until the rent paid
 equals the price, this never loses more than about twice what the best schedule in hindsight
@@ -35,15 +35,15 @@ class RefillPolicy:
     overhead_seconds: float | None = None  # the last refill's seconds beyond its rows' prefills (None: none yet)
     wasted_seconds: float = 0.0  # seconds of decode work the empty places lost since the last refill
     queued_steps: int = 0  # decode steps run while rows were queued
-    queued_fraction: float = 0.0  # active rows / max_batch of those steps, summed
+    queued_fraction: float = 0.0  # active rows / batch_size of those steps, summed
 
-    def should_admit(self, active: int, queued: int, max_batch: int) -> bool:
-        """Whether to admit queued rows now, with ``active`` of ``max_batch`` rows decoding and
+    def should_admit(self, active: int, queued: int, batch_size: int) -> bool:
+        """Whether to admit queued rows now, with ``active`` of ``batch_size`` rows decoding and
         ``queued`` waiting."""
-        free = max_batch - active
+        free = batch_size - active
         if queued == 0 or free < 1:
             return False
-        if active == 0 or free >= min(max(1, max_batch // 4), queued):
+        if active == 0 or free >= min(max(1, batch_size // 4), queued):
             return True
         return self.overhead_seconds is None or self.wasted_seconds >= self.overhead_seconds
 
@@ -57,17 +57,17 @@ class RefillPolicy:
             self.overhead_seconds = max(0.0, seconds - rows * (self.prefill_seconds or 0.0))
         self.wasted_seconds = 0.0
 
-    def stepped(self, seconds: float, active: int, queued: int, max_batch: int) -> None:
-        """Record a decode step of ``seconds`` with ``active`` of ``max_batch`` rows while ``queued`` waited."""
+    def stepped(self, seconds: float, active: int, queued: int, batch_size: int) -> None:
+        """Record a decode step of ``seconds`` with ``active`` of ``batch_size`` rows while ``queued`` waited."""
         if queued == 0:
             return
-        self.wasted_seconds += seconds * (max_batch - active) / max_batch
+        self.wasted_seconds += seconds * (batch_size - active) / batch_size
         self.queued_steps += 1
-        self.queued_fraction += active / max_batch
+        self.queued_fraction += active / batch_size
 
     @property
     def occupancy(self) -> float | None:
-        """Mean active rows / ``max_batch`` over the decode steps run while rows were queued
+        """Mean active rows / ``batch_size`` over the decode steps run while rows were queued
         (None: no row ever waited)."""
         if not self.queued_steps:
             return None

@@ -125,7 +125,7 @@ def test_ragged_cache_matches_fresh_prefill(llama32, compaction):
     original_propose = proposer.propose
 
     def propose(state):
-        engine_ref["state"] = lambda: [(PROMPTS[r], list(g)) for r, g in zip(state.row_ids, state.generated)]
+        engine_ref["state"] = lambda: [(PROMPTS[r], list(g)) for r, g in zip(state.row_handles, state.generated)]
         return original_propose(state)
 
     proposer.propose = propose
@@ -162,7 +162,7 @@ def test_cfg_rows_share_one_decision(llama64):
 
 @pytest.mark.parametrize("method", ["ar", "sjd_pac"])
 def test_continuous_batching_equals_each_row_alone(llama64, method):
-    """max_batch=2 over 6 requests of different prompts and lengths (CFG on, float64): queued
+    """batch_size=2 over 6 requests of different prompts and lengths (CFG on, float64): queued
     rows take finished rows' places, and every row's tokens equal its run alone."""
     spec = JacobiDraftConfig(window=5, branching=2, tree_depth=1)
     sampling = SamplingConfig(temperature=1.0, cfg_scale=2.5, top_k=6)
@@ -180,7 +180,7 @@ def test_continuous_batching_equals_each_row_alone(llama64, method):
 
     llama64.forward = counting_forward
     try:
-        together = engine.generate(requests, max_batch=2, on_finish=lambda i, out: finished.append((i, len(out.tokens))))
+        together = engine.generate(requests, batch_size=2, on_finish=lambda i, out: finished.append((i, len(out.tokens))))
     finally:
         del llama64.forward
     assert max(widths) == 4  # two rows (cond + uncond each), never more
@@ -196,11 +196,11 @@ def test_proposers_that_cannot_admit_rows_run_consecutive_batches(llama64):
     spec = JacobiDraftConfig(window=4)
     config = DecodeConfig(max_new_tokens=5, sampling=SamplingConfig(temperature=1.0), jacobi=spec)
     requests = [RowRequest([p % 16 for p in PROMPTS[i % 4]], seed=i, max_new_tokens=[5, 2, 4][i]) for i in range(3)]
-    together = Engine(llama64, RandomTreeProposer(spec), config.sampling, config.max_new_tokens, compaction=config.compaction).generate(requests, max_batch=2)
+    together = Engine(llama64, RandomTreeProposer(spec), config.sampling, config.max_new_tokens, compaction=config.compaction).generate(requests, batch_size=2)
     for i, request in enumerate(requests):
         assert Engine(llama64, RandomTreeProposer(spec), config.sampling, config.max_new_tokens, compaction=config.compaction).generate([request])[0].tokens == together[i].tokens
-    with pytest.raises(ValueError, match="max_batch"):
-        Engine(llama64, RandomTreeProposer(spec), config.sampling, config.max_new_tokens, compaction=config.compaction).generate(requests, max_batch=0)
+    with pytest.raises(ValueError, match="batch_size"):
+        Engine(llama64, RandomTreeProposer(spec), config.sampling, config.max_new_tokens, compaction=config.compaction).generate(requests, batch_size=0)
 
 
 def test_config_rejects_unknown_keys_and_bad_values():

@@ -99,7 +99,7 @@ def test_sjd_pac_continuous_batching(markov):
     prompts = [[4], [0, 4], [5, 5, 4], [1, 2, 3, 4]]
     caps = [length - 2, length, length - 1, length - 2, length]
     requests = [RowRequest(prompts[i % 4], seed=i, max_new_tokens=caps[i % 5]) for i in range(PATH_SAMPLES)]
-    rows = [o.tokens[: length - 2] for o in engine.generate(requests, max_batch=4)]
+    rows = [o.tokens[: length - 2] for o in engine.generate(requests, batch_size=4)]
     report = compare_to_law(torch.tensor(rows), markov_law(markov, [4], length - 2, SAMPLING))
     assert report.passed, str(report)
 

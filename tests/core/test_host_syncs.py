@@ -66,7 +66,7 @@ def read_backs_per_step(llama, method: str, batch: int, window: int, steps: int 
     config = DecodeConfig(method="ar" if method == "ar" else method, max_new_tokens=60, sampling=sampling, jacobi=spec)
     allowed = torch.arange(VOCAB) >= 8  # an image-token range: the first 8 ids are never sampled
     engine = Engine(llama, proposer, config.sampling, config.max_new_tokens, constraint=VocabConstraint(allowed=allowed))
-    session = engine.session(max_batch=batch)
+    session = engine.session(batch_size=batch)
     for row in range(batch):
         session.submit(RowRequest(CfgPrompt(cond=[1, 2 + row % 5, 3], uncond=[1]), seed=row))
     return counted_steps(session, steps)
@@ -119,7 +119,7 @@ def tree_read_backs_per_step(target, draft, prompts, batch: int, total: int, ste
 
     config = DecodeConfig(method="vispec", max_new_tokens=40, sampling=SamplingConfig(temperature=1.0), draft_tree=TREES[total])
     engine = Engine(target, DraftTreeProposer(draft, config.tree), config.sampling, config.max_new_tokens)
-    session = engine.session(max_batch=batch)
+    session = engine.session(batch_size=batch)
     for row in range(batch):
         session.submit(RowRequest(prompts[row % len(prompts)], seed=row))
     return counted_steps(session, steps)

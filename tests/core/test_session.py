@@ -38,7 +38,7 @@ def _requests(count: int) -> list[RowRequest]:
 def test_requests_submitted_while_a_batch_decodes_join_it_and_match_generate(llama, method):
     requests = _requests(6)
     expected = [out.tokens for out in _engine(llama, method).generate(requests)]
-    session = _engine(llama, method).session(max_batch=4)
+    session = _engine(llama, method).session(batch_size=4)
     handles = [session.submit(r) for r in requests[:2]]
     session.step()  # admits the first two
     session.step()  # a decode step
@@ -58,7 +58,7 @@ def test_requests_submitted_while_a_batch_decodes_join_it_and_match_generate(lla
 def test_a_cancelled_row_frees_its_place_for_a_queued_one(llama):
     requests = _requests(3)
     expected = [out.tokens for out in _engine(llama, "sjd_pac").generate(requests)]
-    session = _engine(llama, "sjd_pac").session(max_batch=2)
+    session = _engine(llama, "sjd_pac").session(batch_size=2)
     finished: list[int] = []
     session.on_finish = lambda handle, output: finished.append(handle)
     handles = [session.submit(r) for r in requests]
@@ -76,7 +76,7 @@ def test_a_cancelled_row_frees_its_place_for_a_queued_one(llama):
 
 
 def test_a_queued_request_cancelled_before_it_starts_never_decodes(llama):
-    session = _engine(llama, "ar").session(max_batch=1)
+    session = _engine(llama, "ar").session(batch_size=1)
     first, second = session.submit(_requests(1)[0]), session.submit(_requests(2)[1])
     session.cancel(second)
     while session.busy:
@@ -89,7 +89,7 @@ def test_a_queued_request_cancelled_before_it_starts_never_decodes(llama):
 def test_a_loop_that_releases_what_step_reports_holds_no_row_at_the_end(llama, method):
     """Rows cancelled while queued (before any step, mid-run, and all that are left) are reported
     by ``step`` like a cancelled decoding row: once each, with reason "cancelled"."""
-    session = _engine(llama, method).session(max_batch=2)
+    session = _engine(llama, method).session(batch_size=2)
     handles = [session.submit(r) for r in _requests(8)]
     session.cancel(handles[3])  # queued, before anything ran
     reported: list[int] = []
@@ -116,7 +116,7 @@ def test_a_loop_that_releases_what_step_reports_holds_no_row_at_the_end(llama, m
 
 
 def test_a_row_cancelled_while_queued_and_released_at_once_is_not_reported_again(llama):
-    session = _engine(llama, "ar").session(max_batch=1)
+    session = _engine(llama, "ar").session(batch_size=1)
     first, second = session.submit(_requests(1)[0]), session.submit(_requests(2)[1])
     session.cancel(second)
     session.release(second)  # the caller read it at the cancel
@@ -141,7 +141,7 @@ def test_a_rows_tokens_are_the_same_in_batch_1_and_16_in_any_order(llama, method
 
 def test_a_small_batch_is_refilled_every_step_while_rows_wait(llama):
     """Up to seven places, a quarter of the batch is one place: a freed place is taken at once."""
-    session = _engine(llama, "sjd_pac").session(max_batch=4)
+    session = _engine(llama, "sjd_pac").session(batch_size=4)
     handles = [session.submit(r) for r in _requests(10)]
     while session.busy:
         session.step()

@@ -278,7 +278,7 @@ def test_continuous_batching_with_image_rows_equals_hf_generate(llava):
     expected = [hf_greedy_vlm(llava, prompt, n) for prompt, n in zip(prompts, lengths)]
     config = DecodeConfig(max_new_tokens=16, sampling=SamplingConfig(temperature=0.0), draft_tree=DraftTreeConfig(depth=3, top_k=3, total_tokens=10))
     engine = Engine(llava, DraftTreeProposer(successor_draft(llava, expected, True), config.tree), config.sampling, config.max_new_tokens, eos_token_ids=llava.eos_token_ids)
-    outputs = engine.generate([RowRequest(p, seed=0, max_new_tokens=n) for p, n in zip(prompts, lengths)], max_batch=2)
+    outputs = engine.generate([RowRequest(p, seed=0, max_new_tokens=n) for p, n in zip(prompts, lengths)], batch_size=2)
     assert [out.tokens for out in outputs] == expected
     assert max(max(out.stats.accepted_lengths, default=0) for out in outputs) >= 3
 
@@ -373,7 +373,7 @@ def test_batch_rows_equal_batch_one_rows(llama64):
     for request, out in zip(requests, batched):
         (single,) = engine.generate([request])
         assert single.tokens == out.tokens
-    continuous = engine.generate(requests, max_batch=5)  # finished rows' places go to queued ones
+    continuous = engine.generate(requests, batch_size=5)  # finished rows' places go to queued ones
     assert [o.tokens for o in continuous] == [o.tokens for o in batched]
 
 

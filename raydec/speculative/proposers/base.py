@@ -45,12 +45,12 @@ class Prefill:
 class DecodeState:
     """What a proposer may look at for the active rows (in batch order).
 
-    row_ids:    original indices of the active rows
+    row_handles: the session handles of the active rows, in batch order
     generated:  per active row, the committed output tokens so far (last one = the root)
     random:     the active rows' counter-based streams at this step (on the target's device)
     """
 
-    row_ids: list[int]
+    row_handles: list[int]
     generated: list[list[int]]
     random: RowRandom
     vocab_size: int
@@ -59,7 +59,7 @@ class DecodeState:
 
     @property
     def batch_size(self) -> int:
-        return len(self.row_ids)
+        return len(self.row_handles)
 
     @property
     def device(self) -> torch.device:

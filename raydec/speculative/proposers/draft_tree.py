@@ -89,7 +89,7 @@ class DraftTreeProposer(Proposer):
         self.draft = draft
         self.spec = tree or DraftTreeConfig()
         self.cache: RaggedCache | None = None
-        self.row_ids: list[int] = []
+        self.row_handles: list[int] = []
         self.root_hidden: torch.Tensor | None = None  # [B, H] draft hidden at each root
         # the pairs (f, x) each row accepted last step, for the draft to read: target features
         # [B, N, H], tokens [B, N], and how many of the N are real (host ints; 0: nothing to feed)
@@ -118,7 +118,7 @@ class DraftTreeProposer(Proposer):
     def start(self, state: DecodeState, first_probs: torch.Tensor, prefill: Prefill) -> None:
         self.cache, self.root_hidden, globals_, has_global = self._prefill_rows(state, prefill)
         self.rows = self.draft.decode_rows(globals_, has_global)
-        self.row_ids = list(state.row_ids)
+        self.row_handles = list(state.row_handles)
         self.pending_features = self.pending_tokens = None
         self.pending_counts = [0] * state.batch_size
 
@@ -129,7 +129,7 @@ class DraftTreeProposer(Proposer):
         self.cache.append_rows(cache)
         self.root_hidden = torch.cat([self.root_hidden, root_hidden])
         self.rows = self.rows.concat(self.draft.decode_rows(globals_, has_global))
-        self.row_ids += list(state.row_ids)
+        self.row_handles += list(state.row_handles)
         if self.pending_features is not None:
             new = state.batch_size
             self.pending_features = torch.cat([self.pending_features, self.pending_features.new_zeros(new, *self.pending_features.shape[1:])])
@@ -186,10 +186,10 @@ class DraftTreeProposer(Proposer):
 
     def _sync_rows(self, state: DecodeState) -> None:
         """Follow the engine when finished rows leave the batch."""
-        if state.row_ids == self.row_ids:
+        if state.row_handles == self.row_handles:
             return
-        where = {row: i for i, row in enumerate(self.row_ids)}
-        index = [where[r] for r in state.row_ids]
+        where = {row: i for i, row in enumerate(self.row_handles)}
+        index = [where[r] for r in state.row_handles]
         self.cache.select_rows(index)
         self.rows = self.rows.select(index)
         on_device = torch.tensor(index, dtype=torch.long, device=self._device)
@@ -197,8 +197,8 @@ class DraftTreeProposer(Proposer):
             self.root_hidden = self.root_hidden[on_device]
         if self.pending_features is not None:
             self.pending_features, self.pending_tokens = self.pending_features[on_device], self.pending_tokens[on_device]
-        self.pending_counts = [self.pending_counts[where[r]] for r in state.row_ids]
-        self.row_ids = list(state.row_ids)
+        self.pending_counts = [self.pending_counts[where[r]] for r in state.row_handles]
+        self.row_handles = list(state.row_handles)
 
     def _catch_up(self) -> None:
         """Feed each row's newly accepted pairs; the draft hidden at the last one is the root's.
@@ -252,7 +252,7 @@ class DraftTreeProposer(Proposer):
         self._sync_rows(state)
         self._catch_up()
         spec, device, dtype = self.spec, self._device, self._dtype
-        batch = len(self.row_ids)
+        batch = len(self.row_handles)
         k = min(spec.top_k, state.vocab_size)
         layout = self._layout(batch, k)
         committed = self.cache.length  # tree slots live after this and are cropped at the end

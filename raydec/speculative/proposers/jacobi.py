@@ -227,7 +227,7 @@ class JacobiProposer(Proposer):
         shift = (result.num_accepted + 1).unsqueeze(1)                                  # [B, 1]
         source = torch.arange(slots, device=p.device).unsqueeze(0) + shift              # [B, S]
         carried = source.clamp(max=slots - 1)
-        self.pending_rows = list(state.row_ids)
+        self.pending_rows = list(state.row_handles)
         self.pending_tokens = tokens.gather(1, carried)
         self.pending_proposals = _take_slots(recorded, carried, out=spent if spent is not recorded else None)
         self.pending_count = (slots - shift.squeeze(1)).clamp(min=0)
@@ -288,9 +288,9 @@ class JacobiProposer(Proposer):
             return tokens, torch.zeros(batch, slots, vocab, dtype=dtype, device=device), have
         pending = self.pending_tokens, self.pending_proposals.to(dtype), self.pending_count
         self.pending_proposals = None
-        if self.pending_rows != state.row_ids:  # rows left or joined: host-side index, no read-back
+        if self.pending_rows != state.row_handles:  # rows left or joined: host-side index, no read-back
             where = {row: i for i, row in enumerate(self.pending_rows)}
-            index = torch.tensor([where.get(row, len(self.pending_rows)) for row in state.row_ids], device=device)
+            index = torch.tensor([where.get(row, len(self.pending_rows)) for row in state.row_handles], device=device)
             pad = lambda t: torch.cat([t, torch.zeros_like(t[:1])])  # noqa: E731  row len(pending_rows): no drafts
             return tuple(pad(t)[index] for t in pending)
         return pending

@@ -19,7 +19,7 @@ class OracleProposer(Proposer):
 
     def propose(self, state: DecodeState) -> DraftTree:
         builders = []
-        for row, row_id in enumerate(state.row_ids):
+        for row, row_id in enumerate(state.row_handles):
             done = state.generated[row]
             builder = TreeBuilder(done[-1])
             reference = self.references.get(row_id, [])
