@@ -36,7 +36,7 @@ class Sampling:
     top_p: Optional[float] = None
 
     def per_row(self) -> Optional[dict[str, Any]]:
-        """The settings a session's ``submit`` takes as ``sampling`` (None: none set)."""
+        """The settings a scheduler's ``submit`` takes as ``sampling`` (None: none set)."""
         chosen = {name: value for name, value in (("temperature", self.temperature), ("top_k", self.top_k), ("top_p", self.top_p))
                   if value is not None}
         return chosen or None

@@ -133,7 +133,7 @@ class DecodeSession:
     cancelled while queued since the last step (each once; not one released meanwhile); their
     ``output(handle)`` is final, and ``release(handle)`` drops them. So a loop that releases what
     ``step`` returns holds no row once ``busy`` is False. Handles count from 0 in submission
-    order. A session is single-threaded: a Serve replica or a batch worker drives it from one loop.
+    order. A session is single-threaded: a scheduler (behind a Serve replica) or a batch worker drives it from one loop.
     """
 
     def __init__(self, engine: Engine, batch_size: int | None = None, on_finish: Callable[[int, RowOutput], None] | None = None) -> None:
