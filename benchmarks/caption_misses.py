@@ -5,7 +5,7 @@
 A decode step ends where the draft's chain first disagrees with the target (or at the tree's
 depth); the token the target commits there is the draft's miss. This decodes the same
 held-out shapes images greedily with each ``--methods`` draft and sorts the misses by the word
-kind of the missed token (``raydec.reference.judge_text.word_kind``): scene attributes an image
+kind of the missed token (``raydec.reference.judge.text.word_kind``): scene attributes an image
 decides (colour, shape, fill, size, position, background, count) or phrasing ("other").
 
 The **attribute oracle** replays each draft's own answers with every attribute miss turned
@@ -62,7 +62,7 @@ def replay_forwards(length: int, misses: set[int], depth: int) -> int:
 def tally(answers: list[tuple[list[str], list[int]]], depth: int) -> dict:
     """Per word kind: answer tokens and misses; decode forwards measured, replayed, and with
     the attribute misses repaired. answers: (words, accepted lengths) per answer."""
-    from raydec.reference.judge_text import word_kind
+    from raydec.reference.judge.text import word_kind
 
     tokens, misses = Counter(), Counter()
     measured = replayed = oracle = 0
@@ -87,7 +87,7 @@ def simulate(texts: list[str], rates: dict[str, float], depth: int, seed: int = 
     independently; forwards are replayed with all misses and with the phrasing ones only."""
     import numpy as np
 
-    from raydec.reference.judge_text import word_kind
+    from raydec.reference.judge.text import word_kind
     from raydec.reference.shapes import words as split
 
     rng = np.random.default_rng(seed)
@@ -136,7 +136,7 @@ def simulate_main(args) -> dict:
     import json
 
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
-    from raydec.reference.shapes_dense import dense_description
+    from raydec.reference.shapes.dense import dense_description
 
     saved = json.loads(args.simulate.read_text())
     method, table = next(iter(saved["methods"].items()))
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
     from raydec.api import DEFAULT_CAPTION_PROMPT, caption_images, load_target
     from raydec.config import DecodeConfig, DraftTreeConfig
     from raydec.models.registry import resolve_draft_path
-    from raydec.reference.judge_text import WORD_KINDS
+    from raydec.reference.judge.text import WORD_KINDS
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
 
     target = load_target(args.model, "caption", dtype=getattr(torch, args.dtype))

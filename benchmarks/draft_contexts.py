@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from raydec.bench.common import json_path_arg, positive_int, write_json
-from raydec.reference.draft_command import temperatures_arg
+from raydec.reference.llava.draft_command import temperatures_arg
 
 
 def _draft_arg(text: str) -> tuple[str, str]:

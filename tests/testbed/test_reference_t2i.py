@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from raydec.reference import janus_t2i as jt
+from raydec.reference.janus import model as jt
 from raydec.reference.load import REFERENCE_MODELS
 from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, words
 
@@ -82,7 +82,7 @@ def test_hf_generate_samples_score_at_least_0_8(shipped):
     Measured 0.874 with this seed (seeds 1-3: 0.861 / 0.870 / 0.827; 0.868 on 200 prompts,
     MODEL_CARD.md; the iid weights before them: 0.834, 0.831); an untrained or wrongly loaded
     model scores ~0.2."""
-    from raydec.reference.evaluate import decode_images, generate_image_tokens, held_out_prompts
+    from raydec.reference.janus.evaluate import decode_images, generate_image_tokens, held_out_prompts
     from raydec.reference.judge import score_image
 
     model, processor = shipped
@@ -92,7 +92,7 @@ def test_hf_generate_samples_score_at_least_0_8(shipped):
 
 
 def test_attribute_accuracy_by_kind_pairs_objects_by_cell():
-    from raydec.reference.evaluate import attribute_accuracy_by_kind
+    from raydec.reference.janus.evaluate import attribute_accuracy_by_kind
 
     samples = [make_sample(HELD_OUT_SEED_START + i) for i in range(6)]
     truth = attribute_accuracy_by_kind([s.image for s in samples], [s.prompt for s in samples])
@@ -160,7 +160,7 @@ def test_vq_round_trip_keeps_judge_accuracy(shipped, texture):
 def test_object_token_mask_covers_exactly_the_object_boxes():
     """The LM loss weighs the tokens of each stated object's box; read from the prompt alone,
     they must be the boxes the renderer drew."""
-    from raydec.reference.janus_t2i_lm import object_token_mask
+    from raydec.reference.janus.lm import object_token_mask
     from raydec.reference.shapes import GRID_BLOCKS, object_box
 
     for seed in range(40):
@@ -176,7 +176,7 @@ def test_object_token_mask_covers_exactly_the_object_boxes():
 
 def test_attribute_probe_targets_name_each_box_object():
     """The training-only probe must name, at every token of a box, that box's object."""
-    from raydec.reference.janus_t2i_lm import IGNORE, object_attribute_targets, object_token_mask
+    from raydec.reference.janus.lm import IGNORE, object_attribute_targets, object_token_mask
     from raydec.reference.shapes import COLORS, FILLS, SHAPES, object_box
 
     for seed in range(40):
@@ -191,7 +191,7 @@ def test_attribute_probe_targets_name_each_box_object():
 
 
 def test_attribute_loss_ignores_unlabelled_tokens_and_rewards_the_right_names():
-    from raydec.reference.janus_t2i_lm import ATTRIBUTE_CLASSES, IGNORE, attribute_loss
+    from raydec.reference.janus.lm import ATTRIBUTE_CLASSES, IGNORE, attribute_loss
 
     probe = torch.nn.Identity()
     targets = torch.full((1, 3, 2), IGNORE)
@@ -208,7 +208,7 @@ def test_attribute_loss_ignores_unlabelled_tokens_and_rewards_the_right_names():
 
 
 def test_lm_checkpoint_without_the_probe_resumes_with_a_fresh_one(tmp_path):
-    from raydec.reference.janus_t2i_checkpoint import _load_checkpoint, _save_checkpoint
+    from raydec.reference.janus.checkpoint import _load_checkpoint, _save_checkpoint
 
     model, probe = torch.nn.Linear(3, 3), torch.nn.Linear(3, 2)
     _save_checkpoint(tmp_path / "ckpt.pt", 7, {"model": model}, [{"step": 6, "loss": 1.0}], {"seconds": 2.0})
@@ -222,7 +222,7 @@ def test_lm_checkpoint_without_the_probe_resumes_with_a_fresh_one(tmp_path):
 
 
 def test_word_sensitivity_sees_the_words_the_model_reads(shipped):
-    from raydec.reference.evaluate import replace_words, word_sensitivity
+    from raydec.reference.janus.evaluate import replace_words, word_sensitivity
 
     assert replace_words("a large purple speckled diamond top right", "colour") == "a large red speckled diamond top right"
     assert replace_words("a small red solid cross left", "size") == "a large red solid cross left"
@@ -261,9 +261,9 @@ def test_neighbour_copies_are_the_prior_the_reference_shapes_want(shipped):
 def test_continuing_refuses_another_tokenisation_and_bad_folders(shipped, tmp_path):
     """``init_from`` keeps the shipped VQ-VAE, so the block codes must be the ones it learned:
     a k-means fitted on too few images is another tokenisation and is refused by name."""
-    from raydec.reference.janus_t2i_codes import BlockCodes, block_codes
-    from raydec.reference.janus_t2i_settings import T2ISettings
-    from raydec.reference.janus_t2i_train import check_tokenisation, train_t2i
+    from raydec.reference.janus.codes import BlockCodes, block_codes
+    from raydec.reference.janus.settings import T2ISettings
+    from raydec.reference.janus.train import check_tokenisation, train_t2i
 
     model, _ = shipped
     images = np.stack([make_sample(seed).image for seed in range(8)])  # training seeds
@@ -291,8 +291,8 @@ def test_default_recipe_trains_iid_then_continues_on_runs(tmp_path):
 
     from transformers import JanusForConditionalGeneration
 
-    from raydec.reference.janus_t2i_settings import T2ISettings
-    from raydec.reference.janus_t2i_train import train_t2i
+    from raydec.reference.janus.settings import T2ISettings
+    from raydec.reference.janus.train import train_t2i
 
     settings = T2ISettings(
         out_dir=tmp_path / "out", work_dir=tmp_path / "work", num_images=8, vq_steps=2, vq_kmeans_images=8,

@@ -8,7 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from raydec.reference import shapes, shapes_text
+from raydec.reference import shapes
+from raydec.reference.shapes import text as shapes_text
 from raydec.reference.shapes import (
     BACKGROUNDS,
     COLORS,
