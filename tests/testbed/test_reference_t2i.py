@@ -208,17 +208,17 @@ def test_attribute_loss_ignores_unlabelled_tokens_and_rewards_the_right_names():
 
 
 def test_lm_checkpoint_without_the_probe_resumes_with_a_fresh_one(tmp_path):
-    from raydec.reference.janus.checkpoint import _load_checkpoint, _save_checkpoint
+    from raydec.reference.janus.checkpoint import load_checkpoint, save_checkpoint
 
     model, probe = torch.nn.Linear(3, 3), torch.nn.Linear(3, 2)
-    _save_checkpoint(tmp_path / "ckpt.pt", 7, {"model": model}, [{"step": 6, "loss": 1.0}], {"seconds": 2.0})
+    save_checkpoint(tmp_path / "ckpt.pt", 7, {"model": model}, [{"step": 6, "loss": 1.0}], {"seconds": 2.0})
     fresh = probe.weight.detach().clone()
     restored = torch.nn.Linear(3, 3)
-    step, losses, extra = _load_checkpoint(tmp_path / "ckpt.pt", {"model": restored, "probe": probe}, ("probe",))
+    step, losses, extra = load_checkpoint(tmp_path / "ckpt.pt", {"model": restored, "probe": probe}, ("probe",))
     assert step == 7 and extra == {"seconds": 2.0} and torch.equal(restored.weight, model.weight)
     assert torch.equal(probe.weight, fresh)
     with pytest.raises(KeyError):
-        _load_checkpoint(tmp_path / "ckpt.pt", {"model": restored, "probe": probe})
+        load_checkpoint(tmp_path / "ckpt.pt", {"model": restored, "probe": probe})
 
 
 def test_word_sensitivity_sees_the_words_the_model_reads(shipped):

@@ -1,8 +1,8 @@
 """Resumable checkpoints of the reference text-to-image training stages.
 
-``_save_checkpoint`` writes named modules' state dicts, the step, the loss history, torch's
+``save_checkpoint`` writes named modules' state dicts, the step, the loss history, torch's
 RNG state and extra state atomically (safe for ``torch.load(weights_only=True)``);
-``_load_checkpoint`` restores them, letting modules a checkpoint predates start fresh.
+``load_checkpoint`` restores them, letting modules a checkpoint predates start fresh.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 
-def _save_checkpoint(path: Path, step: int, modules: dict, losses: list, extra: dict | None = None) -> None:
+def save_checkpoint(path: Path, step: int, modules: dict, losses: list, extra: dict | None = None) -> None:
     """Write state dicts + step + loss history atomically (``torch.load(weights_only=True)`` safe)."""
     state = {name: obj.state_dict() for name, obj in modules.items()}
     state.update(step=step, losses=losses, torch_rng=torch.get_rng_state(), extra=extra or {})
@@ -25,8 +25,8 @@ def _save_checkpoint(path: Path, step: int, modules: dict, losses: list, extra: 
     tmp.replace(path)
 
 
-def _load_checkpoint(path: Path, modules: dict, optional: Sequence[str] = ()) -> tuple[int, list, dict]:
-    """Restore a checkpoint written by ``_save_checkpoint``; returns (step, losses, extra).
+def load_checkpoint(path: Path, modules: dict, optional: Sequence[str] = ()) -> tuple[int, list, dict]:
+    """Restore a checkpoint written by ``save_checkpoint``; returns (step, losses, extra).
 
     Modules named in ``optional`` keep their current state when the checkpoint lacks them
     (a run that adds a training-only part resumes from one written before it existed).

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from raydec.reference.janus import model as jt
-from raydec.reference.janus.checkpoint import _load_checkpoint, _save_checkpoint
+from raydec.reference.janus.checkpoint import load_checkpoint, save_checkpoint
 from raydec.reference.janus.codes import BlockCodes
 from raydec.reference.janus.settings import T2ISettings
 from raydec.reference.judge.text import parse_prompt
@@ -144,7 +144,7 @@ def train_lm(model, tokenizer, prompts: list[str], codes: BlockCodes, settings: 
     start, losses, spent, began = 0, [], 0.0, time.time()
     if settings.resume and ckpt.exists():
         optional = ("attribute_probe", "attribute_optimizer")
-        start, losses, extra = _load_checkpoint(ckpt, modules, optional)
+        start, losses, extra = load_checkpoint(ckpt, modules, optional)
         gen.set_state(extra["gen"])
         spent = extra.get("seconds", 0.0)
         logger.info("resumed LM training at step %d", start)
@@ -188,10 +188,10 @@ def train_lm(model, tokenizer, prompts: list[str], codes: BlockCodes, settings: 
             probe_text = f", attribute probe {np.mean(probe_losses):.4f}" if probe_losses else ""
             logger.info("LM step %d: mean loss (last 100) %.4f%s", step + 1, recent, probe_text)
         if (step + 1) % settings.checkpoint_every == 0:
-            _save_checkpoint(ckpt, step + 1, modules, losses, state())
+            save_checkpoint(ckpt, step + 1, modules, losses, state())
         if deadline and time.time() > deadline:
             logger.warning("LM training stopped early at step %d (time limit)", step + 1)
             break
-    _save_checkpoint(ckpt, len(losses), modules, losses, state())
+    save_checkpoint(ckpt, len(losses), modules, losses, state())
     model.eval()
     return losses, state()["seconds"]

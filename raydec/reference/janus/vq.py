@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from raydec.reference.janus import model as jt
-from raydec.reference.janus.checkpoint import _load_checkpoint, _save_checkpoint
+from raydec.reference.janus.checkpoint import load_checkpoint, save_checkpoint
 from raydec.reference.janus.codes import BlockCodes
 from raydec.reference.janus.settings import T2ISettings
 
@@ -93,7 +93,7 @@ def train_vq(model, images: np.ndarray, codes: BlockCodes, settings: T2ISettings
         vq.quantize.embedding.weight.copy_(codes.codebook(vq.config.embed_dim, settings.seed))
     start, losses, spent, began = 0, [], 0.0, time.time()
     if settings.resume and ckpt.exists():
-        start, losses, extra = _load_checkpoint(ckpt, {"vq": vq, "optimizer": optimizer})
+        start, losses, extra = load_checkpoint(ckpt, {"vq": vq, "optimizer": optimizer})
         gen.set_state(extra["gen"])
         spent = extra.get("seconds", 0.0)
         logger.info("resumed VQ training at step %d", start)
@@ -118,10 +118,10 @@ def train_vq(model, images: np.ndarray, codes: BlockCodes, settings: T2ISettings
         if (step + 1) % 50 == 0:
             logger.info("VQ step %d: %s", step + 1, record)
         if (step + 1) % settings.checkpoint_every == 0:
-            _save_checkpoint(ckpt, step + 1, {"vq": vq, "optimizer": optimizer}, losses, state())
+            save_checkpoint(ckpt, step + 1, {"vq": vq, "optimizer": optimizer}, losses, state())
         if deadline and time.time() > deadline:
             logger.warning("VQ training stopped early at step %d (time limit)", step + 1)
             break
-    _save_checkpoint(ckpt, len(losses), {"vq": vq, "optimizer": optimizer}, losses, state())
+    save_checkpoint(ckpt, len(losses), {"vq": vq, "optimizer": optimizer}, losses, state())
     vq.eval()
     return losses, state()["seconds"]

@@ -15,12 +15,12 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from raydec.reference.judge.text import (
-    _COUNT_WORDS,
-    _EVERY,
-    _SHAPE_WORDS,
-    _find_phrase,
-    _object_keyword,
-    _position_of,
+    COUNT_WORDS,
+    EVERY,
+    SHAPE_WORDS,
+    find_phrase,
+    object_keyword,
+    position_of,
     statement_kind,
 )
 from raydec.reference.shapes import ShapeObject
@@ -31,12 +31,12 @@ def _constraints(tokens: Sequence[str]) -> dict[str, str]:
     """Attributes a noun phrase states ("the large red circle in the top left" -> shape, ...)."""
     said: dict[str, str] = {}
     for token in tokens:
-        if token in _SHAPE_WORDS:
-            said.setdefault("shape", _SHAPE_WORDS[token])
-        keyword = _object_keyword(token)
+        if token in SHAPE_WORDS:
+            said.setdefault("shape", SHAPE_WORDS[token])
+        keyword = object_keyword(token)
         if keyword is not None:
             said.setdefault(*keyword)
-    position = _position_of(said.pop("vertical", None), said.pop("horizontal", None), said.pop("center", None) is not None)
+    position = position_of(said.pop("vertical", None), said.pop("horizontal", None), said.pop("center", None) is not None)
     if position is not None:
         said["position"] = position
     return said
@@ -54,13 +54,13 @@ def _resolve(tokens: Sequence[str], objects: Sequence[ShapeObject]) -> Optional[
 def _check_relations(sentence: Sequence[str], objects: Sequence[ShapeObject]) -> list[bool]:
     """One verdict per relation phrase, each relating A to B: "compared with B , A is P1 it , P2 it
     and P3 it", or "A is P1 B [and P2 it]"."""
-    first = _find_phrase(sentence, 0)
+    first = find_phrase(sentence, 0)
     if first is None:
         return []
     begin, end, kind, value = first
     stated = [(kind, value)]
     cursor = end
-    while (found := _find_phrase(sentence, cursor)) is not None:
+    while (found := find_phrase(sentence, cursor)) is not None:
         stated.append(found[2:])
         cursor = found[1]
     head = list(sentence[:begin])
@@ -95,7 +95,7 @@ def _check_counts(sentence: Sequence[str], objects: Sequence[ShapeObject]) -> li
             continue
         ((attribute, value),) = said.items()
         have = sum(getattr(o, attribute) == value for o in objects)
-        expected = len(objects) if clause[0] in _EVERY else _COUNT_WORDS.get(clause[0], -1)
+        expected = len(objects) if clause[0] in EVERY else COUNT_WORDS.get(clause[0], -1)
         verdicts.append(have == expected)
     return verdicts
 

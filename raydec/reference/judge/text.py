@@ -17,7 +17,7 @@ from raydec.reference.judge.scene import ParsedScene
 from raydec.reference.shapes import BACKGROUND_COLORS, COLORS, SHAPES, ShapeObject, words
 from raydec.reference.shapes.dense import RELATION_PHRASES, SHAPE_PLURALS
 
-_SHAPE_WORDS = {**{s: s for s in SHAPES}, **{plural: s for s, plural in SHAPE_PLURALS.items()}}
+SHAPE_WORDS = {**{s: s for s in SHAPES}, **{plural: s for s, plural in SHAPE_PLURALS.items()}}
 _COLOR_WORDS = {c: c for c in COLORS}
 _SIZE_WORDS = {"small": "small", "little": "small", "tiny": "small", "large": "large", "big": "large"}
 _FILL_WORDS = {
@@ -35,7 +35,7 @@ _BACKGROUND_WORDS = {
     "gradient": "gradient", "shaded": "gradient",
     "noisy": "noisy", "grainy": "noisy", "textured": "noisy",
 }  # fmt: skip
-_COUNT_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "1": 1, "2": 2, "3": 3}
+COUNT_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "1": 1, "2": 2, "3": 3}
 _SENTENCE_ENDS = {".", "?", "!"}
 _MAX_TEXT_OBJECTS = 8  # mentions beyond this are ignored (keeps matching cheap)
 
@@ -44,7 +44,7 @@ WORD_KINDS = ("colour", "shape", "fill", "size", "position", "background", "coun
 # words of dense descriptions' relation phrases that state the relation's value
 _RELATION_WORDS = {"above", "below", "higher", "larger", "bigger", "smaller", "same", "different", "column", "row",
                    "level"}  # fmt: skip
-_EVERY = {"all", "both"}
+EVERY = {"all", "both"}
 # token tuple -> (kind, value), longest first so "to the left of" wins over "left of"
 _PHRASES = sorted(
     ((tuple(p.split()), (kind, value)) for kind, table in RELATION_PHRASES.items()
@@ -55,14 +55,14 @@ _PHRASES = sorted(
 
 def statement_kind(sentence: Sequence[str]) -> Optional[str]:
     """"count", "relation" or None (a sentence the attribute reader handles)."""
-    if "them" in sentence and sentence and (sentence[0] in _COUNT_WORDS or sentence[0] in _EVERY):
+    if "them" in sentence and sentence and (sentence[0] in COUNT_WORDS or sentence[0] in EVERY):
         return "count"
-    if _find_phrase(sentence, 0) is not None:
+    if find_phrase(sentence, 0) is not None:
         return "relation"
     return None
 
 
-def _find_phrase(sentence: Sequence[str], start: int) -> Optional[tuple[int, int, str, str]]:
+def find_phrase(sentence: Sequence[str], start: int) -> Optional[tuple[int, int, str, str]]:
     """The first relation phrase at or after ``start``: ``(begin, end, kind, value)``."""
     for i in range(start, len(sentence)):
         for tokens, (kind, value) in _PHRASES:
@@ -80,15 +80,15 @@ def word_kind(word: str) -> str:
     The same word lists the caption parser reads, so "other" words are those no image can decide.
     """
     kinds = (
-        ("colour", _COLOR_WORDS), ("shape", _SHAPE_WORDS), ("fill", _FILL_WORDS), ("size", _SIZE_WORDS),
+        ("colour", _COLOR_WORDS), ("shape", SHAPE_WORDS), ("fill", _FILL_WORDS), ("size", _SIZE_WORDS),
         ("position", {**_VERTICAL_WORDS, **_HORIZONTAL_WORDS, **dict.fromkeys(_CENTER_WORDS)}),
         ("background", {**_BACKGROUND_COLOR_WORDS, **_BACKGROUND_WORDS}),
-        ("count", {**_COUNT_WORDS, **dict.fromkeys(_EVERY)}), ("relation", _RELATION_WORDS),
+        ("count", {**COUNT_WORDS, **dict.fromkeys(EVERY)}), ("relation", _RELATION_WORDS),
     )  # fmt: skip
     return next((kind for kind, words in kinds if word in words), "other")
 
 
-def _position_of(vertical: Optional[str], horizontal: Optional[str], center: bool) -> Optional[str]:
+def position_of(vertical: Optional[str], horizontal: Optional[str], center: bool) -> Optional[str]:
     """Combine position keywords ("upper" + "left" -> "top left"); None if nothing was said."""
     if vertical and horizontal:
         return f"{vertical} {horizontal}"
@@ -112,7 +112,7 @@ class _Mention:
         return self.values[attribute][1] if attribute in self.values else None
 
     def to_object(self) -> ShapeObject:
-        position = _position_of(self.get("vertical"), self.get("horizontal"), self.get("center") is not None)
+        position = position_of(self.get("vertical"), self.get("horizontal"), self.get("center") is not None)
         return ShapeObject(
             shape=self.get("shape"), color=self.get("color"), size=self.get("size"),
             position=position, fill=self.get("fill"),
@@ -130,7 +130,7 @@ def sentences(tokens: list[str]) -> list[list[str]]:
     return [s for s in out if s]
 
 
-def _object_keyword(token: str) -> Optional[tuple[str, str]]:
+def object_keyword(token: str) -> Optional[tuple[str, str]]:
     """``(attribute, value)`` if ``token`` states an object attribute."""
     for attribute, table in (("color", _COLOR_WORDS), ("size", _SIZE_WORDS), ("fill", _FILL_WORDS),
                              ("vertical", _VERTICAL_WORDS), ("horizontal", _HORIZONTAL_WORDS)):  # fmt: skip
@@ -155,7 +155,7 @@ def parse_text(text: str) -> ParsedScene:
     for sentence in sentences(tokens):
         if statement_kind(sentence) is not None:  # dense counts and relations: judge.relations
             continue
-        nouns = [(i, _SHAPE_WORDS[t]) for i, t in enumerate(sentence) if t in _SHAPE_WORDS]
+        nouns = [(i, SHAPE_WORDS[t]) for i, t in enumerate(sentence) if t in SHAPE_WORDS]
         local = [_Mention(shape) for _, shape in nouns][: max(0, _MAX_TEXT_OBJECTS - len(mentions))]
         nouns = nouns[: len(local)]
         for i, token in enumerate(sentence):
@@ -163,9 +163,9 @@ def parse_text(text: str) -> ParsedScene:
                 background_color = background_color or _BACKGROUND_COLOR_WORDS[token]
             elif token in _BACKGROUND_WORDS:
                 background = background or _BACKGROUND_WORDS[token]
-            elif token in _COUNT_WORDS and count is None:
-                count = _COUNT_WORDS[token]
-            keyword = _object_keyword(token)
+            elif token in COUNT_WORDS and count is None:
+                count = COUNT_WORDS[token]
+            keyword = object_keyword(token)
             if keyword is None:
                 continue
             if local:

@@ -77,7 +77,7 @@ from raydec.reference.shapes.scene import (
     SHAPES,
     SIZES,
     TEXTURES,
-    _TEXT_STREAM,
+    TEXT_STREAM,
     RandomSource,
     ShapeObject,
     ShapesSample,
@@ -131,7 +131,7 @@ def make_sample(seed: int, image_size: int = 64, texture: str = "iid") -> Shapes
         background_color=background_color,
         prompt=prompt_for(objects, background, background_color),
         description=describe(
-            objects, background, background_color, np.random.default_rng([seed, _TEXT_STREAM])
+            objects, background, background_color, np.random.default_rng([seed, TEXT_STREAM])
         ),
         texture=texture,
     )

@@ -35,15 +35,15 @@ from raydec.reference.shapes.scene import (
     RandomSource,
     ShapeObject,
     ShapesSample,
-    _pick,
-    _shuffled,
+    pick,
+    shuffled,
 )
 from raydec.reference.shapes.text import (
-    _INTRO_WITH_BACKGROUND_TEMPLATES,
-    _background_phrase,
-    _count_words,
-    _object_sentence,
-    _position_phrases,
+    INTRO_WITH_BACKGROUND_TEMPLATES,
+    background_phrase,
+    count_words,
+    object_sentence,
+    position_phrases,
 )
 
 DENSE_INSTRUCTION = "describe the image in detail ."
@@ -111,7 +111,7 @@ def relation(kind: str, a: ShapeObject, b: ShapeObject) -> str:
 def reference(obj: ShapeObject, rng: RandomSource) -> str:
     """A noun phrase that picks ``obj`` out by colour, shape and place ("the red circle in the top
     left"): copied from what its own sentence said, unique because no two objects share a place."""
-    return f"the {obj.color} {obj.shape} {_pick(rng, _position_phrases(obj.position))}"
+    return f"the {obj.color} {obj.shape} {pick(rng, position_phrases(obj.position))}"
 
 
 def _count_sentence(values: list[str], noun_plural: dict[str, str] | None) -> str:
@@ -134,7 +134,7 @@ def _count_sentence(values: list[str], noun_plural: dict[str, str] | None) -> st
 def _relation_sentence(a: ShapeObject, b: ShapeObject, kinds: Sequence[str], rng: RandomSource) -> str:
     """"compared with B , A is P1 it , P2 it and P3 it ." stating ``kinds`` relations of ``a`` to
     ``b``: both objects and their places are said before any relation is decided."""
-    phrases = [f"{_pick(rng, RELATION_PHRASES[k][relation(k, a, b)])} it" for k in kinds]
+    phrases = [f"{pick(rng, RELATION_PHRASES[k][relation(k, a, b)])} it" for k in kinds]
     listed = " and ".join([" , ".join(phrases[:-1]), phrases[-1]]) if len(phrases) > 1 else phrases[0]
     return f"compared with {reference(b, rng)} , {reference(a, rng)} is {listed} ."
 
@@ -144,20 +144,20 @@ def describe_dense(
 ) -> str:
     """The dense description of a scene: overview, each object with its relations to the one
     before, counts."""
-    fields = _count_words(len(objects), rng)
-    bg = _background_phrase(background, background_color, rng)
-    sentences = [_pick(rng, _INTRO_WITH_BACKGROUND_TEMPLATES).format(bg=bg, **fields)]
+    fields = count_words(len(objects), rng)
+    bg = background_phrase(background, background_color, rng)
+    sentences = [pick(rng, INTRO_WITH_BACKGROUND_TEMPLATES).format(bg=bg, **fields)]
     # counts and relations restate what the answer has already said, in the order it said it,
     # as a careful describer (and a small model) would
-    named = _shuffled(rng, objects)
+    named = shuffled(rng, objects)
     for previous, obj in zip([None, *named], named):
-        sentences.append(_object_sentence(obj, rng, DENSE_OBJECT_TEMPLATES))
+        sentences.append(object_sentence(obj, rng, DENSE_OBJECT_TEMPLATES))
         if previous is None:
             continue
         # right after an object's sentence: how it stands to the object named before it
-        sentences.append(_relation_sentence(obj, previous, _shuffled(rng, RELATION_KINDS), rng))
+        sentences.append(_relation_sentence(obj, previous, shuffled(rng, RELATION_KINDS), rng))
     if len(named) > 1:
-        counted = _shuffled(rng, ("color", "shape", "size", "fill"))
+        counted = shuffled(rng, ("color", "shape", "size", "fill"))
         for attribute in counted:
             values = [getattr(o, attribute) for o in named]
             sentences.append(_count_sentence(values, SHAPE_PLURALS if attribute == "shape" else None))

@@ -27,7 +27,7 @@ from raydec.reference.shapes.scene import (
     RUNS_STAY,
     SHAPES,
     TEXTURES,
-    _RENDER_STREAM,
+    RENDER_STREAM,
     ShapeObject,
     ShapesSample,
 )
@@ -202,7 +202,7 @@ def _render_with_random_mask(
     """``(image [H, W, 3] uint8, random-pixel mask [H, W] bool)``."""
     block_size(image_size)
     check_texture(texture)
-    rng = np.random.default_rng([seed, _RENDER_STREAM])
+    rng = np.random.default_rng([seed, RENDER_STREAM])
     grey, random_mask = _render_background(background, background_color, rng, image_size, texture)
     image = np.repeat(grey[..., None], 3, axis=2)
     for obj in objects:

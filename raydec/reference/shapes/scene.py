@@ -45,8 +45,8 @@ NUMBER_WORDS = ("zero", "one", "two", "three")
 # A noisy background is flat above a horizon block row drawn from these, block noise below it.
 NOISE_HORIZON_ROWS = tuple(range(3, 9))
 
-_RENDER_STREAM = 1  # render randomness: default_rng([seed, 1])
-_TEXT_STREAM = 2  # description randomness: default_rng([seed, 2])
+RENDER_STREAM = 1  # render randomness: default_rng([seed, 1])
+TEXT_STREAM = 2  # description randomness: default_rng([seed, 2])
 # "runs" texture: a random block keeps its left neighbour's value with this probability.
 RUNS_STAY = 0.55
 TEXTURES = ("iid", "runs")
@@ -82,39 +82,39 @@ class ShapesSample:
 # ----------------------------------------------------------------------------- sampling
 
 
-def _randint(rng: RandomSource, n: int) -> int:
+def randint(rng: RandomSource, n: int) -> int:
     """Uniform integer in ``[0, n)`` from a numpy Generator or a ``random.Random``."""
     if isinstance(rng, random.Random):
         return rng.randrange(n)
     return int(rng.integers(0, n))
 
 
-def _pick(rng: RandomSource, options: Sequence):
+def pick(rng: RandomSource, options: Sequence):
     """One uniformly chosen element of ``options``."""
-    return options[_randint(rng, len(options))]
+    return options[randint(rng, len(options))]
 
 
-def _shuffled(rng: RandomSource, items: Sequence) -> list:
+def shuffled(rng: RandomSource, items: Sequence) -> list:
     """A Fisher-Yates shuffled copy of ``items``."""
     out = list(items)
     for i in range(len(out) - 1, 0, -1):
-        j = _randint(rng, i + 1)
+        j = randint(rng, i + 1)
         out[i], out[j] = out[j], out[i]
     return out
 
 
 def random_scene(rng: RandomSource) -> tuple[tuple[ShapeObject, ...], str, str]:
     """Draw ``(objects in reading order, background, background_color)``."""
-    count = 1 + _randint(rng, MAX_OBJECTS)
-    cells = sorted(_shuffled(rng, range(len(POSITIONS)))[:count])
+    count = 1 + randint(rng, MAX_OBJECTS)
+    cells = sorted(shuffled(rng, range(len(POSITIONS)))[:count])
     objects = tuple(
         ShapeObject(
-            shape=_pick(rng, SHAPES),
-            color=_pick(rng, tuple(COLORS)),
-            size=_pick(rng, SIZES),
+            shape=pick(rng, SHAPES),
+            color=pick(rng, tuple(COLORS)),
+            size=pick(rng, SIZES),
             position=POSITIONS[cell],
-            fill=_pick(rng, FILLS),
+            fill=pick(rng, FILLS),
         )
         for cell in cells
     )
-    return objects, _pick(rng, BACKGROUNDS), _pick(rng, tuple(BACKGROUND_COLORS))
+    return objects, pick(rng, BACKGROUNDS), pick(rng, tuple(BACKGROUND_COLORS))

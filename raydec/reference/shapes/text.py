@@ -24,9 +24,9 @@ from raydec.reference.shapes.scene import (
     RandomSource,
     ShapeObject,
     ShapesSample,
-    _pick,
-    _randint,
-    _shuffled,
+    pick,
+    randint,
+    shuffled,
 )
 
 _SIZE_WORDS = {"small": ("small", "little"), "large": ("large", "big")}
@@ -38,7 +38,7 @@ _FILL_WITH = {
 }
 
 
-def _position_phrases(position: str) -> tuple[str, ...]:
+def position_phrases(position: str) -> tuple[str, ...]:
     """Ways to say where an object is ("in the top left corner", "on the left", ...)."""
     if position == "center":
         return ("in the center", "in the middle")
@@ -66,7 +66,7 @@ _INTRO_TEMPLATES = (
     "this picture contains {n} {noun}.",
     "we can see {n} {noun}.",
 )
-_INTRO_WITH_BACKGROUND_TEMPLATES = (
+INTRO_WITH_BACKGROUND_TEMPLATES = (
     "there {be} {n} {noun} on a {bg} background.",
     "the image shows {n} {noun} on a {bg} background.",
 )
@@ -103,23 +103,23 @@ def words(text: str) -> list[str]:
     return _TOKEN_PATTERN.sub(r" \1 ", text.lower()).split()
 
 
-def _background_phrase(background: str, background_color: str, rng: RandomSource | None = None) -> str:
+def background_phrase(background: str, background_color: str, rng: RandomSource | None = None) -> str:
     """"noisy grey", "grey gradient", ... (the canonical one when ``rng`` is None)."""
     options = _BACKGROUND_PHRASES[background]
-    template = options[0] if rng is None else _pick(rng, options)
+    template = options[0] if rng is None else pick(rng, options)
     return template.format(c=background_color)
 
 
 def prompt_for(objects: Sequence[ShapeObject], background: str, background_color: str) -> str:
     """One line: "a large red striped circle top left, ..., on a plain grey background"."""
     parts = [f"a {o.size} {o.color} {o.fill} {o.shape} {o.position}" for o in objects]
-    parts.append(f"on a {_background_phrase(background, background_color)} background")
+    parts.append(f"on a {background_phrase(background, background_color)} background")
     return ", ".join(parts)
 
 
-def _count_words(count: int, rng: RandomSource) -> dict[str, str]:
+def count_words(count: int, rng: RandomSource) -> dict[str, str]:
     """Agreement fields for a count: ``n``, ``noun``, ``be``, ``them``."""
-    noun = _pick(rng, ("object", "shape"))
+    noun = pick(rng, ("object", "shape"))
     return {
         "n": NUMBER_WORDS[count],
         "noun": noun if count == 1 else noun + "s",
@@ -128,15 +128,15 @@ def _count_words(count: int, rng: RandomSource) -> dict[str, str]:
     }
 
 
-def _object_sentence(obj: ShapeObject, rng: RandomSource, templates: Sequence[str] = _OBJECT_TEMPLATES) -> str:
+def object_sentence(obj: ShapeObject, rng: RandomSource, templates: Sequence[str] = _OBJECT_TEMPLATES) -> str:
     """One (or two) sentences stating all five attributes of ``obj`` in one of ``templates``."""
-    return _pick(rng, templates).format(
-        size=_pick(rng, _SIZE_WORDS[obj.size]),
+    return pick(rng, templates).format(
+        size=pick(rng, _SIZE_WORDS[obj.size]),
         color=obj.color,
-        fill=_pick(rng, _FILL_ADJECTIVES[obj.fill]),
-        fill_with=_pick(rng, _FILL_WITH[obj.fill]),
+        fill=pick(rng, _FILL_ADJECTIVES[obj.fill]),
+        fill_with=pick(rng, _FILL_WITH[obj.fill]),
         shape=obj.shape,
-        pos=_pick(rng, _position_phrases(obj.position)),
+        pos=pick(rng, position_phrases(obj.position)),
     )
 
 
@@ -144,15 +144,15 @@ def describe(
     objects: Sequence[ShapeObject], background: str, background_color: str, rng: RandomSource
 ) -> str:
     """Several sentences stating every attribute, with phrasing and order drawn from ``rng``."""
-    fields = _count_words(len(objects), rng)
-    bg = _background_phrase(background, background_color, rng)
-    object_sentences = [_object_sentence(o, rng) for o in _shuffled(rng, objects)]
-    if _randint(rng, 2):
-        sentences = [_pick(rng, _INTRO_WITH_BACKGROUND_TEMPLATES).format(bg=bg, **fields), *object_sentences]
+    fields = count_words(len(objects), rng)
+    bg = background_phrase(background, background_color, rng)
+    object_sentences = [object_sentence(o, rng) for o in shuffled(rng, objects)]
+    if randint(rng, 2):
+        sentences = [pick(rng, INTRO_WITH_BACKGROUND_TEMPLATES).format(bg=bg, **fields), *object_sentences]
     else:
-        background_sentence = _pick(rng, _BACKGROUND_TEMPLATES).format(bg=bg, **fields)
-        intro = _pick(rng, _INTRO_TEMPLATES).format(**fields)
-        if _randint(rng, 2):
+        background_sentence = pick(rng, _BACKGROUND_TEMPLATES).format(bg=bg, **fields)
+        intro = pick(rng, _INTRO_TEMPLATES).format(**fields)
+        if randint(rng, 2):
             sentences = [intro, background_sentence, *object_sentences]
         else:
             sentences = [intro, *object_sentences, background_sentence]
@@ -165,7 +165,7 @@ def _reference(obj: ShapeObject, objects: Sequence[ShapeObject], rng: RandomSour
         return f"the {obj.shape}"
     if sum(o.shape == obj.shape and o.color == obj.color for o in objects) == 1:
         return f"the {obj.color} {obj.shape}"
-    return f"the {obj.shape} {_pick(rng, _position_phrases(obj.position))}"
+    return f"the {obj.shape} {pick(rng, position_phrases(obj.position))}"
 
 
 def question_answers(sample: ShapesSample, rng: RandomSource) -> list[tuple[str, str]]:
@@ -175,24 +175,24 @@ def question_answers(sample: ShapesSample, rng: RandomSource) -> list[tuple[str,
     """
     q = _QUESTION_TEMPLATES
     pairs = [
-        (_pick(rng, q["count"]), NUMBER_WORDS[len(sample.objects)]),
-        (_pick(rng, q["background_color"]), sample.background_color),
-        (_pick(rng, q["background"]), sample.background),
+        (pick(rng, q["count"]), NUMBER_WORDS[len(sample.objects)]),
+        (pick(rng, q["background_color"]), sample.background_color),
+        (pick(rng, q["background"]), sample.background),
     ]
     for obj in sample.objects:
         ref = _reference(obj, sample.objects, rng)
         pairs += [
-            (_pick(rng, q["color"]).format(ref=ref), obj.color),
-            (_pick(rng, q["size"]).format(ref=ref), obj.size),
-            (_pick(rng, q["position"]).format(ref=ref), obj.position),
-            (_pick(rng, q["fill"]).format(ref=ref), obj.fill),
-            (_pick(rng, q["shape"]).format(pos=_pick(rng, _position_phrases(obj.position))), obj.shape),
-            (_pick(rng, q["exists"]).format(color=obj.color, shape=obj.shape), "yes"),
+            (pick(rng, q["color"]).format(ref=ref), obj.color),
+            (pick(rng, q["size"]).format(ref=ref), obj.size),
+            (pick(rng, q["position"]).format(ref=ref), obj.position),
+            (pick(rng, q["fill"]).format(ref=ref), obj.fill),
+            (pick(rng, q["shape"]).format(pos=pick(rng, position_phrases(obj.position))), obj.shape),
+            (pick(rng, q["exists"]).format(color=obj.color, shape=obj.shape), "yes"),
         ]
-    absent = ShapeObject(_pick(rng, SHAPES), _pick(rng, tuple(COLORS)), "small", "center", "solid")
+    absent = ShapeObject(pick(rng, SHAPES), pick(rng, tuple(COLORS)), "small", "center", "solid")
     if not any(o.shape == absent.shape and o.color == absent.color for o in sample.objects):
-        pairs.append((_pick(rng, q["exists"]).format(color=absent.color, shape=absent.shape), "no"))
-    return _shuffled(rng, pairs)
+        pairs.append((pick(rng, q["exists"]).format(color=absent.color, shape=absent.shape), "no"))
+    return shuffled(rng, pairs)
 
 
 def vocabulary() -> list[str]:
@@ -201,8 +201,8 @@ def vocabulary() -> list[str]:
     texts += [*NUMBER_WORDS, *_ANSWER_WORDS, "a on background object objects shape shapes it them", ", . ?"]
     for table in (_SIZE_WORDS, _FILL_ADJECTIVES, _FILL_WITH, _BACKGROUND_PHRASES):
         texts += [phrase for options in table.values() for phrase in options]
-    texts += [phrase for position in POSITIONS for phrase in _position_phrases(position)]
-    texts += [*_INTRO_TEMPLATES, *_INTRO_WITH_BACKGROUND_TEMPLATES]
+    texts += [phrase for position in POSITIONS for phrase in position_phrases(position)]
+    texts += [*_INTRO_TEMPLATES, *INTRO_WITH_BACKGROUND_TEMPLATES]
     texts += [*_OBJECT_TEMPLATES, *_BACKGROUND_TEMPLATES]
     texts += [t for options in _QUESTION_TEMPLATES.values() for t in options]
     tokens = {token for text in texts for token in words(re.sub(r"\{\w+\}", " ", text))}
