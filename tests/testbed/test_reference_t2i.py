@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from raydec.reference.janus import model as jt
+from raydec.reference.janus import pixels as px
 from raydec.reference.load import REFERENCE_MODELS
 from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, words
 
@@ -117,15 +118,15 @@ def test_unconditional_rows_match_generate_layout(shipped):
 def _round_trip(model, count: int = 500, texture: str = "iid") -> tuple[list, np.ndarray]:
     """Ground-truth samples of held-out seeds (the judge test's 500) and their VQ round trips (uint8)."""
     samples = [make_sample(HELD_OUT_SEED_START + i, texture=texture) for i in range(count)]
-    pixels = jt.images_to_pixels(torch.from_numpy(np.stack([s.image for s in samples])))
+    pixels = px.images_to_pixels(torch.from_numpy(np.stack([s.image for s in samples])))
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # convolutions over whole images: unlike the suite's tiny decode tensors, threads pay
     try:
         with torch.no_grad():
             chunks = []
             for chunk in pixels.split(25):  # small batches stay in cache: 2x faster than one of 500
-                chunks.append(model.model.vqmodel.decode(jt.vq_encode(model.model.vqmodel, chunk)))
-        decoded = jt.pixels_to_images(torch.cat(chunks)).numpy()
+                chunks.append(model.model.vqmodel.decode(px.vq_encode(model.model.vqmodel, chunk)))
+        decoded = px.pixels_to_images(torch.cat(chunks)).numpy()
     finally:
         torch.set_num_threads(threads)
     return samples, decoded
@@ -136,12 +137,12 @@ def test_stock_vq_paths_equal_the_training_forwards(shipped):
     equals the training decoder path, and ``vq_encode`` is the argmax of the trained logits."""
     model, _ = shipped
     vq = model.model.vqmodel
-    pixels = jt.images_to_pixels(torch.from_numpy(np.stack([make_sample(HELD_OUT_SEED_START + i).image for i in range(4)])))
+    pixels = px.images_to_pixels(torch.from_numpy(np.stack([make_sample(HELD_OUT_SEED_START + i).image for i in range(4)])))
     with torch.no_grad():
-        ids = jt.vq_encode(vq, pixels)  # [B, N]
-        assert torch.equal(ids, jt.code_logits(vq, pixels, 1.0).argmax(dim=1).flatten(1))
+        ids = px.vq_encode(vq, pixels)  # [B, N]
+        assert torch.equal(ids, px.code_logits(vq, pixels, 1.0).argmax(dim=1).flatten(1))
         side = int(ids.shape[1] ** 0.5)
-        assert torch.allclose(vq.decode(ids), jt.decode_codes(vq, ids.view(-1, side, side)), atol=1e-4)
+        assert torch.allclose(vq.decode(ids), px.decode_codes(vq, ids.view(-1, side, side)), atol=1e-4)
 
 
 @pytest.mark.parametrize("texture", ["iid", "runs"])
@@ -267,8 +268,8 @@ def test_continuing_refuses_another_tokenisation_and_bad_folders(shipped, tmp_pa
 
     model, _ = shipped
     images = np.stack([make_sample(seed).image for seed in range(8)])  # training seeds
-    pixels = jt.images_to_pixels(torch.from_numpy(images))
-    own_ids = jt.vq_encode(model.model.vqmodel, pixels).numpy()
+    pixels = px.images_to_pixels(torch.from_numpy(images))
+    own_ids = px.vq_encode(model.model.vqmodel, pixels).numpy()
     centroids = torch.zeros(512, 48)
     assert check_tokenisation(model, images, BlockCodes(centroids, own_ids)) == 1.0
     settings = T2ISettings(work_dir=tmp_path, num_images=8, vq_kmeans_images=8, vq_kmeans_iterations=1, texture="runs")

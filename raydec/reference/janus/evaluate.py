@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from raydec.reference.janus import model as jt
+from raydec.reference.janus import pixels as px
 from raydec.reference.judge import score_image
 from raydec.reference.judge.image import parse_image
 from raydec.reference.judge.text import parse_prompt
@@ -57,7 +58,7 @@ def generate_image_tokens(model, processor, prompts: Sequence[str], seed: int, *
 def decode_images(model, image_ids: torch.Tensor) -> np.ndarray:
     """Stock ``decode_image_tokens`` -> uint8 ``[B, H, W, 3]``."""
     pixels = model.decode_image_tokens(image_ids).float()  # [B, H, W, 3] in [-1, 1]
-    return jt.pixels_to_images(pixels.permute(0, 3, 1, 2)).numpy()
+    return px.pixels_to_images(pixels.permute(0, 3, 1, 2)).numpy()
 
 
 @torch.no_grad()
@@ -153,8 +154,8 @@ def vq_round_trip(model, num_images: int, offset: int = 0, batch_size: int = 50,
     truth, decoded = [], []
     for begin in range(0, num_images, batch_size):
         batch = samples[begin : begin + batch_size]
-        pixels = jt.images_to_pixels(torch.from_numpy(np.stack([s.image for s in batch])))
-        decoded.append(jt.pixels_to_images(vq.decode(jt.vq_encode(vq, pixels))).numpy())
+        pixels = px.images_to_pixels(torch.from_numpy(np.stack([s.image for s in batch])))
+        decoded.append(px.pixels_to_images(vq.decode(px.vq_encode(vq, pixels))).numpy())
         truth += [score_image(s.image, s.prompt) for s in batch]
     decoded_images = np.concatenate(decoded)
     scores = [score_image(image, s.prompt) for image, s in zip(decoded_images, samples)]
@@ -183,7 +184,7 @@ def word_sensitivity(model, processor, num_images: int, offset: int = 0, texture
     from raydec.reference.janus.lm import object_token_mask
 
     samples = [make_sample(HELD_OUT_SEED_START + offset + i, texture=texture) for i in range(num_images)]
-    ids = jt.vq_encode(model.model.vqmodel, jt.images_to_pixels(torch.from_numpy(np.stack([s.image for s in samples]))))
+    ids = px.vq_encode(model.model.vqmodel, px.images_to_pixels(torch.from_numpy(np.stack([s.image for s in samples]))))
     on_object = torch.from_numpy(np.stack([object_token_mask(s.prompt) for s in samples]))  # [B, N]
 
     def log_probs(prompts: list[str]) -> torch.Tensor:  # [B, N, K]

@@ -36,6 +36,7 @@ import torch
 from tqdm import tqdm
 
 from raydec.reference.janus import model as jt
+from raydec.reference.janus import pixels as px
 from raydec.reference.janus.codes import BlockCodes, block_codes
 from raydec.reference.janus.lm import train_lm
 from raydec.reference.janus.settings import T2ISettings
@@ -110,8 +111,8 @@ def check_tokenisation(model, images: np.ndarray, codes: BlockCodes, count: int 
     """Share of blocks the model's VQ encoder maps to the block codes' ids (first ``count``
     images); a ValueError below ``floor``: continuing a model on another tokenisation would
     teach it the wrong codes."""
-    pixels = jt.images_to_pixels(torch.from_numpy(images[:count]))
-    ids = jt.vq_encode(model.model.vqmodel, pixels)  # [count, 256]
+    pixels = px.images_to_pixels(torch.from_numpy(images[:count]))
+    ids = px.vq_encode(model.model.vqmodel, pixels)  # [count, 256]
     agreement = float((ids.numpy() == codes.ids[:count]).mean())
     if agreement < floor:
         raise ValueError(

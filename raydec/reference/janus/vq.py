@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from raydec.reference.janus import model as jt
+from raydec.reference.janus import pixels as px
 from raydec.reference.janus.checkpoint import load_checkpoint, save_checkpoint
 from raydec.reference.janus.codes import BlockCodes
 from raydec.reference.janus.settings import T2ISettings
@@ -61,7 +62,7 @@ def _vq_batch(
         y, x = by * jt.PATCH_SIZE, bx * jt.PATCH_SIZE
         pixels.append(images[i, y : y + crop, x : x + crop])
         ids.append(teacher[i].reshape(side, side)[by : by + cells, bx : bx + cells])
-    return jt.images_to_pixels(torch.from_numpy(np.stack(pixels))), torch.from_numpy(np.stack(ids).astype(np.int64))
+    return px.images_to_pixels(torch.from_numpy(np.stack(pixels))), torch.from_numpy(np.stack(ids).astype(np.int64))
 
 
 def _reconstruction_loss(reconstruction: torch.Tensor, pixels: torch.Tensor, color_weight: float) -> torch.Tensor:
@@ -103,8 +104,8 @@ def train_vq(model, images: np.ndarray, codes: BlockCodes, settings: T2ISettings
         for group in optimizer.param_groups:
             group["lr"] = _cosine_lr(step, settings.vq_steps, settings.vq_lr, warmup=50)
         pixels, ids = _vq_batch(images, codes.ids, step, settings, gen)  # [B, 3, S, S], [B, h, w]
-        recon_loss = _reconstruction_loss(jt.decode_codes(vq, ids), pixels, settings.vq_color_weight)
-        logits = jt.code_logits(vq, pixels, settings.vq_logit_scale)  # [B, K, h, w]
+        recon_loss = _reconstruction_loss(px.decode_codes(vq, ids), pixels, settings.vq_color_weight)
+        logits = px.code_logits(vq, pixels, settings.vq_logit_scale)  # [B, K, h, w]
         code_loss = F.cross_entropy(logits, ids)
         loss = recon_loss + settings.vq_code_weight * code_loss
         optimizer.zero_grad(set_to_none=True)
