@@ -16,7 +16,8 @@ from raydec.reference.llava.evaluate import CaptionEval, statement_summary
 from raydec.reference.judge.relations import check_statements, verdicts_by_kind
 from raydec.reference.judge.text import parse_text, sentences, statement_kind, word_kind
 from raydec.reference.llava.model import VLMSizes, extend_vocabulary, prompt_text
-from raydec.reference.llava.train import TrainSettings, run_training
+from raydec.reference.llava.settings import TrainSettings
+from raydec.reference.llava.train import run_training
 from raydec.reference.shapes import HELD_OUT_SEED_START, SHAPES, ShapeObject, make_sample, vocabulary, words
 from raydec.reference.shapes.dense import (
     DENSE_INSTRUCTION,

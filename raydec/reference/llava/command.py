@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from raydec.reference.llava.model import DEFAULT_WEIGHTS_DIR, VLMSizes
-from raydec.reference.llava.train import TrainSettings, replay_recipe, run_training
+from raydec.reference.llava.recipe import replay_recipe
+from raydec.reference.llava.settings import TrainSettings
+from raydec.reference.llava.train import run_training
 
 
 def add_vlm_arguments(parser: argparse.ArgumentParser) -> None:

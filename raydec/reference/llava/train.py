@@ -13,8 +13,9 @@ import logging
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,69 +23,13 @@ from tqdm import tqdm
 
 from transformers import LlavaForConditionalGeneration, LlavaProcessor
 
-from raydec.reference.llava.model import DEFAULT_WEIGHTS_DIR, VLMSizes, build_model, build_processor, extend_vocabulary
 from raydec.reference.llava.data import PATCH_WORDS, training_batch
+from raydec.reference.llava.model import VLMSizes, build_model, build_processor, extend_vocabulary
+from raydec.reference.llava.settings import TrainLog, TrainSettings
 from raydec.reference.shapes import vocabulary
 from raydec.reference.shapes.dense import dense_vocabulary
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainSettings:
-    """Knobs of one training run."""
-
-    out_dir: Path = DEFAULT_WEIGHTS_DIR
-    steps: int = 2400
-    batch_size: int = 16
-    lr: float = 2e-3
-    min_lr_ratio: float = 0.05
-    warmup: int = 150
-    weight_decay: float = 0.05
-    grad_clip: float = 1.0
-    seed: int = 0
-    question_share: float = 0.25
-    patch_loss_weight: float = 0.5
-    vision_lr_mult: float = 1.0  # learning-rate multiplier of the vision tower and the projector
-    projector_in_lr_mult: float = 1.0  # extra multiplier of the projector's first linear layer
-    stop_after: int = 0  # stop (and checkpoint) after this many steps of this phase, schedule unchanged (0: off)
-    revive_projector: bool = False  # re-initialise dead projector units at the start (function-preserving)
-    # Weight of a training-only linear probe that must read each patch's words (as the patch
-    # loss does, same targets) straight from the projector's output, so that what the LM is
-    # handed keeps the colour / shape / fill linearly (0: off). The probe is not saved.
-    projector_probe_weight: float = 0.0
-    focus_questions: bool = False  # questions only about an object's colour, shape or fill
-    eval_every: int = 300
-    eval_n: int = 24
-    max_minutes: float = 0.0
-    threads: int = 1
-    bf16: bool = False
-    init_from: Path | None = None  # continue from a saved checkpoint (a second phase) instead of from scratch
-    # Make the init_from model's image patches this many times finer before training (0: off);
-    # see raydec.reference.llava.refine.
-    refine_patches: int = 0
-    # Share of dense descriptions ("describe the image in detail ."; raydec.reference.shapes.dense)
-    # among the examples; > 0 adds their words to the vocabulary (existing ids kept).
-    dense_share: float = 0.0
-    max_positions: int = 0  # raise the language model's max_position_embeddings to this (0: keep)
-    first_step: int = 0  # data offset: this phase's step s uses the batch of global step first_step + s
-
-
-@dataclass
-class TrainLog:
-    """What the run did, saved as JSON next to the weights."""
-
-    settings: dict
-    sizes: dict
-    parameters: int = 0
-    losses: list[float] = field(default_factory=list)
-    patch_losses: list[float] = field(default_factory=list)
-    evals: list[dict] = field(default_factory=list)
-    tokens_seen: int = 0
-    wall_seconds: float = 0.0
-    steps_done: int = 0
-    stopped_early: bool = False
-    phases: list[dict] = field(default_factory=list)  # settings of every phase, oldest first
 
 
 def learning_rate(step: int, settings: TrainSettings) -> float:
@@ -209,16 +154,10 @@ def plot_losses(log: TrainLog, path: Path) -> None:
     plt.close(fig)
 
 
-def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
-    """Train from scratch (or continue from ``settings.init_from``); returns the output folder."""
-    from raydec.reference.llava.evaluate import evaluate_captions
-
-    torch.set_num_threads(settings.threads)
-    random.seed(settings.seed)
-    np.random.seed(settings.seed)
-    torch.manual_seed(settings.seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-
+def _start_model(settings: TrainSettings, sizes: VLMSizes) -> tuple[LlavaForConditionalGeneration, LlavaProcessor, TrainLog]:
+    """The model, processor and log a run starts from: ``settings.init_from`` (continued, its
+    patches refined with ``settings.refine_patches``) or a fresh build; then the dense
+    vocabulary, the longer positions and the revived projector units that ``settings`` ask for."""
     settings_record = {k: str(v) for k, v in asdict(settings).items()}
     if settings.init_from is not None:
         model = LlavaForConditionalGeneration.from_pretrained(str(settings.init_from))
@@ -252,6 +191,74 @@ def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
         probe = training_batch(settings.first_step, settings.batch_size, processor, settings.question_share)
         revived = revive_projector(model, probe["pixel_values"], settings.seed)
         logger.info("revived %d dead projector units", revived)
+    return model, processor, log
+
+
+def _attach_projector_probe(model, optimizer: torch.optim.Optimizer, settings: TrainSettings,
+                           projected: list[torch.Tensor]) -> tuple[torch.nn.Linear | None, Any]:
+    """With ``settings.projector_probe_weight`` > 0: the training-only linear probe (its
+    parameters join ``optimizer``) and a forward hook that appends the projector's output to
+    ``projected``; ``(None, None)`` otherwise."""
+    if settings.projector_probe_weight <= 0:
+        return None, None
+    probe = torch.nn.Linear(model.config.text_config.hidden_size, len(PATCH_WORDS))
+    torch.nn.init.normal_(probe.weight, std=0.02, generator=torch.Generator().manual_seed(settings.seed + 1))
+    torch.nn.init.zeros_(probe.bias)
+    optimizer.add_param_group({"params": list(probe.parameters()), "weight_decay": 0.0, "lr_mult": 1.0})
+    hook = model.model.multi_modal_projector.register_forward_hook(lambda _m, _i, out: projected.append(out))
+    return probe, hook
+
+
+def _step_losses(model, batch: dict, settings: TrainSettings, word_ids: torch.Tensor, probe: torch.nn.Linear | None,
+                projected: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One forward of ``batch`` (its ``patch_targets`` popped): (objective, answer loss, patch loss, probe loss or None)."""
+    patch_targets = batch.pop("patch_targets")
+    projected.clear()
+    probe_loss = None
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
+        out = model(**batch)
+        loss = out.loss
+        aux = patch_loss(out.logits, batch["input_ids"], model.config.image_token_id, word_ids, patch_targets)
+        objective = loss + settings.patch_loss_weight * aux
+        if settings.projector_probe_weight > 0:  # projected: [B, P, H], one image per sample
+            probe_logits = probe(projected[-1].reshape(patch_targets.shape[0], patch_targets.shape[1], -1)).float()
+            probe_loss = torch.nn.functional.binary_cross_entropy_with_logits(probe_logits, patch_targets)
+            objective = objective + settings.projector_probe_weight * probe_loss
+    return objective, loss, aux, probe_loss
+
+
+def _evaluate_and_save(model, processor, settings: TrainSettings, log: TrainLog, step: int, elapsed: float) -> bool:
+    """After ``step``: evaluate and checkpoint when due (every ``eval_every`` steps, the last step,
+    out of time or at ``stop_after``); True when the run stops early here."""
+    from raydec.reference.llava.evaluate import evaluate_captions
+
+    last = step + 1 == settings.steps
+    out_of_time = settings.max_minutes > 0 and elapsed > settings.max_minutes * 60
+    out_of_time = out_of_time or (settings.stop_after > 0 and step + 1 >= settings.stop_after)
+    if (step + 1) % settings.eval_every == 0 or last or out_of_time:
+        if settings.eval_n > 0:
+            result = evaluate_captions(model, processor, n=settings.eval_n, batch_size=settings.eval_n, progress=False)
+            log.evals.append({"step": log.steps_done, "accuracy": result.accuracy, "example": result.captions[0]})
+            logger.info("step %d: loss %.4f, quick caption accuracy %.3f; e.g. %r", log.steps_done,
+                        float(np.mean(log.losses[-50:])), result.accuracy, result.captions[0])
+        save_checkpoint(model, processor, settings.out_dir, log)
+    if out_of_time and not last:
+        log.stopped_early = True
+        logger.warning("stopping early after %.1f min at step %d", elapsed / 60, log.steps_done)
+        save_checkpoint(model, processor, settings.out_dir, log)
+        return True
+    return False
+
+
+def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
+    """Train from scratch (or continue from ``settings.init_from``); returns the output folder."""
+    torch.set_num_threads(settings.threads)
+    random.seed(settings.seed)
+    np.random.seed(settings.seed)
+    torch.manual_seed(settings.seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+    model, processor, log = _start_model(settings, sizes)
     model.train()
     optimizer = make_optimizer(model, settings)
     log.parameters = sum(p.numel() for p in model.parameters())
@@ -259,15 +266,8 @@ def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
     steps_before, tokens_before, seconds_before = log.steps_done, log.tokens_seen, log.wall_seconds
 
     word_ids = torch.tensor(processor.tokenizer.convert_tokens_to_ids(list(PATCH_WORDS)))
-    image_token_id = model.config.image_token_id
     projected: list[torch.Tensor] = []  # the projector's output of the current forward
-    hook = None
-    if settings.projector_probe_weight > 0:
-        probe = torch.nn.Linear(model.config.text_config.hidden_size, len(PATCH_WORDS))
-        torch.nn.init.normal_(probe.weight, std=0.02, generator=torch.Generator().manual_seed(settings.seed + 1))
-        torch.nn.init.zeros_(probe.bias)
-        optimizer.add_param_group({"params": list(probe.parameters()), "weight_decay": 0.0, "lr_mult": 1.0})
-        hook = model.model.multi_modal_projector.register_forward_hook(lambda _m, _i, out: projected.append(out))
+    probe, hook = _attach_projector_probe(model, optimizer, settings, projected)
     start = time.perf_counter()
     bar = tqdm(range(settings.steps), desc="vlm train")
     for step in bar:
@@ -275,17 +275,7 @@ def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
                                settings.focus_questions, settings.dense_share)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, settings) * group["lr_mult"]
-        patch_targets = batch.pop("patch_targets")
-        projected.clear()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
-            out = model(**batch)
-            loss = out.loss
-            aux = patch_loss(out.logits, batch["input_ids"], image_token_id, word_ids, patch_targets)
-            objective = loss + settings.patch_loss_weight * aux
-            if settings.projector_probe_weight > 0:  # projected: [B, P, H], one image per sample
-                probe_logits = probe(projected[-1].reshape(patch_targets.shape[0], patch_targets.shape[1], -1)).float()
-                probe_loss = torch.nn.functional.binary_cross_entropy_with_logits(probe_logits, patch_targets)
-                objective = objective + settings.projector_probe_weight * probe_loss
+        objective, loss, aux, probe_loss = _step_losses(model, batch, settings, word_ids, probe, projected)
         optimizer.zero_grad(set_to_none=True)
         objective.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
@@ -298,75 +288,12 @@ def run_training(settings: TrainSettings, sizes: VLMSizes) -> Path:
         log.wall_seconds = seconds_before + elapsed
         tokens_per_second = (log.tokens_seen - tokens_before) / elapsed
         shown = {"loss": f"{log.losses[-1]:.3f}", "patch": f"{log.patch_losses[-1]:.3f}", "tok_s": f"{tokens_per_second:.0f}"}
-        if settings.projector_probe_weight > 0:
+        if probe_loss is not None:
             shown["probe"] = f"{float(probe_loss.detach()):.3f}"
         bar.set_postfix(**shown)
-        last = step + 1 == settings.steps
-        out_of_time = settings.max_minutes > 0 and elapsed > settings.max_minutes * 60
-        out_of_time = out_of_time or (settings.stop_after > 0 and step + 1 >= settings.stop_after)
-        if (step + 1) % settings.eval_every == 0 or last or out_of_time:
-            if settings.eval_n > 0:
-                result = evaluate_captions(model, processor, n=settings.eval_n, batch_size=settings.eval_n, progress=False)
-                log.evals.append({"step": log.steps_done, "accuracy": result.accuracy, "example": result.captions[0]})
-                logger.info("step %d: loss %.4f, quick caption accuracy %.3f; e.g. %r", log.steps_done,
-                            float(np.mean(log.losses[-50:])), result.accuracy, result.captions[0])
-            save_checkpoint(model, processor, settings.out_dir, log)
-        if out_of_time and not last:
-            log.stopped_early = True
-            logger.warning("stopping early after %.1f min at step %d", elapsed / 60, log.steps_done)
-            save_checkpoint(model, processor, settings.out_dir, log)
+        if _evaluate_and_save(model, processor, settings, log, step, elapsed):
             break
     if hook is not None:
         hook.remove()
     logger.info("done: %d steps in %.1f min, %d tokens", log.steps_done, log.wall_seconds / 60, log.tokens_seen)
     return settings.out_dir
-
-
-def _parse_recorded(value: str, default: bool | int | float) -> bool | int | float:
-    """A setting as ``train_log.json`` records it (``str(value)``) back in the type of its default."""
-    return value == "True" if isinstance(default, bool) else type(default)(value)
-
-
-def recipe_phases(log: dict, out_dir: Path, work_dir: Path) -> list[TrainSettings]:
-    """The phases recorded in a ``train_log.json``, chained to replay from scratch.
-
-    Phase i continues from phase i-1's folder (``work_dir/phase-<i-1>``) and the last one writes
-    ``out_dir``. Each phase stops after the steps it recorded (the next phase's ``first_step``
-    minus its own), with no wall-time cap, so a phase that was cut short replays to the same
-    step. Settings a phase does not record (an older run) keep their defaults, which are "off".
-    """
-    phases = log.get("phases") or [log["settings"]]
-    starts = [int(p.get("first_step", 0)) for p in phases] + [int(log["steps_done"])]
-    defaults = TrainSettings()
-    chained = []
-    for i, phase in enumerate(phases):
-        values = {
-            name: _parse_recorded(phase[name], getattr(defaults, name)) if name in phase else getattr(defaults, name)
-            for name in TrainSettings.__dataclass_fields__
-            if name not in ("out_dir", "init_from", "first_step")
-        }
-        values.update(
-            max_minutes=0.0,
-            stop_after=starts[i + 1] - starts[i],
-            first_step=starts[i],
-            init_from=work_dir / f"phase-{i - 1}" if i else None,
-            out_dir=out_dir if i == len(phases) - 1 else work_dir / f"phase-{i}",
-        )
-        chained.append(TrainSettings(**values))
-    return chained
-
-
-def replay_recipe(log_path: Path, out_dir: Path, work_dir: Path | None = None) -> Path:
-    """Retrain from scratch by replaying every phase recorded in ``log_path``; returns ``out_dir``.
-
-    With the same torch build and thread counts the result equals the recorded run's weights.
-    """
-    log = json.loads(Path(log_path).read_text())
-    work_dir = work_dir or Path("out/vlm-recipe-phases")  # the intermediate phases' folders (not shipped)
-    phases = recipe_phases(log, out_dir, work_dir)
-    sizes = VLMSizes(**log["sizes"])
-    for i, settings in enumerate(phases):
-        logger.info("recipe phase %d / %d: %d steps from global step %d", i + 1, len(phases), settings.stop_after,
-                    settings.first_step)
-        run_training(settings, sizes)
-    return out_dir
