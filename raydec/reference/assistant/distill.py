@@ -1,6 +1,7 @@
 """Building the LLaVA assistant from the target and distilling it on the target's answers.
 
-``build_assistant`` copies the target with fewer language-model layers; ``distill`` trains it
+``build_assistant`` (:mod:`raydec.reference.assistant.build`) copies the target with fewer
+language-model layers; ``distill`` trains it
 by teacher forcing on ``prompt + target answer`` (cross-entropy on the answer tokens plus
 ``kl_weight`` x KL(target || assistant), answer positions only; AdamW, warm-up + cosine,
 seeded data order, resumable state), checks held-out agreement at every checkpoint, then
@@ -9,8 +10,6 @@ tunes and measures HF assisted generation and ships the folder with its log, cur
 
 from __future__ import annotations
 
-import copy
-import hashlib
 import json
 import logging
 import math
@@ -25,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlavaForConditionalGeneration, LlavaProcessor
 
+from raydec.reference.assistant.build import build_assistant, file_sha256
 from raydec.reference.assistant.card import write_model_card
 from raydec.reference.assistant.data import build_caption_set, load_or_build_captions
 from raydec.reference.assistant.measure import measure_assisted, tune_assisted_config
@@ -32,50 +32,6 @@ from raydec.reference.assistant.settings import AssistantSettings, DistillLog
 from raydec.reference.shapes import HELD_OUT_SEED_START
 
 logger = logging.getLogger(__name__)
-
-
-# ----------------------------------------------------------------------------------------------- build
-
-
-def file_sha256(path: Path) -> str:
-    """Hex SHA-256 of a file (identifies the target weights the captions came from)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def build_assistant(target: LlavaForConditionalGeneration, layers: Sequence[int] = (0, -1)) -> LlavaForConditionalGeneration:
-    """A ``len(layers)``-layer LLaVA initialised from ``target`` (same width, vision tower, projector, vocab).
-
-    Assistant layer ``i`` is a copy of target layer ``layers[i]`` (negative: from the end);
-    every other weight is copied as is. Returns a float32 model in train mode.
-    """
-    total = target.config.text_config.num_hidden_layers
-    picked = [layer % total for layer in layers]
-    if not picked or len(set(picked)) != len(picked):
-        raise ValueError(f"layers must be distinct target layers, got {list(layers)} of {total}")
-    config = copy.deepcopy(target.config)
-    config.text_config.num_hidden_layers = len(picked)
-    if getattr(config.text_config, "layer_types", None) is not None:
-        config.text_config.layer_types = [config.text_config.layer_types[i] for i in picked]
-    assistant = LlavaForConditionalGeneration(config)
-    source = target.state_dict()
-    prefix = "model.language_model.layers."
-    state = {}
-    for name in assistant.state_dict():
-        if name.startswith(prefix):
-            index, rest = name[len(prefix):].split(".", 1)
-            state[name] = source[f"{prefix}{picked[int(index)]}.{rest}"]
-        else:
-            state[name] = source[name]
-    assistant.load_state_dict(state, strict=True)
-    assistant.generation_config = copy.deepcopy(target.generation_config)
-    return assistant
-
-
-# -------------------------------------------------------------------------------------------- distill
 
 
 def collate(rows: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -212,6 +168,58 @@ def save_assistant(model, processor, out_dir: Path, log: DistillLog | None = Non
         plot_losses(log, out_dir / "loss_curve.png")
 
 
+def _new_log(settings: AssistantSettings, model, rows: Sequence[dict[str, Any]], caption_seconds: float,
+             target_hash: str) -> DistillLog:
+    """The log of a fresh run: settings, parameter counts and what the caption set holds."""
+    log = DistillLog(settings={k: str(v) for k, v in asdict(settings).items()})
+    log.parameters = sum(p.numel() for p in model.parameters())
+    log.trainable_parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log.target_sha256 = target_hash
+    log.captions = len(rows)
+    log.caption_questions = sum(1 for r in rows if r["question"])
+    log.caption_sampled = sum(1 for r in rows if r.get("temperature", 0.0) > 0)
+    log.caption_tokens = int(sum(r["answer_ids"].numel() for r in rows))
+    log.caption_seconds = caption_seconds
+    return log
+
+
+def _train_step(model, optimizer, trainable: list, rows: Sequence[dict[str, Any]], pad_id: int, step: int,
+                settings: AssistantSettings, log: DistillLog, start: float, seconds_before: float) -> float:
+    """One optimizer step on the seeded batch of ``step``, recorded in ``log``; returns its learning rate.
+
+    ``start`` (``time.perf_counter()``) and ``seconds_before`` time the run for ``anneal_on_time``."""
+    batch = collate([rows[i] for i in batch_indices(step, settings, len(rows))], pad_id)
+    time_fraction = 0.0
+    if settings.anneal_on_time and settings.max_minutes > 0:
+        time_fraction = (seconds_before + time.perf_counter() - start) / (settings.max_minutes * 60)
+    lr = learning_rate(step, settings, time_fraction)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss, stats = distill_loss(model, batch, settings.kl_weight, settings.image_input)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(trainable, settings.grad_clip)
+    optimizer.step()
+    log.losses.append(float(loss.detach()))
+    log.ce.append(stats["ce"])
+    log.kl.append(stats["kl"])
+    log.agreement.append(stats["agreement"])
+    log.steps_done = step + 1
+    return lr
+
+
+def _checkpoint(model, processor, optimizer, heldout: Sequence[dict[str, Any]], pad_id: int, step: int,
+                settings: AssistantSettings, log: DistillLog, out_dir: Path, state_path: Path, stopped_early: bool) -> None:
+    """Held-out agreement, then the shipped folder and the resumable state, after ``step``."""
+    if heldout:
+        log.heldout.append({"step": step + 1, **heldout_agreement(model, heldout, pad_id, settings.image_input)})
+        logger.info("step %d: held-out agreement %.3f (ce %.4f)", step + 1, log.heldout[-1]["agreement"],
+                    log.heldout[-1]["ce"])
+    log.stopped_early = stopped_early
+    save_assistant(model, processor, out_dir, log)
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "log": asdict(log)}, state_path)
+
+
 def distill(settings: AssistantSettings) -> Path:
     """Build the assistant from the target, distill it on the target's answers, measure, ship."""
     torch.set_num_threads(settings.threads)
@@ -238,15 +246,7 @@ def distill(settings: AssistantSettings) -> Path:
         param.requires_grad_(False)
     model.train()
     optimizer = make_optimizer(model, settings)
-    log = DistillLog(settings={k: str(v) for k, v in asdict(settings).items()})
-    log.parameters = sum(p.numel() for p in model.parameters())
-    log.trainable_parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    log.target_sha256 = target_hash
-    log.captions = len(rows)
-    log.caption_questions = sum(1 for r in rows if r["question"])
-    log.caption_sampled = sum(1 for r in rows if r.get("temperature", 0.0) > 0)
-    log.caption_tokens = int(sum(r["answer_ids"].numel() for r in rows))
-    log.caption_seconds = caption_seconds
+    log = _new_log(settings, model, rows, caption_seconds, target_hash)
     first_step, seconds_before = 0, 0.0
     state_path = work_dir / "state.pt"
     if settings.resume and state_path.is_file():
@@ -266,23 +266,7 @@ def distill(settings: AssistantSettings) -> Path:
     trainable = [p for p in model.parameters() if p.requires_grad]
     start = time.perf_counter()
     for step in range(first_step, settings.steps):
-        batch = collate([rows[i] for i in batch_indices(step, settings, len(rows))], pad_id)
-        time_fraction = 0.0
-        if settings.anneal_on_time and settings.max_minutes > 0:
-            time_fraction = (seconds_before + time.perf_counter() - start) / (settings.max_minutes * 60)
-        lr = learning_rate(step, settings, time_fraction)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss, stats = distill_loss(model, batch, settings.kl_weight, settings.image_input)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, settings.grad_clip)
-        optimizer.step()
-        log.losses.append(float(loss.detach()))
-        log.ce.append(stats["ce"])
-        log.kl.append(stats["kl"])
-        log.agreement.append(stats["agreement"])
-        log.steps_done = step + 1
+        lr = _train_step(model, optimizer, trainable, rows, pad_id, step, settings, log, start, seconds_before)
         elapsed = time.perf_counter() - start
         log.wall_seconds = seconds_before + elapsed
         if (step + 1) % settings.log_every == 0 or step == first_step:
@@ -294,13 +278,8 @@ def distill(settings: AssistantSettings) -> Path:
         last = step + 1 == settings.steps
         out_of_time = settings.max_minutes > 0 and log.wall_seconds > settings.max_minutes * 60
         if (step + 1) % settings.checkpoint_every == 0 or last or out_of_time:
-            if heldout:
-                log.heldout.append({"step": step + 1, **heldout_agreement(model, heldout, pad_id, settings.image_input)})
-                logger.info("step %d: held-out agreement %.3f (ce %.4f)", step + 1, log.heldout[-1]["agreement"],
-                            log.heldout[-1]["ce"])
-            log.stopped_early = out_of_time and not last
-            save_assistant(model, processor, out_dir, log)
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "log": asdict(log)}, state_path)
+            _checkpoint(model, processor, optimizer, heldout, pad_id, step, settings, log, out_dir, state_path,
+                        out_of_time and not last)
         if out_of_time and not last:
             logger.warning("stopping after %.1f min of training at step %d", log.wall_seconds / 60, step + 1)
             break
