@@ -37,6 +37,35 @@ class _ForwardCounter:
         self._handle.remove()
 
 
+def _summary(rows: list[dict[str, Any]], assistant: LlavaForConditionalGeneration, first_seed: int,
+             max_new_tokens: int, repeats: int) -> dict[str, Any]:
+    """The measurement's totals, ratios and acceptance over the per-image ``rows``."""
+    ratios = [r["assisted_s"] / r["plain_s"] for r in rows]
+    tokens = sum(r["new_tokens"] for r in rows)
+    rounds = sum(r["target_forwards"] for r in rows)
+    drafted = sum(r["assistant_forwards"] for r in rows)
+    return {
+        "images": len(rows),
+        "first_seed": first_seed,
+        "max_new_tokens": max_new_tokens,
+        "repeats": max(1, repeats),
+        "num_assistant_tokens": assistant.generation_config.num_assistant_tokens or 20,
+        "assistant_confidence_threshold": 0.4 if assistant.generation_config.assistant_confidence_threshold is None
+        else assistant.generation_config.assistant_confidence_threshold,
+        "identical": sum(r["identical"] for r in rows),
+        "mean_time_ratio": float(np.mean(ratios)),
+        "median_time_ratio": float(np.median(ratios)),
+        "total_plain_s": float(sum(r["plain_s"] for r in rows)),
+        "total_assisted_s": float(sum(r["assisted_s"] for r in rows)),
+        "new_tokens": int(tokens),
+        "target_forwards": int(rounds),
+        "assistant_forwards": int(drafted),
+        "tokens_per_target_forward": tokens / max(rounds, 1),
+        "acceptance": (tokens - rounds) / max(drafted, 1),
+        "per_image": rows,
+    }
+
+
 @torch.no_grad()
 def measure_assisted(
     target: LlavaForConditionalGeneration,
@@ -95,30 +124,7 @@ def measure_assisted(
     finally:
         target_calls.remove()
         assistant_calls.remove()
-    ratios = [r["assisted_s"] / r["plain_s"] for r in rows]
-    tokens = sum(r["new_tokens"] for r in rows)
-    rounds = sum(r["target_forwards"] for r in rows)
-    drafted = sum(r["assistant_forwards"] for r in rows)
-    result = {
-        "images": len(rows),
-        "first_seed": first_seed,
-        "max_new_tokens": max_new_tokens,
-        "repeats": max(1, repeats),
-        "num_assistant_tokens": assistant.generation_config.num_assistant_tokens or 20,
-        "assistant_confidence_threshold": 0.4 if assistant.generation_config.assistant_confidence_threshold is None
-        else assistant.generation_config.assistant_confidence_threshold,
-        "identical": sum(r["identical"] for r in rows),
-        "mean_time_ratio": float(np.mean(ratios)),
-        "median_time_ratio": float(np.median(ratios)),
-        "total_plain_s": float(sum(r["plain_s"] for r in rows)),
-        "total_assisted_s": float(sum(r["assisted_s"] for r in rows)),
-        "new_tokens": int(tokens),
-        "target_forwards": int(rounds),
-        "assistant_forwards": int(drafted),
-        "tokens_per_target_forward": tokens / max(rounds, 1),
-        "acceptance": (tokens - rounds) / max(drafted, 1),
-        "per_image": rows,
-    }
+    result = _summary(rows, assistant, first_seed, max_new_tokens, repeats)
     logger.info("assisted vs plain on %d held-out images: %d identical, mean time ratio %.3f, %.2f tokens per "
                 "target forward, acceptance %.3f", len(rows), result["identical"], result["mean_time_ratio"],
                 result["tokens_per_target_forward"], result["acceptance"])

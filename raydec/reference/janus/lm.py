@@ -104,6 +104,36 @@ def attribute_loss(probe: torch.nn.Linear, hidden: torch.Tensor, targets: torch.
     )
 
 
+def _lm_optimizer(model, settings: T2ISettings) -> tuple[list, torch.optim.Optimizer]:
+    """The trainable parameters and their AdamW (weight decay on matrices only)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": settings.lm_weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=settings.lm_lr,
+        betas=(0.9, 0.95),
+    )
+    return params, optimizer
+
+
+def _attribute_probe(model, settings: T2ISettings) -> tuple[torch.nn.Linear, torch.optim.Optimizer]:
+    """The training-only attribute probe on the image-token hidden states, and its AdamW."""
+    probe = torch.nn.Linear(model.config.text_config.hidden_size, sum(ATTRIBUTE_CLASSES))
+    with torch.no_grad():
+        probe.weight.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(settings.seed + 3))
+        probe.bias.zero_()
+    return probe, torch.optim.AdamW(probe.parameters(), lr=settings.lm_lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+
+def _log_progress(step: int, losses: list[dict]) -> None:
+    """Log the mean loss (and attribute-probe loss) of the last 100 steps."""
+    recent = np.mean([r["loss"] for r in losses[-100:]])
+    probe_losses = [r["attribute_loss"] for r in losses[-100:] if "attribute_loss" in r]
+    probe_text = f", attribute probe {np.mean(probe_losses):.4f}" if probe_losses else ""
+    logger.info("LM step %d: mean loss (last 100) %.4f%s", step + 1, recent, probe_text)
+
+
 def train_lm(model, tokenizer, prompts: list[str], codes: BlockCodes, settings: T2ISettings, deadline: float):
     """Train the language model + generation parts on prompt -> block codes; returns losses.
 
@@ -120,24 +150,13 @@ def train_lm(model, tokenizer, prompts: list[str], codes: BlockCodes, settings: 
     if settings.init_from is None:
         with torch.no_grad():  # start the image-token embeddings where the VQ codebook starts
             model.model.generation_embeddings.weight.copy_(codes.codebook(vq.config.embed_dim, settings.seed))
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": settings.lm_weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=settings.lm_lr,
-        betas=(0.9, 0.95),
-    )
+    params, optimizer = _lm_optimizer(model, settings)
     prompt_ids = [tokenizer(p, add_special_tokens=True).input_ids for p in prompts]
     object_tokens = np.stack([object_token_mask(p) for p in prompts]) if settings.lm_object_weight != 1.0 else None
     modules = {"model": model, "optimizer": optimizer}
     if settings.lm_attribute_weight > 0:
         attribute_targets = np.stack([object_attribute_targets(p) for p in prompts])  # [N_train, 3, 256] int8
-        probe = torch.nn.Linear(model.config.text_config.hidden_size, sum(ATTRIBUTE_CLASSES))
-        with torch.no_grad():
-            probe.weight.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(settings.seed + 3))
-            probe.bias.zero_()
-        probe_optimizer = torch.optim.AdamW(probe.parameters(), lr=settings.lm_lr, betas=(0.9, 0.95), weight_decay=0.0)
+        probe, probe_optimizer = _attribute_probe(model, settings)
         modules.update(attribute_probe=probe, attribute_optimizer=probe_optimizer)
     ckpt = settings.work_dir / ("lm_checkpoint.pt" if settings.init_from is None else f"lm_checkpoint_{settings.texture}.pt")
     gen = torch.Generator().manual_seed(settings.seed + 2)
@@ -183,10 +202,7 @@ def train_lm(model, tokenizer, prompts: list[str], codes: BlockCodes, settings: 
         losses.append({**record, "objective": loss.item()})
         bar.set_postfix(loss=f"{token_ce.mean().item():.3f}")
         if (step + 1) % 100 == 0:
-            recent = np.mean([r["loss"] for r in losses[-100:]])
-            probe_losses = [r["attribute_loss"] for r in losses[-100:] if "attribute_loss" in r]
-            probe_text = f", attribute probe {np.mean(probe_losses):.4f}" if probe_losses else ""
-            logger.info("LM step %d: mean loss (last 100) %.4f%s", step + 1, recent, probe_text)
+            _log_progress(step, losses)
         if (step + 1) % settings.checkpoint_every == 0:
             save_checkpoint(ckpt, step + 1, modules, losses, state())
         if deadline and time.time() > deadline:
