@@ -141,7 +141,7 @@ def write_model_card(out_dir: Path, evaluation: dict[str, Any] | None = None) ->
                 "- Projector revival (phases with `--vlm-revive-projector`): before the phase starts, every hidden unit of",
                 "  the projector's first layer that is positive on < 1% of the image patches of the phase's first batch",
                 "  (a dead GELU unit) gets a fresh seeded random input row (pre-activation mean 0, std 2 on those patches)",
-                "  and a zero output column, so the model's function is unchanged (`llava_vlm_train.revive_projector`).",
+                "  and a zero output column, so the model's function is unchanged (`llava.train.revive_projector`).",
             ]
             if any(p.get("revive_projector") == "True" for p in phases)
             else []
@@ -151,7 +151,7 @@ def write_model_card(out_dir: Path, evaluation: dict[str, Any] | None = None) ->
                 "- Projector probe (phases with `--vlm-projector-probe W`; training only, not saved): a linear layer reads",
                 "  each image patch's attribute words from the projector's output (sigmoid cross-entropy against the same",
                 "  patch-word targets, weight W), so the projector keeps colour, shape and fill apart before the language",
-                "  model sees them (`llava_vlm_train`). Weight per phase: "
+                "  model sees them (`llava.train`). Weight per phase: "
                 + ", ".join(str(p.get("projector_probe_weight", "0")) for p in phases) + ".",
             ]
             if any(float(p.get("projector_probe_weight", 0)) > 0 for p in phases)
