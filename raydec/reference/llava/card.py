@@ -67,15 +67,9 @@ def _commands(log: dict[str, Any]) -> list[str]:
     return lines
 
 
-def write_model_card(out_dir: Path, evaluation: dict[str, Any] | None = None) -> Path:
-    """Render the card into ``out_dir/MODEL_CARD.md``; ``evaluation`` comes from ``llava.evaluate``."""
-    log = json.loads((out_dir / "train_log.json").read_text())
-    config = json.loads((out_dir / "config.json").read_text())
-    settings, losses = log["settings"], np.asarray(log["losses"])
-    phases = log.get("phases") or [settings]
-    tail = losses[-100:] if len(losses) else np.asarray([float("nan")])
-    size_mb = sum(p.stat().st_size for p in out_dir.iterdir() if p.is_file() and p.name != "MODEL_CARD.md") / 2**20
-    lines = [
+def _introduction(config: dict[str, Any], log: dict[str, Any], size_mb: float) -> list[str]:
+    """The card's title, usage and architecture."""
+    return [
         "# raydec reference VLM: a small LLaVA for the shapes world",
         "",
         "A real `LlavaForConditionalGeneration` checkpoint (CLIP vision tower + Llama language model), trained",
@@ -103,6 +97,40 @@ def write_model_card(out_dir: Path, evaluation: dict[str, Any] | None = None) ->
         "- Chat format: `USER: <image> describe the image . ASSISTANT:` -> description + `<eos>`; questions",
         "  such as `USER: <image> what colour is the circle? ASSISTANT:` -> `red` + `<eos>`.",
         "",
+    ]
+
+
+def _projector_notes(phases: list[dict[str, Any]]) -> list[str]:
+    """Bullets on projector revival and the projector probe, for phases that used them."""
+    return [
+        *(
+            [
+                "- Projector revival (phases with `--vlm-revive-projector`): before the phase starts, every hidden unit of",
+                "  the projector's first layer that is positive on < 1% of the image patches of the phase's first batch",
+                "  (a dead GELU unit) gets a fresh seeded random input row (pre-activation mean 0, std 2 on those patches)",
+                "  and a zero output column, so the model's function is unchanged (`llava.train.revive_projector`).",
+            ]
+            if any(p.get("revive_projector") == "True" for p in phases)
+            else []
+        ),
+        *(
+            [
+                "- Projector probe (phases with `--vlm-projector-probe W`; training only, not saved): a linear layer reads",
+                "  each image patch's attribute words from the projector's output (sigmoid cross-entropy against the same",
+                "  patch-word targets, weight W), so the projector keeps colour, shape and fill apart before the language",
+                "  model sees them (`llava.train`). Weight per phase: "
+                + ", ".join(str(p.get("projector_probe_weight", "0")) for p in phases) + ".",
+            ]
+            if any(float(p.get("projector_probe_weight", 0)) > 0 for p in phases)
+            else []
+        ),
+    ]
+
+
+def _training(log: dict[str, Any], settings: dict[str, Any], phases: list[dict[str, Any]], losses: np.ndarray,
+              tail: np.ndarray) -> list[str]:
+    """The training section: the commands of every phase, the data, losses and optimiser, quick evaluations."""
+    lines = [
         "## Training",
         "",
         "```",
@@ -136,27 +164,7 @@ def write_model_card(out_dir: Path, evaluation: dict[str, Any] | None = None) ->
         "  background) covering that 8x8 patch, weight per phase: "
         + ", ".join(str(p.get("patch_loss_weight", "0")) for p in phases) + ". Without it the first run "
         "captioned from the language prior alone for 900+ steps (colour tokens ignored the image).",
-        *(
-            [
-                "- Projector revival (phases with `--vlm-revive-projector`): before the phase starts, every hidden unit of",
-                "  the projector's first layer that is positive on < 1% of the image patches of the phase's first batch",
-                "  (a dead GELU unit) gets a fresh seeded random input row (pre-activation mean 0, std 2 on those patches)",
-                "  and a zero output column, so the model's function is unchanged (`llava.train.revive_projector`).",
-            ]
-            if any(p.get("revive_projector") == "True" for p in phases)
-            else []
-        ),
-        *(
-            [
-                "- Projector probe (phases with `--vlm-projector-probe W`; training only, not saved): a linear layer reads",
-                "  each image patch's attribute words from the projector's output (sigmoid cross-entropy against the same",
-                "  patch-word targets, weight W), so the projector keeps colour, shape and fill apart before the language",
-                "  model sees them (`llava.train`). Weight per phase: "
-                + ", ".join(str(p.get("projector_probe_weight", "0")) for p in phases) + ".",
-            ]
-            if any(float(p.get("projector_probe_weight", 0)) > 0 for p in phases)
-            else []
-        ),
+        *_projector_notes(phases),
         f"- AdamW (betas 0.9 / 0.95, weight decay {settings['weight_decay']} on matrices), linear warm-up then cosine "
         f"decay to {settings['min_lr_ratio']} x peak, grad clip {settings['grad_clip']}, batch {settings['batch_size']}, "
         "float32 (bf16 autocast was 2x slower on this CPU), "
@@ -181,7 +189,12 @@ def write_model_card(out_dir: Path, evaluation: dict[str, Any] | None = None) ->
         lines += ["", "Quick evaluations during training (greedy, first held-out images):", "",
                   "| step | caption accuracy |", "|---:|---:|"]
         lines += [f"| {e['step']} | {e['accuracy']:.3f} |" for e in log["evals"]]
-    lines += ["", "## Evaluation", ""]
+    return lines
+
+
+def _evaluation(evaluation: dict[str, Any] | None) -> list[str]:
+    """The evaluation section's lines (after its heading)."""
+    lines: list[str] = []
     if evaluation:
         lines += [
             f"Greedy captions (HF `generate(do_sample=False)`, batched) of {evaluation['n']} held-out images "
@@ -203,6 +216,20 @@ def write_model_card(out_dir: Path, evaluation: dict[str, Any] | None = None) ->
             lines += [f"- seed {example['seed']} (score {example['score']:.2f}): \"{example['caption']}\""]
     else:
         lines += ["Not evaluated yet: run `python -m raydec.reference.llava.evaluate --n 200 --write-card`."]
+    return lines
+
+
+def write_model_card(out_dir: Path, evaluation: dict[str, Any] | None = None) -> Path:
+    """Render the card into ``out_dir/MODEL_CARD.md``; ``evaluation`` comes from ``llava.evaluate``."""
+    log = json.loads((out_dir / "train_log.json").read_text())
+    config = json.loads((out_dir / "config.json").read_text())
+    settings, losses = log["settings"], np.asarray(log["losses"])
+    phases = log.get("phases") or [settings]
+    tail = losses[-100:] if len(losses) else np.asarray([float("nan")])
+    size_mb = sum(p.stat().st_size for p in out_dir.iterdir() if p.is_file() and p.name != "MODEL_CARD.md") / 2**20
+    lines = _introduction(config, log, size_mb) + _training(log, settings, phases, losses, tail)
+    lines += ["", "## Evaluation", ""]
+    lines += _evaluation(evaluation)
     lines += [
         "",
         "## Limits",
