@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -58,17 +59,9 @@ def kept_section(card: Path, heading: str) -> list[str]:
     return section
 
 
-def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
-    """``MODEL_CARD.md`` of a shipped assistant from its log (figures, command, measurement); a
-    hand-written ``## History`` section of the card it replaces is kept."""
-    log = asdict(log) if isinstance(log, DistillLog) else log
-    config = json.loads((out_dir / "config.json").read_text())
-    settings = log["settings"]
-    text = config["text_config"]
-    size = sum(p.stat().st_size for p in out_dir.iterdir() if p.is_file() and p.name != "MODEL_CARD.md")
-    last = log["losses"][-100:]
-    m = log.get("measurement") or {}
-    lines = [
+def _introduction(settings: dict[str, Any], log: dict[str, Any], text: dict[str, Any], size: int) -> list[str]:
+    """The card's title, usage and architecture."""
+    return [
         "# LLaVA assistant for the reference VLM (HF assisted generation)",
         "",
         "A small `LlavaForConditionalGeneration` that shares the reference VLM's tokenizer, processor, vision tower",
@@ -95,6 +88,12 @@ def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
         f"- Parameters: {log['parameters'] / 1e6:.2f}M ({log['trainable_parameters'] / 1e6:.2f}M trained; the vision "
         f"tower stays the target's, frozen). Shipped folder {size / 2**20:.1f} MB.",
         "",
+    ]
+
+
+def _distillation(settings: dict[str, Any], log: dict[str, Any], last: list[float]) -> list[str]:
+    """The distillation section: command, data, image input, loss, optimiser, figures, held-out agreement."""
+    lines = [
         "## Distillation",
         "",
         "```",
@@ -137,6 +136,12 @@ def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
                   f"captions of {settings['heldout_n']} held-out images, seeds 1010000..):", "",
                   "| step | agreement | CE |", "|---:|---:|---:|"]
         lines += [f"| {h['step']} | {h['agreement']:.3f} | {h['ce']:.4f} |" for h in log["heldout"]]
+    return lines
+
+
+def _measurement(m: dict[str, Any], log: dict[str, Any]) -> list[str]:
+    """The measured section (HF assisted vs plain generation) and earlier measurements; empty without one."""
+    lines: list[str] = []
     if m:
         lines += [
             "",
@@ -163,6 +168,12 @@ def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
                          f"the distillation run): {e['identical']}/{e['images']} identical, mean time ratio "
                          f"{e['mean_time_ratio']:.3f} (median {e['median_time_ratio']:.3f}), "
                          f"{e['tokens_per_target_forward']:.2f} tokens per target forward, acceptance {e['acceptance']:.3f}.")
+    return lines
+
+
+def _tuning(log: dict[str, Any]) -> list[str]:
+    """How the draft length and confidence threshold were picked; empty without a tuning."""
+    lines: list[str] = []
     tuning = log.get("tuning") or {}
     if tuning:
         lines += ["", f"Draft length and confidence threshold (read by HF from the assistant's `generation_config.json`) "
@@ -171,6 +182,22 @@ def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
                   "| num_assistant_tokens | assistant_confidence_threshold | seconds |", "|---:|---:|---:|"]
         lines += [f"| {r['num_assistant_tokens']} | {r['assistant_confidence_threshold']} | {r['seconds']:.2f} |"
                   for r in tuning["grid"]]
+    return lines
+
+
+def write_model_card(out_dir: Path, log: DistillLog | dict) -> Path:
+    """``MODEL_CARD.md`` of a shipped assistant from its log (figures, command, measurement); a
+    hand-written ``## History`` section of the card it replaces is kept."""
+    log = asdict(log) if isinstance(log, DistillLog) else log
+    config = json.loads((out_dir / "config.json").read_text())
+    settings = log["settings"]
+    text = config["text_config"]
+    size = sum(p.stat().st_size for p in out_dir.iterdir() if p.is_file() and p.name != "MODEL_CARD.md")
+    last = log["losses"][-100:]
+    m = log.get("measurement") or {}
+    lines = _introduction(settings, log, text, size) + _distillation(settings, log, last)
+    lines += _measurement(m, log)
+    lines += _tuning(log)
     history = kept_section(out_dir / "MODEL_CARD.md", "## History")
     if history:
         lines += ["", *history]
