@@ -1,6 +1,7 @@
-"""The testbed's layout rules: raydec/reference is split into small modules, one subpackage per
-part (shapes, judge, janus, llava, assistant), and a module shares only public names with its
-siblings. Read with ``ast``; nothing is imported except for the weights-folder check."""
+"""The testbed's layout rules: raydec/reference is split into small modules (at most 300 lines,
+functions at most 80), one subpackage per part (shapes, judge, janus, llava, assistant), and a
+module shares only public names with its siblings. Read with ``ast``; nothing is imported but
+for the weights-folder check."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 REFERENCE = Path(__file__).resolve().parents[2] / "raydec" / "reference"
 MODULES = sorted(REFERENCE.rglob("*.py"))
 MAX_LINES = 300
+MAX_FUNCTION_LINES = 80
 
 
 def _name(path: Path) -> str:
@@ -35,6 +37,14 @@ def test_the_testbed_has_modules():
 def test_no_module_is_over_300_lines(path):
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{_name(path)} has {lines} lines (at most {MAX_LINES}): split it"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_name)
+def test_no_function_is_over_80_lines(path):
+    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"{_name(path)}: functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
 @pytest.mark.parametrize("path", MODULES, ids=_name)
