@@ -28,7 +28,7 @@ import torch
 def build_janus(folder: Path, codebook: int) -> Path:
     # the same random Janus as raydec.bench.step.build_janus, written out here on purpose: this
     # script also runs against commits that have no raydec.bench.step
-    from raydec.reference import janus_t2i as jt
+    from raydec.reference.janus import model as jt
     from raydec.reference.shapes import vocabulary
 
     tokenizer = jt.build_tokenizer(vocabulary())

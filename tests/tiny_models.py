@@ -21,7 +21,7 @@ def build_tiny_janus(folder: Union[str, Path], seed: int = TINY_JANUS_SEED) -> P
     tokenise, and keeps the 64 x 64 image / 16 x 16 token grid of the reference Janus, but
     with a one-layer, 32-wide language model and a minimal VQ-VAE.
     """
-    from raydec.reference import janus_t2i as jt
+    from raydec.reference.janus import model as jt
     from raydec.reference.shapes import vocabulary
 
     folder = Path(folder)

@@ -163,7 +163,7 @@ def measure_session(session: Any, timed: TimedTarget, steps: int, warmup: int) -
 
 def build_janus(folder: Path, codebook: int) -> Path:
     """A random Janus with a ``codebook``-code VQ book (2 layers, 64 wide), saved by path."""
-    from raydec.reference import janus_t2i as jt
+    from raydec.reference.janus import model as jt
     from raydec.reference.shapes import vocabulary
 
     tokenizer = jt.build_tokenizer(vocabulary())

@@ -1,5 +1,7 @@
-"""Reference models that ship with raydec: the shapes world, its judge, and small trained
-Janus (text-to-image) and LLaVA (VLM) checkpoints.
+"""Reference models that ship with raydec: the shapes world (:mod:`.shapes`), its judge
+(:mod:`.judge`), and small trained Janus (text-to-image, :mod:`.janus`) and LLaVA (VLM,
+:mod:`.llava`, with its assisted-generation draft in :mod:`.assistant`) checkpoints, their
+weights in ``weights/``. ``python -m raydec.reference.train`` retrains any of them.
 
 ``load(name)`` and ``REFERENCE_MODELS`` come from :mod:`raydec.reference.load` and are
 imported lazily, so ``import raydec.reference`` stays cheap. The submodule and the function

@@ -16,8 +16,7 @@ benchmark dial it in with no training, on the real engine and proposers:
   against 1 for each other level. ``beta = 0`` is the "iid" speckle; the larger
   ``beta``, the more the next token depends on the last;
 - ``neighbour_tv(target)``: the mean total variation between the next token's law after two
-  different left neighbours, the quantity ``benchmarks/neighbour_dependence.py`` measures on
-  the trained reference Janus.
+  different left neighbours.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ class Subcommand:
 
 def add_t2i_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``python -m raydec.reference.train t2i``."""
-    from raydec.reference.janus_t2i_settings import T2ISettings
+    from raydec.reference.janus.settings import T2ISettings
 
     d = T2ISettings()
     parser.add_argument("--out", type=Path, default=d.out_dir, help="output folder (from_pretrained layout)")
@@ -105,9 +105,9 @@ def add_t2i_arguments(parser: argparse.ArgumentParser) -> None:
 
 def train_t2i_from_args(args: argparse.Namespace) -> Path:
     """Build :class:`T2ISettings` from parsed flags and train."""
-    from raydec.reference.janus_t2i import T2IArchitecture
-    from raydec.reference.janus_t2i_settings import T2ISettings
-    from raydec.reference.janus_t2i_train import train_t2i
+    from raydec.reference.janus.model import T2IArchitecture
+    from raydec.reference.janus.settings import T2ISettings
+    from raydec.reference.janus.train import train_t2i
 
     arch = T2IArchitecture(
         lm_num_layers=args.lm_layers,
@@ -152,10 +152,10 @@ def train_t2i_from_args(args: argparse.Namespace) -> Path:
 
 SUBCOMMANDS: dict[str, Subcommand] = {
     "t2i": Subcommand(__name__, "add_t2i_arguments", "train_t2i_from_args", "the small Janus text-to-image model"),
-    "vlm": Subcommand("raydec.reference.llava_vlm_command", "add_vlm_arguments", "train_vlm", "the small LLaVA VLM"),
-    "assistant": Subcommand("raydec.reference.llava_assistant", "add_assistant_arguments", "distill_from_args",
+    "vlm": Subcommand("raydec.reference.llava.command", "add_vlm_arguments", "train_vlm", "the small LLaVA VLM"),
+    "assistant": Subcommand("raydec.reference.assistant.command", "add_assistant_arguments", "distill_from_args",
                             "a 1-2 layer LLaVA assistant distilled from the reference VLM (HF assisted generation)"),
-    "draft": Subcommand("raydec.reference.draft_command", "add_draft_arguments", "train_drafts_from_args",
+    "draft": Subcommand("raydec.reference.llava.draft_command", "add_draft_arguments", "train_drafts_from_args",
                         "the reference VLM's ViSpec and EAGLE drafts (same data and budget)"),
 }
 

@@ -5,8 +5,7 @@ silently redrew every slot like SJD would pass it too. These count target forwar
 toy textures (``raydec.reference.textures.potts_texture``, the real engine and proposer): where
 the next token depends on the last, coupling keeps the tail of the window consistent and
 SJD-PAC commits several times SJD's tokens per forward; where tokens are independent there is
-nothing to repair, and coupling costs nothing. ``benchmarks/texture_dependence.py`` prints the
-whole curve.
+nothing to repair, and coupling costs nothing.
 """
 
 from __future__ import annotations

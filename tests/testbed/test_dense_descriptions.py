@@ -12,13 +12,14 @@ import torch
 from transformers import LlavaForConditionalGeneration, LlavaProcessor
 
 from raydec.reference.judge import score_caption
-from raydec.reference.evaluate_vlm import CaptionEval, statement_summary
-from raydec.reference.judge_relations import check_statements, verdicts_by_kind
-from raydec.reference.judge_text import parse_text, sentences, statement_kind, word_kind
-from raydec.reference.llava_vlm import VLMSizes, extend_vocabulary, prompt_text
-from raydec.reference.llava_vlm_train import TrainSettings, run_training
+from raydec.reference.llava.evaluate import CaptionEval, statement_summary
+from raydec.reference.judge.relations import check_statements, verdicts_by_kind
+from raydec.reference.judge.text import parse_text, sentences, statement_kind, word_kind
+from raydec.reference.llava.model import VLMSizes, extend_vocabulary, prompt_text
+from raydec.reference.llava.settings import TrainSettings
+from raydec.reference.llava.train import run_training
 from raydec.reference.shapes import HELD_OUT_SEED_START, SHAPES, ShapeObject, make_sample, vocabulary, words
-from raydec.reference.shapes_dense import (
+from raydec.reference.shapes.dense import (
     DENSE_INSTRUCTION,
     RELATION_KINDS,
     dense_description,
@@ -88,7 +89,7 @@ def test_every_stated_count_and_relation_is_true_and_the_judge_reads_it(samples)
         assert score_caption(text, image=s.image) == 1.0  # the judge's own reading of the image
         assert parse_text(text).objects and len(parse_text(text).objects) == len(s.objects)
     assert statements > 10 * len(samples)
-    # evaluate_vlm --dense's summary of the ground truth's own answers: every statement right
+    # llava.evaluate --dense's summary of the ground truth's own answers: every statement right
     truth = CaptionEval([s.seed for s in samples], [dense_description(s) for s in samples], [1.0] * len(samples),
                         [1.0] * len(samples), 0.0)
     counts, relations, firsts = re.findall(r"(\d+)/(\d+)", statement_summary(truth))

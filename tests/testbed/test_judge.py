@@ -9,10 +9,11 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from raydec.reference import judge_scene, shapes
+from raydec.reference import shapes
+from raydec.reference.judge import scene as judge_scene
 from raydec.reference.judge import attribute_accuracy, score_caption, score_image
-from raydec.reference.judge_image import parse_image
-from raydec.reference.judge_text import parse_prompt, parse_text
+from raydec.reference.judge.image import parse_image
+from raydec.reference.judge.text import parse_prompt, parse_text
 from raydec.reference.shapes import HELD_OUT_SEED_START, ShapeObject, make_sample, render, to_pil
 
 logger = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def test_accuracy_on_runs_textured_ground_truth() -> None:
 
 
 def test_word_kind_names_what_the_parser_reads() -> None:
-    from raydec.reference.judge_text import WORD_KINDS, word_kind
+    from raydec.reference.judge.text import WORD_KINDS, word_kind
 
     assert [word_kind(w) for w in ("red", "crosses", "spotted", "little", "upper", "middle", "gray", "grainy", "two")] == [
         "colour", "shape", "fill", "size", "position", "position", "background", "background", "count"

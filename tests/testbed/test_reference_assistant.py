@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import LlavaForConditionalGeneration, LlavaProcessor
 
-from raydec.reference.llava_assistant_settings import DEFAULT_ASSISTANT_DIR
-from raydec.reference.llava_vlm import DEFAULT_WEIGHTS_DIR, prompt_text
+from raydec.reference.assistant.settings import DEFAULT_ASSISTANT_DIR
+from raydec.reference.llava.model import DEFAULT_WEIGHTS_DIR, prompt_text
 from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
 
 ASSISTANT = DEFAULT_ASSISTANT_DIR
@@ -50,9 +50,9 @@ def test_hf_assisted_greedy_equals_plain_greedy(models) -> None:
 def test_sampled_caption_rows_follow_their_seed_and_line_up_with_generate(models) -> None:
     from raydec.api import caption_images, load_target
     from raydec.config import DecodeConfig, SamplingConfig
-    from raydec.reference.llava_assistant_data import build_caption_set, teacher_logits
-    from raydec.reference.llava_assistant_settings import AssistantSettings
-    from raydec.reference.llava_vlm import DESCRIBE_INSTRUCTION
+    from raydec.reference.assistant.data import build_caption_set, teacher_logits
+    from raydec.reference.assistant.settings import AssistantSettings
+    from raydec.reference.llava.model import DESCRIBE_INSTRUCTION
     from raydec.reference.shapes import to_pil
 
     target, _, processor = models
@@ -91,8 +91,8 @@ def test_sampled_caption_rows_follow_their_seed_and_line_up_with_generate(models
 
 
 def test_caption_batches_interleave_kinds_and_temperatures_so_a_cap_cuts_them_alike() -> None:
-    from raydec.reference.llava_assistant_data import caption_batches
-    from raydec.reference.llava_vlm import DESCRIBE_INSTRUCTION
+    from raydec.reference.assistant.data import caption_batches
+    from raydec.reference.llava.model import DESCRIBE_INSTRUCTION
 
     question = "what colour is the circle?"
     jobs = [(s, DESCRIBE_INSTRUCTION, float(s % 2)) for s in range(16)] + [(100 + s, question, float(s % 2)) for s in range(4)]
@@ -117,7 +117,7 @@ def test_rewriting_the_card_keeps_its_history_and_says_how_answers_were_drawn(tm
     import json
     import shutil
 
-    from raydec.reference.llava_assistant_card import write_model_card
+    from raydec.reference.assistant.card import write_model_card
 
     folder = tmp_path / "assistant"
     shutil.copytree(ASSISTANT, folder)

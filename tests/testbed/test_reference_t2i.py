@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from raydec.reference import janus_t2i as jt
+from raydec.reference.janus import model as jt
+from raydec.reference.janus import pixels as px
 from raydec.reference.load import REFERENCE_MODELS
 from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, words
 
@@ -82,7 +83,7 @@ def test_hf_generate_samples_score_at_least_0_8(shipped):
     Measured 0.874 with this seed (seeds 1-3: 0.861 / 0.870 / 0.827; 0.868 on 200 prompts,
     MODEL_CARD.md; the iid weights before them: 0.834, 0.831); an untrained or wrongly loaded
     model scores ~0.2."""
-    from raydec.reference.evaluate import decode_images, generate_image_tokens, held_out_prompts
+    from raydec.reference.janus.evaluate import decode_images, generate_image_tokens, held_out_prompts
     from raydec.reference.judge import score_image
 
     model, processor = shipped
@@ -92,7 +93,7 @@ def test_hf_generate_samples_score_at_least_0_8(shipped):
 
 
 def test_attribute_accuracy_by_kind_pairs_objects_by_cell():
-    from raydec.reference.evaluate import attribute_accuracy_by_kind
+    from raydec.reference.janus.evaluate import attribute_accuracy_by_kind
 
     samples = [make_sample(HELD_OUT_SEED_START + i) for i in range(6)]
     truth = attribute_accuracy_by_kind([s.image for s in samples], [s.prompt for s in samples])
@@ -117,15 +118,15 @@ def test_unconditional_rows_match_generate_layout(shipped):
 def _round_trip(model, count: int = 500, texture: str = "iid") -> tuple[list, np.ndarray]:
     """Ground-truth samples of held-out seeds (the judge test's 500) and their VQ round trips (uint8)."""
     samples = [make_sample(HELD_OUT_SEED_START + i, texture=texture) for i in range(count)]
-    pixels = jt.images_to_pixels(torch.from_numpy(np.stack([s.image for s in samples])))
+    pixels = px.images_to_pixels(torch.from_numpy(np.stack([s.image for s in samples])))
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # convolutions over whole images: unlike the suite's tiny decode tensors, threads pay
     try:
         with torch.no_grad():
             chunks = []
             for chunk in pixels.split(25):  # small batches stay in cache: 2x faster than one of 500
-                chunks.append(model.model.vqmodel.decode(jt.vq_encode(model.model.vqmodel, chunk)))
-        decoded = jt.pixels_to_images(torch.cat(chunks)).numpy()
+                chunks.append(model.model.vqmodel.decode(px.vq_encode(model.model.vqmodel, chunk)))
+        decoded = px.pixels_to_images(torch.cat(chunks)).numpy()
     finally:
         torch.set_num_threads(threads)
     return samples, decoded
@@ -136,12 +137,12 @@ def test_stock_vq_paths_equal_the_training_forwards(shipped):
     equals the training decoder path, and ``vq_encode`` is the argmax of the trained logits."""
     model, _ = shipped
     vq = model.model.vqmodel
-    pixels = jt.images_to_pixels(torch.from_numpy(np.stack([make_sample(HELD_OUT_SEED_START + i).image for i in range(4)])))
+    pixels = px.images_to_pixels(torch.from_numpy(np.stack([make_sample(HELD_OUT_SEED_START + i).image for i in range(4)])))
     with torch.no_grad():
-        ids = jt.vq_encode(vq, pixels)  # [B, N]
-        assert torch.equal(ids, jt.code_logits(vq, pixels, 1.0).argmax(dim=1).flatten(1))
+        ids = px.vq_encode(vq, pixels)  # [B, N]
+        assert torch.equal(ids, px.code_logits(vq, pixels, 1.0).argmax(dim=1).flatten(1))
         side = int(ids.shape[1] ** 0.5)
-        assert torch.allclose(vq.decode(ids), jt.decode_codes(vq, ids.view(-1, side, side)), atol=1e-4)
+        assert torch.allclose(vq.decode(ids), px.decode_codes(vq, ids.view(-1, side, side)), atol=1e-4)
 
 
 @pytest.mark.parametrize("texture", ["iid", "runs"])
@@ -160,7 +161,7 @@ def test_vq_round_trip_keeps_judge_accuracy(shipped, texture):
 def test_object_token_mask_covers_exactly_the_object_boxes():
     """The LM loss weighs the tokens of each stated object's box; read from the prompt alone,
     they must be the boxes the renderer drew."""
-    from raydec.reference.janus_t2i_lm import object_token_mask
+    from raydec.reference.janus.lm import object_token_mask
     from raydec.reference.shapes import GRID_BLOCKS, object_box
 
     for seed in range(40):
@@ -176,7 +177,7 @@ def test_object_token_mask_covers_exactly_the_object_boxes():
 
 def test_attribute_probe_targets_name_each_box_object():
     """The training-only probe must name, at every token of a box, that box's object."""
-    from raydec.reference.janus_t2i_lm import IGNORE, object_attribute_targets, object_token_mask
+    from raydec.reference.janus.lm import IGNORE, object_attribute_targets, object_token_mask
     from raydec.reference.shapes import COLORS, FILLS, SHAPES, object_box
 
     for seed in range(40):
@@ -191,7 +192,7 @@ def test_attribute_probe_targets_name_each_box_object():
 
 
 def test_attribute_loss_ignores_unlabelled_tokens_and_rewards_the_right_names():
-    from raydec.reference.janus_t2i_lm import ATTRIBUTE_CLASSES, IGNORE, attribute_loss
+    from raydec.reference.janus.lm import ATTRIBUTE_CLASSES, IGNORE, attribute_loss
 
     probe = torch.nn.Identity()
     targets = torch.full((1, 3, 2), IGNORE)
@@ -208,21 +209,21 @@ def test_attribute_loss_ignores_unlabelled_tokens_and_rewards_the_right_names():
 
 
 def test_lm_checkpoint_without_the_probe_resumes_with_a_fresh_one(tmp_path):
-    from raydec.reference.janus_t2i_checkpoint import _load_checkpoint, _save_checkpoint
+    from raydec.reference.janus.checkpoint import load_checkpoint, save_checkpoint
 
     model, probe = torch.nn.Linear(3, 3), torch.nn.Linear(3, 2)
-    _save_checkpoint(tmp_path / "ckpt.pt", 7, {"model": model}, [{"step": 6, "loss": 1.0}], {"seconds": 2.0})
+    save_checkpoint(tmp_path / "ckpt.pt", 7, {"model": model}, [{"step": 6, "loss": 1.0}], {"seconds": 2.0})
     fresh = probe.weight.detach().clone()
     restored = torch.nn.Linear(3, 3)
-    step, losses, extra = _load_checkpoint(tmp_path / "ckpt.pt", {"model": restored, "probe": probe}, ("probe",))
+    step, losses, extra = load_checkpoint(tmp_path / "ckpt.pt", {"model": restored, "probe": probe}, ("probe",))
     assert step == 7 and extra == {"seconds": 2.0} and torch.equal(restored.weight, model.weight)
     assert torch.equal(probe.weight, fresh)
     with pytest.raises(KeyError):
-        _load_checkpoint(tmp_path / "ckpt.pt", {"model": restored, "probe": probe})
+        load_checkpoint(tmp_path / "ckpt.pt", {"model": restored, "probe": probe})
 
 
 def test_word_sensitivity_sees_the_words_the_model_reads(shipped):
-    from raydec.reference.evaluate import replace_words, word_sensitivity
+    from raydec.reference.janus.evaluate import replace_words, word_sensitivity
 
     assert replace_words("a large purple speckled diamond top right", "colour") == "a large red speckled diamond top right"
     assert replace_words("a small red solid cross left", "size") == "a large red solid cross left"
@@ -261,14 +262,14 @@ def test_neighbour_copies_are_the_prior_the_reference_shapes_want(shipped):
 def test_continuing_refuses_another_tokenisation_and_bad_folders(shipped, tmp_path):
     """``init_from`` keeps the shipped VQ-VAE, so the block codes must be the ones it learned:
     a k-means fitted on too few images is another tokenisation and is refused by name."""
-    from raydec.reference.janus_t2i_codes import BlockCodes, block_codes
-    from raydec.reference.janus_t2i_settings import T2ISettings
-    from raydec.reference.janus_t2i_train import check_tokenisation, train_t2i
+    from raydec.reference.janus.codes import BlockCodes, block_codes
+    from raydec.reference.janus.settings import T2ISettings
+    from raydec.reference.janus.train import check_tokenisation, train_t2i
 
     model, _ = shipped
     images = np.stack([make_sample(seed).image for seed in range(8)])  # training seeds
-    pixels = jt.images_to_pixels(torch.from_numpy(images))
-    own_ids = jt.vq_encode(model.model.vqmodel, pixels).numpy()
+    pixels = px.images_to_pixels(torch.from_numpy(images))
+    own_ids = px.vq_encode(model.model.vqmodel, pixels).numpy()
     centroids = torch.zeros(512, 48)
     assert check_tokenisation(model, images, BlockCodes(centroids, own_ids)) == 1.0
     settings = T2ISettings(work_dir=tmp_path, num_images=8, vq_kmeans_images=8, vq_kmeans_iterations=1, texture="runs")
@@ -291,8 +292,8 @@ def test_default_recipe_trains_iid_then_continues_on_runs(tmp_path):
 
     from transformers import JanusForConditionalGeneration
 
-    from raydec.reference.janus_t2i_settings import T2ISettings
-    from raydec.reference.janus_t2i_train import train_t2i
+    from raydec.reference.janus.settings import T2ISettings
+    from raydec.reference.janus.train import train_t2i
 
     settings = T2ISettings(
         out_dir=tmp_path / "out", work_dir=tmp_path / "work", num_images=8, vq_steps=2, vq_kmeans_images=8,

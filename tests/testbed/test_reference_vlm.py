@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoProcessor, LlavaForConditionalGeneration, LlavaProcessor
 
-from raydec.reference.llava_vlm import DEFAULT_WEIGHTS_DIR, DESCRIBE_INSTRUCTION, prompt_text
+from raydec.reference.llava.model import DEFAULT_WEIGHTS_DIR, DESCRIBE_INSTRUCTION, prompt_text
 
 WEIGHTS = DEFAULT_WEIGHTS_DIR
 SHIPPED = ["model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -97,7 +97,7 @@ def test_hf_generate_captions_held_out_images(vlm) -> None:
 
 
 def test_greedy_captions_of_200_held_out_images_score_at_least_0_9(vlm) -> None:
-    from raydec.reference.evaluate_vlm import evaluate_captions
+    from raydec.reference.llava.evaluate import evaluate_captions
 
     model, processor = vlm
     result = evaluate_captions(model, processor, n=200, batch_size=50, progress=False)  # ~10 s

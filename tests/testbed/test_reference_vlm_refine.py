@@ -10,9 +10,11 @@ import pytest
 import torch
 from transformers import LlavaForConditionalGeneration, LlavaProcessor
 
-from raydec.reference.llava_vlm import VLMSizes, prompt_text
-from raydec.reference.llava_vlm_refine import refine_patch_kernel, refine_patches, refine_position_table
-from raydec.reference.llava_vlm_train import TrainSettings, recipe_phases, run_training
+from raydec.reference.llava.model import VLMSizes, prompt_text
+from raydec.reference.llava.refine import refine_patch_kernel, refine_patches, refine_position_table
+from raydec.reference.llava.recipe import recipe_phases
+from raydec.reference.llava.settings import TrainSettings
+from raydec.reference.llava.train import run_training
 from raydec.reference.shapes import make_sample
 
 TINY = VLMSizes(vision_hidden=32, vision_layers=1, vision_heads=2, vision_intermediate=64, text_hidden=48,

@@ -8,8 +8,9 @@ import json
 import torch
 from transformers import LlavaForConditionalGeneration
 
-from raydec.reference.llava_vlm import VLMSizes
-from raydec.reference.llava_vlm_train import TrainSettings, run_training
+from raydec.reference.llava.model import VLMSizes
+from raydec.reference.llava.settings import TrainSettings
+from raydec.reference.llava.train import run_training
 
 TINY = VLMSizes(vision_hidden=32, vision_layers=1, vision_heads=2, vision_intermediate=64, text_hidden=48,
                 text_layers=1, text_heads=2, text_intermediate=96)
@@ -29,7 +30,7 @@ def test_training_with_the_projector_probe_saves_a_stock_checkpoint(tmp_path):
 def test_replaying_the_recorded_phases_retrains_the_same_weights(tmp_path):
     from safetensors.torch import load_file
 
-    from raydec.reference.llava_vlm_train import recipe_phases, replay_recipe
+    from raydec.reference.llava.recipe import recipe_phases, replay_recipe
 
     # by hand: a phase cut after 3 of its 4 scheduled steps, then a probe phase continuing from it
     first = TrainSettings(out_dir=tmp_path / "a", steps=4, stop_after=3, batch_size=2, warmup=1, eval_every=100,

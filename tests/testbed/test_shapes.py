@@ -8,7 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from raydec.reference import shapes, shapes_text
+from raydec.reference import shapes
+from raydec.reference.shapes import text as shapes_text
 from raydec.reference.shapes import (
     BACKGROUNDS,
     COLORS,
@@ -154,7 +155,7 @@ def test_description_states_everything_with_varied_phrasing(samples: list[shapes
         for obj in sample.objects:
             assert {obj.shape, obj.color} <= tokens
             assert synonyms[obj.size] & tokens and synonyms[obj.fill] & tokens
-            assert any(phrase in sample.description for phrase in shapes_text._position_phrases(obj.position))
+            assert any(phrase in sample.description for phrase in shapes_text.position_phrases(obj.position))
         assert sample.description.count(".") >= 1 + len(sample.objects)
     objects = samples[0].objects
     same_scene = {shapes.describe(objects, "plain", "grey", np.random.default_rng(i)) for i in range(30)}
