@@ -20,9 +20,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "raydec"
 
-EXCLUDED = ("reference", "serve")
-"""Top-level packages of raydec/ the scan skips."""
-
 ALLOWED = {
     ("raydec/models/generation_config.py", "GenerationConfig._get_default_generation_params"):
         "transformers: the values `generate` gives unset generation-config fields; GenerationConfig's own "
@@ -36,7 +33,7 @@ def private(name: str) -> bool:
 
 
 def scanned_files() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] not in EXCLUDED)
+    return sorted(PACKAGE.rglob("*.py"))
 
 
 def violations(source: str, relative: str) -> list[str]:
