@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
+from raydec.models.attention import use_window_attention
 from raydec.models.base import PromptInputs, SharedVocabularyForward
 
 
@@ -64,6 +65,7 @@ class CausalLMTarget(SharedVocabularyForward):
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model.eval()
+        use_window_attention(model)  # grouped-query windows attend without repeating K/V
         self.window_decoder = model.get_decoder()
         self.window_head = LogitTransformHead.for_model(model)
 

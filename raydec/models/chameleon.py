@@ -38,6 +38,7 @@ import torch
 from PIL import Image
 
 from raydec.config import SamplingConfig
+from raydec.models.attention import use_window_attention
 from raydec.models.base import PromptInputs, SharedVocabularyForward
 from raydec.models.generation_config import sampling_from_generation_config
 from raydec.models.image_gen import CodesThenLayout, gathered_head, prompt_texts
@@ -83,6 +84,7 @@ class ChameleonT2ITarget(CodesThenLayout, SharedVocabularyForward):
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, vqgan: VQGanDecoder, size: tuple[int, int] = DEFAULT_SIZE) -> None:
         self.model = model.eval()
+        use_window_attention(model)  # grouped-query windows attend without repeating K/V
         self.window_decoder = model.model
         self.tokenizer = tokenizer
         self.vqgan = vqgan

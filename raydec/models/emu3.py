@@ -38,6 +38,7 @@ import torch
 from PIL import Image
 
 from raydec.config import SamplingConfig
+from raydec.models.attention import use_window_attention
 from raydec.models.base import PromptInputs, SharedVocabularyForward
 from raydec.models.generation_config import sampling_from_generation_config
 from raydec.models.image_gen import CodesThenLayout, gathered_head, pixels_to_pil, prompt_texts, vq_for_decoding
@@ -90,6 +91,7 @@ class Emu3T2ITarget(CodesThenLayout, SharedVocabularyForward):  # visual and lay
 
     def __init__(self, model: torch.nn.Module, processor: Any, ratio: str | None = None, image_area: int | None = None) -> None:
         self.model = model.eval()
+        use_window_attention(model)  # grouped-query windows attend without repeating K/V
         self.window_decoder = model.model.text_model
         self.processor = processor
         self.tokenizer = processor.tokenizer

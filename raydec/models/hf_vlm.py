@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 import torch
 
+from raydec.models.attention import use_window_attention
 from raydec.models.base import CheckpointError, PromptInputs, SharedVocabularyForward
 
 #: model_type -> the Hugging Face class name, for clear errors
@@ -174,6 +175,7 @@ class VisionLanguageTarget(SharedVocabularyForward):
 
     def __init__(self, model: torch.nn.Module, processor: Any) -> None:
         self.model = model.eval()
+        use_window_attention(model)  # grouped-query windows attend without repeating K/V
         self.processor = processor
         self.model_type = str(model.config.model_type)
         if self.model_type not in SUPPORTED_VLMS:

@@ -28,6 +28,7 @@ import torch
 from PIL import Image
 
 from raydec.config import SamplingConfig
+from raydec.models.attention import use_window_attention
 from raydec.models.base import PromptInputs, WindowForward
 from raydec.models.generation_config import sampling_from_generation_config
 from raydec.models.image_gen import pixels_to_pil, prompt_texts, vq_for_decoding
@@ -47,6 +48,7 @@ class JanusT2ITarget(WindowForward):
 
     def __init__(self, model: torch.nn.Module, processor: Any, use_chat_template: bool | None = None) -> None:
         self.model = model.eval()
+        use_window_attention(model)  # grouped-query windows attend without repeating K/V
         self.window_decoder = model.model.language_model
         self.window_head = model.model.generation_head  # codebook logits
         self.processor = processor

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from raydec.config import StrictModel
+from raydec.models.attention import use_window_attention
 from raydec.models.base import CheckpointError, cache_keyword, decoding_attention
 from raydec.models.cpu_matmul import row_major_weight
 from raydec.models.folded_input import DecodeRows, FoldedDraftInput
@@ -173,6 +174,7 @@ class VispecDraft(nn.Module):
             bos_token_id=None, eos_token_id=None, pad_token_id=None,
         )
         self.decoder = LlamaModel(layer_config)
+        use_window_attention(self.decoder)  # grouped-query windows attend without repeating K/V
         self.decoder.layers[0].input_layernorm = nn.Identity()
         self.decoder.norm = nn.Identity()
         self.fc = nn.Linear(2 * hidden, hidden)

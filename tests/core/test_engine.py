@@ -240,8 +240,10 @@ def test_keys_of_earlier_releases_load_with_a_warning_and_not_beside_their_new_n
         DecodeConfig.model_validate({"draft": {"window": 8}, "jacobi": {"window": 4}})
     from raydec.serve.config import ServedModel
 
-    with pytest.warns(FutureWarning, match="'num_gpus' is now 'gpus_per_worker'"):
+    with pytest.warns(FutureWarning) as record:
         served = ServedModel.model_validate({"name": "m", "task": "t2i", "max_batch_size": 4, "num_gpus": 1, "num_cpus": 2})
+    assert sorted(str(w.message).split(":")[1].split(";")[0].strip() for w in record) == [
+        "the key 'max_batch_size' is now 'batch_size'", "the key 'num_cpus' is now 'cpus_per_worker'", "the key 'num_gpus' is now 'gpus_per_worker'"]
     assert (served.batch_size, served.gpus_per_worker, served.cpus_per_worker) == (4, 1.0, 2.0)
 
 
