@@ -64,15 +64,24 @@ positive_int = count_arg(1)
 non_negative_int = count_arg(0)
 
 
-def positive_int_list(text: str) -> list[int]:
-    """An argparse ``type``: comma-separated integers >= 1 (batch sizes, windows, vocabularies)."""
+def _int_list(text: str, least: int) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    if not values or min(values) < least:
+        raise argparse.ArgumentTypeError(f"expected integers >= {least}, got {text!r}")
     return values
+
+
+def positive_int_list(text: str) -> list[int]:
+    """An argparse ``type``: comma-separated integers >= 1 (batch sizes, windows, vocabularies)."""
+    return _int_list(text, 1)
+
+
+def non_negative_int_list(text: str) -> list[int]:
+    """An argparse ``type``: comma-separated integers >= 0 (context lengths)."""
+    return _int_list(text, 0)
 
 
 def positive_float(text: str) -> float:

@@ -16,6 +16,13 @@ over a random Llama with a 32,000-token vocabulary runs the draft-tree path. For
                          work itself; this machine's timings say little about a GPU's). With
                          --device cuda the forward is timed to its kernels' end, so this is the
                          step's own work on host and device together
+    cache_bytes_per_step bytes the target's KV cache writes or copies per step (new slots, growth,
+                         compaction, rows leaving): flat in the context when it is written in place
+    forward_ms_per_step  wall milliseconds of the step's target forward
+
+``--context N,...`` gives every row about N cached tokens before the measured steps (a long
+prompt), ``--cache-layout slots,concat`` compares the cache written in place with Hugging Face's
+concatenation.
 
 What carries over to a GPU is the structure: read-backs and operator counts that do not grow
 with the batch or the window. Table on stdout, JSON (``--json``) with one object per shape
@@ -35,7 +42,9 @@ from typing import Any, Iterator
 
 import torch
 
-from raydec.bench.common import json_path_arg, non_negative_int, positive_int, positive_int_list, print_table, resolve_device
+from raydec.bench.common import (
+    json_path_arg, non_negative_int, non_negative_int_list, positive_int, positive_int_list, print_table, resolve_device,
+)
 from raydec.models.base import synchronize
 
 logger = logging.getLogger(__name__)
@@ -119,7 +128,8 @@ def top_level_ops(events: Any) -> int:
 
 
 def measure_session(session: Any, timed: TimedTarget, steps: int, warmup: int) -> dict:
-    """Run ``warmup`` decode steps, then ``steps`` measured ones (read-backs, ops, host ms)."""
+    """Run ``warmup`` decode steps, then ``steps`` measured ones (read-backs, ops, host ms, cache
+    bytes)."""
     while session.busy and not session.active:
         session.step()  # admission
     decoded = 0
@@ -127,7 +137,9 @@ def measure_session(session: Any, timed: TimedTarget, steps: int, warmup: int) -
         before = session.steps
         session.step()
         decoded += session.steps - before
-    host_ms, read_backs, ops = [], ReadBacks(), []
+    host_ms, forward_ms, read_backs, ops = [], [], ReadBacks(), []
+    cached_tokens = max(session.cache.lengths, default=0)
+    copied_before = session.cache.copied_bytes()
 
     @contextlib.contextmanager
     def timed_step() -> Iterator[None]:  # host time and read-backs: a step without the profiler
@@ -136,7 +148,8 @@ def measure_session(session: Any, timed: TimedTarget, steps: int, warmup: int) -
         with read_backs.counting():
             yield
         synchronize(timed.device)
-        host_ms.append(1e3 * ((time.perf_counter() - start) - (timed.forward_seconds - forward_before)))
+        forward_ms.append(1e3 * (timed.forward_seconds - forward_before))
+        host_ms.append(1e3 * (time.perf_counter() - start) - forward_ms[-1])
 
     @contextlib.contextmanager
     def profiled_step() -> Iterator[None]:  # operators: the next step under the profiler
@@ -152,8 +165,12 @@ def measure_session(session: Any, timed: TimedTarget, steps: int, warmup: int) -
             break
         session.step(decode_scope=profiled_step)
     done = max(1, len(host_ms))
+    stepped = max(1, len(host_ms) + len(ops))  # the cache copies in profiled steps too
     return {
         "steps_measured": len(host_ms),
+        "cached_tokens": cached_tokens,
+        "cache_bytes_per_step": (session.cache.copied_bytes() - copied_before) / stepped,
+        "forward_ms_per_step": statistics.median(forward_ms) if forward_ms else 0.0,
         "syncs_per_step": read_backs.count / done,
         "host_bytes_per_step": read_backs.bytes / done,
         "ops_per_step": statistics.median(ops) if ops else 0,
@@ -161,7 +178,7 @@ def measure_session(session: Any, timed: TimedTarget, steps: int, warmup: int) -
     }
 
 
-def build_janus(folder: Path, codebook: int) -> Path:
+def build_janus(folder: Path, codebook: int, max_positions: int = 1024) -> Path:
     """A random Janus with a ``codebook``-code VQ book (2 layers, 64 wide), saved by path."""
     from raydec.reference.janus import model as jt
     from raydec.reference.shapes import vocabulary
@@ -170,7 +187,7 @@ def build_janus(folder: Path, codebook: int) -> Path:
     arch = jt.T2IArchitecture(
         vq_base_channels=32, vq_channel_multiplier=(1, 1, 1), vq_num_res_blocks=1, vq_latent_channels=32,
         vq_embed_dim=8, vq_num_embeddings=codebook, lm_hidden_size=64, lm_num_layers=2, lm_num_heads=2,
-        lm_intermediate_size=128, lm_max_positions=1024, vision_hidden_size=32,
+        lm_intermediate_size=128, lm_max_positions=max_positions, vision_hidden_size=32,
     )
     model = jt.build_model(jt.build_config(tokenizer, arch), 0).eval()
     model.generation_config = jt.build_generation_config(tokenizer, guidance_scale=2.0)
@@ -180,7 +197,18 @@ def build_janus(folder: Path, codebook: int) -> Path:
     return folder
 
 
-def jacobi_runs(codebook: int, methods: list[str], batches: list[int], windows: list[int], steps: int, device: str = "cpu") -> list[dict]:
+def long_prompt(target: Any, text: str, tokens: int) -> str:
+    """``text`` repeated until the target's prompt ids number at least ``tokens`` (``text`` when 0)."""
+    grown = text
+    while tokens and target.prompt_ids(grown).numel() < tokens:
+        grown += " " + text
+    return grown
+
+
+def jacobi_runs(
+    codebook: int, methods: list[str], batches: list[int], windows: list[int], steps: int, device: str = "cpu",
+    contexts: list[int] = (0,), layouts: list[str] = ("slots",),
+) -> list[dict]:
     from raydec.speculative.proposers.factory import make_proposer
     from raydec.config import DecodeConfig, JacobiDraftConfig
     from raydec.models.image_gen import ImagePrompt
@@ -190,29 +218,34 @@ def jacobi_runs(codebook: int, methods: list[str], batches: list[int], windows: 
     from raydec.speculative.requests import RowRequest
 
     with tempfile.TemporaryDirectory() as tmp:
-        target = load_t2i_target(build_janus(Path(tmp) / "janus", codebook), dtype=torch.float32)
+        target = load_t2i_target(build_janus(Path(tmp) / "janus", codebook, 2048 + max(contexts)), dtype=torch.float32)
     target.model.to(device)
     timed = TimedTarget(target)
-    prompts = [make_sample(HELD_OUT_SEED_START + i).prompt for i in range(max(batches))]
+    samples = [make_sample(HELD_OUT_SEED_START + i).prompt for i in range(max(batches))]
     runs = []
-    for method in methods:
-        for window in windows:
+    for context in contexts:
+        prompts = [long_prompt(target, text, context) for text in samples]
+        for method, window, layout in ((m, w, lay) for m in methods for w in windows for lay in layouts):
             branching, depth = (3, 1) if method == "sjd_pac" else (1, 0)
             draft = JacobiDraftConfig(window=window, branching=branching, tree_depth=depth, init="left")
             config = DecodeConfig(method=method, max_new_tokens=target.num_image_tokens, sampling=target.default_sampling(), jacobi=draft)
             for batch in batches:
                 engine = Engine(timed, make_proposer(config, target), config.sampling, config.max_new_tokens, constraint=target.vocab_constraint(),
-                                eos_token_ids=target.eos_token_ids)
+                                eos_token_ids=target.eos_token_ids, cache_layout=layout)
                 session = engine.session(batch_size=batch)
                 for i in range(batch):
                     session.submit(RowRequest(ImagePrompt(prompts[i], None), seed=i))
                 measured = measure_session(session, timed, steps, warmup=1)
-                runs.append({"method": method, "batch": batch, "window": window, "vocab": codebook, "cfg": True, **measured})
+                runs.append({"method": method, "batch": batch, "window": window, "vocab": codebook, "cfg": True, "context": context,
+                             "cache_layout": layout, **measured})
                 logger.info("bench step: %s", runs[-1])
     return runs
 
 
-def draft_tree_runs(vocab: int, batches: list[int], windows: list[int], steps: int, device: str = "cpu") -> list[dict]:
+def draft_tree_runs(
+    vocab: int, batches: list[int], windows: list[int], steps: int, device: str = "cpu",
+    contexts: list[int] = (0,), layouts: list[str] = ("slots",),
+) -> list[dict]:
     """A random EAGLE draft (the draft-tree path ViSpec shares) over a random Llama."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -225,7 +258,8 @@ def draft_tree_runs(vocab: int, batches: list[int], windows: list[int], steps: i
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=False)
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048 + max(contexts),
+                         tie_word_embeddings=False)
     with tempfile.TemporaryDirectory() as tmp:
         LlamaForCausalLM(config).save_pretrained(Path(tmp) / "llama")
         target = CausalLMTarget.from_pretrained(Path(tmp) / "llama", dtype=torch.float32)
@@ -235,19 +269,28 @@ def draft_tree_runs(vocab: int, batches: list[int], windows: list[int], steps: i
     draft = draft.to(device).eval().prepare_inference()
     timed = TimedTarget(target)
     runs = []
-    for window in windows:
+    for context, window, layout in ((c, w, lay) for c in contexts for w in windows for lay in layouts):
         depth, top_k = (4, 3) if window <= 16 else (6, 4)
         tree = DraftTreeConfig(depth=depth, top_k=top_k, total_tokens=min(window, top_k + (depth - 1) * top_k * top_k))
         decode = DecodeConfig(method="eagle", max_new_tokens=256, sampling=SamplingConfig(temperature=1.0), draft_tree=tree)
         for batch in batches:
-            engine = Engine(timed, DraftTreeProposer(draft, tree), decode.sampling, decode.max_new_tokens)
+            engine = Engine(timed, DraftTreeProposer(draft, tree), decode.sampling, decode.max_new_tokens, cache_layout=layout)
             session = engine.session(batch_size=batch)
             for i in range(batch):
-                session.submit(RowRequest([1 + i % 7, 2, 3 + i % 5], seed=i))
+                prompt = [1 + i % 7, 2, 3 + i % 5]
+                session.submit(RowRequest((prompt * (context // 3 + 1))[: max(context, 3)], seed=i))
             measured = measure_session(session, timed, steps, warmup=1)
-            runs.append({"method": "eagle", "batch": batch, "window": tree.total_tokens, "vocab": vocab, "cfg": False, **measured})
+            runs.append({"method": "eagle", "batch": batch, "window": tree.total_tokens, "vocab": vocab, "cfg": False, "context": context,
+                         "cache_layout": layout, **measured})
             logger.info("bench step: %s", runs[-1])
     return runs
+
+
+def _layouts(text: str) -> list[str]:
+    layouts = [m.strip() for m in text.split(",") if m.strip()]
+    if not layouts or any(m not in ("slots", "concat") for m in layouts):
+        raise argparse.ArgumentTypeError(f"cache layouts: {text!r}; choose from slots, concat")
+    return layouts
 
 
 def _methods(text: str) -> list[str]:
@@ -265,14 +308,16 @@ def bench_step(args: argparse.Namespace) -> dict:
     runs: list[dict] = []
     jacobi = [m for m in args.methods if m in JACOBI]
     for codebook in args.vocab if jacobi else []:
-        runs += jacobi_runs(codebook, jacobi, args.batch, args.window, args.steps, device)
+        runs += jacobi_runs(codebook, jacobi, args.batch, args.window, args.steps, device, args.context, args.cache_layout)
     if "eagle" in args.methods:
-        runs += draft_tree_runs(args.draft_vocab, args.batch, args.window, args.steps, device)
-    rows = [[r["method"], r["vocab"], r["batch"], r["window"], f"{r['syncs_per_step']:.1f}", f"{r['host_bytes_per_step']:.0f}",
-             f"{r['ops_per_step']:.0f}", f"{r['host_ms_per_step']:.2f}"] for r in runs]
+        runs += draft_tree_runs(args.draft_vocab, args.batch, args.window, args.steps, device, args.context, args.cache_layout)
+    rows = [[r["method"], r["vocab"], r["batch"], r["window"], r["cached_tokens"], r["cache_layout"], f"{r['syncs_per_step']:.1f}",
+             f"{r['host_bytes_per_step']:.0f}", f"{r['ops_per_step']:.0f}", f"{r['host_ms_per_step']:.2f}",
+             f"{r['cache_bytes_per_step'] / 1e3:.1f}", f"{r['forward_ms_per_step']:.2f}"] for r in runs]
     print_table(f"raydec bench step: per decode step outside the target forward ({torch.get_num_threads()} thread(s), "
                 f"{device})",
-                ["method", "vocab", "batch", "window", "syncs", "bytes to host", "ops", "host ms"], rows)
+                ["method", "vocab", "batch", "window", "cached", "cache", "syncs", "bytes to host", "ops", "host ms", "cache KB",
+                 "forward ms"], rows)
     return {"bench": "step", "device": device, "threads": torch.get_num_threads(), "runs": runs}
 
 
@@ -284,6 +329,9 @@ def add_step_parser(subparsers: Any) -> None:
     parser.add_argument("--draft-vocab", type=positive_int, default=32000, help="vocabulary of the draft-tree path's random Llama")
     parser.add_argument("--batch", type=positive_int_list, default=[1, 8, 16], help="batch sizes (comma-separated)")
     parser.add_argument("--window", type=positive_int_list, default=[16, 64, 96], help="draft windows / tree sizes (comma-separated)")
+    parser.add_argument("--context", type=non_negative_int_list, default=[0],
+                        help="about this many cached tokens per row before the measured steps (a long prompt; comma-separated)")
+    parser.add_argument("--cache-layout", type=_layouts, default=["slots"], help="slots (written in place), concat (comma-separated)")
     parser.add_argument("--steps", type=positive_int, default=3, help="timed decode steps per shape (each followed by a profiled one)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (cuda when torch sees a GPU)")
     parser.add_argument("--threads", type=non_negative_int, default=0, help="torch threads (0 = torch default)")

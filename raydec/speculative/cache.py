@@ -1,7 +1,8 @@
 """RaggedCache: a batched KV cache in which every row has its own committed length.
 
-One Hugging Face ``DynamicCache`` holds ``[M, H, S, D]`` keys/values for all model rows; all
-rows share the physical length ``S``. On top of it we keep, per row,
+One Hugging Face cache (``SlotCache``: each layer's keys/values written in place into a
+preallocated buffer, see raydec/speculative/slots.py) holds ``[M, H, S, D]`` keys/values for all
+model rows; all rows share the physical length ``S``. On top of it we keep, per row,
 
     valid:         [M, S] bool  slot s holds a committed token of this row   (on the model's device)
     next_position: [M]    long  position id of the row's next token          (on the model's device)
@@ -20,18 +21,29 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from transformers import DynamicCache
+
+from raydec.speculative.slots import SlotCache, SlotLayer
+
+#: how a cache layer stores its keys and values: "slots" (written in place, see slots.py) or "concat"
+#: (Hugging Face's append by concatenation, which copies the layer's cache at every forward)
+CacheLayout = Literal["slots", "concat"]
+DEFAULT_LAYOUT: CacheLayout = "slots"
 
 
 class RaggedCache:
-    """Valid-slot bookkeeping over an HF ``DynamicCache`` (see module docstring)."""
+    """Valid-slot bookkeeping over an HF cache (see module docstring)."""
 
-    def __init__(self, num_rows: int, compaction: Literal["auto", "always", "never"] = "auto", device: torch.device | str = "cpu") -> None:
-        self.kv = DynamicCache()
+    def __init__(
+        self, num_rows: int, compaction: Literal["auto", "always", "never"] = "auto", device: torch.device | str = "cpu",
+        layout: CacheLayout = DEFAULT_LAYOUT,
+    ) -> None:
+        self.kv = SlotCache(layout)
+        self.layout = layout
         self.device = torch.device(device)
         self.valid = torch.zeros(num_rows, 0, dtype=torch.bool, device=self.device)  # [M, S]
         self.next_position = torch.zeros(num_rows, dtype=torch.long, device=self.device)  # [M]
         self.lengths: list[int] = [0] * num_rows
+        self.clean = 0  # slots every row holds valid from the left (host): compaction leaves them in place
         self.next_positions: list[int] = [0] * num_rows  # next_position on the host
         self.compaction = compaction
 
@@ -52,8 +64,18 @@ class RaggedCache:
         return max(self.next_positions, default=0)
 
     def nbytes(self) -> int:
-        """Bytes the keys and values hold now (every layer, every model row, holes included)."""
-        return sum(t.numel() * t.element_size() for layer in self.kv.layers for t in (layer.keys, layer.values) if t is not None and t.numel())
+        """Bytes the keys and values hold now (every layer, every model row, holes and a slot
+        buffer's room to grow included)."""
+        return sum(
+            layer.held_bytes() if isinstance(layer, SlotLayer)
+            else sum(t.numel() * t.element_size() for t in (layer.keys, layer.values) if t is not None and t.numel())
+            for layer in self.kv.layers
+        )
+
+    def copied_bytes(self) -> int:
+        """Bytes the layers have written or copied so far (new slots, growth, compaction, rows
+        leaving or joining): the benches read its growth per step."""
+        return self.kv.copied_bytes()
 
     # -- masks and positions for a new window --------------------------------------------------
 
@@ -76,9 +98,16 @@ class RaggedCache:
 
     # -- updates -------------------------------------------------------------------------------
 
+    def reserve(self, slots: int) -> None:
+        """Room for ``slots`` physical slots per layer before a buffer grows (written in place)."""
+        for layer in self.kv.layers:
+            if isinstance(layer, SlotLayer):
+                layer.reserve(slots)
+
     def start(self, valid: torch.Tensor, next_position: torch.Tensor) -> None:
         """After the prefill forward: which prompt slots are real ([M, S]) and next positions ([M]),
         both as the host built them."""
+        self.clean = 0  # left-padded: holes first
         self.lengths = valid.sum(dim=1).tolist()
         self.next_positions = next_position.tolist()
         self.valid = valid.to(self.device, copy=True)
@@ -131,8 +160,14 @@ class RaggedCache:
             b = b.to(a.device, a.dtype)
             return torch.cat([part for pair in zip(a.chunk(blocks), b.chunk(blocks)) for part in pair], dim=0)
 
+        self.clean = 0  # the joining rows are left-padded
         for mine, theirs in zip(self.kv.layers, other.kv.layers):
-            mine.keys, mine.values = join(mine.keys, theirs.keys, 2), join(mine.values, theirs.values, 2)
+            keys, values = join(mine.keys, theirs.keys, 2), join(mine.values, theirs.values, 2)
+            if isinstance(mine, SlotLayer):
+                mine.replace(keys, values, max(mine.capacity, theirs.capacity if isinstance(theirs, SlotLayer) else 0))
+            else:
+                mine.keys, mine.values = keys, values
+                mine.copied_bytes += 2 * keys.numel() * keys.element_size()
         self.valid = join(self.valid, other.valid, 1)
         other_position = other.next_position.to(self.device)
         self.next_position = torch.cat([part for pair in zip(self.next_position.chunk(blocks), other_position.chunk(blocks)) for part in pair])
@@ -150,13 +185,19 @@ class RaggedCache:
         if width == self.length and min(self.lengths, default=width) == width:
             return
         order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :width]  # [M, width]
+        clean = min(self.clean, width)  # order[:, :clean] is 0..clean-1 in every row: those slots stay
         for layer in self.kv.layers:
-            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+            if layer.keys is None or layer.keys.numel() == 0:
+                continue
+            if isinstance(layer, SlotLayer):
+                layer.gather_slots(order[:, clean:], clean)
                 continue
             index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
             layer.keys = layer.keys.gather(2, index.to(layer.keys.device))
             layer.values = layer.values.gather(2, index.to(layer.values.device))
+            layer.copied_bytes += 2 * layer.keys.numel() * layer.keys.element_size()
         self.valid = self.valid.gather(1, order)
+        self.clean = min(self.lengths, default=0)
 
     # -- internals -----------------------------------------------------------------------------
 

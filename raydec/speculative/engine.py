@@ -33,7 +33,7 @@ import torch
 from raydec.config import SamplingConfig
 from raydec.speculative import random as streams
 from raydec.speculative.buffers import KeptBuffer
-from raydec.speculative.cache import RaggedCache
+from raydec.speculative.cache import DEFAULT_LAYOUT, CacheLayout, RaggedCache
 from raydec.speculative.refill import RefillPolicy
 from raydec.speculative.prefill import left_pad, pad_layer_residuals, prefill_mask
 from raydec.speculative.proposers.base import DecodeState, Prefill, Proposer
@@ -61,6 +61,8 @@ class Engine:
     verifier:       the lossless verifier (``verify_tree``)
     max_positions:  the model's positions: a row stops where they end (None: no limit)
     compaction:     when the ragged KV cache drops rejected slots physically
+    cache_layout:   how its layers store keys and values ("slots": written in place; "concat":
+                    appended by concatenation, a copy of the whole cache per forward)
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class Engine:
         verifier: Verifier = verify_tree,
         max_positions: int | None = None,
         compaction: Literal["auto", "always", "never"] = "auto",
+        cache_layout: CacheLayout = DEFAULT_LAYOUT,
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: {max_new_tokens} must be >= 1")
@@ -87,6 +90,7 @@ class Engine:
         self.verifier = verifier
         self.max_positions = max_positions
         self.compaction = compaction
+        self.cache_layout = cache_layout
         if sampling.repetition_penalty != 1.0 and sampling.uses_cfg:
             raise ValueError(
                 f"sampling.repetition_penalty={sampling.repetition_penalty} is not supported with "
@@ -281,13 +285,15 @@ class DecodeSession:
         batch = len(handles)
 
         # prefill: every model row's prefix, left-padded
-        joining = RaggedCache(len(prompts), compaction=engine.compaction, device=target.device)
+        joining = RaggedCache(len(prompts), compaction=engine.compaction, device=target.device, layout=engine.cache_layout)
         embeds, positions, valid, next_position, image_index = left_pad(prompts, target)
         mask = joining.attention_mask(prefill_mask(valid), target.dtype)
         residuals = pad_layer_residuals(prompts, valid, target)
         extra = {"layer_residuals": residuals} if residuals is not None else {}  # only targets that make them take them
         output = target.forward(embeds, None, positions, mask, joining.kv, want_hidden=engine.proposer.wants_hidden, **extra)
         joining.start(valid, next_position)
+        # room for the rows' whole decode (their caps, the holes compaction leaves, a window) before a buffer grows
+        joining.reserve(joining.length + max(row.limit for row in rows) * 5 // 4 + 128)
         first_probs = process_logits(
             output.logits[:, -1:], self._sampling_of(list(handles), output.logits.device), batch, engine.constraint,
             torch.zeros(batch, 1, dtype=torch.long, device=output.logits.device), self._context(handles, output.logits.shape[-1]),

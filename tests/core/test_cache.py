@@ -5,6 +5,7 @@ tested on a real Llama in tests/core/test_engine.py.)"""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from raydec.speculative.cache import RaggedCache
@@ -44,3 +45,45 @@ def test_compaction_gathers_each_rows_valid_slots_to_the_left():
     assert cache.valid.tolist() == [[True, True, True, False], [True] * 4]
     assert cache.kv.layers[0].keys[0, 0, :3, 0].tolist() == [0, 2, 4]
     assert cache.kv.layers[0].values[1, 0, :, 0].tolist() == [-100, -101, -102, -103]
+
+
+def _jacobi_engine(target, layout: str, compaction: str = "auto", max_new_tokens: int = 40):
+    from raydec.config import JacobiDraftConfig, SamplingConfig
+    from raydec.speculative.engine import Engine
+    from raydec.speculative.proposers.jacobi import JacobiProposer
+
+    proposer = JacobiProposer(JacobiDraftConfig(window=5, branching=2, tree_depth=1), "sjd_pac", "uniform")
+    return Engine(target, proposer, SamplingConfig(temperature=1.0), max_new_tokens, compaction=compaction, cache_layout=layout)
+
+
+def test_a_decode_step_writes_its_window_whatever_the_context(llama):
+    """Bytes the target's cache writes or copies per decode step, at 8 and 80 cached tokens per
+    row: the same when slots are written in place; with concatenation they grow with the context."""
+    from raydec.speculative.requests import RowRequest
+
+    def per_step(layout: str, context: int) -> float:
+        session = _jacobi_engine(llama, layout).session(batch_size=4)
+        for i in range(4):
+            session.submit(RowRequest([1 + (i + j) % 7 for j in range(context)], seed=i))
+        while not session.active:
+            session.step()  # admission (the prompt's writes are not a decode step's)
+        before = session.cache.copied_bytes()
+        for _ in range(5):  # at most 5 x 7 tokens per row: none of the 40-token rows finishes
+            session.step()
+        return (session.cache.copied_bytes() - before) / 5
+
+    short, long = per_step("slots", 8), per_step("slots", 80)
+    assert short > 0 and abs(long - short) <= 0.1 * short, (short, long)
+    assert per_step("concat", 80) > 3 * per_step("concat", 8)
+
+
+@pytest.mark.parametrize("compaction", ["auto", "always"])
+def test_slots_written_in_place_decode_the_tokens_of_concatenation(llama, compaction):
+    """Rows of different prompt lengths and caps, continuously batched (rows leave and join a
+    running cache, compaction moves slots): the same tokens with either layout."""
+    from raydec.speculative.requests import RowRequest
+
+    requests = [RowRequest([1 + (i * j) % 7 for j in range(2 + 3 * i)], seed=i, max_new_tokens=6 + 4 * i) for i in range(5)]
+    tokens = {layout: [o.tokens for o in _jacobi_engine(llama, layout, compaction).generate(requests, batch_size=2)]
+              for layout in ("slots", "concat")}
+    assert tokens["slots"] == tokens["concat"]

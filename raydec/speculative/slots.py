@@ -1,0 +1,160 @@
+"""A KV cache written in place: each layer's keys and values live in a preallocated buffer.
+
+Hugging Face's ``DynamicLayer`` appends by concatenation, so every forward copies the layer's
+whole cache: the bytes a decode step moves grow with the context. ``SlotLayer`` keeps
+
+    buffer_keys, buffer_values: [M, H, capacity, D]   (capacity >= length, grown by doubling)
+    keys, values:               [M, H, length, D]     views of the buffers' first slots
+
+A forward's new slots are written where they go (bytes of the window only); cropping moves the
+length back; compaction gathers a row's kept slots to the left inside the buffer. A step copies
+the whole cache only when the buffer grows, which doubling makes rare: amortised, the bytes a
+step moves do not grow with the context. ``copied_bytes`` counts every byte a layer writes or
+copies, for the benches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+#: slots a new buffer holds beyond its first write (a prompt and a few steps, before any growth)
+INITIAL_HEADROOM = 64
+
+
+def _bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+class SlotLayer(DynamicLayer):
+    """One layer's keys and values in a buffer with room to grow (see module docstring)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.buffer_keys: torch.Tensor | None = None
+        self.buffer_values: torch.Tensor | None = None
+        self.length = 0
+        self.copied_bytes = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.is_initialized = True
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.buffer_keys is None else self.buffer_keys.shape[2]
+
+    def reserve(self, slots: int) -> None:
+        """Room for at least ``slots`` slots from now on (one copy of the kept slots, if it grows)."""
+        if self.buffer_keys is not None and slots > self.capacity:
+            self._grow(self.buffer_keys, self.buffer_values, slots)
+
+    def _reserve(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
+        """Buffers for at least ``needed`` slots, the kept slots moved over when they grow."""
+        rows = key_states.shape[0]
+        if self.buffer_keys is not None and rows != self.buffer_keys.shape[0]:
+            raise ValueError(f"a write of {rows} rows into a cache of {self.buffer_keys.shape[0]} rows")
+        if self.buffer_keys is not None and needed <= self.capacity:
+            return
+        self._grow(key_states, value_states, max(needed + INITIAL_HEADROOM, 2 * self.capacity))
+
+    def _grow(self, like_keys: torch.Tensor, like_values: torch.Tensor, capacity: int) -> None:
+        rows = like_keys.shape[0]
+        keys = like_keys.new_empty((rows, like_keys.shape[1], capacity, like_keys.shape[3]))
+        values = like_values.new_empty((rows, like_values.shape[1], capacity, like_values.shape[3]))
+        if self.length:
+            keys[:, :, : self.length] = self.buffer_keys[:, :, : self.length]
+            values[:, :, : self.length] = self.buffer_values[:, :, : self.length]
+            self.copied_bytes += 2 * _bytes(keys[:, :, : self.length])
+        self.buffer_keys, self.buffer_values = keys, values
+
+    def _expose(self) -> None:
+        self.keys = self.buffer_keys[:, :, : self.length]
+        self.values = self.buffer_values[:, :, : self.length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """key_states, value_states: [M, H, N, D], written after the layer's ``length`` slots."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        new = key_states.shape[2]
+        self._reserve(key_states, value_states, self.length + new)
+        self.buffer_keys[:, :, self.length : self.length + new] = key_states
+        self.buffer_values[:, :, self.length : self.length + new] = value_states
+        self.copied_bytes += _bytes(key_states) + _bytes(value_states)
+        self.length += new
+        self._expose()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative count of slots to drop, got {tokens_to_remove}")
+        if tokens_to_remove == 0 or not self.length:
+            return
+        self.length = max(0, self.length + tokens_to_remove)
+        self._expose()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the rows ``indices`` (rows leaving the batch): one copy of the kept rows."""
+        if self.buffer_keys is None:
+            return
+        self.buffer_keys = self.buffer_keys[indices]
+        self.buffer_values = self.buffer_values[indices]
+        self.copied_bytes += self.held_bytes()
+        self._expose()
+
+    def replace(self, keys: torch.Tensor, values: torch.Tensor, capacity: int = 0) -> None:
+        """Hold ``keys`` / ``values`` [M, H, S, D] (rows joined the batch), with room for
+        ``capacity`` slots at least."""
+        self.buffer_keys = self.buffer_values = None
+        self.length = 0
+        self.is_initialized = False
+        self.update(keys, values)
+        self.reserve(capacity)
+
+    def gather_slots(self, order: torch.Tensor, start: int = 0) -> None:
+        """Move each row's slots ``order`` [M, W - start] (slot indices, each >= ``start``) to its
+        slots start..W-1, in place; the first ``start`` slots stay where they are."""
+        width = start + order.shape[1]
+        index = order[:, None, :, None].to(self.buffer_keys.device)
+        for buffer in (self.buffer_keys, self.buffer_values):
+            view = buffer[:, :, : self.length]
+            gathered = view.gather(2, index.expand(-1, buffer.shape[1], -1, buffer.shape[3]))
+            buffer[:, :, start:width] = gathered
+            self.copied_bytes += _bytes(gathered)
+        self.length = width
+        self._expose()
+
+    def held_bytes(self) -> int:
+        """Bytes of the buffers (capacity, not length)."""
+        return 0 if self.buffer_keys is None else _bytes(self.buffer_keys) + _bytes(self.buffer_values)
+
+
+class ConcatLayer(DynamicLayer):
+    """Hugging Face's layer (appends by concatenation), counting the bytes each append copies."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.copied_bytes = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        self.copied_bytes += _bytes(keys) + _bytes(values)
+        return keys, values
+
+
+class SlotCache(DynamicCache):
+    """A ``DynamicCache`` whose layers are ``SlotLayer``s (``layout="slots"``) or counting
+    concatenating layers (``layout="concat"``), created as the model first writes them."""
+
+    def __init__(self, layout: str = "slots") -> None:
+        super().__init__()
+        self.layer_class_to_replicate = {"slots": SlotLayer, "concat": ConcatLayer}[layout]
+
+    def copied_bytes(self) -> int:
+        return sum(layer.copied_bytes for layer in self.layers)
