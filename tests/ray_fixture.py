@@ -42,18 +42,7 @@ def actor_pids(title: str) -> list:
     import ray
 
     sockets = [node["RayletSocketName"] for node in ray.nodes() if node.get("Alive")]
-    processes = {}  # pid -> (parent pid, command line)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{entry}/stat") as handle:
-                parent = int(handle.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        processes[int(entry)] = (parent, cmdline)
+    processes = _process_table()
     raylets = {pid for pid, (_, cmdline) in processes.items()
                if "raylet" in cmdline.split(" ", 1)[0] and any(f"--raylet_socket_name={s} " in cmdline + " " for s in sockets)}
     return sorted(pid for pid, (parent, cmdline) in processes.items()
@@ -79,10 +68,9 @@ def _free_ports(count: int) -> list:
             sock.close()
 
 
-def _processes_under(marker: str) -> list:
-    """PIDs whose command line mentions `marker` (our private temp dir), plus their descendants."""
-    parents = {}
-    matched = set()
+def _process_table() -> dict:
+    """pid -> (parent pid, command line) of every process this machine's /proc shows."""
+    processes = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -90,12 +78,18 @@ def _processes_under(marker: str) -> list:
             with open(f"/proc/{entry}/cmdline", "rb") as handle:
                 cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace")
             with open(f"/proc/{entry}/stat") as handle:
-                parents[int(entry)] = int(handle.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
+                parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
-        if marker in cmdline:
-            matched.add(int(entry))
-    found = set(matched)
+        processes[int(entry)] = (parent, cmdline)
+    return processes
+
+
+def _processes_under(marker: str) -> list:
+    """PIDs whose command line mentions `marker` (our private temp dir), plus their descendants."""
+    processes = _process_table()
+    parents = {pid: parent for pid, (parent, _) in processes.items()}
+    found = {pid for pid, (_, cmdline) in processes.items() if marker in cmdline}
     changed = True
     while changed:
         children = {pid for pid, parent in parents.items() if parent in found} - found
