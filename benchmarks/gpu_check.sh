@@ -19,9 +19,9 @@
 #   TUNE_WINDOWS=16,32   windows --window auto tries (default 16,32,64,96: wide windows are
 #                        cheap on a GPU; fewer shapes keep tuning short)
 #   LIMIT_SCALE=0.5      multiplies each stage's hard time limit (default 1.0; the whole run's
-#                        limits add up to 1170 s at 1.0), to fit a short device lease
+#                        limits add up to 1350 s at 1.0), to fit a short device lease
 #   STAGES="step engine_7b"  run only these stages (default: all; names as in OUT_DIR/NAME.json:
-#                        host_work step engine_7b caption_t0 t2i_b1 caption_t1 t2i_b8 throughput_t2i
+#                        host_work step step_context engine_7b caption_t0 t2i_b1 caption_t1 t2i_b8 throughput_t2i
 #                        throughput_caption engine profile)
 #   THROUGHPUT_BATCHES=1,8,32,64  the batch sizes of the throughput stages (the frontier; default
 #                        1,8,32,64 on a GPU, 1,2 on the CPU)
@@ -50,7 +50,7 @@ pack() {
 
 seconds() { $py -c "print(round($1 * $scale, 3))"; }
 
-stages=${STAGES:-host_work step engine_7b caption_t0 t2i_b1 caption_t1 t2i_b8 t2i_b8_drain throughput_t2i throughput_caption engine profile}
+stages=${STAGES:-host_work step step_context engine_7b caption_t0 t2i_b1 caption_t1 t2i_b8 t2i_b8_drain throughput_t2i throughput_caption engine profile}
 engine_size=${ENGINE_SIZE:-$([ "$device" = cpu ] && echo small || echo janus-pro-7b)}
 wanted() { case " $stages " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
@@ -89,6 +89,10 @@ fi
 if [ "$device" = cpu ]; then step_grid=(--vocab 16384 --batch 1,8 --window 16,64 --steps 1); else step_grid=(); fi
 [ -n "${STEP_ARGS:-}" ] && read -r -a step_grid <<< "$STEP_ARGS"
 run step 180 step --threads 0 "${step_grid[@]}"
+# the cache written in place against concatenation at long context: bytes per step and forward ms, per device
+if [ "$device" = cpu ]; then ctx_grid=(--context 64,256 --steps 1); else ctx_grid=(--context 256,1024,4096); fi
+run step_context 180 step --threads 0 --methods sjd_pac,eagle --vocab 16384 --batch 8 --window 16 --cache-layout slots,concat \
+  "${ctx_grid[@]}"
 run engine_7b 300 engine --size "$engine_size" --prompts 3 --new-tokens 256 --window 16 --dtype bfloat16
 run caption_t0 240 caption --methods ar,hf_assisted,eagle,vispec --temperature 0 --images 200 --max-seconds "$(seconds 100)"
 run t2i_b1 360 t2i --methods ar,hf,sjd,sjd_ac,sjd_pac --prompts 200 --batch 1 --tune-windows "$windows" \

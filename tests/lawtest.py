@@ -82,7 +82,7 @@ SAMPLES = 20_000  # draws per law test: every exactness test samples this many r
 # batching). Their sampler and verifier are the full tests'; these guard how rows enter, leave and
 # line up in a batch, where a fault shifts the law grossly. One row at a time is the suite's slowest way
 # to draw, so they take fewer draws.
-PATH_SAMPLES = 8_000
+PATH_SAMPLES = 5_000
 
 
 def sample_engine(target, proposer, config, prompts, seeds, batch_size, verifier=None, constraint=None) -> torch.Tensor:

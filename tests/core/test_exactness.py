@@ -1,7 +1,7 @@
 """The exactness harness: the engine's output law equals plain AR sampling.
 
 Toy targets with computable laws (a random Markov chain; a tiny random LlamaForCausalLM in
-float64, vocabulary 8), >= 20,000 samples per configuration (8,000 for the batch-1 and
+float64, vocabulary 8), >= 20,000 samples per configuration (5,000 for the batch-1 and
 ragged-batch paths, tests/lawtest.py's PATH_SAMPLES), chi-square on every marginal and
 pairwise joint at a fixed family-wise false-alarm rate (tests/lawtest.py). The same harness
 rejects three deliberately broken verifiers (tests/broken.py).
@@ -55,7 +55,7 @@ def test_markov_chain_proposals(markov, mode):
 
 
 def test_markov_batch_one(markov):
-    """8,000 separate batch-1 generate calls."""
+    """5,000 separate batch-1 generate calls."""
     config = _config(SAMPLING, window=3)
     samples = sample_engine(markov, RandomTreeProposer(config.jacobi, "dense"), config, [[1]], list(range(PATH_SAMPLES)), 1)
     report = compare_to_law(samples, markov_law(markov, [1], LENGTH, SAMPLING))

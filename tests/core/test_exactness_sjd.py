@@ -1,6 +1,6 @@
 """Exactness harness for the SJD family (sjd, sjd_ac, sjd_pac) and their broken variants.
 
-Same law test as tests/core/test_exactness.py: >= 20,000 samples (8,000 on the batching paths), chi-square on every marginal and
+Same law test as tests/core/test_exactness.py: >= 20,000 samples (5,000 on the batching paths), chi-square on every marginal and
 pairwise joint at one family-wise false-alarm rate. Sequences are long enough (8 tokens on the
 Markov chain) for carried-over drafts, coupling and proactive trees to matter.
 """
