@@ -7,6 +7,7 @@ a vision-language model (``chat``: a ``ChatJob``); ``replica_class`` picks one f
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 import asyncio
 import logging
 import os
@@ -108,7 +109,7 @@ ResultT = TypeVar("ResultT", ImageResult, CaptionResult)
 EventT = TypeVar("EventT", ImageEvent, ChatEvent)
 
 
-class ModelReplica(Generic[SchedulerT, ResultT]):
+class ModelReplica(ABC, Generic[SchedulerT, ResultT]):
     """The Serve deployment of one served model (see ``app.build_app`` for its options): what
     both tasks share. A subclass opens its task's scheduler and adds its request method."""
 
@@ -130,8 +131,9 @@ class ModelReplica(Generic[SchedulerT, ResultT]):
         logger.info("model %s (%s, %s) ready in %.1f s on %s", served.name, served.task, served.model,
                     time.perf_counter() - started, device or "cpu")
 
+    @abstractmethod
     def _open(self, served: ServedModel, dtype: torch.dtype, device: str | None) -> SchedulerT:
-        raise NotImplementedError
+        """The task's scheduler over the served model, loaded on ``device``."""
 
     def _finished(self, watcher: Watcher[ResultT], result: ResultT) -> None:
         self.metrics.finished(watcher, result)

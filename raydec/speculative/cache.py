@@ -99,7 +99,9 @@ class RaggedCache:
     # -- updates -------------------------------------------------------------------------------
 
     def reserve(self, slots: int) -> None:
-        """Room for ``slots`` physical slots per layer before a buffer grows (written in place)."""
+        """Room for ``slots`` physical slots per layer before a buffer grows (written in place);
+        before the first forward, the layers' buffers are allocated that large."""
+        self.kv.reserved = max(self.kv.reserved, slots)
         for layer in self.kv.layers:
             if isinstance(layer, SlotLayer):
                 layer.reserve(slots)
@@ -162,12 +164,14 @@ class RaggedCache:
 
         self.clean = 0  # the joining rows are left-padded
         for mine, theirs in zip(self.kv.layers, other.kv.layers):
-            keys, values = join(mine.keys, theirs.keys, 2), join(mine.values, theirs.values, 2)
-            if isinstance(mine, SlotLayer):
-                mine.replace(keys, values, max(mine.capacity, theirs.capacity if isinstance(theirs, SlotLayer) else 0))
-            else:
-                mine.keys, mine.values = keys, values
-                mine.copied_bytes += 2 * keys.numel() * keys.element_size()
+            if isinstance(mine, SlotLayer):  # one copy of both caches' rows into a new buffer
+                ours = zip(mine.keys.chunk(blocks), mine.values.chunk(blocks))
+                joining = zip(theirs.keys.to(mine.keys).chunk(blocks), theirs.values.to(mine.values).chunk(blocks))
+                pieces = [piece for pair in zip(ours, joining) for piece in pair]
+                mine.assemble(pieces, max(mine.capacity, theirs.capacity if isinstance(theirs, SlotLayer) else 0))
+                continue
+            mine.keys, mine.values = join(mine.keys, theirs.keys, 2), join(mine.values, theirs.values, 2)
+            mine.copied_bytes += 2 * mine.keys.numel() * mine.keys.element_size()
         self.valid = join(self.valid, other.valid, 1)
         other_position = other.next_position.to(self.device)
         self.next_position = torch.cat([part for pair in zip(self.next_position.chunk(blocks), other_position.chunk(blocks)) for part in pair])

@@ -287,13 +287,14 @@ class DecodeSession:
         # prefill: every model row's prefix, left-padded
         joining = RaggedCache(len(prompts), compaction=engine.compaction, device=target.device, layout=engine.cache_layout)
         embeds, positions, valid, next_position, image_index = left_pad(prompts, target)
+        # room for the prompts and the rows' whole decode (their caps, the holes compaction leaves, a
+        # window) before a buffer grows: allocated by the prefill's own writes
+        joining.reserve(embeds.shape[1] + max(row.limit for row in rows) * 5 // 4 + 128)
         mask = joining.attention_mask(prefill_mask(valid), target.dtype)
         residuals = pad_layer_residuals(prompts, valid, target)
         extra = {"layer_residuals": residuals} if residuals is not None else {}  # only targets that make them take them
         output = target.forward(embeds, None, positions, mask, joining.kv, want_hidden=engine.proposer.wants_hidden, **extra)
         joining.start(valid, next_position)
-        # room for the rows' whole decode (their caps, the holes compaction leaves, a window) before a buffer grows
-        joining.reserve(joining.length + max(row.limit for row in rows) * 5 // 4 + 128)
         first_probs = process_logits(
             output.logits[:, -1:], self._sampling_of(list(handles), output.logits.device), batch, engine.constraint,
             torch.zeros(batch, 1, dtype=torch.long, device=output.logits.device), self._context(handles, output.logits.shape[-1]),

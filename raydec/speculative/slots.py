@@ -32,12 +32,18 @@ def _bytes(tensor: torch.Tensor) -> int:
 class SlotLayer(DynamicLayer):
     """One layer's keys and values in a buffer with room to grow (see module docstring)."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, capacity: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.buffer_keys: torch.Tensor | None = None
         self.buffer_values: torch.Tensor | None = None
         self.length = 0
         self.copied_bytes = 0
+        self.minimum_capacity = capacity  # what the first write allocates at least
+
+    def reset(self) -> None:
+        self.buffer_keys = self.buffer_values = None
+        self.length = 0
+        super().reset()
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -59,7 +65,7 @@ class SlotLayer(DynamicLayer):
             raise ValueError(f"a write of {rows} rows into a cache of {self.buffer_keys.shape[0]} rows")
         if self.buffer_keys is not None and needed <= self.capacity:
             return
-        self._grow(key_states, value_states, max(needed + INITIAL_HEADROOM, 2 * self.capacity))
+        self._grow(key_states, value_states, max(needed + INITIAL_HEADROOM, 2 * self.capacity, self.minimum_capacity))
 
     def _grow(self, like_keys: torch.Tensor, like_values: torch.Tensor, capacity: int) -> None:
         rows = like_keys.shape[0]
@@ -108,14 +114,27 @@ class SlotLayer(DynamicLayer):
         self.copied_bytes += self.held_bytes()
         self._expose()
 
-    def replace(self, keys: torch.Tensor, values: torch.Tensor, capacity: int = 0) -> None:
-        """Hold ``keys`` / ``values`` [M, H, S, D] (rows joined the batch), with room for
-        ``capacity`` slots at least."""
-        self.buffer_keys = self.buffer_values = None
-        self.length = 0
-        self.is_initialized = False
-        self.update(keys, values)
-        self.reserve(capacity)
+    def assemble(self, pieces: list[tuple[torch.Tensor, torch.Tensor]], capacity: int) -> None:
+        """Hold the rows of ``pieces`` (keys, values [m, H, s, D] each, in row order), every row
+        ``max(s)`` slots long with zeros after its piece's slots: one copy into a new buffer of
+        ``capacity`` slots at least (rows joining the batch)."""
+        width = max(keys.shape[2] for keys, _ in pieces)
+        first_keys, first_values = pieces[0]
+        rows = sum(keys.shape[0] for keys, _ in pieces)
+        capacity = max(capacity, width + INITIAL_HEADROOM)
+        self.buffer_keys = first_keys.new_empty((rows, first_keys.shape[1], capacity, first_keys.shape[3]))
+        self.buffer_values = first_values.new_empty((rows, first_values.shape[1], capacity, first_values.shape[3]))
+        row = 0
+        for keys, values in pieces:
+            count, slots = keys.shape[0], keys.shape[2]
+            for buffer, part in ((self.buffer_keys, keys), (self.buffer_values, values)):
+                buffer[row : row + count, :, :slots] = part
+                buffer[row : row + count, :, slots:width] = 0  # hole slots: masked, and finite
+                self.copied_bytes += _bytes(part)
+            row += count
+        self.length = width
+        self.is_initialized = True
+        self._expose()
 
     def gather_slots(self, order: torch.Tensor, start: int = 0) -> None:
         """Move each row's slots ``order`` [M, W - start] (slot indices, each >= ``start``) to its
@@ -154,7 +173,11 @@ class SlotCache(DynamicCache):
 
     def __init__(self, layout: str = "slots") -> None:
         super().__init__()
-        self.layer_class_to_replicate = {"slots": SlotLayer, "concat": ConcatLayer}[layout]
+        self.reserved = 0  # slots a layer created from now on allocates at its first write (layout "slots")
+        self.layer_class_to_replicate = {"slots": self._slot_layer, "concat": ConcatLayer}[layout]
+
+    def _slot_layer(self) -> SlotLayer:
+        return SlotLayer(capacity=self.reserved)
 
     def copied_bytes(self) -> int:
         return sum(layer.copied_bytes for layer in self.layers)
