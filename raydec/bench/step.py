@@ -199,8 +199,12 @@ def build_janus(folder: Path, codebook: int, max_positions: int = 1024) -> Path:
 
 def long_prompt(target: Any, text: str, tokens: int) -> str:
     """``text`` repeated until the target's prompt ids number at least ``tokens`` (``text`` when 0)."""
-    grown = text
-    while tokens and target.prompt_ids(grown).numel() < tokens:
+    if not tokens:
+        return text
+    once, twice = target.prompt_ids(text).numel(), target.prompt_ids(text + " " + text).numel()
+    copies = 1 + max(0, -(-(tokens - once) // max(1, twice - once)))  # each copy adds twice - once ids
+    grown = " ".join([text] * copies)
+    while target.prompt_ids(grown).numel() < tokens:  # a template's ids may not add up exactly
         grown += " " + text
     return grown
 
