@@ -18,6 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from raydec.config import SamplingConfig
 from raydec.models.causal_lm import CausalLMTarget, CfgPrompt
 from raydec.reference.textures import MarkovChainTarget as MarkovTarget
+from raydec.speculative.proposers.base import Proposer
 from raydec.speculative.sampling import VocabConstraint, process_logits
 
 
@@ -97,7 +98,7 @@ def forked_markov() -> MarkovTarget:
     return MarkovTarget(table.log())
 
 
-class FixedCandidatesProposer:
+class FixedCandidatesProposer(Proposer):
     """Deterministic (one-hot) drafts: the same ordered candidates under every node of a full
     tree of ``depth`` levels."""
 

@@ -114,6 +114,29 @@ def _outside_forward(event: Any) -> bool:
     return True
 
 
+#: operators that launch no kernel: views, shape and allocation bookkeeping
+NO_KERNEL = frozenset({
+    "aten::view", "aten::_unsafe_view", "aten::slice", "aten::select", "aten::unsqueeze", "aten::squeeze",
+    "aten::expand", "aten::as_strided", "aten::alias", "aten::t", "aten::transpose", "aten::permute", "aten::unflatten",
+    "aten::flatten", "aten::detach", "aten::detach_", "aten::lift_fresh", "aten::empty", "aten::empty_strided", "aten::result_type",
+    "aten::unbind", "aten::split", "aten::chunk", "aten::narrow", "aten::view_as", "aten::expand_as", "aten::resolve_conj",
+    "aten::resolve_neg", "aten::_reshape_alias", "aten::numpy_T", "aten::is_nonzero",
+})
+#: operators that launch a kernel only when they copy (then they call one of ``COPIES``)
+COPY_IF_NEEDED = frozenset({"aten::to", "aten::contiguous", "aten::type_as", "aten::reshape"})
+COPIES = frozenset({"aten::_to_copy", "aten::clone", "aten::copy_", "aten::_reshape_copy"})
+COMPILED_REGION = "Torch-Compiled Region"
+
+
+def _inside(event: Any, prefix: str) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith(prefix):
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
 def top_level_ops(events: Any) -> int:
     """aten operators called from Python (not from inside another operator), outside forwards."""
     count = 0
@@ -127,6 +150,26 @@ def top_level_ops(events: Any) -> int:
     return count
 
 
+def launches(events: Any) -> int:
+    """Kernel or graph launches outside the target forward: each captured region once (one graph
+    launch when recorded as a CUDA graph), and every eager top-level operator outside them that
+    launches a kernel (not a view or an allocation)."""
+    count = 0
+    for event in events:
+        if event.name.startswith(COMPILED_REGION):
+            count += _outside_forward(event) and not _inside(event, COMPILED_REGION)
+            continue
+        if not event.name.startswith("aten::") or event.name in NO_KERNEL:
+            continue
+        if event.name in COPY_IF_NEEDED and not any(child.name in COPIES for child in event.cpu_children):
+            continue  # no copy: nothing launched
+        parent = event.cpu_parent
+        if parent is not None and parent.name.startswith("aten::"):
+            continue  # inside another operator
+        count += _outside_forward(event) and not _inside(event, COMPILED_REGION)
+    return count
+
+
 def measure_session(session: Any, timed: TimedTarget, steps: int, warmup: int) -> dict:
     """Run ``warmup`` decode steps, then ``steps`` measured ones (read-backs, ops, host ms, cache
     bytes)."""
@@ -137,7 +180,7 @@ def measure_session(session: Any, timed: TimedTarget, steps: int, warmup: int) -
         before = session.steps
         session.step()
         decoded += session.steps - before
-    host_ms, forward_ms, read_backs, ops = [], [], ReadBacks(), []
+    host_ms, forward_ms, read_backs, ops, launched = [], [], ReadBacks(), [], []
     cached_tokens = max(session.cache.lengths, default=0)
     copied_before = session.cache.copied_bytes()
 
@@ -155,7 +198,9 @@ def measure_session(session: Any, timed: TimedTarget, steps: int, warmup: int) -
     def profiled_step() -> Iterator[None]:  # operators: the next step under the profiler
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
             yield
-        ops.append(top_level_ops(profile.events()))
+        events = profile.events()
+        ops.append(top_level_ops(events))
+        launched.append(launches(events))
 
     for _ in range(steps):
         if not session.active:
@@ -174,6 +219,7 @@ def measure_session(session: Any, timed: TimedTarget, steps: int, warmup: int) -
         "syncs_per_step": read_backs.count / done,
         "host_bytes_per_step": read_backs.bytes / done,
         "ops_per_step": statistics.median(ops) if ops else 0,
+        "launches_per_step": statistics.median(launched) if launched else 0,
         "host_ms_per_step": statistics.median(host_ms) if host_ms else 0.0,
     }
 
@@ -211,7 +257,7 @@ def long_prompt(target: Any, text: str, tokens: int) -> str:
 
 def jacobi_runs(
     codebook: int, methods: list[str], batches: list[int], windows: list[int], steps: int, device: str = "cpu",
-    contexts: list[int] = (0,), layouts: list[str] = ("slots",),
+    contexts: list[int] = (0,), layouts: list[str] = ("slots",), compiles: list[str] = ("off",),
 ) -> list[dict]:
     from raydec.speculative.proposers.factory import make_proposer
     from raydec.config import DecodeConfig, JacobiDraftConfig
@@ -229,26 +275,26 @@ def jacobi_runs(
     runs = []
     for context in contexts:
         prompts = [long_prompt(target, text, context) for text in samples]
-        for method, window, layout in ((m, w, lay) for m in methods for w in windows for lay in layouts):
+        for method, window, layout, compile in ((m, w, lay, c) for m in methods for w in windows for lay in layouts for c in compiles):
             branching, depth = (3, 1) if method == "sjd_pac" else (1, 0)
             draft = JacobiDraftConfig(window=window, branching=branching, tree_depth=depth, init="left")
             config = DecodeConfig(method=method, max_new_tokens=target.num_image_tokens, sampling=target.default_sampling(), jacobi=draft)
             for batch in batches:
                 engine = Engine(timed, make_proposer(config, target), config.sampling, config.max_new_tokens, constraint=target.vocab_constraint(),
-                                eos_token_ids=target.eos_token_ids, cache_layout=layout)
+                                eos_token_ids=target.eos_token_ids, cache_layout=layout, compile=compile)
                 session = engine.session(batch_size=batch)
                 for i in range(batch):
                     session.submit(RowRequest(ImagePrompt(prompts[i], None), seed=i))
                 measured = measure_session(session, timed, steps, warmup=1)
                 runs.append({"method": method, "batch": batch, "window": window, "vocab": codebook, "cfg": True, "context": context,
-                             "cache_layout": layout, **measured})
+                             "cache_layout": layout, "compile": compile, **measured})
                 logger.info("bench step: %s", runs[-1])
     return runs
 
 
 def draft_tree_runs(
     vocab: int, batches: list[int], windows: list[int], steps: int, device: str = "cpu",
-    contexts: list[int] = (0,), layouts: list[str] = ("slots",),
+    contexts: list[int] = (0,), layouts: list[str] = ("slots",), compiles: list[str] = ("off",),
 ) -> list[dict]:
     """A random EAGLE draft (the draft-tree path ViSpec shares) over a random Llama."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -273,19 +319,19 @@ def draft_tree_runs(
     draft = draft.to(device).eval().prepare_inference()
     timed = TimedTarget(target)
     runs = []
-    for context, window, layout in ((c, w, lay) for c in contexts for w in windows for lay in layouts):
+    for context, window, layout, compile in ((c, w, lay, cm) for c in contexts for w in windows for lay in layouts for cm in compiles):
         depth, top_k = (4, 3) if window <= 16 else (6, 4)
         tree = DraftTreeConfig(depth=depth, top_k=top_k, total_tokens=min(window, top_k + (depth - 1) * top_k * top_k))
         decode = DecodeConfig(method="eagle", max_new_tokens=256, sampling=SamplingConfig(temperature=1.0), draft_tree=tree)
         for batch in batches:
-            engine = Engine(timed, DraftTreeProposer(draft, tree), decode.sampling, decode.max_new_tokens, cache_layout=layout)
+            engine = Engine(timed, DraftTreeProposer(draft, tree), decode.sampling, decode.max_new_tokens, cache_layout=layout, compile=compile)
             session = engine.session(batch_size=batch)
             for i in range(batch):
                 prompt = [1 + i % 7, 2, 3 + i % 5]
                 session.submit(RowRequest((prompt * (context // 3 + 1))[: max(context, 3)], seed=i))
             measured = measure_session(session, timed, steps, warmup=1)
             runs.append({"method": "eagle", "batch": batch, "window": tree.total_tokens, "vocab": vocab, "cfg": False, "context": context,
-                         "cache_layout": layout, **measured})
+                         "cache_layout": layout, "compile": compile, **measured})
             logger.info("bench step: %s", runs[-1])
     return runs
 
@@ -295,6 +341,13 @@ def _layouts(text: str) -> list[str]:
     if not layouts or any(m not in ("slots", "concat") for m in layouts):
         raise argparse.ArgumentTypeError(f"cache layouts: {text!r}; choose from slots, concat")
     return layouts
+
+
+def _compiles(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    if not modes or any(m not in ("on", "off", "auto") for m in modes):
+        raise argparse.ArgumentTypeError(f"compile: {text!r}; choose from on, off, auto (comma-separated)")
+    return modes
 
 
 def _methods(text: str) -> list[str]:
@@ -312,16 +365,17 @@ def bench_step(args: argparse.Namespace) -> dict:
     runs: list[dict] = []
     jacobi = [m for m in args.methods if m in JACOBI]
     for codebook in args.vocab if jacobi else []:
-        runs += jacobi_runs(codebook, jacobi, args.batch, args.window, args.steps, device, args.context, args.cache_layout)
+        runs += jacobi_runs(codebook, jacobi, args.batch, args.window, args.steps, device, args.context, args.cache_layout, args.compile)
     if "eagle" in args.methods:
-        runs += draft_tree_runs(args.draft_vocab, args.batch, args.window, args.steps, device, args.context, args.cache_layout)
-    rows = [[r["method"], r["vocab"], r["batch"], r["window"], r["cached_tokens"], r["cache_layout"], f"{r['syncs_per_step']:.1f}",
-             f"{r['host_bytes_per_step']:.0f}", f"{r['ops_per_step']:.0f}", f"{r['host_ms_per_step']:.2f}",
+        runs += draft_tree_runs(args.draft_vocab, args.batch, args.window, args.steps, device, args.context, args.cache_layout, args.compile)
+    rows = [[r["method"], r["vocab"], r["batch"], r["window"], r["cached_tokens"], r["cache_layout"], r["compile"],
+             f"{r['syncs_per_step']:.1f}", f"{r['host_bytes_per_step']:.0f}", f"{r['ops_per_step']:.0f}", f"{r['launches_per_step']:.0f}",
+             f"{r['host_ms_per_step']:.2f}",
              f"{r['cache_bytes_per_step'] / 1e3:.1f}", f"{r['forward_ms_per_step']:.2f}"] for r in runs]
     print_table(f"raydec bench step: per decode step outside the target forward ({torch.get_num_threads()} thread(s), "
                 f"{device})",
-                ["method", "vocab", "batch", "window", "cached", "cache", "syncs", "bytes to host", "ops", "host ms", "cache KB",
-                 "forward ms"], rows)
+                ["method", "vocab", "batch", "window", "cached", "cache", "compile", "syncs", "bytes to host", "ops", "launches", "host ms",
+                 "cache KB", "forward ms"], rows)
     return {"bench": "step", "device": device, "threads": torch.get_num_threads(), "runs": runs}
 
 
@@ -336,6 +390,8 @@ def add_step_parser(subparsers: Any) -> None:
     parser.add_argument("--context", type=non_negative_int_list, default=[0],
                         help="about this many cached tokens per row before the measured steps (a long prompt; comma-separated)")
     parser.add_argument("--cache-layout", type=_layouts, default=["slots"], help="slots (written in place), concat (comma-separated)")
+    parser.add_argument("--compile", type=_compiles, default=["off"],
+                        help="on (the step's tensor work captured per batch bucket), off, auto (comma-separated)")
     parser.add_argument("--steps", type=positive_int, default=3, help="timed decode steps per shape (each followed by a profiled one)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (cuda when torch sees a GPU)")
     parser.add_argument("--threads", type=non_negative_int, default=0, help="torch threads (0 = torch default)")

@@ -19,6 +19,11 @@ tensors; one read-back per step brings the committed tokens and counts to the ho
 (``_read_commit``), where length caps, stop tokens and statistics are applied to Python ints.
 Randomness is counter-based (``raydec.speculative.random``): a row's numbers depend on its
 seed and step only.
+
+Captured steps (``compile``, see ``raydec.speculative.capture``): the step's pure tensor work
+(the proposer's window, processing the logits, the verification with its keep mask and packed
+read-back, the proposer's carry-over) runs as graphs compiled per batch bucket; the target
+forward, the cache's masks and bookkeeping stay eager.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import torch
 from raydec.config import SamplingConfig
 from raydec.speculative import random as streams
 from raydec.speculative.buffers import KeptBuffer
+from raydec.speculative.capture import CompileMode, StepGraph, resolve_compile
 from raydec.speculative.cache import DEFAULT_LAYOUT, CacheLayout, RaggedCache
 from raydec.speculative.refill import RefillPolicy
 from raydec.speculative.prefill import left_pad, pad_layer_residuals, prefill_mask
@@ -43,11 +49,9 @@ from raydec.speculative.sampling import RowSampling, VocabConstraint, process_lo
 from raydec.speculative.target import DecodingTarget, ForwardOutput, PromptInputs, stack_prompts
 from raydec.speculative.tree import DraftTree
 from raydec.speculative.verify import VerifyResult, verify_tree
+from raydec.speculative.verify_step import Verifier, tree_facts, tree_tensors, verify_step
 
 logger = logging.getLogger(__name__)
-
-# (tree, P [B, N, V], uniforms [B, N] float64) -> the verification, on P's device
-Verifier = Callable[[DraftTree, torch.Tensor, torch.Tensor], VerifyResult]
 
 
 class Engine:
@@ -63,6 +67,8 @@ class Engine:
     compaction:     when the ragged KV cache drops rejected slots physically
     cache_layout:   how its layers store keys and values ("slots": written in place; "concat":
                     appended by concatenation, a copy of the whole cache per forward)
+    compile:        capture the step's tensor work per batch bucket (``resolve_compile``: auto is
+                    on for CUDA); a verifier other than ``verify_tree`` always runs eagerly
     """
 
     def __init__(
@@ -78,6 +84,7 @@ class Engine:
         max_positions: int | None = None,
         compaction: Literal["auto", "always", "never"] = "auto",
         cache_layout: CacheLayout = DEFAULT_LAYOUT,
+        compile: CompileMode = "auto",
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: {max_new_tokens} must be >= 1")
@@ -91,6 +98,10 @@ class Engine:
         self.max_positions = max_positions
         self.compaction = compaction
         self.cache_layout = cache_layout
+        self.captured = resolve_compile(compile, target.device)
+        self.verify_graph = StepGraph(verify_step, "verify", self.captured and verifier is verify_tree, target.device)
+        self.process_graph = StepGraph(_process_rows, "process", self.captured, target.device)
+        proposer.capture(self.captured, target.device)
         if sampling.repetition_penalty != 1.0 and sampling.uses_cfg:
             raise ValueError(
                 f"sampling.repetition_penalty={sampling.repetition_penalty} is not supported with "
@@ -343,9 +354,8 @@ class DecodeSession:
         tree = engine.proposer.propose(state)
         target_probs, output = self._score(tree)
         tree = tree.to(target_probs.device)
-        uniforms = self.random.uniforms(streams.VERIFY, tree.num_nodes)
-        result = engine.verifier(tree, target_probs, uniforms)
-        result.accepted_counts = self._commit(tree, result)
+        result, keep, packed = self._verify(tree, target_probs)
+        result.accepted_counts = self._commit(result, keep, packed)
         engine.proposer.observe(state, tree, target_probs, result, output)
         self.random = self.random.advanced()
         self.steps += 1
@@ -400,22 +410,36 @@ class DecodeSession:
             gen_index = lengths.unsqueeze(1) + depth
         context = self._context(self.active, output.logits.shape[-1], tree)
         sampling = self._sampling_of(self.active, output.logits.device)
+        if engine.process_graph.enabled and context is None and isinstance(sampling, SamplingConfig):
+            rows = output.logits.view(repeat, batch, *output.logits.shape[1:]).transpose(0, 1)  # [B, streams, N, V]
+            (probs,) = engine.process_graph(batch, (rows,) + ((gen_index,) if gen_index is not None else ()),
+                                            sampling=sampling, constraint=engine.constraint)
+            return probs, output
         probs = process_logits(output.logits, sampling, batch, engine.constraint, gen_index, context, out=self._probs_buffer(output.logits))
         return probs, output
+
+    def _verify(self, tree: DraftTree, target_probs: torch.Tensor) -> tuple[VerifyResult, torch.Tensor, torch.Tensor]:
+        """The verification (``verify_step``; captured when the engine captures its step) ->
+        the result, keep [B, N] and the packed read-back [B, N + 2]."""
+        engine = self.engine
+        verifier = engine.verifier if not engine.verify_graph.enabled else verify_tree
+        path, num_accepted, next_token, stop_node, rejected, keep, packed = engine.verify_graph(
+            tree.batch_size, (*tree_tensors(tree), target_probs, self.random.seeds, self.random.steps),
+            verifier=verifier, **tree_facts(tree),
+        )
+        return VerifyResult(path, num_accepted, next_token, stop_node, rejected), keep, packed
 
     def _probs_buffer(self, logits: torch.Tensor) -> torch.Tensor:
         """This step's [B, N, V] P buffer, float64 for float64 logits and float32 otherwise."""
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         return self._probs.get((len(self.active), *logits.shape[1:]), dtype, logits.device)
 
-    def _commit(self, tree: DraftTree, result: VerifyResult) -> list[int]:
-        """Bring the step's outcome to the host in one read-back, apply caps and stop tokens,
-        keep the accepted KV. Returns each row's accepted draft count (as the verifier decided)."""
+    def _commit(self, result: VerifyResult, keep: torch.Tensor, packed: torch.Tensor) -> list[int]:
+        """Bring the step's outcome to the host in one read-back (``packed``), apply caps and stop
+        tokens, keep the accepted KV (``keep`` [B, N]). Returns each row's accepted draft count
+        (as the verifier decided)."""
         engine = self.engine
-        batch, width = tree.tokens.shape
-        path = result.path.clamp(min=0)  # [B, N] padding -> the root, which every path holds
-        keep = torch.zeros(batch, width, dtype=torch.bool, device=path.device).scatter_(1, path, True)  # root and accepted nodes
-        outcome = _read_commit(tree, result)
+        outcome = _read_commit(packed)
         accepted_counts = []
         for handle, (num_accepted, stop_node, tokens) in zip(self.active, outcome):
             row = self.rows[handle]
@@ -471,9 +495,15 @@ class DecodeSession:
         return finished
 
 
-def _read_commit(tree: DraftTree, result: VerifyResult) -> list[tuple[int, int, list[int]]]:
+def _read_commit(packed: torch.Tensor) -> list[tuple[int, int, list[int]]]:
     """The step's one device-to-host transfer: per row (accepted drafts, stop node, committed
-    tokens: the accepted drafts then the final token)."""
-    committed = result.committed(tree)  # [B, N]
-    packed = torch.cat([result.num_accepted.unsqueeze(1), result.stop_node.unsqueeze(1), committed], dim=1).tolist()
-    return [(n, stop, tokens[: n + 1]) for n, stop, *tokens in packed]
+    tokens: the accepted drafts then the final token). packed: [B, N + 2] (``verify_step``)."""
+    return [(n, stop, tokens[: n + 1]) for n, stop, *tokens in packed.tolist()]
+
+
+def _process_rows(logits: torch.Tensor, *gen_index: torch.Tensor, sampling: SamplingConfig, constraint: VocabConstraint | None) -> tuple[torch.Tensor]:
+    """``process_logits`` over rows that lead: logits [B, streams, N, V] (CFG: conditional, then
+    unconditional), gen_index [B, N] when the constraint forces tokens -> (P [B, N, V],)"""
+    batch, repeat = logits.shape[:2]
+    model_rows = logits.transpose(0, 1).reshape(repeat * batch, *logits.shape[2:])
+    return (process_logits(model_rows, sampling, batch, constraint, gen_index[0] if gen_index else None, in_place=False),)

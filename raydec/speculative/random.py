@@ -43,17 +43,28 @@ def mix64(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shift_right(x, 31)
 
 
+@torch.library.custom_op("raydec::counter_uniforms", mutates_args=())
 def counter_uniforms(seeds: torch.Tensor, steps: torch.Tensor, stream: int, count: int) -> torch.Tensor:
     """Uniforms in [0, 1), float64, one row per seed.
 
     seeds, steps: [B] int64 (same device); stream: who draws; count: how many  -> [B, count]
     Entry (r, i) depends only on (seeds[r], steps[r], stream, i): 53 random mantissa bits.
+
+    An operator of its own: a compiled graph (``raydec.speculative.capture``) calls these eager
+    kernels as they are. Generated code may not wrap int64 products the way they do (a signed
+    overflow is undefined in C++, and fused loops on this CPU gave other bits), and a row's
+    numbers must not depend on whether its step was captured.
     """
     key = mix64(seeds.long() + _GOLDEN)
     key = mix64(key ^ (steps.long() * _STEP + _signed((stream * _STREAM) % (1 << 64))))  # [B]
     index = torch.arange(1, count + 1, device=seeds.device, dtype=torch.long) * _GOLDEN
     bits = mix64(key.unsqueeze(1) + index)  # [B, count]
     return _shift_right(bits, 11).to(torch.float64) * (2.0**-53)
+
+
+@counter_uniforms.register_fake
+def _counter_uniforms_shape(seeds: torch.Tensor, steps: torch.Tensor, stream: int, count: int) -> torch.Tensor:
+    return seeds.new_empty((seeds.shape[0], count), dtype=torch.float64)
 
 
 def counter_normals(seeds: torch.Tensor, steps: torch.Tensor, stream: int, count: int) -> torch.Tensor:

@@ -173,6 +173,7 @@ def process_logits(
     gen_index: torch.Tensor | None = None,
     context: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    in_place: bool = True,
 ) -> torch.Tensor:
     """Raw model logits -> processed probabilities ``P``.
 
@@ -182,6 +183,8 @@ def process_logits(
                tree path to it); needed when ``config.repetition_penalty != 1``
     out:       a [B, N, V] work-dtype tensor P may be computed in (a caller's buffer kept
                across steps: its contents are lost, and the result may be it)
+    in_place:  work over tensors of its own in place where that saves a copy (False: never; a
+               captured graph fuses the steps instead)
     returns:   [B, N, V] probabilities, float32 (float64 if the logits are float64)
     """
     work_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
@@ -213,7 +216,7 @@ def process_logits(
     else:
         if config.temperature != 1.0:
             scores = torch.div(scores, config.temperature, out=out if scores is not out else None)
-        owned = lambda: scores.untyped_storage().data_ptr() != logits.untyped_storage().data_ptr()  # noqa: E731  not the model's logits
+        owned = lambda: in_place and scores.untyped_storage().data_ptr() != logits.untyped_storage().data_ptr()  # noqa: E731  not the model's logits
         scores = _apply_top_k(scores, config.top_k, in_place=owned())
         scores = _apply_top_p(scores, config.top_p)
         probs = _softmax(scores, owned())

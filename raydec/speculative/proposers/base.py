@@ -78,6 +78,14 @@ class Proposer(ABC):
     #: rows may join a running batch (continuous batching): ``admit`` is implemented
     admits_rows: bool = False
 
+    #: the engine captures the step (``raydec.speculative.capture``): proposers run their pure
+    #: tensor work as ``StepGraph``s when set (``capture``)
+    captured: bool = False
+
+    def capture(self, enabled: bool, device: torch.device) -> None:
+        """Told once by the engine whether its step is captured, on which device."""
+        self.captured = enabled
+
     def start(self, state: DecodeState, first_probs: torch.Tensor, prefill: Prefill) -> None:
         """Called once per ``generate`` after prefill; reset per-row state here.
 

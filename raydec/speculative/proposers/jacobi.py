@@ -28,14 +28,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 
 from raydec.config import JacobiDraftConfig, full_tree_nodes
 from raydec.speculative import random as streams
 from raydec.speculative.buffers import KeptBuffer
+from raydec.speculative.capture import StepGraph
 from raydec.speculative.proposers.base import DecodeState, Proposer
+from raydec.speculative.random import counter_uniforms
 from raydec.speculative.sampling import sample_with_uniform
 from raydec.speculative.tree import DraftTree, identity_mask
 from raydec.speculative.verify import VerifyResult, acceptance_probability, residual_weights
@@ -157,6 +159,8 @@ class JacobiProposer(Proposer):
         self._last: dict[str, torch.Tensor] = {}
         self._on_device: dict = {}  # per device: the layout tensors there
         self._spine_buffer = KeptBuffer()  # P at the spine's parents, within one ``observe``
+        self._window_graph: StepGraph | None = None  # ``_window`` and ``_carry``, captured or eager (``capture``)
+        self._carry_graph: StepGraph | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -175,17 +179,56 @@ class JacobiProposer(Proposer):
             self._on_device[device] = (self.layout.to(device), self._layout_ancestors.to(device), self._eye.to(device), spine)
         return self._on_device[device]
 
+    def capture(self, enabled: bool, device: torch.device) -> None:
+        self.captured = enabled
+        self._window_graph = StepGraph(self._window, "jacobi_window", enabled, device)
+        self._carry_graph = StepGraph(self._carry, "jacobi_carry", enabled, device)
+
     def propose(self, state: DecodeState) -> DraftTree:
-        batch, slots = state.batch_size, self.spine_slots
-        dtype, device = state.prob_dtype, state.device
-        uniforms = state.random.uniforms(streams.JACOBI_FILL, slots + self.depth * self.branching)
-        tokens, proposals = self._fill_window(state, uniforms[:, :slots])  # [B, S], [B, S, V]
+        batch, device = state.batch_size, state.device
+        if self._window_graph is None:
+            self.capture(False, device)
         layout, layout_ancestors, eye, _ = self._device_layout(device)
-        width = len(layout.parents)
+        allowed, allowed_ids, uniform_q = self._allowed(state)
+        forced = state.constraint.forced if state.constraint is not None else None
+        node_tokens, parents, valid, proposal_index, without_replacement, proposals, node_slot, ancestors, tokens, raw = self._window_graph(
+            batch, (*self._window_inputs(state), state.roots(), state.random.seeds, state.random.steps),
+            (allowed, allowed_ids, uniform_q, layout.parents, layout.slot, layout.level_rank, layout.level_path,
+             tuple(layout.level_nodes), layout_ancestors, eye),
+            forced=forced, dtype=state.prob_dtype,
+        )
+        self._last = {"tokens": tokens, "proposals": raw}
+        tree = DraftTree(
+            node_tokens, parents, valid, proposal_index, without_replacement, proposals,
+            max_children=self.branching if self.depth else 1, any_without_replacement=bool(self.depth and self.branching > 1),
+            branch_nodes=sum(self.branching**level for level in range(self.depth)) if self.branching > 1 else 0,
+        )
+        return tree.with_structure(node_slot, ancestors)
+
+    def _window(
+        self, pending_tokens: torch.Tensor, pending_q: torch.Tensor, have: torch.Tensor, lengths: torch.Tensor, tail: torch.Tensor,
+        roots: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
+        allowed: torch.Tensor, allowed_ids: torch.Tensor, uniform_q: torch.Tensor, layout_parents: torch.Tensor, layout_slot: torch.Tensor,
+        level_rank: torch.Tensor, level_path: torch.Tensor, level_nodes: tuple[torch.Tensor, ...], layout_ancestors: torch.Tensor,
+        eye: torch.Tensor, *, forced: Callable | None, dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, ...]:
+        """One window from the pending drafts, on tensors alone (the proposer's captured function).
+
+        pending_tokens [B, S], pending_q [B, S, V], have [B], lengths [B], tail [B, offset]
+        (``_window_inputs``); roots, seeds, steps [B]; the layout's tensors and the allowed ids
+        -> the tree's tensors (tokens, parents, valid, proposal index, without replacement,
+           proposals, depth [B, N], ancestors [B, N, N]) and the window's drafts [B, S] and Q [B, S, V]
+        """
+        batch, slots = pending_tokens.shape
+        uniforms = counter_uniforms(seeds, steps, streams.JACOBI_FILL, slots + self.depth * self.branching)
+        tokens, proposals = fill_window(pending_tokens, pending_q, have, lengths, tail, uniforms[:, :slots], allowed, allowed_ids,
+                                        uniform_q, forced=forced, in_place=not self.captured)
+        device = tokens.device
+        width = layout_parents.shape[0]
         node_tokens = torch.zeros(batch, width, dtype=torch.long, device=device)
-        node_tokens[:, 0] = state.roots()
+        node_tokens[:, 0] = roots
         valid = torch.ones(batch, width, dtype=torch.bool, device=device)
-        node_slot = layout.slot.expand(batch, width)
+        node_slot = layout_slot.expand(batch, width)
         # spine / chain nodes carry the slot's draft
         node_tokens[:, 1:] = tokens.gather(1, (node_slot[:, 1:] - 1))
         for level in range(self.depth):
@@ -193,45 +236,61 @@ class JacobiProposer(Proposer):
             extra, extra_valid = self.extra_candidates(proposals[:, level], tokens[:, level], draws)
             candidates = torch.cat([tokens[:, level : level + 1], extra], dim=1)            # [B, K]
             candidate_valid = torch.cat([torch.ones(batch, 1, dtype=torch.bool, device=device), extra_valid], dim=1)
-            at_level = layout.level_nodes[level]
-            ranks = layout.level_rank[at_level]
+            at_level = level_nodes[level]
+            ranks = level_rank[at_level]
             node_tokens[:, at_level] = candidates[:, ranks]
             # a node exists iff every candidate on its path exists
-            on_path = layout.level_path[:, level]                                           # [N]
+            on_path = level_path[:, level]                                                  # [N]
             uses = on_path >= 0
             exists = candidate_valid[:, on_path.clamp(min=0)]
             valid &= exists | ~uses
-        proposal_index = (layout.slot - 1).clamp(min=-1).expand(batch, width).clone()
+        proposal_index = (layout_slot - 1).clamp(min=-1).expand(batch, width).clone()
         proposal_index[:, 0] = -1
-        without_replacement = ((layout.slot >= 1) & (layout.slot <= self.depth) & (self.branching > 1)).expand(batch, width)
-        parents = layout.parents.expand(batch, width).clone()
+        without_replacement = ((layout_slot >= 1) & (layout_slot <= self.depth) & (self.branching > 1)).expand(batch, width).clone()
+        parents = layout_parents.expand(batch, width).clone()
         parents[~valid] = -1
-        self._last = {"tokens": tokens, "proposals": proposals}
-        tree = DraftTree(
-            node_tokens, parents, valid, proposal_index, without_replacement.clone(), proposals.to(dtype),
-            max_children=self.branching if self.depth else 1, any_without_replacement=bool(self.depth and self.branching > 1),
-            branch_nodes=sum(self.branching**level for level in range(self.depth)) if self.branching > 1 else 0,
-        )
         ancestors = torch.where(valid.unsqueeze(2), layout_ancestors, eye)  # a node exists only with its ancestors
-        return tree.with_structure(node_slot * valid, ancestors)
+        return (node_tokens, parents, valid, proposal_index, without_replacement, proposals.to(dtype), node_slot * valid, ancestors,
+                tokens, proposals)
 
     def observe(self, state: DecodeState, tree: DraftTree, target_probs: torch.Tensor, result: VerifyResult, output) -> None:
         """Carry the untested spine slots over to the next window (see module docstring)."""
-        batch, slots = state.batch_size, self.spine_slots
-        uniforms = state.random.uniforms(streams.JACOBI_CARRY, 2 * slots).view(batch, slots, 2)
         spine = self._device_layout(target_probs.device)[3]
-        p = target_probs[:, spine] if isinstance(spine, slice) else self._spine_probs(target_probs, spine)  # P_{j-1}: [B, S, V]
-        spent = self._last["proposals"].to(p.dtype)  # this step's Q: written over by the residual, then the carried Q
-        tokens, recorded = self.couple(p, self._last["tokens"], spent, uniforms)
+        spine_range = (spine.start, spine.stop) if isinstance(spine, slice) else None
+        self.pending_tokens, self.pending_proposals, self.pending_count = self._carry_graph(
+            state.batch_size, (target_probs, self._last["tokens"], self._last["proposals"], result.num_accepted,
+                               state.random.seeds, state.random.steps),
+            (spine if spine_range is None else None,), spine_range=spine_range,
+        )
+        self.pending_rows = list(state.row_handles)
+        self._last = {}
+
+    def _carry(
+        self, target_probs: torch.Tensor, last_tokens: torch.Tensor, last_q: torch.Tensor, num_accepted: torch.Tensor,
+        seeds: torch.Tensor, steps: torch.Tensor, spine: torch.Tensor | None, *, spine_range: tuple[int, int] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The next window's pending drafts on tensors alone (the proposer's captured function).
+
+        target_probs [B, N, V]; the window's drafts [B, S] and their Q [B, S, V] (spent: written
+        over when eager); num_accepted, seeds, steps [B]; the spine's parents as a range or
+        index [S] -> pending tokens [B, S], their Q [B, S, V], how many are real [B]
+        """
+        batch, slots = last_tokens.shape
+        uniforms = counter_uniforms(seeds, steps, streams.JACOBI_CARRY, 2 * slots).view(batch, slots, 2)
+        if spine_range is not None:
+            p = target_probs[:, spine_range[0] : spine_range[1]]  # P_{j-1}: [B, S, V]
+        else:
+            p = self._spine_probs(target_probs, spine) if not self.captured else target_probs.index_select(1, spine)
+        spent = last_q.to(p.dtype)
+        if self.captured:
+            spent = spent.clone()  # a graph's input stays as it was
+        tokens, recorded = self.couple(p, last_tokens, spent, uniforms)
         # slots after the new root move to the window's front: slot j + shift -> j
-        shift = (result.num_accepted + 1).unsqueeze(1)                                  # [B, 1]
+        shift = (num_accepted + 1).unsqueeze(1)                                         # [B, 1]
         source = torch.arange(slots, device=p.device).unsqueeze(0) + shift              # [B, S]
         carried = source.clamp(max=slots - 1)
-        self.pending_rows = list(state.row_handles)
-        self.pending_tokens = tokens.gather(1, carried)
-        self.pending_proposals = _take_slots(recorded, carried, out=spent if spent is not recorded else None)
-        self.pending_count = (slots - shift.squeeze(1)).clamp(min=0)
-        self._last = {}
+        reuse = spent if spent is not recorded and not self.captured else None
+        return tokens.gather(1, carried), _take_slots(recorded, carried, out=reuse), (slots - shift.squeeze(1)).clamp(min=0)
 
     def _spine_probs(self, target_probs: torch.Tensor, spine: torch.Tensor) -> torch.Tensor:
         """P at the spine's parents [B, S, V], in a kept buffer; it is read only within ``observe``."""
@@ -308,59 +367,82 @@ class JacobiProposer(Proposer):
             self._on_device["allowed"] = (allowed, allowed_ids, allowed.to(state.prob_dtype) / len(allowed_ids))
         return self._on_device["allowed"]
 
+    def _window_inputs(self, state: DecodeState) -> tuple[torch.Tensor, ...]:
+        """What a window needs from the host: the pending drafts (``_pending``: tokens [B, S],
+        Q [B, S, V], count [B]), the rows' lengths [B] and, for a spatial prior, their last
+        ``offset`` committed tokens, right-aligned (-1: none) [B, offset] ([B, 0] without one)."""
+        device = state.device
+        pending_tokens, pending_q, have = self._pending(state)
+        lengths = torch.tensor([len(g) for g in state.generated], device=device)          # [B]
+        offset = {"left": 1, "above": self.grid_width or 0}.get(self.init, 0)
+        recent = [[-1] * (offset - len(generated[-offset:])) + generated[-offset:] if offset else [] for generated in state.generated]
+        tail = torch.tensor(recent, dtype=torch.long, device=device).view(state.batch_size, offset)  # one host-to-device copy
+        return pending_tokens, pending_q, have, lengths, tail
+
     def _fill_window(self, state: DecodeState, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pending drafts, then fresh ones, for slots 1..S. uniforms: [B, S] -> [B, S], [B, S, V]"""
-        batch, slots, device = state.batch_size, self.spine_slots, state.device
-        pending_tokens, pending_q, have = self._pending(state)
-        fresh = have.unsqueeze(1) <= torch.arange(slots, device=device)                   # [B, S]
-        tokens = torch.where(fresh, 0, pending_tokens)
-        proposals = pending_q.masked_fill_(fresh.unsqueeze(2), 0.0)  # the precision P and the verifier use
-
-        constraint = state.constraint
         allowed, allowed_ids, uniform_q = self._allowed(state)
-        lengths = torch.tensor([len(g) for g in state.generated], device=device)          # [B]
-        gen_index = lengths.unsqueeze(1) - 1 + torch.arange(1, slots + 1, device=device).unsqueeze(0)   # [B, S]
-        forced = None
-        if constraint is not None and constraint.forced is not None:
-            forced = constraint.forced(gen_index).to(device)
-        offset = {"left": 1, "above": self.grid_width or 0}.get(self.init, 0)
-        # a uniform allowed id: the floor(u * n)-th of the n allowed ids
-        random_tokens = allowed_ids[(uniforms * len(allowed_ids)).long().clamp(max=len(allowed_ids) - 1)]  # [B, S]
-        is_forced = fresh & (forced >= 0) if forced is not None else torch.zeros_like(fresh)
-        window = torch.where(is_forced, forced, tokens) if forced is not None else tokens   # [B, S]
-        if not offset:  # no slot copies another: every fresh slot at once
-            tokens = torch.where(fresh & ~is_forced, random_tokens, window)
-            return tokens, _set_fresh_proposals(proposals, tokens, is_forced, fresh & ~is_forced, uniform_q)
-        # Spatial priors: slot s copies the token `offset` places before it: committed token
-        # L - offset + s while s < offset, else window slot s - offset. A copy that is not an allowed
-        # id falls back to the random draw. On the sequence [last `offset` committed | window], index
-        # i copies i - offset, so the copies run along chains of stride `offset` and every slot takes
-        # the token of the last *source* on its chain: a committed token, a pending or forced draft,
-        # or a fallback. A fallback follows a committed / pending / forced token that is not allowed
-        # (or missing); copies and fallbacks are allowed ids, so nothing else falls back.
-        # the last `offset` committed tokens, right-aligned (-1: none), in one host-to-device copy
-        recent = [[-1] * (offset - len(generated[-offset:])) + generated[-offset:] for generated in state.generated]
-        tail = torch.tensor(recent, dtype=torch.long, device=device)
-        tail_valid = tail >= 0
-        tail = tail.clamp(min=0)
-        fixed = ~fresh | is_forced                                                          # [B, S]
-        # slot s copies sequence index s: a tail token, or window slot s - offset
-        copied_fixed = torch.cat([torch.ones(batch, offset, dtype=torch.bool, device=device), fixed], dim=1)[:, :slots]
-        copied_ok = torch.cat([tail_valid & allowed[tail], allowed[window]], dim=1)[:, :slots]
-        fallback = fresh & ~is_forced & copied_fixed & ~copied_ok                           # [B, S]
-        window = torch.where(fallback, random_tokens, window)
-        # forward fill along each chain: sequence index i = step * offset + residue
-        steps = -(-(offset + slots) // offset)
-        pad = steps * offset - offset - slots
-        sequence = torch.cat([tail, window, torch.zeros(batch, pad, dtype=torch.long, device=device)], dim=1).view(batch, steps, offset)
-        source = torch.cat(
-            [torch.ones(batch, offset, dtype=torch.bool, device=device), fixed | fallback, torch.zeros(batch, pad, dtype=torch.bool, device=device)], dim=1
-        ).view(batch, steps, offset)
-        step = torch.arange(steps, device=device).view(1, steps, 1)
-        last_source = torch.where(source, step, -1).cummax(dim=1).values                   # >= 0: step 0 is the tail
-        filled = sequence.gather(1, last_source).view(batch, -1)[:, offset : offset + slots]
-        tokens = torch.where(fresh, filled, tokens)
-        return tokens, _set_fresh_proposals(proposals, tokens, fresh & ~fallback, fresh & fallback, uniform_q)  # copies, forced: one-hot
+        forced = state.constraint.forced if state.constraint is not None else None
+        return fill_window(*self._window_inputs(state), uniforms, allowed, allowed_ids, uniform_q, forced=forced)
+
+
+def fill_window(
+    pending_tokens: torch.Tensor, pending_q: torch.Tensor, have: torch.Tensor, lengths: torch.Tensor, tail: torch.Tensor,
+    uniforms: torch.Tensor, allowed: torch.Tensor, allowed_ids: torch.Tensor, uniform_q: torch.Tensor, *, forced: Callable | None,
+    in_place: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pending drafts, then fresh ones, for slots 1..S (module docstring).
+
+    pending_tokens [B, S], pending_q [B, S, V] (written over when ``in_place``), have [B]: the
+    pending drafts and how many are real; lengths [B]: committed tokens per row; tail [B, offset]:
+    the last ``offset`` committed tokens for a spatial prior (offset 0: uniform draws); uniforms
+    [B, S]; allowed [V] bool, allowed_ids [A], uniform_q [V]; forced: the constraint's forced
+    tokens (None: none)  -> tokens [B, S], Q [B, S, V]
+    """
+    batch, slots = pending_tokens.shape
+    device = pending_tokens.device
+    offset = tail.shape[1]
+    fresh = have.unsqueeze(1) <= torch.arange(slots, device=device)                   # [B, S]
+    tokens = torch.where(fresh, 0, pending_tokens)
+    mask = fresh.unsqueeze(2)
+    proposals = pending_q.masked_fill_(mask, 0.0) if in_place else pending_q.masked_fill(mask, 0.0)  # the precision P and the verifier use
+
+    gen_index = lengths.unsqueeze(1) - 1 + torch.arange(1, slots + 1, device=device).unsqueeze(0)   # [B, S]
+    forced_tokens = forced(gen_index).to(device) if forced is not None else None
+    # a uniform allowed id: the floor(u * n)-th of the n allowed ids
+    random_tokens = allowed_ids[(uniforms * len(allowed_ids)).long().clamp(max=len(allowed_ids) - 1)]  # [B, S]
+    is_forced = fresh & (forced_tokens >= 0) if forced_tokens is not None else torch.zeros_like(fresh)
+    window = torch.where(is_forced, forced_tokens, tokens) if forced_tokens is not None else tokens   # [B, S]
+    if not offset:  # no slot copies another: every fresh slot at once
+        tokens = torch.where(fresh & ~is_forced, random_tokens, window)
+        return tokens, _set_fresh_proposals(proposals, tokens, is_forced, fresh & ~is_forced, uniform_q)
+    # Spatial priors: slot s copies the token `offset` places before it: committed token
+    # L - offset + s while s < offset, else window slot s - offset. A copy that is not an allowed
+    # id falls back to the random draw. On the sequence [last `offset` committed | window], index
+    # i copies i - offset, so the copies run along chains of stride `offset` and every slot takes
+    # the token of the last *source* on its chain: a committed token, a pending or forced draft,
+    # or a fallback. A fallback follows a committed / pending / forced token that is not allowed
+    # (or missing); copies and fallbacks are allowed ids, so nothing else falls back.
+    tail_valid = tail >= 0
+    tail = tail.clamp(min=0)
+    fixed = ~fresh | is_forced                                                          # [B, S]
+    # slot s copies sequence index s: a tail token, or window slot s - offset
+    copied_fixed = torch.cat([torch.ones(batch, offset, dtype=torch.bool, device=device), fixed], dim=1)[:, :slots]
+    copied_ok = torch.cat([tail_valid & allowed[tail], allowed[window]], dim=1)[:, :slots]
+    fallback = fresh & ~is_forced & copied_fixed & ~copied_ok                           # [B, S]
+    window = torch.where(fallback, random_tokens, window)
+    # forward fill along each chain: sequence index i = step * offset + residue
+    steps = -(-(offset + slots) // offset)
+    pad = steps * offset - offset - slots
+    sequence = torch.cat([tail, window, torch.zeros(batch, pad, dtype=torch.long, device=device)], dim=1).view(batch, steps, offset)
+    source = torch.cat(
+        [torch.ones(batch, offset, dtype=torch.bool, device=device), fixed | fallback, torch.zeros(batch, pad, dtype=torch.bool, device=device)], dim=1
+    ).view(batch, steps, offset)
+    step = torch.arange(steps, device=device).view(1, steps, 1)
+    last_source = torch.where(source, step, -1).cummax(dim=1).values                   # >= 0: step 0 is the tail
+    filled = sequence.gather(1, last_source).view(batch, -1)[:, offset : offset + slots]
+    tokens = torch.where(fresh, filled, tokens)
+    return tokens, _set_fresh_proposals(proposals, tokens, fresh & ~fallback, fresh & fallback, uniform_q)  # copies, forced: one-hot
 
 
 def _take_slots(rows: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,0 +1,59 @@
+"""A step's verification as one pure tensor function (the unit the engine captures).
+
+    verify_step(tree tensors, P, seeds, steps) -> the verifier's result, the cache slots to keep,
+                                                  and the step's one read-back, packed
+
+Inputs and outputs are tensors whose first dimension is the batch, so ``StepGraph`` can pad a
+batch to its bucket and capture the whole function as one graph: the uniforms (counter-based,
+from each row's seed and step), the verifier, the keep mask and the packed outcome.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from raydec.speculative import random as streams
+from raydec.speculative.random import counter_uniforms
+from raydec.speculative.tree import DraftTree
+from raydec.speculative.verify import VerifyResult
+
+# (tree, P [B, N, V], uniforms [B, N] float64) -> the verification, on P's device
+Verifier = Callable[[DraftTree, torch.Tensor, torch.Tensor], VerifyResult]
+
+
+def tree_tensors(tree: DraftTree) -> tuple[torch.Tensor, ...]:
+    """The tree's batch tensors in ``verify_step``'s order (its structure included)."""
+    return (tree.tokens, tree.parents, tree.valid, tree.proposal_index, tree.without_replacement, tree.proposal_probs,
+            tree.depth(), tree.ancestor_mask())
+
+
+def tree_facts(tree: DraftTree) -> dict:
+    """The host facts a captured verification takes as constants."""
+    return {"max_children": tree.children_bound(), "any_without_replacement": tree.without_replacement_anywhere(),
+            "branch_nodes": tree.branch_node_bound()}
+
+
+def verify_step(
+    tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor, proposal_index: torch.Tensor,
+    without_replacement: torch.Tensor, proposal_probs: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
+    target_probs: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
+    *, verifier: Verifier, max_children: int, any_without_replacement: bool, branch_nodes: int,
+) -> tuple[torch.Tensor, ...]:
+    """Verify every row's tree against P with its own uniforms.
+
+    tree tensors: as ``DraftTree`` ([B, N], proposal_probs [B, Q, V], depth [B, N], ancestors
+    [B, N, N]); target_probs: [B, N, V]; seeds, steps: [B] (the rows' ``RowRandom``)
+    -> path [B, N], num_accepted [B], next_token [B], stop_node [B], rejected [B] (the
+       ``VerifyResult``), keep [B, N] bool (root and accepted nodes: the slots the cache
+       keeps), packed [B, N + 2] long (accepted count, stop node, committed tokens: -1 after)
+    """
+    tree = DraftTree(tokens, parents, valid, proposal_index, without_replacement, proposal_probs,
+                     max_children, any_without_replacement, branch_nodes).with_structure(depth, ancestors)
+    uniforms = counter_uniforms(seeds, steps, streams.VERIFY, tokens.shape[1])
+    result = verifier(tree, target_probs, uniforms)
+    path = result.path.clamp(min=0)  # padding -> the root, which every path holds
+    keep = torch.zeros(tokens.shape, dtype=torch.bool, device=path.device).scatter_(1, path, True)
+    packed = torch.cat([result.num_accepted.unsqueeze(1), result.stop_node.unsqueeze(1), result.committed(tree)], dim=1)
+    return result.path, result.num_accepted, result.next_token, result.stop_node, result.rejected, keep, packed
