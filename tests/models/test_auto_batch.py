@@ -1,5 +1,6 @@
 """``batch_size: auto``: the largest batch whose KV cache fits a share of the worker's memory beside
-the weights (raydec.api.memory), at most the batch the shape cache shows fastest."""
+the weights (raydec.api.memory), at most the batch the shape cache shows fastest; and the configs
+that take it."""
 
 from __future__ import annotations
 
@@ -45,3 +46,32 @@ def test_the_fastest_batch_the_shape_cache_knows_for_the_same_key(tmp_path):
     assert cache.best_batch({**key, "batch": "auto"}) == 32  # its choice (AR) decoded 45 rows/s, batch 8's 40
     assert cache.best_batch({**key, "weights": "w3", "batch": 1}) is None
 
+
+def test_batch_size_auto_in_job_and_serve_configs_and_bad_values_named():
+    from pydantic import ValidationError
+
+    from raydec.runtime import JobConfig
+    from raydec.serve.config import ServedModel
+    from raydec.validation import validation_problems
+
+    job = {"model": "reference", "input": {"path": "in/*.parquet"}, "output": {"path": "out"}}
+    config = JobConfig.model_validate({**job, "pool": {"batch_size": "auto"}})
+    assert config.pool.batch_size == "auto" and config.pool.max_memory_fraction == 0.9
+    assert config.processor_config().batch_size == "auto" and config.processor_config().max_memory_fraction == 0.9
+    assert JobConfig.model_validate(job).pool.batch_size == 8
+    served = ServedModel.model_validate({"name": "m", "task": "t2i", "batch_size": "auto", "max_memory_fraction": 0.5})
+    assert served.batch_size == "auto" and served.max_memory_fraction == 0.5
+    bad = {
+        "pool.batch_size: expected an integer from 1 to 4096 or 'auto'": {"pool": {"batch_size": "max"}},
+        "pool.batch_size: expected an integer from 1 to 4096 or 'auto' (the most rows that fit max_memory_fraction of the "
+        "worker's memory) (got 0)": {"pool": {"batch_size": 0}},
+        "pool.batch_size: expected an integer from 1 to 4096 or 'auto' (the most rows that fit max_memory_fraction of the "
+        "worker's memory) (got True)": {"pool": {"batch_size": True}},
+        "pool.max_memory_fraction: Input should be less than or equal to 1": {"pool": {"max_memory_fraction": 1.5}},
+    }
+    for needle, extra in bad.items():
+        with pytest.raises(ValidationError) as caught:
+            JobConfig.model_validate({**job, **extra})
+        assert any(needle in line for line in validation_problems(caught.value)), (needle, validation_problems(caught.value))
+    with pytest.raises(ValidationError, match=r"batch_size\n.*expected an integer from 1 to 1024 or 'auto'.*input_value=2048"):
+        ServedModel.model_validate({"name": "m", "task": "t2i", "batch_size": 2048})
