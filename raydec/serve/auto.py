@@ -61,7 +61,9 @@ def describe(served: ServedModel, chosen: dict[str, Any]) -> str:
     batch_text = f"batch_size {served.batch_size}" + (
         f" (auto: a row's KV cache {batch['kv_bytes_per_row'] / 2**20:.1f} MiB, {100 * batch['max_memory_fraction']:.0f}% of "
         f"{batch['memory_bytes'] / 2**30:.2f} GiB)" if batch else "")
+    method, label = served.decode.method, shape_label(served.decode)
+    decoding = method if method == "ar" else f"{method} {label}"  # plain AR has no shape
     if shape is None:
-        return f"{batch_text}, {served.decode.method} {shape_label(served.decode)}"
+        return f"{batch_text}, {decoding}"
     how = f"tuned at start in {shape['seconds']:.0f} s and cached" if shape["tuned"] else "from the shape cache"
-    return f"{batch_text}, {shape['method']} {shape['label']} (auto: {how})"
+    return f"{batch_text}, {decoding} (auto: {how})"

@@ -46,7 +46,8 @@ def test_a_replica_tunes_its_auto_shape_at_start_and_caches_it_for_the_next(serv
         assert decoding["auto"] == {"shape": "tuned"} and decoding["batch_size"] == 2
         assert [path.name for path in (tmp_path / "shapes").glob("*.json")]  # written for the next replica
         (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model tuned ")]
-        assert f"batch_size 2, {decoding['method']} {decoding['shape']} (auto: tuned at start in" in line
+        shown = "ar" if decoding["method"] == "ar" else f"{decoding['method']} {decoding['shape']}"  # the tuner may choose AR
+        assert f"batch_size 2, {shown} (auto: tuned at start in" in line
         second = ImageReplica(served, LimitsConfig())
         try:
             again = second.decoding()
