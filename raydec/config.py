@@ -7,7 +7,7 @@ loudly instead of being silently ignored.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -16,6 +16,27 @@ from raydec.validation import StrictModel
 
 DType = Literal["float32", "float64", "bfloat16", "float16"]
 """Model weight / compute dtypes a job or a served model may ask for."""
+
+def batch_size_type(maximum: int) -> Any:
+    """A worker's batch size: rows decoded together (1 to ``maximum``), or "auto" (the most that fit
+    the worker's memory); a field of this type checks its values with :func:`check_batch_size`."""
+    return Annotated[int, Field(ge=1, le=maximum)] | Literal["auto"]
+
+MEMORY_FRACTION_FIELD: Any = Field(
+    0.9, gt=0.0, le=1.0,
+    description="batch_size 'auto': the share of the worker's memory (a GPU's, or the host's available memory on a CPU) "
+    "the weights and the batch's KV cache may take; the rest is left for a forward's activations.",
+)
+
+
+def check_batch_size(value: Any, maximum: int) -> Any:
+    """A ``batch_size`` field's value: an integer in [1, maximum] or "auto" (a ValueError naming both otherwise)."""
+    if value == "auto" and isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= maximum:
+        return value
+    raise ValueError(f"expected an integer from 1 to {maximum} or 'auto' (the most rows that fit max_memory_fraction of "
+                     f"the worker's memory)")
 
 
 class SamplingConfig(StrictModel):
@@ -172,6 +193,15 @@ class DecodeConfig(StrictModel):
             raise ValueError("decode.draft_tree='auto': the tree is chosen for a batch size first (raydec.api.frontier)")
         return self.draft_tree or DraftTreeConfig.for_temperature(self.sampling.temperature)
 
+
+def auto_unless_set(decode: DecodeConfig) -> DecodeConfig:
+    """A job's, stage's or served model's decode config with the draft shape 'auto' where the user left it
+    unset: tuned for the batch size on the device (``raydec.api.frontier``), plain AR among the candidates."""
+    if decode.method in JACOBI_METHODS and "jacobi" not in decode.model_fields_set:
+        return decode.model_copy(update={"jacobi": "auto"})
+    if decode.method in DRAFT_METHODS and "draft_tree" not in decode.model_fields_set:
+        return decode.model_copy(update={"draft_tree": "auto"})
+    return decode
 
 
 #: an image size as requests and configs write it: WIDTHxHEIGHT in pixels ("auto": the model's own)

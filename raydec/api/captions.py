@@ -28,7 +28,8 @@ class CaptionResult:
     """One caption and its decoding statistics (fields as in ``ImageResult``).
 
     tau: accepted draft tokens per verification, without the bonus token (tokens_per_forward - 1
-    over decode forwards); finish_reason: "eos" or "length".
+    over decode forwards); finish_reason: "eos" or "length"; method: the method the row was decoded
+    with ("ar" where an "auto" draft tree chose plain AR).
     """
 
     caption: str
@@ -41,6 +42,7 @@ class CaptionResult:
     latency_s: float
     finish_reason: str
     accepted_lengths: list[int] = field(default_factory=list)
+    method: str = ""
 
 
 def draft_folder(model: Any, target: Any, config: DecodeConfig) -> str | None:
@@ -65,8 +67,8 @@ def caption_text(target: Any, tokens: Sequence[int]) -> str:
     return tokenizer.decode([t for t in tokens if t not in eos], skip_special_tokens=True).strip()
 
 
-def caption_result(request: RowRequest, output: RowOutput, caption: str, finish_reason: str | None = None) -> CaptionResult:
-    """A finished row as the public result (finish_reason: the engine's unless given)."""
+def caption_result(request: RowRequest, output: RowOutput, caption: str, method: str, finish_reason: str | None = None) -> CaptionResult:
+    """A finished row, decoded with ``method``, as the public result (finish_reason: the engine's unless given)."""
     lengths = output.stats.accepted_lengths
     return CaptionResult(
         caption=caption,
@@ -79,6 +81,7 @@ def caption_result(request: RowRequest, output: RowOutput, caption: str, finish_
         latency_s=output.stats.wall_time_s,
         finish_reason=finish_reason or output.stats.finish_reason,
         accepted_lengths=list(lengths),
+        method=method,
     )
 
 
@@ -147,7 +150,7 @@ def caption_images(
                         max_positions=max_positions(target))
         continuous = continuous_batching(target.device, config.batching)
         outputs = decode_batches(engine, requests, batch_size, continuous, progress_callback(bar, len(requests), f"caption_images ({config.method})"))
-        results += [caption_result(request, output, caption_text(target, output.tokens)) for request, output in zip(requests, outputs)]
+        results += [caption_result(request, output, caption_text(target, output.tokens), config.method) for request, output in zip(requests, outputs)]
     finally:
         if bar is not None:
             bar.close()

@@ -213,6 +213,26 @@ class ShapeCache:
             return None
         return path
 
+    def best_batch(self, key: dict) -> int | None:
+        """Of the batches tuned for ``key`` at any batch size (the same weights, device, dtype and
+        config), the one whose choice decoded the most rows per second; None when none was tuned."""
+        wanted = {k: v for k, v in json.loads(json.dumps(key, default=str)).items() if k != "batch"}
+        best: tuple[float, int] | None = None
+        for path in sorted(self.folder.glob("*.json")):
+            try:
+                entry = json.loads(path.read_text())
+                other = entry["key"]
+                if {k: v for k, v in other.items() if k != "batch"} != wanted:
+                    continue
+                label = entry["shape"]["label"]
+                rate = max(float(t["rows_per_s"]) for t in entry.get("trials", []) if t.get("shape") == label)
+                batch = int(other["batch"])
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue  # unreadable, another key, or no timing of its choice
+            if best is None or (rate, -batch) > (best[0], -best[1]):
+                best = (rate, batch)
+        return None if best is None else best[1]
+
 
 def shape_key(base: DecodeConfig, weights: str, device: str, dtype: str, batch: int) -> dict:
     """What a tuned choice depends on: the weights, the device, the dtype, the batch and the rest of the

@@ -40,6 +40,7 @@ class ImageResult:
     tokens_per_forward: float
     latency_s: float
     accepted_lengths: list[int] = field(default_factory=list)  # tokens committed per decode forward
+    method: str = ""
 
 
 def decode_image(target: Any, tokens: Sequence[int]) -> Image.Image:
@@ -49,8 +50,8 @@ def decode_image(target: Any, tokens: Sequence[int]) -> Image.Image:
     return target.decode_tokens(torch.tensor([list(tokens)], dtype=torch.long))[0]
 
 
-def image_result(request: RowRequest, output: RowOutput, image: Image.Image) -> ImageResult:
-    """A finished row as the public result."""
+def image_result(request: RowRequest, output: RowOutput, image: Image.Image, method: str) -> ImageResult:
+    """A finished row, decoded with ``method``, as the public result."""
     return ImageResult(
         image=image,
         tokens=list(output.tokens),
@@ -60,6 +61,7 @@ def image_result(request: RowRequest, output: RowOutput, image: Image.Image) -> 
         tokens_per_forward=output.stats.tokens_per_forward,
         latency_s=output.stats.wall_time_s,
         accepted_lengths=list(output.stats.accepted_lengths),
+        method=method,
     )
 
 
@@ -124,7 +126,7 @@ def generate_images(
         continuous = continuous_batching(target.device, config.batching)
         outputs = decode_batches(engine, requests, batch_size, continuous, progress_callback(bar, len(requests), f"generate_images ({config.method})"))
         for request, output in zip(requests, outputs):
-            results.append(image_result(request, output, decode_image(target, output.tokens)))
+            results.append(image_result(request, output, decode_image(target, output.tokens), config.method))
     finally:
         if bar is not None:
             bar.close()

@@ -239,7 +239,7 @@ class ImageScheduler(Scheduler):
         output = session.output(ticket.handle)
         if row.stats.finish_reason == "cancelled":
             raise ValueError("result: the request was cancelled")
-        return image_result(row.request, output, decode_image(self.target_of(ticket), output.tokens))
+        return image_result(row.request, output, decode_image(self.target_of(ticket), output.tokens), ticket.session_key[0])
 
 
 class CaptionScheduler(Scheduler):
@@ -329,10 +329,10 @@ class CaptionScheduler(Scheduler):
         row = session.rows[ticket.handle]
         output = session.output(ticket.handle)
         if ticket in self.stopped:
-            return caption_result(row.request, output, self.stopped[ticket], finish_reason="stop")
+            return caption_result(row.request, output, self.stopped[ticket], ticket.session_key[0], finish_reason="stop")
         if row.stats.finish_reason == "cancelled":
             raise ValueError("result: the request was cancelled")
-        return caption_result(row.request, output, caption_text(self.target, output.tokens))
+        return caption_result(row.request, output, caption_text(self.target, output.tokens), ticket.session_key[0])
 
     def release(self, ticket: Ticket) -> None:
         super().release(ticket)

@@ -36,9 +36,10 @@ def _reference_config(port: int, concurrency: int, threads: int) -> Any:
     return ServeConfig.model_validate({
         "port": port, "api_keys_env": None,
         "models": [
-            {"name": DEFAULT_MODELS["images"], "task": "t2i", "decode": {"method": "sjd_pac"}, "batch_size": batch,
+            # the methods' default shapes, as the in-process rate decodes with (not 'auto', which would tune at start)
+            {"name": DEFAULT_MODELS["images"], "task": "t2i", "decode": {"method": "sjd_pac", "jacobi": {}}, "batch_size": batch,
              "torch_threads": threads, "max_ongoing_requests": 4 * batch},
-            {"name": DEFAULT_MODELS["chat"], "task": "caption", "decode": {"method": "vispec"}, "batch_size": batch,
+            {"name": DEFAULT_MODELS["chat"], "task": "caption", "decode": {"method": "vispec", "draft_tree": None}, "batch_size": batch,
              "torch_threads": threads, "max_ongoing_requests": 4 * batch},
         ],
     })

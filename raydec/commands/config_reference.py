@@ -247,7 +247,7 @@ def _constraints(field: FieldInfo) -> str:
     """Ranges, lengths, patterns and choices, in the field's metadata order, then the choices."""
     is_list = _is_collection(field.annotation)
     found: list[str] = []
-    for item in field.metadata:
+    for item in [*field.metadata, *_member_metadata(field.annotation)]:
         if isinstance(item, annotated_types.Ge):
             found.append(f">= {_number(item.ge)}")
         elif isinstance(item, annotated_types.Gt):
@@ -269,9 +269,23 @@ def _constraints(field: FieldInfo) -> str:
         else:
             found.append(f"`{item!r}`")
     choices = _choices(field.annotation)
-    if choices:
+    if choices and found and _member_metadata(field.annotation):  # a bounded number or a word: "<= 8, or `"auto"`"
+        found.append("or " + ", ".join(f"`{_value(c)}`" for c in choices))
+    elif choices:
         found.append(("each one of " if is_list else "one of ") + ", ".join(f"`{_value(c)}`" for c in choices))
     return ", ".join(found)
+
+
+def _member_metadata(annotation: Any) -> list[Any]:
+    """The constraints of a union's annotated members (``Annotated[int, Field(ge=1)] | Literal["auto"]``)."""
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return []
+    found: list[Any] = []
+    for member in typing.get_args(annotation):
+        if typing.get_origin(member) is typing.Annotated:
+            for item in typing.get_args(member)[1:]:
+                found += list(getattr(item, "metadata", [item]))
+    return found
 
 
 def _number(value: Any) -> str:

@@ -20,6 +20,14 @@ from raydec.commands.local_inputs import add_decode_flags, decode_config, read_t
 from raydec.config import IMAGE_METHODS
 
 
+def decoded_method(asked: str, results: list) -> str:
+    """The method the images were decoded with, saying so when an auto draft shape chose plain AR over ``asked``."""
+    methods = sorted({result.method for result in results}) or [asked]
+    if methods == ["ar"] and asked != "ar":
+        return f"ar: plain AR, which the auto draft shape chose over {asked} at this batch size"
+    return ", ".join(methods)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="raydec generate", description=__doc__.splitlines()[0],
                                      epilog="\n".join(__doc__.splitlines()[2:]), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -53,9 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         for row_id, prompt, result in zip(ids, prompts, results):
             path = args.out / f"{row_id}.png"
             result.image.save(path)
-            log.write(json.dumps({"id": row_id, "prompt": prompt, "seed": result.seed, "image": str(path), "method": decode["method"],
+            log.write(json.dumps({"id": row_id, "prompt": prompt, "seed": result.seed, "image": str(path), "method": result.method,
                                   "target_forwards": result.target_forwards, "tokens_per_forward": result.tokens_per_forward,
                                   "latency_s": result.latency_s}) + "\n")
     mean = sum(r.tokens_per_forward for r in results) / max(1, len(results))
-    print(f"raydec generate: {len(results)} image(s) in {args.out} ({decode['method']}, {mean:.2f} tokens per target forward)")
+    print(f"raydec generate: {len(results)} image(s) in {args.out} ({decoded_method(decode['method'], results)}, "
+          f"{mean:.2f} tokens per target forward)")
     return 0

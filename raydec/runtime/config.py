@@ -12,21 +12,12 @@ from typing import ClassVar, Literal, Optional, Union
 from pydantic import Field, field_validator, model_validator
 
 from raydec.config import (
-    CAPTION_METHODS, DRAFT_METHODS, IMAGE_METHODS, IMAGE_SIZE_PATTERN, JACOBI_METHODS, DecodeConfig, DType, StrictModel,
+    CAPTION_METHODS, IMAGE_METHODS, IMAGE_SIZE_PATTERN, MEMORY_FRACTION_FIELD, batch_size_type, DecodeConfig,
+    DType, StrictModel, auto_unless_set, check_batch_size,
 )
 from raydec.io.config import InputConfig, IOConfigError, OutputConfig, RowFormat
 from raydec.io.datasets import listing_root
 from raydec.io.filesystem import is_s3_uri
-
-
-def auto_unless_set(decode: DecodeConfig) -> DecodeConfig:
-    """A job's or stage's decode config with the draft shape 'auto' where the user left it unset:
-    tuned for the batch size on the device (``raydec.api.frontier``), plain AR among the candidates."""
-    if decode.method in JACOBI_METHODS and "jacobi" not in decode.model_fields_set:
-        return decode.model_copy(update={"jacobi": "auto"})
-    if decode.method in DRAFT_METHODS and "draft_tree" not in decode.model_fields_set:
-        return decode.model_copy(update={"draft_tree": "auto"})
-    return decode
 
 
 def check_method(task: str, decode: DecodeConfig) -> None:
@@ -66,7 +57,12 @@ class PoolConfig(StrictModel):
         0.5, gt=0.0, le=256.0,
         description="CPUs reserved per actor; keep fractional on small machines or Ray Data pools deadlock.",
     )
-    batch_size: int = Field(8, ge=1, le=4096, description="Rows per actor call (one durable result shard each).")
+    batch_size: batch_size_type(4096) = Field(
+        8, description="Rows per actor call (one durable result shard each), decoded together; auto: the most whose KV cache "
+        "fits max_memory_fraction of a worker's memory beside the weights (at most the batch the shape tuner measured "
+        "fastest, and 256), chosen before the pool starts and recorded in the manifest.",
+    )
+    max_memory_fraction: float = MEMORY_FRACTION_FIELD
     max_restarts: int = Field(3, ge=-1, le=1000, description="Times Ray restarts a dead actor; -1 means forever.")
     max_task_retries: int = Field(
         3, ge=-1, le=1000, description="Times a batch lost with its actor is retried; -1 means forever."
@@ -75,6 +71,8 @@ class PoolConfig(StrictModel):
         None, ge=1, le=256,
         description="torch.set_num_threads in each actor; unset: the actor's CPUs (cpus_per_worker rounded down, at least 1).",
     )
+
+    _batch_size = field_validator("batch_size", mode="before")(classmethod(lambda cls, value: check_batch_size(value, 4096)))
 
     @model_validator(mode="after")
     def _min_within_max(self) -> "PoolConfig":
@@ -98,7 +96,12 @@ class ProcessorConfig(StrictModel):
     concurrency: Union[int, tuple[int, int]] = Field(
         1, description="Actors running the model: a fixed number, or (min, max) for a pool Ray Data grows and shrinks.",
     )
-    batch_size: int = Field(8, ge=1, le=4096, description="Rows per actor call (decoded together).")
+    batch_size: batch_size_type(4096) = Field(
+        8, description="Rows per actor call (decoded together); auto: the most that fit max_memory_fraction of an actor's "
+        "memory (see JobConfig's pool.batch_size), chosen before the actors start.",
+    )
+    max_memory_fraction: float = MEMORY_FRACTION_FIELD
+    _batch_size = field_validator("batch_size", mode="before")(classmethod(lambda cls, value: check_batch_size(value, 4096)))
     cpus_per_worker: float = Field(0.5, gt=0.0, le=256.0, description="CPUs reserved per actor.")
     gpus_per_worker: float = Field(0.0, ge=0.0, le=1.0, description="GPUs per actor (the model runs on cuda); 0 runs on CPU.")
     torch_threads: Optional[int] = Field(
@@ -187,7 +190,7 @@ class JobConfig(StrictModel):
         return ProcessorConfig(
             task=self.task, model=self.model, dtype=self.dtype, decode=self.decode, rows=rows,
             concurrency=(pool.min_workers, pool.workers) if pool.min_workers is not None else pool.workers,
-            batch_size=pool.batch_size, cpus_per_worker=pool.cpus_per_worker, gpus_per_worker=pool.gpus_per_worker,
+            batch_size=pool.batch_size, max_memory_fraction=pool.max_memory_fraction, cpus_per_worker=pool.cpus_per_worker, gpus_per_worker=pool.gpus_per_worker,
             torch_threads=pool.torch_threads, size=self.size,
         )
 

@@ -35,7 +35,7 @@ def _torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-def _device(config: ProcessorConfig) -> str:
+def worker_device(config: ProcessorConfig) -> str:
     """'cuda' when Ray gave this actor a GPU (it then sets CUDA_VISIBLE_DEVICES to it) and torch
     sees one, else 'cpu'. A GPU torch can see but Ray did not assign is never used: another
     actor may own it."""
@@ -77,7 +77,7 @@ class ImageRowDecoder:
         from raydec.api import load_target, sized  # in the actor: the driver never imports the models
 
         torch.set_num_threads(self.config.threads)
-        target = load_target(model=self.config.model, task="t2i", dtype=_torch_dtype(self.config.dtype), device=_device(self.config))
+        target = load_target(model=self.config.model, task="t2i", dtype=_torch_dtype(self.config.dtype), device=worker_device(self.config))
         self.target = sized(target, self.config.size)
         logger.info("t2i row decoder: loaded %s (%s, method %s)", self.config.model, self.config.dtype, self.method)
 
@@ -155,7 +155,7 @@ class CaptionRowDecoder:
         from raydec.config import DRAFT_METHODS
 
         torch.set_num_threads(self.config.threads)
-        self.target = load_target(model=self.config.model, task="caption", dtype=_torch_dtype(self.config.dtype), device=_device(self.config))
+        self.target = load_target(model=self.config.model, task="caption", dtype=_torch_dtype(self.config.dtype), device=worker_device(self.config))
         if self.method in DRAFT_METHODS:  # load the draft once, now, so a bad path fails here
             dtype = draft_dtype(self.target, self.config.decode.draft_dtype)
             load_draft(self.target, self.method, self.config.model, self.config.decode.draft_model, dtype=dtype)

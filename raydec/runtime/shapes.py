@@ -1,6 +1,7 @@
-"""A batch job's draft shape when its config says "auto": chosen once, before any row is decoded.
+"""A batch job's draft shape and batch size when its config says "auto": chosen once, before any
+row is decoded.
 
-    job, shape = resolve_job_shape(job, fragments)   # the driver, before the pool starts
+    job, shape, batch = resolve_job_auto(job, fragments, remote_args)   # the driver, before the pool starts
 
 With sampling, a row's sample depends on the shape it is decoded with, so every worker of a job
 must decode with the same one, and a resumed job with the one it started with. The driver
@@ -15,6 +16,13 @@ therefore settles it before the pool starts:
 
 and the workers receive the job with the concrete shape. The manifest records it under
 ``shape`` (and the job's own config keeps "auto"), and so do the logs.
+
+``pool.batch_size: auto`` is settled first, the same way (the manifest's ``batch_size`` record once
+rows were written, else in that Ray task): the most rows whose KV cache, measured by admitting a
+few calibration rows, fits ``pool.max_memory_fraction`` of the worker's memory beside the weights
+(``raydec.api.memory.largest_batch``), at most the batch the shape cache shows decoded fastest for
+this model on this device. The shape is then chosen for that batch. A Serve replica makes both
+choices at its start with the same functions, on rows it makes itself (``raydec.runtime.calibration``).
 """
 
 from __future__ import annotations
@@ -60,28 +68,97 @@ def calibration_rows(job: JobConfig, fragments: List[Fragment], count: int) -> L
 
 
 def tune_in_worker(job: JobConfig, fragments: List[Fragment]) -> Dict[str, Any]:
-    """Choose the shape of ``job`` where a worker would run (a Ray task), on the input's first rows."""
+    """What ``job`` leaves to "auto", chosen where a worker would run (a Ray task) on the input's first
+    rows: {"batch": the batch size record} when pool.batch_size is "auto", {"shape": the shape record}
+    when the draft shape is."""
     from raydec.api.frontier import CALIBRATION_ROWS
 
-    rows = calibration_rows(job, fragments, max(job.pool.batch_size, CALIBRATION_ROWS))
-    if not rows:
-        raise ValueError(f"decode.jacobi='auto': input.path {job.input.path!r} has no valid row to tune the draft shape on")
-    return tune_on_rows(job.processor_config(), rows)
+    config, chosen = job.processor_config(), {}
+    if config.batch_size == "auto":
+        rows = calibration_rows(job, fragments, CALIBRATION_ROWS)
+        if not rows:
+            raise ValueError(f"pool.batch_size='auto': input.path {job.input.path!r} has no valid row to measure a row's memory on")
+        chosen["batch"] = choose_batch_on_rows(config, rows)
+        config = config.model_copy(update={"batch_size": chosen["batch"]["batch_size"]})
+    if config.decode.auto_shape:
+        rows = calibration_rows(job, fragments, max(config.batch_size, CALIBRATION_ROWS))
+        if not rows:
+            raise ValueError(f"decode.jacobi='auto': input.path {job.input.path!r} has no valid row to tune the draft shape on")
+        chosen["shape"] = tune_on_rows(config, rows)
+    return chosen
+
+
+def shape_cache_key(config: ProcessorConfig, device: Any) -> Dict[str, Any]:
+    """The shape cache's key for ``config`` decoding on ``device`` in this process (its torch threads)."""
+    from raydec.api.frontier import device_name, shape_key
+    from raydec.runtime.resume import weights_of
+
+    weights = "+".join(f"{role}:{fingerprint}" for role, fingerprint in sorted(weights_of(config.task, config.model, config.decode).items()))
+    return shape_key(config.decode, weights, device_name(device), config.dtype, config.batch_size)
+
+
+def choose_batch_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """``config``'s batch size for "auto" (``raydec.api.memory.largest_batch``), measured where a worker
+    runs: a row's KV cache from admitting ``rows`` (validated, error-free) together, the weights, the
+    worker's memory, and the fastest batch the shape cache knows for this model on this device.
+    Returns the record a manifest keeps (``batch_size`` and the figures it came from)."""
+    import torch
+
+    from raydec.api import DEFAULT_CAPTION_PROMPT, draft_dtype, load_draft
+    from raydec.api.frontier import ShapeCache
+    from raydec.api.memory import kv_bytes_per_row, largest_batch, module_bytes, worker_memory_bytes
+    from raydec.api.schedulers import CaptionScheduler, ImageScheduler
+    from raydec.config import DRAFT_METHODS, JacobiDraftConfig
+    from raydec.io import attach_caption_images
+    from raydec.runtime.row_decoders import worker_device
+
+    started = time.perf_counter()
+    torch.set_num_threads(config.threads)
+    device, dtype = worker_device(config), getattr(torch, config.dtype)
+    ar = config.decode.model_copy(update={"method": "ar", "jacobi": JacobiDraftConfig(), "draft_tree": None})  # the shape is not chosen yet
+    draft = None
+    if config.task == "t2i":
+        scheduler: Any = ImageScheduler(config.model, ar, dtype=dtype, device=device, batch_size=len(rows))
+        for row in rows:
+            scheduler.submit(row["prompt"], int(row["seed"]), negative_prompt=row.get("negative_prompt"), size=config.size)
+    else:
+        scheduler = CaptionScheduler(config.model, ar, dtype=dtype, device=device, batch_size=len(rows))
+        for row in attach_caption_images(rows, config.rows.s3, max_pixels=config.rows.max_image_pixels):
+            if not row.get("error"):
+                text = row.get("prompt") or DEFAULT_CAPTION_PROMPT
+                scheduler.submit([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}], [row["pil_image"]],
+                                 int(row["seed"]))
+        if config.decode.method in DRAFT_METHODS:
+            draft = load_draft(scheduler.target, config.decode.method, config.model, config.decode.draft_model,
+                               dtype=draft_dtype(scheduler.target, config.decode.draft_dtype))
+    if not scheduler.sessions:
+        raise ValueError("batch_size='auto': no calibration row could be read to measure a row's memory on")
+    (session,) = scheduler.sessions.values()
+    try:
+        kv = kv_bytes_per_row(session)
+    finally:
+        scheduler.drop()
+    target = scheduler.target
+    weights = module_bytes(target.model, draft)
+    share = config.gpus_per_worker if torch.device(target.device).type == "cuda" else 1.0
+    memory = worker_memory_bytes(target.device, weights, share)
+    best = ShapeCache().best_batch(shape_cache_key(config, target.device))
+    batch = largest_batch(memory, weights, kv, config.max_memory_fraction, best)
+    return {"batch_size": batch, "kv_bytes_per_row": kv, "weights_bytes": weights, "memory_bytes": memory,
+            "max_memory_fraction": config.max_memory_fraction, "best_batch": best, "calibration_rows": len(rows),
+            "seconds": time.perf_counter() - started}
 
 
 def tune_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The record of ``raydec.api.frontier.resolve_shape`` for ``config``'s auto shape at its batch
     size, calibrated on ``rows`` (validated, error-free), with the batch size and the seconds it took."""
-    from raydec.api.frontier import ShapeCache, device_name, resolve_shape, shape_key
+    from raydec.api.frontier import ShapeCache, resolve_shape
     from raydec.runtime.row_decoders import make_row_decoder
-    from raydec.runtime.resume import weights_of
 
     started = time.perf_counter()
     probe = make_row_decoder(config.model_copy(update={"decode": config.decode.model_copy(update={"method": "ar"})}))
     probe.setup()  # loads the model (cached for the candidates below) and sets the threads
-    device = getattr(getattr(probe, "pipeline", None), "device", "cpu")
-    weights = "+".join(f"{role}:{fingerprint}" for role, fingerprint in sorted(weights_of(config.task, config.model, config.decode).items()))
-    key = shape_key(config.decode, weights, device_name(device), config.dtype, config.batch_size)
+    key = shape_cache_key(config, probe.target.device)
 
     def seconds(candidate: Any) -> float:
         decoder = make_row_decoder(config.model_copy(update={"decode": candidate}))
@@ -113,32 +190,72 @@ def log_choice(decode: Any, shape: Dict[str, Any]) -> None:
                 "tuned now" if shape["tuned"] else "taken from the shape cache", shape["seconds"], shape["calibration_rows"])
 
 
-def resolve_job_shape(job: JobConfig, fragments: List[Fragment], remote_args: Dict[str, Any]) -> Tuple[JobConfig, Optional[Dict[str, Any]]]:
-    """(the job as its workers decode it, the shape record for the manifest; None when the shape was fixed)."""
-    if not job.decode.auto_shape:
-        return job, None
+def log_batch(batch: Dict[str, Any]) -> None:
+    best = batch.get("best_batch")
+    logger.info("batch_size='auto': %d (a row's KV cache %.1f MiB, weights %.2f GiB, %.0f%% of %.2f GiB%s)", batch["batch_size"],
+                batch["kv_bytes_per_row"] / 2**20, batch["weights_bytes"] / 2**30, 100 * batch["max_memory_fraction"],
+                batch["memory_bytes"] / 2**30, f"; at most {best}, the batch the shape cache shows fastest" if best else "")
+
+
+def recorded_batch(job: JobConfig) -> Optional[Dict[str, Any]]:
+    """The batch size the manifest in ``job``'s output records, once rows were written with it (its
+    ``batch_size`` record, else the batch its recorded shape was tuned for)."""
+    try:
+        manifest = read_manifest(job.output)
+    except (OSError, KeyError, ValueError):
+        return None
+    if not shard_uris(job.output):
+        return None
+    batch = manifest.get("batch_size")
+    if isinstance(batch, dict) and isinstance(batch.get("batch_size"), int):
+        return batch
+    shape = manifest.get("shape")
+    if isinstance(shape, dict) and isinstance(shape.get("batch"), int):
+        return {"batch_size": shape["batch"]}
+    return None
+
+
+def resolve_job_auto(
+    job: JobConfig, fragments: List[Fragment], remote_args: Dict[str, Any],
+) -> Tuple[JobConfig, Optional[Dict[str, Any]], Optional[Dict[str, Any]]]:
+    """(the job as its workers decode it, the shape record and the batch size record for the
+    manifest; None where the config fixed them). A re-run takes what its output's manifest records."""
     from raydec.api.frontier import apply_shape
 
-    shape = recorded_shape(job)
+    batch: Optional[Dict[str, Any]] = None
+    if job.pool.batch_size == "auto":
+        batch = recorded_batch(job)
+        if batch is not None:
+            logger.info("pool.batch_size='auto': resuming with the batch size this output's manifest records, %d", batch["batch_size"])
+            batch = {**batch, "from": "manifest"}
+            job = job.model_copy(update={"pool": job.pool.model_copy(update={"batch_size": batch["batch_size"]})})
+    shape = recorded_shape(job) if job.decode.auto_shape and job.pool.batch_size != "auto" else None
     if shape is not None:
         logger.info("decode.%s='auto': resuming with the shape this output's manifest records, %s",
                     "jacobi" if job.decode.method in JACOBI_METHODS else "draft_tree", shape["label"])
         shape = {**shape, "tuned": False, "from": "manifest"}
-    else:
-        task = remote_tuning(tune_in_worker, remote_args.get("num_cpus", 1), remote_args.get("num_gpus", 0))
+    if job.pool.batch_size == "auto" or (job.decode.auto_shape and shape is None):
         import ray
 
-        shape = ray.get(task.remote(job, fragments))
-        shape["from"] = "tuned" if shape.get("tuned") else "cache"
-        log_choice(job.decode, shape)
-    return job.model_copy(update={"decode": apply_shape(job.decode, shape)}), shape
+        task = remote_tuning(tune_in_worker, remote_args.get("num_cpus", 1), remote_args.get("num_gpus", 0))
+        chosen = ray.get(task.remote(job, fragments))
+        if "batch" in chosen:
+            batch = {**chosen["batch"], "from": "measured"}
+            log_batch(batch)
+            job = job.model_copy(update={"pool": job.pool.model_copy(update={"batch_size": batch["batch_size"]})})
+        if "shape" in chosen:
+            shape = {**chosen["shape"], "from": "tuned" if chosen["shape"].get("tuned") else "cache"}
+            log_choice(job.decode, shape)
+    if shape is not None:
+        job = job.model_copy(update={"decode": apply_shape(job.decode, shape)})
+    return job, shape, batch
 
 
-def resolve_stage_shape(config: ProcessorConfig, dataset: Any) -> ProcessorConfig:
-    """``build_processor``'s stage with its auto shape chosen once, before its actors start: on the
-    dataset's first rows (validated as the stage validates them), in a Ray task with an actor's
-    resources. Every actor of the stage then decodes with that shape."""
-    if not config.decode.auto_shape:
+def resolve_stage_auto(config: ProcessorConfig, dataset: Any) -> ProcessorConfig:
+    """``build_processor``'s stage with its auto batch size and shape chosen once, before its actors
+    start: on the dataset's first rows (validated as the stage validates them), in Ray tasks with an
+    actor's resources. Every actor of the stage then decodes with that batch and shape."""
+    if not (config.decode.auto_shape or config.batch_size == "auto"):
         return config
     import ray
 
@@ -146,12 +263,22 @@ def resolve_stage_shape(config: ProcessorConfig, dataset: Any) -> ProcessorConfi
     from raydec.io import validate_caption_rows, validate_t2i_rows
 
     validate = validate_t2i_rows if config.task == "t2i" else validate_caption_rows
-    count = max(config.batch_size, CALIBRATION_ROWS)
-    first = dataset.limit(count * 4).take(count * 4)  # a few rows to the driver: bad ones are skipped
-    rows = [row for row in validate(first, config.rows, file_key="calibration", first_row_index=0) if not row["error"]][:count]
-    if not rows:
-        raise ValueError("decode: 'auto' draft shape: the dataset's first rows hold no valid row to tune it on")
-    task = remote_tuning(tune_on_rows, config.cpus_per_worker, config.gpus_per_worker)
-    shape = ray.get(task.remote(config, rows))
-    log_choice(config.decode, shape)
-    return config.model_copy(update={"decode": apply_shape(config.decode, shape)})
+
+    def first_rows(count: int) -> List[Dict[str, Any]]:
+        first = dataset.limit(count * 4).take(count * 4)  # a few rows to the driver: bad ones are skipped
+        rows = [row for row in validate(first, config.rows, file_key="calibration", first_row_index=0) if not row["error"]][:count]
+        if not rows:
+            raise ValueError("the dataset's first rows hold no valid row to choose the 'auto' batch size or draft shape on")
+        return rows
+
+    if config.batch_size == "auto":
+        task = remote_tuning(choose_batch_on_rows, config.cpus_per_worker, config.gpus_per_worker)
+        batch = ray.get(task.remote(config, first_rows(CALIBRATION_ROWS)))
+        log_batch(batch)
+        config = config.model_copy(update={"batch_size": batch["batch_size"]})
+    if config.decode.auto_shape:
+        task = remote_tuning(tune_on_rows, config.cpus_per_worker, config.gpus_per_worker)
+        shape = ray.get(task.remote(config, first_rows(max(config.batch_size, CALIBRATION_ROWS))))
+        log_choice(config.decode, shape)
+        config = config.model_copy(update={"decode": apply_shape(config.decode, shape)})
+    return config

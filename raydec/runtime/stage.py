@@ -117,9 +117,9 @@ class DatasetProcessor:
     def __call__(self, dataset: Any) -> Any:
         import ray.data
 
-        from raydec.runtime.shapes import resolve_stage_shape
+        from raydec.runtime.shapes import resolve_stage_auto
 
-        config = self.config = resolve_stage_shape(self.config, dataset)  # 'auto': once, for every actor
+        config = self.config = resolve_stage_auto(self.config, dataset)  # 'auto': once, for every actor
         size = config.concurrency
         compute = ray.data.ActorPoolStrategy(min_size=size[0], max_size=size[1]) if isinstance(size, tuple) \
             else ray.data.ActorPoolStrategy(size=size)

@@ -12,7 +12,9 @@ from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from raydec.config import CAPTION_METHODS, IMAGE_METHODS, DecodeConfig, DType
+from raydec.config import (
+    CAPTION_METHODS, IMAGE_METHODS, MEMORY_FRACTION_FIELD, batch_size_type, DecodeConfig, DType, auto_unless_set, check_batch_size,
+)
 from raydec.serve.media import MediaConfig
 from raydec.validation import StrictModel
 
@@ -30,10 +32,19 @@ class ServedModel(StrictModel):
     dtype: DType = Field("float32", description="Weights and compute dtype.")
     decode: DecodeConfig = Field(
         default_factory=DecodeConfig,
-        description="Method and sampling; unset sampling takes the checkpoint's. Requests may change the method "
-        "(within the task), cfg_scale and per-row temperature / top_k / top_p.",
+        description="Method and sampling; unset sampling takes the checkpoint's; an unset draft shape is 'auto': each "
+        "replica takes the shape tuned for its batch size on its device from the shape cache, or tunes it at start on "
+        "a few built-in calibration rows and caches it. Requests may change the method (within the task), cfg_scale "
+        "and per-row temperature / top_k / top_p.",
     )
-    batch_size: int = Field(8, ge=1, le=1024, description="Rows one replica decodes together (continuous batching).")
+    _auto_shape = field_validator("decode")(classmethod(lambda cls, decode: auto_unless_set(decode)))
+    batch_size: batch_size_type(1024) = Field(
+        8, description="Rows one replica decodes together (continuous batching); auto: chosen at the replica's start, the "
+        "most whose KV cache fits max_memory_fraction of its memory beside the weights (at most the batch the shape "
+        "cache shows fastest, and 256).",
+    )
+    max_memory_fraction: float = MEMORY_FRACTION_FIELD
+    _batch_size = field_validator("batch_size", mode="before")(classmethod(lambda cls, value: check_batch_size(value, 1024)))
     num_replicas: int = Field(1, ge=1, le=4096, description="Replicas when autoscaling_config is unset.")
     autoscaling_config: Optional[dict[str, Any]] = Field(
         None, description="Ray Serve autoscaling_config passed through (min_replicas, max_replicas, target_ongoing_requests, ...).",
@@ -57,13 +68,6 @@ class ServedModel(StrictModel):
         methods = IMAGE_METHODS if self.task == "t2i" else CAPTION_METHODS
         if self.decode.method not in methods:
             raise ValueError(f"decode.method: {self.decode.method!r} does not serve task {self.task!r} (use {', '.join(methods)})")
-        for field, shape in (("jacobi", self.decode.jacobi), ("draft_tree", self.decode.draft_tree)):
-            if shape == "auto":
-                raise ValueError(
-                    f"decode.{field}: 'auto' is chosen by batch jobs and the public functions, not by a replica (it has "
-                    f"no rows to tune on when it starts); set the shape, e.g. the one `raydec bench throughput "
-                    f"--batches {self.batch_size}` marks auto for this model"
-                )
         return self
 
 

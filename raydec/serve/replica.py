@@ -20,11 +20,13 @@ import torch
 from PIL import Image
 
 from raydec.api.captions import CaptionResult
+from raydec.api.frontier import shape_label
 from raydec.api.images import ImageResult
 from raydec.api.schedulers import CaptionScheduler, ImageScheduler, Ticket
 from raydec.config import DType
 from raydec.serve.boundary import (ChatDone, ChatEvent, ChatJob, Event, Failed, ImageDone, ImageEvent, ImageJob, ModelInfo,
                                    PartialImage, RowStats, TextDelta)
+from raydec.serve.auto import describe, settle_auto
 from raydec.serve.config import LimitsConfig, ServedModel
 from raydec.serve.engine_loop import EngineLoop, Watcher
 from raydec.serve.metrics import ReplicaMetrics, draft_tokens_per_step
@@ -120,16 +122,17 @@ class ModelReplica(ABC, Generic[SchedulerT, ResultT]):
             raise ValueError(f"{type(self).__name__} serves task {self.task!r}, not {served.task!r}")
         logging.getLogger("raydec").setLevel(logging.INFO)
         torch.set_num_threads(served.torch_threads)
-        self.served, self.limits = served, limits
         device = "cuda" if served.gpus_per_worker > 0 else None
         started = time.perf_counter()
+        served, self.chosen = settle_auto(served)  # "auto" batch size and draft shape: from the shape cache, else measured now
+        self.served, self.limits = served, limits
         self.scheduler: SchedulerT = self._open(served, TORCH_DTYPES[served.dtype], device)
         self.metrics = ReplicaMetrics(served.name)
         self.loop: EngineLoop[ResultT] = EngineLoop(self.scheduler, on_finish=self._finished)
         self.loop.start()
         self.requests = 0
-        logger.info("model %s (%s, %s) ready in %.1f s on %s", served.name, served.task, served.model,
-                    time.perf_counter() - started, device or "cpu")
+        logger.info("model %s (%s, %s) ready in %.1f s on %s: %s", served.name, served.task, served.model,
+                    time.perf_counter() - started, device or "cpu", describe(served, self.chosen))
 
     @abstractmethod
     def _open(self, served: ServedModel, dtype: torch.dtype, device: str | None) -> SchedulerT:
@@ -146,7 +149,19 @@ class ModelReplica(ABC, Generic[SchedulerT, ResultT]):
         return ModelInfo(task=self.served.task, method=self.scheduler.base.method, pid=os.getpid())
 
     def stats(self) -> dict[str, Any]:
-        return {**self.loop.stats(), **self.metrics.snapshot(), "requests": self.requests, "pid": os.getpid()}
+        return {**self.loop.stats(), **self.metrics.snapshot(), "requests": self.requests, "pid": os.getpid(), **self.decoding()}
+
+    def decoding(self) -> dict[str, Any]:
+        """What requests that name no method decode with: the method, its draft shape and the batch size,
+        and for those the config left to "auto", where the choice came from (the shape cache, or
+        measured at start)."""
+        base = self.scheduler.base
+        auto: dict[str, Any] = {}
+        if "batch_size" in self.chosen:
+            auto["batch_size"] = {k: v for k, v in self.chosen["batch_size"].items() if k != "seconds"}
+        if "shape" in self.chosen:
+            auto["shape"] = "tuned" if self.chosen["shape"]["tuned"] else "cache"
+        return {"method": base.method, "shape": shape_label(base), "batch_size": self.scheduler.batch_size, "auto": auto}
 
     def check_health(self) -> None:
         """Serve's health check: fails once the engine loop has died (Serve then replaces the replica)."""

@@ -102,7 +102,7 @@ def test_an_actor_runs_torch_on_the_cpus_ray_reserves_for_it():
     assert threads(cpus_per_worker=4, torch_threads=2) == 2  # set: it wins
 
 
-def test_an_auto_shape_is_chosen_once_for_every_actor_of_the_stage(ray_cluster, tmp_path, monkeypatch):
+def test_an_auto_batch_size_and_shape_are_chosen_once_for_every_actor_of_the_stage(ray_cluster, tmp_path, monkeypatch):
     import ray.data
 
     from raydec.api import generate_images, load_target
@@ -114,11 +114,12 @@ def test_an_auto_shape_is_chosen_once_for_every_actor_of_the_stage(ray_cluster, 
     rows = [{"id": f"p{i}", "prompt": text, "seed": 10 + i} for i, text in
             enumerate(["a red circle", "a blue square", "a green triangle", "a purple cross", "two red circles"])]
     processor = build_processor(ProcessorConfig(task="t2i", model=model, dtype="float64", decode={"method": "sjd_pac"},
-                                                batch_size=2, concurrency=2))
+                                                batch_size="auto", concurrency=2))
     assert processor.config.decode.jacobi == "auto"
     out = sorted(processor(ray.data.from_items(rows)).take_all(), key=lambda row: row["id"])
     chosen = processor.config.decode  # what every actor decoded with
     assert not chosen.auto_shape and list((tmp_path / "cache" / "shapes").glob("*.json"))
+    assert 1 <= processor.config.batch_size <= 256  # the batch the memory holds, chosen before the shape (tuned for it)
     expected = generate_images([r["prompt"] for r in rows], model=load_target(model, dtype=torch.float64), decode=chosen,
                                seeds=[r["seed"] for r in rows])
     for row, result in zip(out, expected):

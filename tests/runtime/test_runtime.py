@@ -171,7 +171,7 @@ def test_shipped_job_configs_validate_and_gpu_requests_fall_back_to_cpu(caplog):
 def test_device_failures_fail_the_batch_and_row_failures_become_error_rows(caplog):
     import torch
 
-    from raydec.runtime.row_decoders import _device
+    from raydec.runtime.row_decoders import worker_device
     from raydec.runtime.worker import GenerationWorker, is_device_failure
 
     assert is_device_failure(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
@@ -196,7 +196,7 @@ def test_device_failures_fail_the_batch_and_row_failures_become_error_rows(caplo
     worker.decoder = Failing(ValueError("bad row"))
     assert worker._process(rows)[0]["error"] == "ValueError: bad row"
     gpu_job = make_job("reference", "p.parquet", "out", pool={"gpus_per_worker": 0.5})
-    assert _device(gpu_job.processor_config()) == "cpu" and "this actor has no GPU" in caplog.text  # Ray assigned none here
+    assert worker_device(gpu_job.processor_config()) == "cpu" and "this actor has no GPU" in caplog.text  # Ray assigned none here
 
 
 def test_bad_configs_fail_fast_before_any_model_loads(tmp_path, prompts_file, tiny_janus):
@@ -615,7 +615,7 @@ def test_contact_sheet_fits_whole_captions_and_marks_cut_ones():
         contact_sheet([tile], [caption], caption_lines=0)
 
 
-def test_draft_auto_is_tuned_once_recorded_in_the_manifest_and_reused_by_a_rerun_and_a_second_job(
+def test_draft_auto_is_tuned_once_recorded_in_the_manifest_and_reused_by_a_rerun_and_a_second_job_with_batch_auto(
     prompts_file, tmp_path, monkeypatch,
 ):
     import torch
@@ -651,6 +651,11 @@ def test_draft_auto_is_tuned_once_recorded_in_the_manifest_and_reused_by_a_rerun
         assert resumed[row_id]["tokens"] == image.num_tokens
         assert Path(resumed[row_id]["output_uri"]).read_bytes() == encode_png(image.image)
 
-    second = make_job(tiny_janus, str(prompts_file), str(tmp_path / "second"), decode=auto, pool={"workers": 1})
-    assert run_job(second).shape["from"] == "cache"  # same weights, device, dtype and batch: no tuning
+    # batch_size 'auto': the cache knows batch 2 only, so the batch is 2 and its shape comes from the cache
+    second = make_job(tiny_janus, str(prompts_file), str(tmp_path / "second"), decode=auto, pool={"workers": 1, "batch_size": "auto"})
+    report = run_job(second)
+    assert report.shape["from"] == "cache"  # same weights, device, dtype and batch: no tuning
     assert {k: read_manifest(second.output)["shape"][k] for k in ("method", "jacobi")} == {k: shape[k] for k in ("method", "jacobi")}
+    batch = read_manifest(second.output)["batch_size"]
+    assert batch["batch_size"] == batch["best_batch"] == 2 and batch["from"] == "measured" and batch["kv_bytes_per_row"] > 0
+    assert read_manifest(second.output)["config"]["pool"]["batch_size"] == "auto"

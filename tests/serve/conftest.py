@@ -1,7 +1,10 @@
 """One running raydec Serve app on 127.0.0.1 for the serving tests (started once for this folder):
 the reference text-to-image model and the reference VLM in float32 (so a row's output does
 not depend on which rows share its batch), with an API key, an https allow-list that names
-loopback hosts (so the private-address refusal after DNS is what stops them) and small limits."""
+loopback hosts (so the private-address refusal after DNS is what stops them) and small limits.
+The reference models decode with their methods' default shapes; a tiny Janus ("t2i-auto") leaves
+its batch size and draft shape to "auto" and finds both in a shape cache seeded before the app
+starts."""
 
 from __future__ import annotations
 
@@ -15,10 +18,30 @@ from tests.ray_fixture import REPO_ROOT, _free_ports
 API_KEY = "rk-test-7Hq2vX9pLm4Zt8Wc"  # the tests search every log line for it
 
 
+#: the shape the seeded cache holds for "t2i-auto" at batch 2 (not a method default, so a decode shows it)
+SEEDED_SHAPE = {"method": "sjd_pac", "jacobi": {"window": 8, "branching": 1, "tree_depth": 0, "init": "left"}, "draft_tree": None,
+                "label": "window=8,init=left"}
+AUTO_MODEL = {"name": "t2i-auto", "task": "t2i", "decode": {"method": "sjd_pac"}, "batch_size": "auto", "cpus_per_worker": 0.25}
+
+
+def seed_shape_cache(served) -> None:
+    """Put SEEDED_SHAPE in this process's shape cache under the key ``served``'s replica computes at
+    batch 2 (the only batch the cache then knows, so 'auto' takes it), as a tuning would have left it."""
+    from raydec.api.frontier import ShapeCache, ShapeTrial, apply_shape
+    from raydec.config import DecodeConfig
+    from raydec.runtime.shapes import shape_cache_key
+    from raydec.serve.auto import processor_config
+
+    key = shape_cache_key(processor_config(served.model_copy(update={"batch_size": 2})), "cpu")
+    trials = [ShapeTrial(DecodeConfig(method="ar"), 10.0, 1.0), ShapeTrial(apply_shape(served.decode, SEEDED_SHAPE), 12.0, 1.2)]
+    ShapeCache().put(key, SEEDED_SHAPE, trials)
+
+
 @pytest.fixture(scope="package")
 def serve_app(tmp_path_factory) -> Iterator[dict]:
-    """Yields {"url", "key", "config", "emu3"}: the app's base URL (routes under /v1), its key and
-    the tiny Emu3 checkpoint it also serves (as model "emu3", at the sizes requests ask for)."""
+    """Yields {"url", "key", "config", "emu3", "janus"}: the app's base URL (routes under /v1), its key,
+    the tiny Emu3 checkpoint it also serves (as model "emu3", at the sizes requests ask for) and the
+    tiny Janus it serves as "t2i-auto"."""
     import ray
     from ray import serve
 
@@ -26,33 +49,37 @@ def serve_app(tmp_path_factory) -> Iterator[dict]:
     from raydec.runtime.cluster import init_local_ray
     from raydec.serve import ServeConfig
 
-    from tests.t2i_toys import tiny_emu3
+    from tests.t2i_toys import tiny_emu3, tiny_janus
 
     if ray.is_initialized():
         ray.shutdown()
     (port,) = _free_ports(1)
     emu3 = tiny_emu3(tmp_path_factory.mktemp("serve-emu3") / "ckpt", seed=0)
+    janus = tiny_janus(tmp_path_factory.mktemp("serve-janus") / "ckpt")
     config = ServeConfig.model_validate({
         "port": port,
         "api_keys": [API_KEY],
         "api_keys_env": None,
         "models": [
-            {"name": "t2i", "task": "t2i", "decode": {"method": "sjd_pac"}, "batch_size": 8, "max_ongoing_requests": 48,
+            {"name": "t2i", "task": "t2i", "decode": {"method": "sjd_pac", "jacobi": {}}, "batch_size": 8, "max_ongoing_requests": 48,
              "max_queued_requests": 64, "health_check_period_s": 2.0},
-            {"name": "vlm", "task": "caption", "decode": {"method": "vispec"}, "batch_size": 8,
+            {"name": "vlm", "task": "caption", "decode": {"method": "vispec", "draft_tree": None}, "batch_size": 8,
              "max_ongoing_requests": 2, "max_queued_requests": 2},  # small: the overload test fills it
-            {"name": "emu3", "task": "t2i", "model": str(emu3), "decode": {"method": "sjd_pac"}, "batch_size": 4,
+            {"name": "emu3", "task": "t2i", "model": str(emu3), "decode": {"method": "sjd_pac", "jacobi": {}}, "batch_size": 4,
              "cpus_per_worker": 0.25},
+            {**AUTO_MODEL, "model": str(janus)},
         ],
         "media": {"allowed_domains": ["localhost", "127.0.0.1"], "max_images_per_request": 2},
         "limits": {"max_request_bytes": 2 * 2**20, "max_n": 4, "request_timeout_s": 120, "header_timeout_s": 3.0,
                    "body_timeout_s": 5.0},
     })
-    env_vars = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
+    seed_shape_cache(config.model("t2i-auto"))
+    env_vars = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
+                "RAYDEC_CACHE_DIR": os.environ["RAYDEC_CACHE_DIR"]}
     init_local_ray(num_cpus=2, env_vars=env_vars, object_store_memory=300 * 2**20)
     try:
         url = start(config, ready_timeout_s=300)
-        yield {"url": url, "key": API_KEY, "config": config, "emu3": emu3}
+        yield {"url": url, "key": API_KEY, "config": config, "emu3": emu3, "janus": janus}
     finally:
         try:
             serve.shutdown()
