@@ -157,6 +157,13 @@ class DecodeConfig(StrictModel):
     compaction: Literal["auto", "always", "never"] = Field(
         "auto", description="When the ragged KV cache drops rejected slots physically."
     )
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Capture a decode step's tensor work (the proposer's window, processing the logits, the "
+        "verification, the carry-over) as compiled graphs: CUDA graphs per batch bucket on a GPU, one compiled graph "
+        "on a CPU. auto: on for CUDA, off elsewhere (a CPU graph compiles for tens of seconds first; see docs/engine.md, "
+        "captured steps). The same tokens either way.",
+    )
     batching: Literal["auto", "continuous", "consecutive"] = Field(
         "auto",
         description="How generate_images / caption_images keep batch_size rows decoding. continuous: a finished "

@@ -90,7 +90,7 @@ def sample_engine(target, proposer, config, prompts, seeds, batch_size, verifier
     kwargs = {"constraint": constraint}
     if verifier is not None:
         kwargs["verifier"] = verifier
-    engine = Engine(target, proposer, config.sampling, config.max_new_tokens, compaction=config.compaction, **kwargs)
+    engine = Engine(target, proposer, config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, **kwargs)
     rows = []
     for start in range(0, len(seeds), batch_size):
         requests = [RowRequest(prompts[i % len(prompts)], seed=seeds[i]) for i in range(start, min(start + batch_size, len(seeds)))]

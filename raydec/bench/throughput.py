@@ -85,7 +85,7 @@ def _t2i_workload(args: argparse.Namespace, dtype: torch.dtype, device: str) -> 
             for m in args.methods}
 
     def engine(config: Any) -> Any:
-        return Engine(target, make_proposer(config, target), config.sampling, config.max_new_tokens, compaction=config.compaction, constraint=target.vocab_constraint(), eos_token_ids=target.eos_token_ids)
+        return Engine(target, make_proposer(config, target), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, constraint=target.vocab_constraint(), eos_token_ids=target.eos_token_ids)
 
     def requests(config: Any, first: int, count: int) -> list:
         return [RowRequest(ImagePrompt(make_sample(HELD_OUT_SEED_START + first + i).prompt, None), seed=args.seed + first + i,
@@ -112,7 +112,7 @@ def _caption_workload(args: argparse.Namespace, dtype: torch.dtype, device: str)
 
     def engine(config: Any) -> Any:
         draft = drafts.get(config.method)
-        return Engine(target, make_proposer(config, target, draft), config.sampling, config.max_new_tokens, compaction=config.compaction, eos_token_ids=target.eos_token_ids,
+        return Engine(target, make_proposer(config, target, draft), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, eos_token_ids=target.eos_token_ids,
                       max_positions=max_positions(target))
 
     def requests(config: Any, first: int, count: int) -> list:

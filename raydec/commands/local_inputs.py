@@ -24,6 +24,9 @@ def add_decode_flags(parser: argparse.ArgumentParser, methods: tuple[str, ...], 
                         help="the draft shape (sjd*: the Jacobi window / tree; vispec / eagle: the draft tree): auto (default) "
                         "tunes it for --batch-size on this device on the first rows, plain AR among the candidates, and "
                         "caches the choice; default: the method's default shape. (--draft: its name in earlier releases)")
+    parser.add_argument("--compile", choices=["auto", "on", "off"], default=None,
+                        help="capture each decode step's tensor work as compiled graphs (auto: on for CUDA, off on a CPU; "
+                        "the same tokens either way; see docs/engine.md)")
     parser.add_argument("--seed", type=int, default=0, help="row i gets seed SEED + i (default 0)")
     parser.add_argument("--batch-size", type=int, default=8, help="rows decoded together (default 8)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"], default="float32", help="weights dtype")
@@ -45,6 +48,8 @@ def decode_config(args: argparse.Namespace, default_method: str, extra: Optional
             sampling[name] = getattr(args, name)
     if sampling:
         values["sampling"] = sampling
+    if args.compile is not None:
+        values["compile"] = args.compile
     values.update(extra or {})
     shape_field = "jacobi" if values["method"] in JACOBI_METHODS else "draft_tree" if values["method"] in DRAFT_METHODS else None
     if args.shape == "auto" and shape_field is not None:

@@ -19,8 +19,9 @@ such function:
 On CUDA, ``fn`` is compiled per (bucket, shapes, static arguments) with ``torch.compile`` in
 "reduce-overhead" mode, which records it as a CUDA graph; outputs of a CUDA graph live in memory
 its next replay writes over, so they are cloned before they leave. Elsewhere (a CPU) there is
-nothing to replay: ``fn`` is compiled once with the rows as a dynamic size (a batch of one row
-gets a graph of its own), unpadded, so a batch that drains row by row compiles no more.
+nothing to replay: ``fn`` is compiled once with the rows as a dynamic size, unpadded (a single
+row runs padded to two, which a dynamic size needs), so a batch that drains row by row compiles
+no more.
 Disabled, the function runs eagerly with no padding.
 
 ``compile: auto | on | off`` (``DecodeConfig.compile``) decides: ``resolve_compile``.
@@ -98,11 +99,12 @@ class StepGraph:
         if not self.enabled:
             return self.fn(*batch, *shared, **static)
         self.calls += 1
-        if not self.graph_mode:  # the rows are a dynamic size of the one graph (a single row: a graph of its own)
-            if rows > 1:
-                for tensor in batch:
-                    torch._dynamo.maybe_mark_dynamic(tensor, 0)
-            return self._function()(*batch, *shared, **static)
+        if not self.graph_mode:  # the rows are a dynamic size of one graph; a single row runs padded to two
+            padded = tuple(pad_rows(t, 2) for t in batch)
+            for tensor in padded:
+                torch._dynamo.maybe_mark_dynamic(tensor, 0)
+            outputs = self._function()(*padded, *shared, **static)
+            return outputs if rows > 1 else tuple(out[:rows] for out in outputs)
         bucket = batch_bucket(rows)
         padded = tuple(pad_rows(t, bucket) for t in batch)
         torch.compiler.cudagraph_mark_step_begin()
