@@ -5,7 +5,7 @@
 #
 # Stages, in order of priority, each bench in its own process under its own time limit, so one
 # failure or overrun leaves the others' results: bench step (the decode step outside the target
-# forward at Janus-Pro's sizes: syncs, bytes to host, ops, ms), bench engine on a random model of
+# forward at Janus-Pro's sizes: syncs, bytes to host, ops, launches, ms; then captured against eager), bench engine on a random model of
 # Janus-Pro-7B's language model with an oracle drafter (known compression: its engine_efficiency
 # = speedup / (compression / window forward cost) says what the step's own work leaves of the
 # gain), bench caption at T=0, bench t2i at batch 1, bench caption at T=1, bench t2i at batch 8
@@ -19,9 +19,10 @@
 #   TUNE_WINDOWS=16,32   windows --window auto tries (default 16,32,64,96: wide windows are
 #                        cheap on a GPU; fewer shapes keep tuning short)
 #   LIMIT_SCALE=0.5      multiplies each stage's hard time limit (default 1.0; the whole run's
-#                        limits add up to 1350 s at 1.0), to fit a short device lease
+#                        limits add up to 1950 s at 1.0), to fit a short device lease
 #   STAGES="step engine_7b"  run only these stages (default: all; names as in OUT_DIR/NAME.json:
-#                        host_work step step_context engine_7b caption_t0 t2i_b1 caption_t1 t2i_b8 throughput_t2i
+#                        host_work step step_context engine_7b step_captured engine_7b_captured caption_t0 t2i_b1
+#                        caption_t1 t2i_b8 throughput_t2i
 #                        throughput_caption engine profile)
 #   THROUGHPUT_BATCHES=1,8,32,64  the batch sizes of the throughput stages (the frontier; default
 #                        1,8,32,64 on a GPU, 1,2 on the CPU)
@@ -50,7 +51,7 @@ pack() {
 
 seconds() { $py -c "print(round($1 * $scale, 3))"; }
 
-stages=${STAGES:-host_work step step_context engine_7b caption_t0 t2i_b1 caption_t1 t2i_b8 t2i_b8_drain throughput_t2i throughput_caption engine profile}
+stages=${STAGES:-host_work step step_context engine_7b step_captured engine_7b_captured caption_t0 t2i_b1 caption_t1 t2i_b8 t2i_b8_drain throughput_t2i throughput_caption engine profile}
 engine_size=${ENGINE_SIZE:-$([ "$device" = cpu ] && echo small || echo janus-pro-7b)}
 wanted() { case " $stages " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
@@ -94,6 +95,10 @@ if [ "$device" = cpu ]; then ctx_grid=(--context 64,256 --steps 1); else ctx_gri
 run step_context 180 step --threads 0 --methods sjd_pac,eagle --vocab 16384 --batch 8 --window 16 --cache-layout slots,concat \
   "${ctx_grid[@]}"
 run engine_7b 300 engine --size "$engine_size" --prompts 3 --new-tokens 256 --window 16 --dtype bfloat16
+# the step captured (CUDA graphs per batch bucket) against eager: launches and ms outside the forward, then the 7B oracle
+if [ "$device" = cpu ]; then cap_grid=(--vocab 16384 --batch 1,8 --window 16 --steps 1); else cap_grid=(--vocab 16384 --batch 1,8,32 --window 16,64); fi
+run step_captured 300 step --threads 0 --compile off,on "${cap_grid[@]}"
+run engine_7b_captured 300 engine --size "$engine_size" --prompts 3 --new-tokens 256 --window 16 --dtype bfloat16 --compile on
 run caption_t0 240 caption --methods ar,hf_assisted,eagle,vispec --temperature 0 --images 200 --max-seconds "$(seconds 100)"
 run t2i_b1 360 t2i --methods ar,hf,sjd,sjd_ac,sjd_pac --prompts 200 --batch 1 --tune-windows "$windows" \
   --max-seconds "$(seconds 150)" --plots "$out/plots_b1"

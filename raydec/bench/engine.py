@@ -78,7 +78,8 @@ def forward_cost_ratio(model: Any, device: str, tokens: int, context: int, repea
     return statistics.median(seconds[tokens][1:]) / statistics.median(seconds[1][1:])
 
 
-def _self_consistent_reference(target, window: int, config, prompt: list[int], ar_tokens: list[int], passes: int = 3) -> list[int]:
+def _self_consistent_reference(target, window: int, config, prompt: list[int], ar_tokens: list[int], passes: int = 3,
+                               compile: str = "auto") -> list[int]:
     """The oracle's drafts: the greedy output of the oracle run itself.
 
     In bfloat16 a 17-token window and a 1-token forward round logits differently, so greedy
@@ -92,7 +93,8 @@ def _self_consistent_reference(target, window: int, config, prompt: list[int], a
 
     reference = ar_tokens
     for _ in range(passes):
-        out = Engine(target, OracleProposer(window, {0: reference}), config.sampling, config.max_new_tokens).generate([RowRequest(prompt, seed=0)])[0]
+        out = Engine(target, OracleProposer(window, {0: reference}), config.sampling, config.max_new_tokens, compile=compile).generate(
+            [RowRequest(prompt, seed=0)])[0]
         if out.tokens == reference:
             break
         reference = out.tokens
@@ -118,7 +120,7 @@ def bench_engine(args: argparse.Namespace) -> dict:
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 16384, (int(torch.randint(16, 33, (1,), generator=generator)),), generator=generator).tolist() for _ in range(args.prompts)]
     greedy = DecodeConfig(max_new_tokens=args.new_tokens, sampling=SamplingConfig(temperature=0.0), jacobi=JacobiDraftConfig(window=args.window))
-    ar_engine = Engine(target, ARProposer(), greedy.sampling, greedy.max_new_tokens)
+    ar_engine = Engine(target, ARProposer(), greedy.sampling, greedy.max_new_tokens, compile=args.compile)
 
     def run_hf(prompt):
         ids = torch.tensor([prompt], device=device)
@@ -137,8 +139,8 @@ def bench_engine(args: argparse.Namespace) -> dict:
         synchronize(device)
         t_hf, hf_tokens = _timed(lambda: run_hf(prompt))
         t_ar, ar_out = _timed(lambda: ar_engine.generate([RowRequest(prompt, seed=i)])[0])
-        reference = _self_consistent_reference(target, args.window, greedy, prompt, ar_out.tokens)
-        oracle = Engine(target, OracleProposer(args.window, {0: reference}), greedy.sampling, greedy.max_new_tokens)
+        reference = _self_consistent_reference(target, args.window, greedy, prompt, ar_out.tokens, compile=args.compile)
+        oracle = Engine(target, OracleProposer(args.window, {0: reference}), greedy.sampling, greedy.max_new_tokens, compile=args.compile)
         t_or, or_out = _timed(lambda: oracle.generate([RowRequest(prompt, seed=i)])[0])
         mismatches += int(hf_tokens != ar_out.tokens)
         oracle_drift += sum(a != b for a, b in zip(or_out.tokens, ar_out.tokens))
@@ -162,6 +164,7 @@ def bench_engine(args: argparse.Namespace) -> dict:
         "prompts": args.prompts,
         "new_tokens": args.new_tokens,
         "window": args.window,
+        "compile": args.compile,
         "ar_vs_hf_time_ratio": ar_total / times["hf"].total_seconds,
         "oracle_tokens_per_forward": times["oracle"].tokens_per_forward,
         "oracle_speedup": oracle_speedup,
@@ -208,6 +211,8 @@ def add_engine_parser(subparsers) -> None:
     parser.add_argument("--size", choices=list(BENCH_LLAMA_SHAPES), default="default",
                         help="default ~60M params; small for smoke tests; janus-pro-7b: Janus-Pro-7B's language model "
                              "with its 16,384-code image head, random weights, built on --device (a GPU: ~13 GB in bf16)")
+    parser.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
+                        help="capture the engines' step work (auto: on for CUDA, off on a CPU)")
     parser.add_argument("--threads", type=non_negative_int, default=0, help="torch threads (0 = torch default)")
     parser.add_argument("--json", type=json_path_arg, default=None, help="write results here")
     parser.set_defaults(bench=bench_engine)
