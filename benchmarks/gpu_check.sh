@@ -98,7 +98,8 @@ run engine_7b 300 engine --size "$engine_size" --prompts 3 --new-tokens 256 --wi
 # the step captured (CUDA graphs per batch bucket) against eager: launches and ms outside the forward, then the 7B oracle
 if [ "$device" = cpu ]; then cap_grid=(--vocab 16384 --batch 1,8 --window 16 --steps 1); else cap_grid=(--vocab 16384 --batch 1,8,32 --window 16,64); fi
 run step_captured 300 step --threads 0 --compile off,on "${cap_grid[@]}"
-run engine_7b_captured 300 engine --size "$engine_size" --prompts 3 --new-tokens 256 --window 16 --dtype bfloat16 --compile on
+if [ "$device" = cpu ]; then cap_engine=(--prompts 1 --new-tokens 32); else cap_engine=(--prompts 3 --new-tokens 256); fi
+run engine_7b_captured 300 engine --size "$engine_size" "${cap_engine[@]}" --window 16 --dtype bfloat16 --compile on
 run caption_t0 240 caption --methods ar,hf_assisted,eagle,vispec --temperature 0 --images 200 --max-seconds "$(seconds 100)"
 run t2i_b1 360 t2i --methods ar,hf,sjd,sjd_ac,sjd_pac --prompts 200 --batch 1 --tune-windows "$windows" \
   --max-seconds "$(seconds 150)" --plots "$out/plots_b1"
