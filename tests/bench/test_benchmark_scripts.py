@@ -50,7 +50,9 @@ def test_bench_step_reports_every_shape(tmp_path, capsys):
     assert {(r["method"], r["batch"]) for r in runs} == {(m, b) for m in ("sjd_pac", "eagle") for b in (1, 2)}
     for run in runs:
         assert run["syncs_per_step"] <= 2 and run["ops_per_step"] > 0 and run["host_ms_per_step"] >= 0
-        assert set(run) >= {"method", "batch", "window", "vocab", "syncs_per_step", "host_bytes_per_step", "ops_per_step", "host_ms_per_step"}
+        assert set(run) >= {"method", "batch", "window", "vocab", "syncs_per_step", "host_bytes_per_step", "ops_per_step", "host_ms_per_step",
+                            "launches_per_step", "compile"}
+        assert 0 < run["launches_per_step"] < run["ops_per_step"]  # views and allocations launch nothing
     jacobi = {r["batch"]: r for r in runs if r["method"] == "sjd_pac"}
     assert jacobi[2]["ops_per_step"] <= 1.25 * jacobi[1]["ops_per_step"]  # ops do not grow with the batch
     assert "sjd_pac" in capsys.readouterr().out  # the table

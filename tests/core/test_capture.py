@@ -110,3 +110,20 @@ def test_captured_sjd_pac_keeps_the_targets_law(llama):
     samples = sample_engine(llama, proposer, config, [prompt], list(range(PATH_SAMPLES)), PATH_SAMPLES, constraint=CONSTRAINT)
     report = compare_to_law(samples, lm_law(llama, prompt, length, SAMPLING, CONSTRAINT))
     assert report.passed, str(report)
+
+
+def test_a_captured_step_launches_a_few_graphs_and_operators(llama):
+    """``raydec bench step``'s count on a captured sjd_pac step: at most 60 launches outside the
+    target forward (eager, several hundred)."""
+    from raydec.bench.step import TimedTarget, measure_session
+
+    counts = {}
+    for mode in ("on", "off"):
+        timed = TimedTarget(llama)
+        engine = Engine(timed, JacobiProposer(JacobiDraftConfig(**SJD_PAC), "sjd_pac", "above", grid_width=2), SAMPLING, 10,
+                        compile=mode, constraint=CONSTRAINT)
+        session = engine.session(batch_size=3)
+        for i in range(3):
+            session.submit(RowRequest(CfgPrompt(cond=[1 + i, 5, 6], uncond=[0]), seed=i))
+        counts[mode] = measure_session(session, timed, steps=1, warmup=1)["launches_per_step"]
+    assert counts["on"] <= 60 < counts["off"], counts
