@@ -19,4 +19,16 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 from tests.s3_fixture import moto_server, s3_bucket, s3_config  # noqa: F401, E402
-from tests.ray_fixture import ray_cluster  # noqa: F401, E402
+from tests.ray_fixture import _ray_session, ray_cluster, stop_shared_cluster  # noqa: F401, E402
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Note the modules with a test that uses the shared Ray cluster (`ray_cluster`)."""
+    config._ray_cluster_modules = {item.module.__name__ for item in items if "ray_cluster" in getattr(item, "fixturenames", ())}
+
+
+def pytest_runtest_setup(item):
+    """A module that does not use the shared Ray cluster runs without it, as if it were alone."""
+    module = getattr(item, "module", None)
+    if module is not None and module.__name__ not in getattr(item.config, "_ray_cluster_modules", set()):
+        stop_shared_cluster()

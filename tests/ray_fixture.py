@@ -1,4 +1,4 @@
-"""A private Ray cluster on 127.0.0.1 for runtime tests, one per test module."""
+"""A private Ray cluster on 127.0.0.1 for runtime tests, shared by the modules that ask for it."""
 
 from __future__ import annotations
 
@@ -10,25 +10,62 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+_SHARED: dict = {}
+"""The cluster `ray_cluster` started and left up: {"gcs": its GCS address, "env_vars": its workers' env_vars}."""
 
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    """`ray.init(address="local", num_cpus=2)` on loopback, no dashboard; shut down after the module."""
-    import ray
 
-    from raydec.runtime.cluster import init_local_ray
-
-    if ray.is_initialized():
-        ray.shutdown()
+def _worker_env_vars() -> dict:
+    """PYTHONPATH (this checkout first) and whichever AWS credentials are set now (moto's, once it runs)."""
     env_vars = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
         if os.environ.get(name):
             env_vars[name] = os.environ[name]
-    init_local_ray(num_cpus=2, env_vars=env_vars, object_store_memory=200 * 2**20)
-    try:
-        yield
-    finally:
+    return env_vars
+
+
+def _shared_cluster_is_up() -> bool:
+    import ray
+
+    return bool(_SHARED) and ray.is_initialized() and ray.get_runtime_context().gcs_address == _SHARED["gcs"]
+
+
+def stop_shared_cluster() -> None:
+    """Shut down the cluster `ray_cluster` left up, if it is still this process's Ray."""
+    if not _SHARED:
+        return
+    import ray
+
+    if _shared_cluster_is_up():
         ray.shutdown()
+    _SHARED.clear()
+
+
+@pytest.fixture(scope="session")
+def _ray_session() -> Iterator[None]:
+    yield
+    stop_shared_cluster()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(_ray_session) -> Iterator[None]:
+    """`ray.init(address="local", num_cpus=2)` on loopback, no dashboard, its workers given
+    `_worker_env_vars()`. Started fresh unless the cluster an earlier module used is still up with
+    the same env_vars; it is stopped before the first test of a module that does not ask for it
+    (`pytest_runtest_setup` in tests/conftest.py), and at the session's end."""
+    import ray
+
+    from raydec.runtime.cluster import init_local_ray
+
+    env_vars = _worker_env_vars()
+    if _shared_cluster_is_up() and _SHARED["env_vars"] == env_vars:
+        yield
+        return
+    if ray.is_initialized():
+        ray.shutdown()
+    _SHARED.clear()
+    init_local_ray(num_cpus=2, env_vars=env_vars, object_store_memory=200 * 2**20)
+    _SHARED.update(gcs=ray.get_runtime_context().gcs_address, env_vars=env_vars)
+    yield
 
 
 def actor_pids(title: str) -> list:

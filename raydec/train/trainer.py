@@ -6,6 +6,7 @@ is the mean of per-sample losses, and gradients are all-reduced and averaged by 
 is the same computation for any worker count (up to float summation order). Rank 0 logs
 progress and reports checkpoints (``VispecDraft.save_pretrained`` + ``train_log.json``);
 ``train_draft`` copies the last one to ``output_dir`` and draws the loss curve.
+``train_draft_in_process`` runs the same loop as one worker in the calling process, without Ray Train.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 LOG_NAME = "train_log.json"
 CURVE_NAME = "loss_curve.png"
+_SEED_LOCK = threading.Lock()
 _PLOT_LOCK = threading.Lock()  # pyplot (and its mathtext parser) is not thread-safe; drafts train in threads
 
 
@@ -47,9 +49,10 @@ def build_draft(target_text_config: Any, lm_head: torch.nn.Module, config: Draft
     """A fresh draft for the target (seeded), attached to a frozen copy of its lm_head."""
     from raydec.models.vispec_draft import DraftConfig, VispecDraft
 
-    torch.manual_seed(config.seed)
-    draft_config = DraftConfig.for_target(target_text_config, vision=config.vision, num_q=config.num_q)
-    return VispecDraft(draft_config, embed=torch.nn.Identity(), lm_head=lm_head)
+    with _SEED_LOCK:  # torch's global generator: drafts built in threads of one process get their seed's weights
+        torch.manual_seed(config.seed)
+        draft_config = DraftConfig.for_target(target_text_config, vision=config.vision, num_q=config.num_q)
+        return VispecDraft(draft_config, embed=torch.nn.Identity(), lm_head=lm_head)
 
 
 def _frozen_head(target: Any, device: torch.device) -> torch.nn.Module:
@@ -78,22 +81,28 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
 
-    from raydec.models.registry import load_vlm_target
-    from raydec.train.dataset import batch_indices, load_samples
-    from raydec.train.step import build_pairs, rollout_losses
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = DraftTrainConfig.model_validate_json(loop_config["config"])
     torch.set_num_threads(config.threads_per_worker)
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
     device = ray.train.torch.get_device() if config.use_gpu else torch.device("cpu")
+    _train_loop(config, loop_config["target"], loop_config["data_dir"], rank, world, device, _report)
 
-    target = load_vlm_target(loop_config["target"])
+
+def _train_loop(config: DraftTrainConfig, target_path: str, data_dir: str, rank: int, world: int, device: torch.device,
+                report: Callable[[Any, list[dict[str, Any]], DraftTrainConfig, int, bool], None]) -> None:
+    """The training steps of worker ``rank`` of ``world``; ``report(draft, log, config, rank, last)``
+    hands over a checkpoint (the last one with ``last``)."""
+    from raydec.models.registry import load_vlm_target
+    from raydec.train.dataset import batch_indices, load_samples
+    from raydec.train.step import build_pairs, rollout_losses
+
+    target = load_vlm_target(target_path)
     head = _frozen_head(target, device)
     draft = build_draft(target.text_config, head, config).to(device)
     del target
-    samples = load_samples(loop_config["data_dir"])
+    samples = load_samples(data_dir)
     params = [p for p in draft.parameters() if p.requires_grad]
     if world > 1:  # identical start on every worker (already equal by seed; made certain)
         import torch.distributed as dist
@@ -148,7 +157,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
                         record["loss"], record.get("acc0", 0.0), lr, record["elapsed_s"])
         last = stop or step == config.steps
         if last or (config.checkpoint_every and step % config.checkpoint_every == 0):
-            _report(draft, log, config, rank, last)
+            report(draft, log, config, rank, last)
         if stop:
             break
 
@@ -232,6 +241,26 @@ def train_draft(config: DraftTrainConfig) -> dict[str, Any]:
         for name in ("draft_config.json", "model.safetensors", LOG_NAME):
             shutil.copy2(Path(folder) / name, out / name)
     return summarize_trained(config, wall)
+
+
+def train_draft_in_process(config: DraftTrainConfig) -> dict[str, Any]:
+    """Train one draft here, in this process, without Ray Train, and save it to ``config.output_dir``
+    as ``train_draft`` does: the steps of a one-worker run (same seed, batches, noise and losses;
+    ``num_workers`` and ``cpus_per_worker`` are not used). For small drafts, where starting Ray
+    Train's workers takes longer than the training. Returns ``train_draft``'s summary."""
+    target = check_draft_inputs(config)
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CARD_NAME).unlink(missing_ok=True)  # a card of earlier weights would describe these
+
+    def save(draft: Any, log: list[dict[str, Any]], config: DraftTrainConfig, rank: int, last: bool) -> None:
+        draft.save_pretrained(out)
+        (out / LOG_NAME).write_text(json.dumps({"config": json.loads(config.model_dump_json()), "steps": log}) + "\n")
+
+    device = torch.device("cuda") if config.use_gpu else torch.device("cpu")
+    start = time.time()
+    _train_loop(config, str(target), str(Path(config.data_dir).resolve()), 0, 1, device, save)
+    return summarize_trained(config, time.time() - start)
 
 
 def summarize_trained(config: DraftTrainConfig, wall: float) -> dict[str, Any]:

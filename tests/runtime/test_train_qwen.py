@@ -1,7 +1,9 @@
 """ViSpec and EAGLE drafts for the M-RoPE families (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): tiny random
-checkpoints of the real classes, saved and loaded by path, ``raydec train --config`` end to end
-(draft data from the target's own multimodal positions, Ray Train), then decoding with the
-trained drafts.
+checkpoints of the real classes, saved and loaded by path; draft data from the target's own
+multimodal positions (the Ray Data job), drafts trained, then decoding with the trained drafts.
+One family goes through ``raydec train --config`` end to end (Ray Train workers); the other two
+run the same job's steps from this process: the data job, then ``train_draft_in_process`` (the
+training loop of a one-worker run, without Ray Train's start-up).
 
 Per family: the stored hidden states are the target's own (Hugging Face's forward over prompt
 and answer, Qwen3-VL's DeepStack features included); both drafts decode exactly AR's and
@@ -33,7 +35,8 @@ TRAIN_SEEDS = 24  # shapes-world seeds 0..23: the drafts' training images
 GREEDY = SamplingConfig(temperature=0.0)
 
 
-#: the family whose drafts train on a user's image dataset (Parquet on the moto S3 endpoint), not the shapes world
+#: the family whose drafts train on a user's image dataset (Parquet on the moto S3 endpoint), not the shapes world;
+#: its job runs as `raydec train --config` (Ray Train), the other families' in this process
 S3_FAMILY = "qwen2_vl"
 
 
@@ -84,9 +87,27 @@ def _train_job(name: str, root: Path, images: dict | None) -> tuple[Path, Path, 
     return folder, config, drafts
 
 
+def _train_in_process(config: Path) -> int:
+    """The job's data (the Ray Data job ``raydec train`` runs), then its drafts trained here by
+    ``train_draft_in_process``."""
+    from raydec.reference.shapes import sample_images
+    from raydec.train.config import DraftJobConfig
+    from raydec.train.datagen import generate_dataset
+    from raydec.train.job import preflight_draft_job
+    from raydec.train.trainer import train_draft_in_process
+
+    job = DraftJobConfig.from_yaml(config)
+    drafts = preflight_draft_job(job)
+    generate_dataset(job.data, sample_images)
+    for draft in drafts:
+        train_draft_in_process(draft)
+    return 0
+
+
 @pytest.fixture(scope="module")
 def trained_families(ray_cluster, moto_server, tmp_path_factory) -> dict[str, dict]:
-    """The three families' ``raydec train`` jobs, run at once (their Ray start-ups overlap)."""
+    """The three families' jobs, run at once: S3_FAMILY's as ``raydec train`` (Ray Train), the
+    others' from this process."""
     from concurrent.futures import ThreadPoolExecutor
 
     from raydec.api import load_target
@@ -94,9 +115,15 @@ def trained_families(ray_cluster, moto_server, tmp_path_factory) -> dict[str, di
 
     images = _images_on_s3(moto_server)
     jobs = {name: _train_job(name, tmp_path_factory.mktemp(name), images if name == S3_FAMILY else None) for name in BUILDERS}
+
+    def run(name: str) -> int:
+        config = jobs[name][1]
+        return main(["train", "--config", str(config)]) if name == S3_FAMILY else _train_in_process(config)
+
     with ThreadPoolExecutor(len(jobs)) as pool:
-        codes = dict(zip(jobs, pool.map(lambda job: main(["train", "--config", str(job[1])]), jobs.values())))
+        codes = dict(zip(jobs, pool.map(run, jobs)))
     assert codes == {name: 0 for name in jobs}
+    assert (jobs[S3_FAMILY][2]["vispec"].parent / "_ray_train").is_dir()  # its drafts trained on Ray Train workers
     torch.set_num_threads(1)
     return {name: {"name": name, "folder": folder, "target": load_target(str(folder), task="caption"), "drafts": drafts,
                    "data": config.parent / "data", "images": images if name == S3_FAMILY else None}

@@ -228,10 +228,16 @@ def test_training_pairs_match_the_proposer(dataset: Path, target) -> None:
 
 @pytest.fixture(scope="module")
 def trained(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
+    """The same draft trained by one and by two Ray Train workers, the two runs at once (as a
+    job's drafts train, their start-ups overlap)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from raydec.train.trainer import train_draft
 
     root = tmp_path_factory.mktemp("drafts")
-    return {w: train_draft(_train_config(dataset, root / f"w{w}", w)) for w in (1, 2)}
+    with ThreadPoolExecutor(2) as pool:
+        summaries = pool.map(lambda w: train_draft(_train_config(dataset, root / f"w{w}", w)), (1, 2))
+        return dict(zip((1, 2), summaries))
 
 
 def test_raydec_train_command_trains_a_draft(dataset: Path, tiny_folder: Path, tmp_path: Path, capsys) -> None:
