@@ -161,8 +161,8 @@ class DecodeConfig(StrictModel):
         "auto",
         description="Capture a decode step's tensor work (the proposer's window, processing the logits, the "
         "verification, the carry-over) as compiled graphs: CUDA graphs per batch bucket on a GPU, one compiled graph "
-        "on a CPU. auto: on for CUDA, off elsewhere (a CPU graph compiles for tens of seconds first; see docs/engine.md, "
-        "captured steps). The same tokens either way.",
+        "on a CPU. auto: on for CUDA, off elsewhere (a CPU has no launches to save, and a graph compiles for tens of "
+        "seconds first; see docs/engine.md, captured steps). The same tokens either way.",
     )
     batching: Literal["auto", "continuous", "consecutive"] = Field(
         "auto",
