@@ -422,10 +422,9 @@ class DecodeSession:
         """The verification (``verify_step``; captured when the engine captures its step) ->
         the result, keep [B, N] and the packed read-back [B, N + 2]."""
         engine = self.engine
-        verifier = engine.verifier if not engine.verify_graph.enabled else verify_tree
         path, num_accepted, next_token, stop_node, rejected, keep, packed = engine.verify_graph(
             tree.batch_size, (*tree_tensors(tree), target_probs, self.random.seeds, self.random.steps),
-            verifier=verifier, **tree_facts(tree),
+            verifier=engine.verifier, **tree_facts(tree),
         )
         return VerifyResult(path, num_accepted, next_token, stop_node, rejected), keep, packed
 
