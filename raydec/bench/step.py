@@ -105,15 +105,6 @@ class TimedTarget:
         return out
 
 
-def _outside_forward(event: Any) -> bool:
-    parent = event.cpu_parent
-    while parent is not None:
-        if parent.name == FORWARD_SCOPE:
-            return False
-        parent = parent.cpu_parent
-    return True
-
-
 #: operators that launch no kernel: views, shape and allocation bookkeeping
 NO_KERNEL = frozenset({
     "aten::view", "aten::_unsafe_view", "aten::slice", "aten::select", "aten::unsqueeze", "aten::squeeze",
@@ -129,12 +120,17 @@ COMPILED_REGION = "Torch-Compiled Region"
 
 
 def _inside(event: Any, prefix: str) -> bool:
+    """Whether an enclosing profiler scope's name starts with ``prefix``."""
     parent = event.cpu_parent
     while parent is not None:
         if parent.name.startswith(prefix):
             return True
         parent = parent.cpu_parent
     return False
+
+
+def _outside_forward(event: Any) -> bool:
+    return not _inside(event, FORWARD_SCOPE)
 
 
 def top_level_ops(events: Any) -> int:

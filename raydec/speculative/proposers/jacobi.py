@@ -159,8 +159,7 @@ class JacobiProposer(Proposer):
         self._last: dict[str, torch.Tensor] = {}
         self._on_device: dict = {}  # per device: the layout tensors there
         self._spine_buffer = KeptBuffer()  # P at the spine's parents, within one ``observe``
-        self._window_graph: StepGraph | None = None  # ``_window`` and ``_carry``, captured or eager (``capture``)
-        self._carry_graph: StepGraph | None = None
+        self.capture(False, torch.device("cpu"))  # ``_window`` and ``_carry`` eager until an engine says otherwise
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -186,8 +185,6 @@ class JacobiProposer(Proposer):
 
     def propose(self, state: DecodeState) -> DraftTree:
         batch, device = state.batch_size, state.device
-        if self._window_graph is None:
-            self.capture(False, device)
         layout, layout_ancestors, eye, _ = self._device_layout(device)
         allowed, allowed_ids, uniform_q = self._allowed(state)
         forced = state.constraint.forced if state.constraint is not None else None
