@@ -132,8 +132,9 @@ def caption_images(
         for q, imgs, seed in zip(questions, rows, seeds)
     ]
     if config.auto_shape:  # chosen for this batch size on the call's first rows (cached per weights, device, batch)
-        def calibrate(candidate: DecodeConfig, count: int) -> None:
-            caption_images(rows[:count], prompt=questions[:count], model=target, decode=candidate, seeds=seeds[:count], batch_size=batch_size)
+        def calibrate(candidate: DecodeConfig, picked: list[int]) -> None:
+            caption_images([rows[i] for i in picked], prompt=[questions[i] for i in picked], model=target, decode=candidate,
+                           seeds=[seeds[i] for i in picked], batch_size=batch_size)
 
         config = shape_for_call(config, target, batch_size, calibrate, len(rows), draft_folder(model, target, config))
     results: list[CaptionResult] = []

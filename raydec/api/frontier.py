@@ -5,14 +5,17 @@ free; as the batch grows each forward already fills the device, a draft window m
 work, and the trade stops paying, first for wide shapes, then for all. So the shape is chosen
 for the batch it will decode, by measuring, and "no speculation" is a candidate:
 
-    for each round (the order of the candidates rotated each round):
-        seconds(c) = wall seconds to decode the calibration rows at the batch with config c
+    for each round (the order of the candidates rotated each round, and its own calibration rows):
+        seconds(c) = wall seconds to decode the round's calibration rows at the batch with config c
         ratio(c)   = seconds(ar) / seconds(c)            AR decoded in the same round
         after it, only AR and the leaders (half the field, at least two) go on
     chosen = argmax over candidates of median_round ratio(c), AR (ratio 1) included
 
 Timing every candidate against AR in the same round keeps the choice stable on a busy machine:
 a slow spell slows a round alike and its ratios hold; the median drops a round a spell split.
+Each round decodes other rows (``round_rows``): how far a draft gets depends on the row (a plain
+background is guessed far ahead, a noisy one hardly), and a batch decodes as long as its slowest
+row, so one set of a few rows can favour a shape that the job's rows do not.
 The measure is throughput (rows per second at the batch), which is what a batch job buys; a
 latency-bound caller at batch 1 gets the same answer, since one row's latency is its
 throughput. Every candidate decodes losslessly: the choice moves speed, never the output law,
@@ -33,7 +36,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from raydec.config import (
     DRAFT_METHODS, JACOBI_METHODS, DecodeConfig, DraftTreeConfig, JacobiDraftConfig, full_tree_nodes,
@@ -46,7 +49,9 @@ PAC_TREES: tuple[tuple[int, int], ...] = ((1, 0), (3, 1))  # (K, D - 1) for sjd_
 DRAFT_TREES: tuple[tuple[int, int, int], ...] = ((3, 2, 6), (6, 2, 12), (6, 3, 20), (8, 4, 32))  # (depth, top_k, total_tokens)
 AUTO_INITS: tuple[str, ...] = ("uniform", "left")  # fresh-draft priors tried when the whole draft is "auto"
 ROUNDS = 3
-CALIBRATION_ROWS = 8  # calibration rows at least; a batch size above it calibrates on that many
+CALIBRATION_ROWS = 8  # calibration rows per round at least; a batch size above it calibrates on that many
+
+Row = TypeVar("Row")
 
 
 @dataclass(frozen=True)
@@ -98,16 +103,28 @@ def candidate_configs(
     return [ar, *shapes]
 
 
+def round_rows(pool: Sequence[Row], count: int, turn: int) -> list[Row]:
+    """The calibration rows of tuning round ``turn``: the next ``count`` rows of ``pool`` (at most
+    all of it), cycling through it when it holds fewer than the rounds need."""
+    count = min(count, len(pool))
+    return [pool[(turn * count + i) % len(pool)] for i in range(count)]
+
+
+def calibration_pool_size(rows: int, rounds: int = ROUNDS) -> int:
+    """Calibration rows to gather for ``rows`` per round: a fresh set for every round."""
+    return rows * rounds
+
+
 def tune_for_batch(
-    decode_seconds: Callable[[DecodeConfig], float],
+    decode_seconds: Callable[[DecodeConfig, int], float],
     candidates: Sequence[DecodeConfig],
     rows: int,
     rounds: int = ROUNDS,
 ) -> tuple[DecodeConfig, list[ShapeTrial]]:
     """The candidate with the best median throughput ratio to AR, and every trial.
 
-    decode_seconds(config): decode the calibration rows (``rows`` of them, at the batch being
-    tuned for) with ``config`` and return the wall seconds. candidates: AR first (see
+    decode_seconds(config, turn): decode round ``turn``'s calibration rows (``rows`` of them, at the
+    batch being tuned for; :func:`round_rows`) with ``config`` and return the wall seconds. candidates: AR first (see
     :func:`candidate_configs`). Ties keep the earlier candidate, so AR wins a tie.
     """
     if not candidates or candidates[0].method != "ar":
@@ -120,7 +137,7 @@ def tune_for_batch(
     for turn in range(rounds):
         order = alive[turn % len(alive):] + alive[: turn % len(alive)]
         for index in order:
-            seconds[index].append(decode_seconds(candidates[index]))
+            seconds[index].append(decode_seconds(candidates[index], turn))
         for index in alive:
             ratios[index].append(seconds[0][-1] / seconds[index][-1])
         # later rounds time only AR and the leaders: half the field, at least two
@@ -244,7 +261,7 @@ def shape_key(base: DecodeConfig, weights: str, device: str, dtype: str, batch: 
 def resolve_shape(
     base: DecodeConfig,
     batch: int,
-    decode_seconds: Callable[[DecodeConfig], float],
+    decode_seconds: Callable[[DecodeConfig, int], float],
     rows: int,
     key: dict | None,
     cache: ShapeCache | None = None,
@@ -287,19 +304,20 @@ def weights_id(target: Any, *more: str | Path | None) -> str | None:
 
 
 def shape_for_call(
-    base: DecodeConfig, target: Any, batch: int, run: Callable[[DecodeConfig, int], Any], total_rows: int,
+    base: DecodeConfig, target: Any, batch: int, run: Callable[[DecodeConfig, list[int]], Any], total_rows: int,
     *more_weights: str | Path | None,
 ) -> DecodeConfig:
-    """``base`` with its "auto" shape chosen for ``batch`` on ``target``, calibrating on the first rows of a call:
-    ``run(config, n)`` decodes the call's first ``n`` rows with ``config``."""
+    """``base`` with its "auto" shape chosen for ``batch`` on ``target``, calibrating on a call's rows:
+    ``run(config, indices)`` decodes the call's rows at ``indices`` with ``config`` (each round its
+    own rows, from the first, as far as the call has them)."""
     rows = max(1, min(total_rows, max(batch, CALIBRATION_ROWS)))
     weights = weights_id(target, *more_weights)
     dtype = str(target.dtype).removeprefix("torch.")
     key = shape_key(base, weights, device_name(target.device), dtype, batch) if weights else None
 
-    def seconds(config: DecodeConfig) -> float:
+    def seconds(config: DecodeConfig, turn: int) -> float:
         start = time.perf_counter()
-        run(config, rows)
+        run(config, round_rows(range(total_rows), rows, turn))
         return time.perf_counter() - start
 
     config, _ = resolve_shape(base, batch, seconds, rows, key)

@@ -107,9 +107,9 @@ def generate_images(
     ]
     check_positions(target, requests, 2 if config.sampling.uses_cfg else 1)
     if config.auto_shape:  # chosen for this batch size on the call's first rows (cached per weights, device, batch)
-        def calibrate(candidate: DecodeConfig, rows: int) -> None:
-            generate_images(prompts[:rows], model=target, decode=candidate, seeds=seeds[:rows],
-                            negative_prompts=negatives[:rows] if negative_prompts is not None else None, batch_size=batch_size)
+        def calibrate(candidate: DecodeConfig, rows: list[int]) -> None:
+            generate_images([prompts[i] for i in rows], model=target, decode=candidate, seeds=[seeds[i] for i in rows],
+                            negative_prompts=[negatives[i] for i in rows] if negative_prompts is not None else None, batch_size=batch_size)
 
         config = shape_for_call(config, target, batch_size, calibrate, len(prompts))
     results: list[ImageResult] = []

@@ -11,7 +11,9 @@ import torch
 
 from raydec.api import generate_images, load_target
 from raydec.config import DecodeConfig, JacobiDraftConfig
-from raydec.api.frontier import ShapeCache, apply_shape, candidate_configs, resolve_shape, shape_label, tune_for_batch
+from raydec.api.frontier import (
+    ShapeCache, apply_shape, candidate_configs, resolve_shape, round_rows, shape_label, tune_for_batch,
+)
 from tests.t2i_toys import tiny_janus
 
 
@@ -48,7 +50,25 @@ def test_candidates_start_with_ar_and_keep_the_methods_prior_and_sampling():
     trees = candidate_configs(DecodeConfig(method="vispec"))
     assert shape_label(trees[0]) == "ar" and all(c.method == "vispec" for c in trees[1:])
     with pytest.raises(ValueError, match="AR must come first"):
-        tune_for_batch(lambda c: 1.0, candidates[1:], rows=1)
+        tune_for_batch(lambda c, turn: 1.0, candidates[1:], rows=1)
+
+
+def test_each_tuning_round_decodes_its_own_rows():
+    assert round_rows(list("abcdefg"), 3, 0) == list("abc") and round_rows(list("abcdefg"), 3, 1) == list("def")
+    assert round_rows(list("abcdefg"), 3, 2) == list("gab")  # cycles when the pool is short
+    assert round_rows(list("ab"), 8, 1) == list("ab")  # never more rows than the pool
+    candidates = candidate_configs(DecodeConfig(method="sjd_pac", jacobi=JacobiDraftConfig(init="left")), windows=(8, 16))
+    lucky, steady = shape_label(candidates[1]), shape_label(candidates[3])
+    # seconds per (shape, round): `lucky` is fastest on round 0's rows only, `steady` on every round
+    table = {lucky: [0.2, 0.9, 0.9], steady: [0.5, 0.5, 0.5]}
+    turns = []
+
+    def seconds(config: DecodeConfig, turn: int) -> float:
+        turns.append(turn)
+        return table.get(shape_label(config), [1.0] * 3)[turn]
+
+    chosen, _ = tune_for_batch(seconds, candidates, rows=4, rounds=3)
+    assert shape_label(chosen) == steady and sorted(set(turns)) == [0, 1, 2]
 
 
 def test_ar_is_chosen_where_a_window_costs_far_more_than_one_token(janus):
@@ -56,7 +76,7 @@ def test_ar_is_chosen_where_a_window_costs_far_more_than_one_token(janus):
     base = DecodeConfig(method="sjd_pac", jacobi=JacobiDraftConfig(init="left"))
     prompts = ["a red circle", "two blue squares"]
 
-    def seconds(config: DecodeConfig) -> float:
+    def seconds(config: DecodeConfig, turn: int) -> float:
         start = time.perf_counter()
         generate_images(prompts, model=costly, decode=config, seeds=[1, 2], batch_size=2)
         return time.perf_counter() - start
@@ -85,7 +105,7 @@ def test_a_tuned_shape_is_cached_and_reused_and_decodes_as_the_shape_it_records(
     cache = ShapeCache(tmp_path / "shapes")
     [entry] = cache.folder.glob("*.json")
     calls = []
-    again = resolve_shape(DecodeConfig(**auto), 2, lambda c: calls.append(c) or 1.0, 2,
+    again = resolve_shape(DecodeConfig(**auto), 2, lambda c, turn: calls.append(c) or 1.0, 2,
                           key=json.loads(entry.read_text())["key"], cache=cache)
     assert calls == [] and again[1]["tuned"] is False  # from the cache, nothing decoded
     second = generate_images(prompts, model=janus, decode=auto, seeds=seeds, batch_size=2)
