@@ -8,8 +8,8 @@ A batch user compares speculation with plain AR at AR's best batch, not at ours.
 batch size this bench first tunes each speculative method's shape for that batch
 (``raydec.api.frontier.tune_for_batch`` on calibration rows, plain AR among the candidates), then
 decodes the measured rows with AR and with every candidate shape, the configs one after another
-in an order rotated by batch and repeat (``--repeats`` runs of each; the median counts), and
-reports per (method, shape, batch):
+in an order rotated by batch and repeat (``--repeats`` runs of each, each on rows of its own, the
+same rows for every config), and reports per (method, shape, batch):
 
     items_per_s        rows finished per second
     tokens_per_forward generated tokens per target forward
@@ -49,6 +49,10 @@ DEFAULT_METHODS = {"t2i": "ar,sjd_pac", "caption": "ar,vispec"}
 DEFAULT_ITEMS = {"t2i": 16, "caption": 128}  # measured rows per (shape, batch): a caption takes a fraction of an image's time
 DEFAULT_CALIBRATION = {"t2i": 8, "caption": 32}
 CALIBRATION_OFFSET = 50_000  # calibration rows come from seeds far from the measured ones
+# a batch lasts as long as its slowest row, and how far a draft gets depends on the row: the rows
+# a shape is timed on are several batches, so one hard row does not decide
+MIN_BATCHES = 4  # measured rows per (shape, batch, repeat): this many batches at least
+CALIBRATION_BATCHES = 2  # calibration rows per tuning round: this many batches at least
 
 
 @dataclass
@@ -180,8 +184,8 @@ def bench_throughput(args: argparse.Namespace) -> dict:
     warm = workload.base["ar"]
     decode_rows(workload, warm, workload.requests(warm, 0, 1), 1, continuous)  # warm-up
     for turn, batch in enumerate(args.batches):
-        items = max(args.items or DEFAULT_ITEMS[args.task], 2 * batch)
-        calibration = max(args.calibration or DEFAULT_CALIBRATION[args.task], batch)
+        items = max(args.items or DEFAULT_ITEMS[args.task], MIN_BATCHES * batch)
+        calibration = max(args.calibration or DEFAULT_CALIBRATION[args.task], CALIBRATION_BATCHES * batch)
         configs: dict[str, Any] = {}  # shape label -> config, AR first
         chosen: dict[str, str] = {}
         for method in args.methods:
@@ -191,8 +195,8 @@ def bench_throughput(args: argparse.Namespace) -> dict:
             candidates = candidate_configs(workload.base[method])
             for config in candidates:
                 configs.setdefault(f"{method}:{shape_label(config)}" if config.method != "ar" else "ar", config)
-            def seconds(config: Any) -> float:
-                cal = workload.requests(config, CALIBRATION_OFFSET, calibration)
+            def seconds(config: Any, turn: int) -> float:  # each tuning round on its own rows
+                cal = workload.requests(config, CALIBRATION_OFFSET + turn * calibration, calibration)
                 return decode_rows(workload, config, cal, batch, continuous).seconds
             t0 = time.perf_counter()
             best, trials = tune_for_batch(seconds, candidates, calibration, rounds=args.rounds)
@@ -201,19 +205,20 @@ def bench_throughput(args: argparse.Namespace) -> dict:
                           "trials": [{"shape": shape_label(t.config), "rows_per_s": t.rows_per_s, "ratio_to_ar": t.ratio_to_ar} for t in trials]})
             logger.info("bench throughput: batch %d, %s tuned to %s in %.0f s", batch, method, chosen[method], tuned[-1]["tune_seconds"])
         samples: dict[str, list[Measured]] = {label: [] for label in configs}
-        for repeat in range(args.repeats):  # every config once per repeat, the order rotated by batch and repeat
+        for repeat in range(args.repeats):  # every config once per repeat, on the repeat's own rows, the order rotated
             labels = list(configs)
             shift = (turn + repeat) % len(labels)
             for label in labels[shift:] + labels[:shift]:
                 config = configs[label]
-                samples[label].append(decode_rows(workload, config, workload.requests(config, 0, items), batch, continuous))
+                samples[label].append(decode_rows(workload, config, workload.requests(config, repeat * items, items), batch, continuous))
                 logger.info("bench throughput: batch %d %s: %.2f items/s", batch, label, items / samples[label][-1].seconds)
-        measured = {label: _median_run(runs) for label, runs in samples.items()}
+        measured = {label: _total(runs) for label, runs in samples.items()}
+        total = items * args.repeats
         for label, config in configs.items():  # AR's one row is its own choice
             method = "ar" if label == "ar" else label.split(":")[0]
-            rows.append(_row(method, batch, shape_label(config), label == "ar", items, measured[label]))
+            rows.append(_row(method, batch, shape_label(config), label == "ar", total, measured[label]))
         for method, label in chosen.items():  # each method's tuned choice, as decoded in this run (it may be AR)
-            rows.append(_row(method, batch, label, True, items, measured["ar" if label == "ar" else f"{method}:{label}"]))
+            rows.append(_row(method, batch, label, True, total, measured["ar" if label == "ar" else f"{method}:{label}"]))
     result = {
         "bench": "throughput", "task": args.task, "model": str(args.model), "device": device, "dtype": args.dtype,
         "threads": torch.get_num_threads(), "batching": "continuous" if continuous else "consecutive",
@@ -227,9 +232,11 @@ def bench_throughput(args: argparse.Namespace) -> dict:
     return result
 
 
-def _median_run(runs: list[Measured]) -> Measured:
-    """The run of median seconds (the same rows and seeds decode to the same tokens every time)."""
-    return sorted(runs, key=lambda m: m.seconds)[(len(runs) - 1) // 2]
+def _total(runs: list[Measured]) -> Measured:
+    """The repeats of one config together: every repeat's rows once (each repeat decodes rows of its own)."""
+    occupancy = [m.occupancy for m in runs if m.occupancy is not None]
+    return Measured(sum(m.seconds for m in runs), sum(m.tokens for m in runs), sum(m.forwards for m in runs),
+                    max(m.kv_bytes for m in runs), sum(occupancy) / len(occupancy) if occupancy else None)
 
 
 def _row(method: str, batch: int, shape: str, auto: bool, items: int, m: Measured) -> dict:
@@ -291,11 +298,12 @@ def add_throughput_parser(subparsers: Any) -> None:
     parser.add_argument("--methods", default=None, help="comma-separated, ar included (t2i: ar,sjd,sjd_ac,sjd_pac; caption: ar,vispec,eagle)")
     parser.add_argument("--batches", type=positive_int_list, default=[1, 8, 32], help="batch sizes (comma-separated)")
     parser.add_argument("--items", type=positive_int, default=None,
-                        help="measured rows per (shape, batch), at least twice the batch (default: t2i 16, caption 128)")
+                        help="measured rows per (shape, batch) and repeat, at least four batches (default: t2i 16, caption 128)")
     parser.add_argument("--calibration", type=positive_int, default=None,
-                        help="calibration rows the tuner decodes, at least the batch (default: t2i 8, caption 32)")
+                        help="calibration rows per tuning round, at least two batches; each round its own (default: t2i 8, caption 32)")
     parser.add_argument("--rounds", type=positive_int, default=3, help="tuning rounds (AR and the leaders in each after the first)")
-    parser.add_argument("--repeats", type=positive_int, default=2, help="measured runs of each (shape, batch); the median counts")
+    parser.add_argument("--repeats", type=positive_int, default=2,
+                        help="measured runs of each (shape, batch), each on rows of its own; items/s counts them all")
     parser.add_argument("--memory-budget", type=positive_float, default=None, help="KV bytes a batch may use for the frontier (default: any)")
     parser.add_argument("--init", choices=("uniform", "left", "above"), default="left", help="SJD fresh-draft prior")
     parser.add_argument("--prompt", default="describe the image .", help="caption task: the question")
