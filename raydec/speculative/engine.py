@@ -21,9 +21,9 @@ Randomness is counter-based (``raydec.speculative.random``): a row's numbers dep
 seed and step only.
 
 Captured steps (``compile``, see ``raydec.speculative.capture``): the step's pure tensor work
-(the proposer's window, processing the logits, the verification with its keep mask and packed
-read-back, the proposer's carry-over) runs as graphs compiled per batch bucket; the target
-forward, the cache's masks and bookkeeping stay eager.
+(the proposer's window or draft tree, processing the logits, the verification with its keep mask
+and packed read-back, the proposer's carry-over) runs as graphs compiled per batch bucket; the
+target forward, the cache's masks and bookkeeping stay eager.
 """
 
 from __future__ import annotations
@@ -411,7 +411,8 @@ class DecodeSession:
         context = self._context(self.active, output.logits.shape[-1], tree)
         sampling = self._sampling_of(self.active, output.logits.device)
         if engine.process_graph.enabled and context is None and isinstance(sampling, SamplingConfig):
-            rows = output.logits.view(repeat, batch, *output.logits.shape[1:]).transpose(0, 1)  # [B, streams, N, V]
+            # [B, streams, N, V]; one stream as unsqueeze lays out, so a batch padded to a bucket keeps the strides
+            rows = output.logits.unsqueeze(1) if repeat == 1 else output.logits.view(repeat, batch, *output.logits.shape[1:]).transpose(0, 1)
             (probs,) = engine.process_graph(batch, (rows,) + ((gen_index,) if gen_index is not None else ()),
                                             sampling=sampling, constraint=engine.constraint)
             return probs, output
