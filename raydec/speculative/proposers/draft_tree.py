@@ -498,9 +498,8 @@ class DraftTreeProposer(Proposer):
         """One ``propose`` on tensors alone (the captured function): catch up, search, select.
 
         feats [B, n, H], ids [B, n]: the pending pairs, counts [B] of them real, at most ``width``;
-        root_hidden [B, H];
-        past_keys, past_values [B, kv, C, d]: the draft cache's buffers, past_valid [B, C] their
-        committed slots; next_position, roots [B]; bias [B, H], has_global [B]: the rows'
+        root_hidden [B, H]; past_keys, past_values [B, kv, C, d]: the draft cache's buffers,
+        past_valid [B, C] their committed slots; next_position, roots [B]; bias [B, H], has_global [B]: the rows'
         ``DecodeRows``; allowed [V] bool or None; head: the draft's ``routed_head``
         -> tokens, parents, depth of the tree [B, n]; its ancestor mask [B, n, n]; the new root
            hidden [B, H]; the pairs' keys and values [B, 2, kv, W, d]; real pairs [B, W] bool
