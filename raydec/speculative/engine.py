@@ -300,7 +300,8 @@ class DecodeSession:
         embeds, positions, valid, next_position, image_index = left_pad(prompts, target)
         # room for the prompts and the rows' whole decode (their caps, the holes compaction leaves, a
         # window) before a buffer grows: allocated by the prefill's own writes
-        joining.reserve(embeds.shape[1] + max(row.limit for row in rows) * 5 // 4 + 128)
+        room = embeds.shape[1] + max(row.limit for row in rows) * 5 // 4 + 128
+        joining.reserve(room)
         mask = joining.attention_mask(prefill_mask(valid), target.dtype)
         residuals = pad_layer_residuals(prompts, valid, target)
         extra = {"layer_residuals": residuals} if residuals is not None else {}  # only targets that make them take them
@@ -318,7 +319,7 @@ class DecodeSession:
             row.stats.target_forwards = 1
 
         state = DecodeState(list(handles), [row.generated for row in rows], random, target.vocab_size, engine.constraint, first_probs.dtype)
-        prefill = Prefill(output, embeds, valid, image_index)
+        prefill = Prefill(output, embeds, valid, image_index, room)
         if not self.active:  # an empty batch starts afresh
             engine.proposer.start(state, first_probs, prefill)
             self.cache, self.random, self.prob_dtype = joining, random, first_probs.dtype

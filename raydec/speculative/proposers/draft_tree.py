@@ -285,6 +285,8 @@ class DraftTreeProposer(Proposer):
         causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
         allowed = (causal.unsqueeze(0) & valid.unsqueeze(1)) | identity_mask(width).unsqueeze(0)
         cache = RaggedCache(batch, compaction="auto", device=device)
+        if self.captured:  # a buffer that does not grow while the rows decode: one capacity, one captured shape
+            cache.reserve(prefill.room)
         mask = _additive(allowed, dtype).to(device)
         h = self.draft(tok, feat, pos, mask, cache.kv, glob, use)
         lengths = torch.tensor([int(prefill.valid[r].sum()) for r in range(batch)])
