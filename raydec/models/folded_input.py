@@ -112,3 +112,16 @@ class FoldedDraftInput:
             return x
         plain = (pairs @ self.plain).view(batch, width, size) + rows.bias.unsqueeze(1)  # rows without g: fc's bias
         return torch.where(rows.has_global.to(x.device).view(batch, 1, 1), x, plain)
+
+    def per_row(self, token_embeds: torch.Tensor, features: torch.Tensor, bias: torch.Tensor, has_global: torch.Tensor) -> torch.Tensor:
+        """``__call__`` as a pure tensor function of the rows' biases [B, H] and image flags [B]
+        bool (the captured draft step): with ``img_fc`` both products, each row taking its own,
+        so it does not depend on which rows share the batch. token_embeds, features [B, N, H] -> [B, N, H]"""
+        batch, width, size = features.shape
+        pairs = torch.cat([token_embeds.to(features.dtype), features], dim=-1).view(batch * width, 2 * size)
+        plain = (pairs @ self.plain).view(batch, width, size) + bias.unsqueeze(1)
+        if self.folded is None:
+            return plain
+        folded = (pairs @ self.folded).view(batch, width, size) + bias.unsqueeze(1)
+        return torch.where(has_global.view(batch, 1, 1), folded, plain)
+

@@ -59,7 +59,12 @@ class FusedDecoderLayer:
     def _rope_tables(self, positions: torch.Tensor, dtype: torch.dtype, max_position: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [B, N] -> cos, signed sin [B, 1, N, d]: Hugging Face's rotary values, sin with
         its first half negated (see ``__call__``). max_position: positions.max() if the caller knows it."""
-        need = (int(positions.max()) if max_position is None else max_position) + 1
+        self.reserve_positions((int(positions.max()) if max_position is None else max_position) + 1, dtype)
+        return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)
+
+    def reserve_positions(self, need: int, dtype: torch.dtype) -> None:
+        """Rotary tables in ``dtype`` for positions 0..need-1 at least (grown on the host; a
+        position's values do not depend on the table's size)."""
         if need > self._cos.shape[0] or self._cos.dtype != dtype:
             size = max(need, 2 * self._cos.shape[0], 256)
             freqs = torch.arange(size, device=self.inv_freq.device, dtype=torch.float).unsqueeze(1) * self.inv_freq
@@ -68,7 +73,6 @@ class FusedDecoderLayer:
             sign[: self.head_dim // 2] = -1.0
             self._cos = (angles.cos() * self.rope_scaling).to(dtype)
             self._sin = (angles.sin() * self.rope_scaling).to(dtype) * sign.to(dtype)
-        return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)
 
     @staticmethod
     def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -81,16 +85,44 @@ class FusedDecoderLayer:
         """x [B, N, H]; position_ids [B, N]; attention_mask [B, 1, N, S + N] additive; cache: an
         HF cache (layer 0 appended in place) or None; max_position: position_ids.max() when the
         caller knows it (saves a reduction). -> [B, N, H]"""
+        cos, sin = self._rope_tables(position_ids, x.dtype, max_position)
+        rows, q, k, v = self._project(x, cos, sin)
+        if cache is not None:
+            k, v = cache.update(k, v, 0)
+        return self._attend_and_mlp(x, rows, q, k, v, attention_mask)
+
+    def window(
+        self, x: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor, past_keys: torch.Tensor,
+        past_values: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The layer on a window after ``past_keys`` / ``past_values`` [B, kv, P, d], without a
+        cache object: a pure tensor function (the captured draft step). The rotary table must
+        already hold every position (``reserve_positions``).
+        x [B, N, H]; position_ids [B, N]; attention_mask [B, 1, N, P + N] additive
+        -> hidden [B, N, H], the window's keys and values [B, kv, N, d]"""
+        cos, sin = self._cos[position_ids].unsqueeze(1), self._sin[position_ids].unsqueeze(1)  # [B, 1, N, d]
+        rows, q, k, v = self._project(x, cos, sin)
+        keys, values = torch.cat([past_keys, k], dim=2), torch.cat([past_values, v], dim=2)
+        return self._attend_and_mlp(x, rows, q, keys, values, attention_mask), k, v
+
+    def _project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [B, N, H], rotary cos / signed sin [B, 1, N, d] -> rows [B*N, H], rotated q [B, h, N, d],
+        rotated k and v [B, kv, N, d]"""
         batch, width, size = x.shape
         d, h, kv = self.head_dim, self.heads, self.kv_heads
         rows = x.reshape(batch * width, size)
         qkv = self._linear(rows, self.qkv, self.qkv_bias).view(batch, width, h + 2 * kv, d).transpose(1, 2)
-        cos, sin = self._rope_tables(position_ids, x.dtype, max_position)
         qk = qkv[:, : h + kv]  # [B, h + kv, N, d]: q and k heads, rotated together
         q, k = (qk * cos + qk.roll(d // 2, dims=-1) * sin).split([h, kv], dim=1)
-        v = qkv[:, h + kv :]
-        if cache is not None:
-            k, v = cache.update(k, v, 0)
+        return rows, q, k, qkv[:, h + kv :]
+
+    def _attend_and_mlp(
+        self, x: torch.Tensor, rows: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Attention of q over k, v (cache and window), output projection and MLP, both residual.
+        x [B, N, H] (its shape); rows [B*N, H]; q [B, h, N, d]; k, v [B, kv, S + N, d] -> [B, N, H]"""
+        batch, width, size = x.shape
+        d, h, kv = self.head_dim, self.heads, self.kv_heads
         if attention_mask.dtype != q.dtype:
             attention_mask = attention_mask.to(q.dtype)
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, scale=self.scaling, enable_gqa=kv != h)  # [B, h, N, d]

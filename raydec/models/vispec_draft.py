@@ -338,20 +338,59 @@ class VispecDraft(nn.Module):
             return self(token_embeds, features, position_ids, attention_mask, cache, globals_, use)
         return self._fused(self._input(token_embeds, features, rows), position_ids, attention_mask, cache, max_position)
 
+    @property
+    def captures(self) -> bool:
+        """Whether ``window_forward`` runs: the inference form (``prepare_inference``)."""
+        return self._fused is not None and self._input is not None
+
+    def attention_scope(self, device: torch.device) -> Any:
+        """The attention kernels a decode step may use (``decoding_attention``), for callers that
+        run ``window_forward`` inside a captured function: the context goes around the capture."""
+        return decoding_attention(device)
+
+    def reserve_positions(self, positions: int, dtype: torch.dtype) -> None:
+        """Rotary tables for positions 0..positions-1 before a ``window_forward`` reads them."""
+        self._fused.reserve_positions(positions, dtype)
+
+    def window_forward(
+        self, token_embeds: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+        past_keys: torch.Tensor, past_values: torch.Tensor, bias: torch.Tensor, has_global: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``decode_forward`` of the inference form on explicit keys and values, a pure tensor
+        function (the captured draft step): the rows' ``DecodeRows`` as tensors (``bias`` [B, H],
+        ``has_global`` [B] bool on the draft's device).
+        token_embeds, features [B, N, H]; position_ids [B, N]; past_keys, past_values [B, kv, P, d];
+        attention_mask [B, 1, N, P + N] additive -> hidden [B, N, H], the window's keys and values [B, kv, N, d]"""
+        x = self._input.per_row(token_embeds, features, bias, has_global)
+        return self._fused.window(x, position_ids, attention_mask, past_keys, past_values)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's head on draft hidden states [..., H] -> [..., V]. In the inference form,
         when the head keeps a row-major copy in the draft's precision (a CPU target,
         ``cpu_matmul``), one GEMM on it (fp32 logits of an fp32 draft); else the head itself, in
         its own dtype."""
+        return self.head_logits(hidden, self.routed_head(hidden.dtype))
+
+    def routed_head(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The head's row-major (W^T, bias) in ``dtype`` when ``logits`` takes that route, else None."""
         assert self.lm_head is not None, "attach_target() first"
-        routed = row_major_weight(self.lm_head, hidden.dtype) if self._fused is not None else None
+        return row_major_weight(self.lm_head, dtype) if self._fused is not None else None
+
+    @property
+    def head_dtype(self) -> torch.dtype:
+        return next(self.lm_head.parameters()).dtype  # the target's head: its dtype, not the draft's
+
+    def head_logits(
+        self, hidden: torch.Tensor, routed: tuple[torch.Tensor, torch.Tensor | None] | None, head_dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
+        """``logits`` with the route resolved (``routed_head``; ``head_dtype``: the head's, None to
+        look it up): what a captured step calls."""
         if routed is not None:
             weight_t, bias = routed
             rows = hidden.reshape(-1, hidden.shape[-1])
             out = rows @ weight_t if bias is None else torch.addmm(bias, rows, weight_t)
             return out.view(*hidden.shape[:-1], out.shape[-1])
-        head_dtype = next(self.lm_head.parameters()).dtype  # the target's head: its dtype, not the draft's
-        return self.lm_head(hidden.to(head_dtype))
+        return self.lm_head(hidden.to(head_dtype or self.head_dtype))
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         assert self.embed is not None, "attach_target() first"

@@ -77,8 +77,14 @@ def pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
 class StepGraph:
     """One pure tensor function of a step, captured (see module docstring)."""
 
-    def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]], name: str, enabled: bool, device: torch.device | str) -> None:
+    def __init__(
+        self, fn: Callable[..., tuple[torch.Tensor, ...]], name: str, enabled: bool, device: torch.device | str,
+        lengths: tuple[tuple[int, int], ...] = (),
+    ) -> None:
+        """lengths: (batch tensor, dim) pairs of sizes that vary between calls besides the rows
+        (a buffer's capacity): off CUDA they are dynamic sizes of the one graph too."""
         self.fn = fn
+        self.lengths = lengths
         self.name = name
         self.enabled = enabled
         self.device = torch.device(device)
@@ -103,6 +109,8 @@ class StepGraph:
             padded = tuple(pad_rows(t, 2) for t in batch)
             for tensor in padded:
                 torch._dynamo.maybe_mark_dynamic(tensor, 0)
+            for index, dim in self.lengths:
+                torch._dynamo.maybe_mark_dynamic(padded[index], dim)
             outputs = self._function()(*padded, *shared, **static)
             return outputs if rows > 1 else tuple(out[:rows] for out in outputs)
         bucket = batch_bucket(rows)

@@ -21,9 +21,9 @@ Randomness is counter-based (``raydec.speculative.random``): a row's numbers dep
 seed and step only.
 
 Captured steps (``compile``, see ``raydec.speculative.capture``): the step's pure tensor work
-(the proposer's window, processing the logits, the verification with its keep mask and packed
-read-back, the proposer's carry-over) runs as graphs compiled per batch bucket; the target
-forward, the cache's masks and bookkeeping stay eager.
+(the proposer's window or draft tree, processing the logits, the verification with its keep mask
+and packed read-back, the proposer's carry-over) runs as graphs compiled per batch bucket; the
+target forward, the cache's masks and bookkeeping stay eager.
 """
 
 from __future__ import annotations
@@ -300,7 +300,8 @@ class DecodeSession:
         embeds, positions, valid, next_position, image_index = left_pad(prompts, target)
         # room for the prompts and the rows' whole decode (their caps, the holes compaction leaves, a
         # window) before a buffer grows: allocated by the prefill's own writes
-        joining.reserve(embeds.shape[1] + max(row.limit for row in rows) * 5 // 4 + 128)
+        room = embeds.shape[1] + max(row.limit for row in rows) * 5 // 4 + 128
+        joining.reserve(room)
         mask = joining.attention_mask(prefill_mask(valid), target.dtype)
         residuals = pad_layer_residuals(prompts, valid, target)
         extra = {"layer_residuals": residuals} if residuals is not None else {}  # only targets that make them take them
@@ -318,7 +319,7 @@ class DecodeSession:
             row.stats.target_forwards = 1
 
         state = DecodeState(list(handles), [row.generated for row in rows], random, target.vocab_size, engine.constraint, first_probs.dtype)
-        prefill = Prefill(output, embeds, valid, image_index)
+        prefill = Prefill(output, embeds, valid, image_index, room)
         if not self.active:  # an empty batch starts afresh
             engine.proposer.start(state, first_probs, prefill)
             self.cache, self.random, self.prob_dtype = joining, random, first_probs.dtype
@@ -411,7 +412,8 @@ class DecodeSession:
         context = self._context(self.active, output.logits.shape[-1], tree)
         sampling = self._sampling_of(self.active, output.logits.device)
         if engine.process_graph.enabled and context is None and isinstance(sampling, SamplingConfig):
-            rows = output.logits.view(repeat, batch, *output.logits.shape[1:]).transpose(0, 1)  # [B, streams, N, V]
+            # [B, streams, N, V]; one stream as unsqueeze lays out, so a batch padded to a bucket keeps the strides
+            rows = output.logits.unsqueeze(1) if repeat == 1 else output.logits.view(repeat, batch, *output.logits.shape[1:]).transpose(0, 1)
             (probs,) = engine.process_graph(batch, (rows,) + ((gen_index,) if gen_index is not None else ()),
                                             sampling=sampling, constraint=engine.constraint)
             return probs, output

@@ -69,8 +69,10 @@ class SlotLayer(DynamicLayer):
 
     def _grow(self, like_keys: torch.Tensor, like_values: torch.Tensor, capacity: int) -> None:
         rows = like_keys.shape[0]
-        keys = like_keys.new_empty((rows, like_keys.shape[1], capacity, like_keys.shape[3]))
-        values = like_values.new_empty((rows, like_values.shape[1], capacity, like_values.shape[3]))
+        # zeros: a slot past the length is finite, so attending over the whole buffer under a mask
+        # that blocks it (the captured draft step) reads no NaN
+        keys = like_keys.new_zeros((rows, like_keys.shape[1], capacity, like_keys.shape[3]))
+        values = like_values.new_zeros((rows, like_values.shape[1], capacity, like_values.shape[3]))
         if self.length:
             keys[:, :, : self.length] = self.buffer_keys[:, :, : self.length]
             values[:, :, : self.length] = self.buffer_values[:, :, : self.length]
@@ -122,14 +124,13 @@ class SlotLayer(DynamicLayer):
         first_keys, first_values = pieces[0]
         rows = sum(keys.shape[0] for keys, _ in pieces)
         capacity = max(capacity, width + INITIAL_HEADROOM)
-        self.buffer_keys = first_keys.new_empty((rows, first_keys.shape[1], capacity, first_keys.shape[3]))
-        self.buffer_values = first_values.new_empty((rows, first_values.shape[1], capacity, first_values.shape[3]))
+        self.buffer_keys = first_keys.new_zeros((rows, first_keys.shape[1], capacity, first_keys.shape[3]))  # finite past the width too
+        self.buffer_values = first_values.new_zeros((rows, first_values.shape[1], capacity, first_values.shape[3]))
         row = 0
         for keys, values in pieces:
             count, slots = keys.shape[0], keys.shape[2]
             for buffer, part in ((self.buffer_keys, keys), (self.buffer_values, values)):
-                buffer[row : row + count, :, :slots] = part
-                buffer[row : row + count, :, slots:width] = 0  # hole slots: masked, and finite
+                buffer[row : row + count, :, :slots] = part  # hole slots after it: masked, and zero
                 self.copied_bytes += _bytes(part)
             row += count
         self.length = width

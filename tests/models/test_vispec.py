@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from raydec.config import DecodeConfig, DraftTreeConfig, SamplingConfig
-from raydec.models.hf_vlm import VisionLanguageTarget
+from raydec.models.hf_vlm import VisionLanguageTarget, VlmPrompt
 from raydec.models.vispec_draft import DraftConfig, VispecDraft
 from raydec.speculative.engine import Engine
 from raydec.speculative.requests import RowRequest
@@ -281,6 +281,29 @@ def test_continuous_batching_with_image_rows_equals_hf_generate(llava):
     outputs = engine.generate([RowRequest(p, seed=0, max_new_tokens=n) for p, n in zip(prompts, lengths)], batch_size=2)
     assert [out.tokens for out in outputs] == expected
     assert max(max(out.stats.accepted_lengths, default=0) for out in outputs) >= 3
+
+
+def test_captured_vispec_steps_decode_the_eager_tokens(llava):
+    """``compile: on`` captures the draft's catch-up, tree search and selection with the rest of
+    the step. A ViSpec draft in its inference form; prompts with one or two images and one
+    without, so rows with and without an image's g share the batch; at most 2 rows at a time
+    (rows leave, queued rows join): the drafts the eager step makes, so the same accepted lengths,
+    and HF's greedy tokens."""
+    prompts = vlm_prompts(llava, 3) + [VlmPrompt(llava.format_prompt("describe it .", 0), ())]
+    lengths = [12, 5, 12, 9]
+    expected = [hf_greedy_vlm(llava, prompt, n) for prompt, n in zip(prompts, lengths)]
+    draft = successor_draft(llava, expected, True).prepare_inference()
+    tree = DraftTreeConfig(depth=3, top_k=3, total_tokens=10)
+    requests = [RowRequest(prompt, seed=0, max_new_tokens=n) for prompt, n in zip(prompts, lengths)]
+    outputs, proposers = {}, {}
+    for mode in ("off", "on"):
+        proposers[mode] = DraftTreeProposer(draft, tree)
+        engine = Engine(llava, proposers[mode], SamplingConfig(temperature=0.0), 12, eos_token_ids=llava.eos_token_ids, compile=mode)
+        outputs[mode] = engine.generate(requests, batch_size=2)
+    assert [out.tokens for out in outputs["on"]] == [out.tokens for out in outputs["off"]] == expected
+    accepted = {mode: [out.stats.accepted_lengths for out in outputs[mode]] for mode in outputs}
+    assert accepted["on"] == accepted["off"] and max(map(max, accepted["on"])) >= 3, accepted
+    assert proposers["on"]._step_graph.calls > 0
 
 
 def test_a_draft_in_another_precision_than_the_target_stays_lossless(llava):

@@ -33,12 +33,15 @@ class Prefill:
     inputs_embeds: [M, L, H] layer-0 embeddings (image features merged in)
     valid:         [M, L] bool, False on left padding
     image_index:   [M, L] long, image of the row's prompt a position belongs to (-1 = text / pad)
+    room:          cache slots the rows' prompts and whole decode take at most (0: unknown), which
+                   the target's cache reserves; a draft's cache may reserve them too
     """
 
     output: "ForwardOutput"
     inputs_embeds: torch.Tensor
     valid: torch.Tensor
     image_index: torch.Tensor
+    room: int = 0
 
 
 @dataclass

@@ -12,26 +12,56 @@ Per step and row:
 A draft top-K is a deterministic function of the context, so every node's proposal is one-hot:
 the shared verifier does recursive rejection over siblings (greedy: longest argmax prefix).
 The draft keeps its own ragged KV cache; tree slots are cropped after each step.
+
+Captured (``Proposer.capture``), the step is one compiled function (``_step_on_tensors``) at
+fixed shapes: the draft attends over its cache's whole buffers (their capacity) under a mask that
+blocks every slot but the row's committed ones, the catch-up always feeds ``depth + 1`` pairs
+(the padding ones masked), and the tree's keys and values stay tensors of the function instead
+of slots of the cache. Only the caught-up pairs' keys and values leave it, to be written into the
+cache in place, as the eager catch-up writes them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from raydec.config import DraftTreeConfig
 from raydec.speculative.cache import RaggedCache
+from raydec.speculative.capture import StepGraph
 from raydec.speculative.proposers.base import DecodeState, Prefill, Proposer
 from raydec.speculative.tree import DraftTree, identity_mask
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[B, N, S] bool -> [B, 1, N, S] additive mask."""
-    mask = torch.zeros(allowed.shape, dtype=dtype)
+    """[B, N, S] bool -> [B, 1, N, S] additive mask (on ``allowed``'s device)."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask.unsqueeze(1)
+
+
+def _children(logp: torch.Tensor, frontier_score: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every frontier node's top-K children, scored by cumulative log-probability.
+    logp [B, K, V]; frontier_score [B, K] -> child scores, tokens [B, K*K] (child c of node i at i*K + c)"""
+    batch = logp.shape[0]
+    child_score, child_token = logp.topk(k, dim=-1)  # [B, K, K]
+    return (child_score + frontier_score.unsqueeze(-1)).view(batch, k * k), child_token.view(batch, k * k)
+
+
+def _ancestors(parents: torch.Tensor, levels: int) -> torch.Tensor:
+    """``DraftTree.ancestor_mask`` of trees whose every node is real and deepest node is at most
+    ``levels`` deep: parents [B, n] (-1 = the root's) -> [B, n, n] bool, j is i or an ancestor of i.
+    After t passes, a node at depth <= t holds its whole path (its parent's row, then itself)."""
+    batch, n = parents.shape
+    index = torch.arange(n, device=parents.device)
+    eye = (index.unsqueeze(0) == index.unsqueeze(1)).expand(batch, n, n)
+    parent_rows = parents.clamp(min=0).unsqueeze(2).expand(batch, n, n)  # the root stands for its own parent
+    mask = eye
+    for _ in range(levels):
+        mask = eye | mask.gather(1, parent_rows)
+    return mask
 
 
 def select_tree_nodes(scores: torch.Tensor, depths: torch.Tensor, count: int) -> torch.Tensor:
@@ -63,9 +93,16 @@ def _select_on_tensors(
     (node 0 is the root, then by depth, then rank) and None (the tree derives its ancestor mask).
     A parent outranks its children (its score is higher, or equal and shallower), so every
     chosen node's parent is chosen."""
+    return _select_nodes(roots, layout.cand_depth, layout.root_parent[:, :1], scores, tokens, parents, count)
+
+
+def _select_nodes(
+    roots: torch.Tensor, depths: torch.Tensor, root_parent: torch.Tensor, scores: torch.Tensor, tokens: torch.Tensor,
+    parents: torch.Tensor, count: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
+    """``_select_on_tensors`` with the candidates' depths [B, C] and the root's parent [B, 1] (-1) given."""
     batch, candidates = scores.shape
     device = scores.device
-    depths = layout.cand_depth
     chosen = select_tree_nodes(scores, depths, count)  # [B, count]
     node_depth = depths.gather(1, chosen)
     order = torch.sort(node_depth, dim=1, stable=True).indices  # topological: by depth, then rank
@@ -75,9 +112,78 @@ def _select_on_tensors(
     parent_cand = parents.gather(1, chosen)
     parent_nodes = torch.where(parent_cand >= 0, node_of.gather(1, parent_cand.clamp(min=0)), 0)
     node_tokens = torch.cat([roots.unsqueeze(1), tokens.gather(1, chosen)], dim=1)
-    node_parents = torch.cat([layout.root_parent[:, :1], parent_nodes], dim=1)
+    node_parents = torch.cat([root_parent, parent_nodes], dim=1)
     depth = torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=device), node_depth], dim=1)
     return node_tokens, node_parents, depth, None
+
+
+# (token ids [B, N], features [B, N, H], positions [B, N], mask [B, 1, N, P + N], past keys,
+# values [B, kv, P, d]) -> draft hidden [B, N, H], the window's keys and values [B, kv, N, d]
+WindowForward = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def _catch_up_on_tensors(
+    forward: WindowForward, feats: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor, root_hidden: torch.Tensor,
+    keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor, next_position: torch.Tensor, dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``DraftTreeProposer._catch_up`` on tensors: each row's W pending pairs, the first counts[b]
+    real, after the cache's slots. feats [B, W, H]; ids [B, W]; counts [B]; root_hidden [B, H];
+    keys, values [B, kv, P, d] and visible [B, P] the cache's slots; next_position [B]
+    -> root hidden [B, H] (the last real pair's; unchanged without one), the pairs' keys and
+       values [B, kv, W, d], real pairs [B, W] bool"""
+    batch, width = ids.shape
+    steps = torch.arange(width, device=ids.device)
+    fed = steps.unsqueeze(0) < counts.unsqueeze(1)  # [B, W]
+    causal = steps.unsqueeze(0) <= steps.unsqueeze(1)  # [W, W]: pair i sees pairs j <= i
+    window = (causal.unsqueeze(0) & fed.unsqueeze(1)) | (steps.unsqueeze(0) == steps.unsqueeze(1))  # a padding pair sees itself
+    mask = _additive(torch.cat([visible.unsqueeze(1).expand(batch, width, visible.shape[1]), window], dim=2), dtype)
+    h, new_keys, new_values = forward(ids.clamp(min=0), feats, next_position.unsqueeze(1) + steps, mask, keys, values)
+    last = h[torch.arange(batch, device=ids.device), (counts - 1).clamp(min=0)]
+    return torch.where((counts > 0).unsqueeze(1), last, root_hidden), new_keys, new_values, fed
+
+
+def _expand_on_tensors(
+    forward: WindowForward, log_probs: Callable[[torch.Tensor], torch.Tensor], root_hidden: torch.Tensor, keys: torch.Tensor,
+    values: torch.Tensor, visible: torch.Tensor, next_position: torch.Tensor, k: int, depth: int, dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The search of ``DraftTreeProposer.propose`` on tensors, each level's tree slots kept as
+    tensors instead of in the cache. root_hidden [B, H]; keys, values [B, kv, P, d] and visible
+    [B, P] the cache slots every node sees; next_position [B] the position of the root's children
+    -> candidate scores, tokens, parents (candidate ids, -1 = root) [B, C]"""
+    batch, size = root_hidden.shape
+    device = root_hidden.device
+    index = torch.arange(k, device=device)
+    seen = _additive(visible.unsqueeze(1).expand(batch, k, visible.shape[1]), dtype)  # [B, 1, K, P]
+    eye = _additive((index.unsqueeze(0) == index.unsqueeze(1)).unsqueeze(0), dtype)[0, 0]  # [K, K] additive identity
+    # [B, K, tree slots]: a frontier node sees what its parent saw of the tree, and itself
+    tree_mask = torch.full((batch, k, k * (depth - 1)), torch.finfo(dtype).min, dtype=dtype, device=device)
+    rows = torch.arange(batch, device=device).unsqueeze(1)  # [B, 1]
+    child_parent = index.repeat_interleave(k).expand(batch, k * k)  # frontier slot of each child candidate
+    positions = next_position.unsqueeze(1).expand(batch, k)  # [B, K]
+    score, token = log_probs(root_hidden).topk(k, dim=-1)  # [B, K]: level 1, the root's children
+    cand_score, cand_token, cand_parent = [score], [token], [torch.full((batch, k), -1, dtype=torch.long, device=device)]
+    frontier, frontier_score, frontier_token = index.expand(batch, k), score, token
+    frontier_feat = root_hidden.unsqueeze(1).expand(batch, k, size)  # parent hidden of each
+    offset = k
+    for level in range(2, depth + 1):
+        slots = k * (level - 1)
+        tree_mask[:, :, slots - k : slots] = eye
+        mask = torch.cat([seen, tree_mask[:, None, :, :slots]], dim=-1)  # [B, 1, K, P + slots]
+        h, new_keys, new_values = forward(frontier_token, frontier_feat, positions + (level - 2), mask, keys, values)
+        if level < depth:  # the next level attends to this one's slots
+            keys, values = torch.cat([keys, new_keys], dim=2), torch.cat([values, new_values], dim=2)
+        child_score, child_token = _children(log_probs(h), frontier_score, k)
+        cand_score.append(child_score)
+        cand_token.append(child_token)
+        cand_parent.append(frontier.gather(1, child_parent))
+        best = child_score.topk(k, dim=-1).indices  # [B, K] within this level
+        parent = best // k  # frontier index of each best child's parent
+        frontier_feat = h[rows, parent]
+        frontier, frontier_score, frontier_token = best + offset, child_score.gather(1, best), child_token.gather(1, best)
+        offset += k * k
+        if level < depth:
+            tree_mask[:, :, :slots] = tree_mask[rows, parent, :slots]
+    return torch.cat(cand_score, 1), torch.cat(cand_token, 1), torch.cat(cand_parent, 1)
 
 
 class DraftTreeProposer(Proposer):
@@ -101,6 +207,9 @@ class DraftTreeProposer(Proposer):
         #: draft hidden [B, K, H], candidate tokens [B, C], candidate parents [B, C]), to inspect the search
         self.trace: list | None = None
         self._tree_layout: _TreeLayout | None = None
+        self._constants: tuple | None = None  # (key, the tree's constant fields): ``_tree_constants``
+        self._on_device: dict = {}  # the rows' image flags and the vocabulary mask on the draft's device
+        self.capture(False, torch.device("cpu"))  # the step eager until an engine says otherwise
 
     @property
     def _device(self) -> torch.device:
@@ -176,11 +285,13 @@ class DraftTreeProposer(Proposer):
         causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
         allowed = (causal.unsqueeze(0) & valid.unsqueeze(1)) | identity_mask(width).unsqueeze(0)
         cache = RaggedCache(batch, compaction="auto", device=device)
+        if self.captured:  # a buffer that does not grow while the rows decode: one capacity, one captured shape
+            cache.reserve(prefill.room)
         mask = _additive(allowed, dtype).to(device)
         h = self.draft(tok, feat, pos, mask, cache.kv, glob, use)
         lengths = torch.tensor([int(prefill.valid[r].sum()) for r in range(batch)])
         cache.start(valid, lengths)
-        return cache, h[:, -1], last_global, has_global
+        return cache, h[:, -1].contiguous(), last_global, has_global  # [B, H] as every step leaves it
 
     # -- propose -------------------------------------------------------------------------------
 
@@ -247,9 +358,24 @@ class DraftTreeProposer(Proposer):
             )
         return self._tree_layout
 
+    def capture(self, enabled: bool, device: torch.device) -> None:
+        self.captured = enabled
+        # the draft cache's buffers (keys, values: dim 2) and their valid slots (dim 1) grow
+        self._step_graph = StepGraph(self._step_on_tensors, "draft_tree", enabled, device, lengths=((4, 2), (5, 2), (6, 1)))
+
+    def _runs_captured(self) -> bool:
+        """The captured step needs the draft's inference form (with its rows' folded biases) and
+        its one cache layer written in place; a trace runs eagerly."""
+        return (
+            self.captured and self.trace is None and self.draft.captures and self.rows.bias is not None
+            and self.cache.layout == "slots" and len(self.cache.kv.layers) == 1
+        )
+
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> DraftTree:
         self._sync_rows(state)
+        if self._runs_captured():
+            return self._propose_captured(state)
         self._catch_up()
         spec, device, dtype = self.spec, self._device, self._dtype
         batch = len(self.row_handles)
@@ -286,9 +412,7 @@ class DraftTreeProposer(Proposer):
                 self.trace.append((frontier.clone(), h.detach().clone(), torch.cat(cand_token, 1), torch.cat(cand_parent, 1)))
 
             # children of every frontier node: [B, K, K] -> K*K candidates at this level
-            child_score, child_token = self._log_probs(h, state).topk(k, dim=-1)  # [B, K, K]
-            child_score = (child_score + frontier_score.unsqueeze(-1)).view(batch, k * k)
-            child_token = child_token.view(batch, k * k)
+            child_score, child_token = _children(self._log_probs(h, state), frontier_score, k)
             cand_score.append(child_score)
             cand_token.append(child_token)
             cand_parent.append(frontier.gather(1, layout.child_parent))
@@ -309,24 +433,142 @@ class DraftTreeProposer(Proposer):
     ) -> DraftTree:
         """The ``total_tokens - 1`` best candidates as a tree in topological order.
         scores, tokens, parents (candidate ids, -1 = root): [B, C]"""
-        batch, candidates = scores.shape
-        count = min(self.spec.total_tokens - 1, candidates)
+        count = self._node_count(layout.key[1])
         node_tokens, node_parents, depth, _ = _select_on_tensors(state.roots().to(scores.device), layout, scores, tokens, parents, count)
-        n = count + 1
-        device = node_tokens.device
+        return self._tree(state, node_tokens, node_parents, depth)
+
+    # -- the captured step ------------------------------------------------------------------------
+
+    def _propose_captured(self, state: DecodeState) -> DraftTree:
+        """``propose`` as one captured function (``_step_on_tensors``): the draft reads the cache's
+        buffers whole, under a mask that blocks every slot but the rows' committed ones; the pairs
+        it catches up on join the cache after it, as ``_catch_up``'s do."""
+        spec, device, dtype = self.spec, self._device, self._dtype
+        batch = len(self.row_handles)
+        k = min(spec.top_k, state.vocab_size)
+        nodes = self._node_count(k) + 1  # a tree's, root included
+        width = min(spec.depth + 1, nodes)  # pairs a step can accept: the deepest path and the bonus token
+        counts = self.pending_counts
+        feats, ids = self._pending_pairs(batch, nodes)
+        cache = self.cache
+        layer = cache.kv.layers[0]
+        past_valid = torch.nn.functional.pad(cache.valid, (0, layer.capacity - cache.length))  # [B, C]: committed slots
+        # every position the step reads (the padding pairs' included) is in the rotary table already
+        self.draft.reserve_positions(max(cache.max_next_position + width + spec.depth, self.draft.config.max_position_embeddings), dtype)
+        has_global, allowed = self._device_inputs(state)
+        batch_inputs = (feats, ids, torch.tensor(counts, device=device), self.root_hidden, layer.buffer_keys, layer.buffer_values,
+                        past_valid, cache.next_position, state.roots().to(device), self.rows.bias, has_global)
+        with self.draft.attention_scope(device):
+            node_tokens, node_parents, depth, ancestors, self.root_hidden, window, fed = self._step_graph(
+                batch, batch_inputs, (allowed, self.draft.routed_head(dtype)), width=width, top_k=k, depth=spec.depth, count=nodes - 1,
+                head_dtype=self.draft.head_dtype, dtype=dtype,
+            )
+        last = max(counts, default=0)
+        if last:  # the real pairs join the cache; the padding ones after the last real one are cropped
+            layer.update(window[:, 0], window[:, 1])
+            cache.commit(fed, counts, last - 1)
+        self.pending_counts = [0] * batch
+        return self._tree(state, node_tokens, node_parents, depth, ancestors)
+
+    def _pending_pairs(self, batch: int, nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pending pairs of the last tree (``nodes`` wide): features [B, n, H], tokens [B, n]
+        (zeros before any step: no pair is real then). Whole, so a padded batch keeps their layout."""
+        device, dtype = self._device, self._dtype
+        if self.pending_features is None:
+            return (torch.zeros(batch, nodes, self.root_hidden.shape[-1], device=device, dtype=dtype),
+                    torch.zeros(batch, nodes, dtype=torch.long, device=device))
+        return self.pending_features.to(device, dtype), self.pending_tokens.to(device)
+
+    def _device_inputs(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The rows' image flags [B] and the allowed tokens [V] (None: all) on the draft's device,
+        copied once per batch of rows and constraint."""
+        device = self._device
+        rows, constraint = self.rows, state.constraint
+        restricts = constraint is not None and constraint.restricts
+        if "rows" not in self._on_device or self._on_device["rows"] is not rows:
+            self._on_device.update(rows=rows, has_global=rows.has_global.to(device))
+        if "constraint" not in self._on_device or self._on_device["constraint"] is not constraint:
+            self._on_device.update(constraint=constraint, allowed=constraint.allowed.to(device) if restricts else None)
+        return self._on_device["has_global"], self._on_device["allowed"]
+
+    def _step_on_tensors(
+        self, feats: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor, root_hidden: torch.Tensor, past_keys: torch.Tensor,
+        past_values: torch.Tensor, past_valid: torch.Tensor, next_position: torch.Tensor, roots: torch.Tensor, bias: torch.Tensor,
+        has_global: torch.Tensor, allowed: torch.Tensor | None, head: tuple | None,
+        *, width: int, top_k: int, depth: int, count: int, head_dtype: torch.dtype, dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, ...]:
+        """One ``propose`` on tensors alone (the captured function): catch up, search, select.
+
+        feats [B, n, H], ids [B, n]: the pending pairs, counts [B] of them real, at most ``width``;
+        root_hidden [B, H]; past_keys, past_values [B, kv, C, d]: the draft cache's buffers,
+        past_valid [B, C] their committed slots; next_position, roots [B]; bias [B, H], has_global [B]: the rows'
+        ``DecodeRows``; allowed [V] bool or None; head: the draft's ``routed_head``
+        -> tokens, parents, depth of the tree [B, n]; its ancestor mask [B, n, n]; the new root
+           hidden [B, H]; the pairs' keys and values [B, 2, kv, W, d]; real pairs [B, W] bool
+        """
+        draft = self.draft
+
+        def forward(tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor,
+                    values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            embeds = draft.embed_tokens(tokens).to(dtype)
+            return draft.window_forward(embeds, features, positions, mask, keys, values, bias, has_global)
+
+        def log_probs(hidden: torch.Tensor) -> torch.Tensor:  # ``_log_probs``
+            logits = draft.head_logits(hidden, head, head_dtype).float()
+            if allowed is not None:
+                logits = logits.masked_fill(~allowed, float("-inf"))
+            return torch.log_softmax(logits, dim=-1)
+
+        root_hidden, keys, values, fed = _catch_up_on_tensors(
+            forward, feats[:, :width], ids[:, :width], counts, root_hidden, past_keys, past_values, past_valid, next_position, dtype)
+        scores, tokens, parents = _expand_on_tensors(
+            forward, log_probs, root_hidden, torch.cat([past_keys, keys], dim=2), torch.cat([past_values, values], dim=2),
+            torch.cat([past_valid, fed], dim=1), next_position + counts, top_k, depth, dtype)
+        batch, device = roots.shape[0], roots.device
+        levels = [torch.full((top_k if level == 1 else top_k * top_k,), level, dtype=torch.long, device=device) for level in range(1, depth + 1)]
+        root_parent = torch.full((batch, 1), -1, dtype=torch.long, device=device)
+        node_tokens, node_parents, node_depth, _ = _select_nodes(
+            roots, torch.cat(levels).expand(batch, -1), root_parent, scores, tokens, parents, count)
+        return node_tokens, node_parents, node_depth, _ancestors(node_parents, depth), root_hidden, torch.stack([keys, values], dim=1), fed
+
+    def _node_count(self, k: int) -> int:
+        """Draft nodes a tree holds: ``total_tokens - 1``, at most every candidate of the search."""
+        return min(self.spec.total_tokens - 1, k + (self.spec.depth - 1) * k * k)
+
+    def _tree(
+        self, state: DecodeState, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor | None = None
+    ) -> DraftTree:
+        """The selected nodes as a ``DraftTree``: tokens, parents, depth [B, n]; ancestors [B, n, n]
+        when known (None: the tree derives its mask)."""
+        batch, n = tokens.shape
+        k = min(self.spec.top_k, state.vocab_size)
+        valid, proposal_index, without_replacement, proposal_probs = self._tree_constants(state, batch, n, tokens.device)
         tree = DraftTree(
-            tokens=node_tokens,
-            parents=node_parents,
-            valid=torch.ones(batch, n, dtype=torch.bool, device=device),
-            proposal_index=torch.full((batch, n), -1, dtype=torch.long, device=device),
-            without_replacement=torch.zeros(batch, n, dtype=torch.bool, device=device),
-            proposal_probs=torch.zeros(batch, 0, state.vocab_size, dtype=state.prob_dtype, device=device),
-            max_children=layout.key[1],  # a node's children are some of its top-K
+            tokens=tokens,
+            parents=parents,
+            valid=valid,
+            proposal_index=proposal_index,
+            without_replacement=without_replacement,
+            proposal_probs=proposal_probs,
+            max_children=k,  # a node's children are some of its top-K
             any_without_replacement=False,
             # only the root and expanded frontier nodes have children; two or more each
-            branch_nodes=min(count // 2, 1 + (self.spec.depth - 1) * layout.key[1]),
+            branch_nodes=min((n - 1) // 2, 1 + (self.spec.depth - 1) * k),
         )
-        return tree.with_structure(depth)  # known here; the ancestor mask is derived (no read-back)
+        return tree.with_structure(depth, ancestors)  # known here; no read-back
+
+    def _tree_constants(self, state: DecodeState, batch: int, n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """A tree's fields that are the same every step (read only, kept across steps): every node
+        real [B, n], one-hot [B, n], none without replacement [B, n], no dense proposals [B, 0, V]."""
+        key = (batch, n, state.vocab_size, state.prob_dtype, device)
+        if self._constants is None or self._constants[0] != key:
+            self._constants = (key, (
+                torch.ones(batch, n, dtype=torch.bool, device=device),
+                torch.full((batch, n), -1, dtype=torch.long, device=device),
+                torch.zeros(batch, n, dtype=torch.bool, device=device),
+                torch.zeros(batch, 0, state.vocab_size, dtype=state.prob_dtype, device=device),
+            ))
+        return self._constants[1]
 
     # -- observe -------------------------------------------------------------------------------
 
