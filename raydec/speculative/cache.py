@@ -35,9 +35,9 @@ class RaggedCache:
 
     def __init__(
         self, num_rows: int, compaction: Literal["auto", "always", "never"] = "auto", device: torch.device | str = "cpu",
-        layout: CacheLayout = DEFAULT_LAYOUT,
+        layout: CacheLayout = DEFAULT_LAYOUT, zero_tail: bool = False,
     ) -> None:
-        self.kv = SlotCache(layout)
+        self.kv = SlotCache(layout, zero_tail)  # zero_tail: buffers hold zeros past the length (``SlotLayer``)
         self.layout = layout
         self.device = torch.device(device)
         self.valid = torch.zeros(num_rows, 0, dtype=torch.bool, device=self.device)  # [M, S]

@@ -32,13 +32,17 @@ def _bytes(tensor: torch.Tensor) -> int:
 class SlotLayer(DynamicLayer):
     """One layer's keys and values in a buffer with room to grow (see module docstring)."""
 
-    def __init__(self, capacity: int = 0, **kwargs: Any) -> None:
+    def __init__(self, capacity: int = 0, zero_tail: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.buffer_keys: torch.Tensor | None = None
         self.buffer_values: torch.Tensor | None = None
         self.length = 0
         self.copied_bytes = 0
         self.minimum_capacity = capacity  # what the first write allocates at least
+        # new buffers hold zeros past the length, for a reader that attends over the whole buffer
+        # under a mask (the captured draft step: a masked slot must be finite, not NaN); else they
+        # are left unwritten there (no memset of the capacity on every growth and refill)
+        self.zero_tail = zero_tail
 
     def reset(self) -> None:
         self.buffer_keys = self.buffer_values = None
@@ -69,15 +73,17 @@ class SlotLayer(DynamicLayer):
 
     def _grow(self, like_keys: torch.Tensor, like_values: torch.Tensor, capacity: int) -> None:
         rows = like_keys.shape[0]
-        # zeros: a slot past the length is finite, so attending over the whole buffer under a mask
-        # that blocks it (the captured draft step) reads no NaN
-        keys = like_keys.new_zeros((rows, like_keys.shape[1], capacity, like_keys.shape[3]))
-        values = like_values.new_zeros((rows, like_values.shape[1], capacity, like_values.shape[3]))
+        keys = self._new_buffer(like_keys, rows, capacity)
+        values = self._new_buffer(like_values, rows, capacity)
         if self.length:
             keys[:, :, : self.length] = self.buffer_keys[:, :, : self.length]
             values[:, :, : self.length] = self.buffer_values[:, :, : self.length]
             self.copied_bytes += 2 * _bytes(keys[:, :, : self.length])
         self.buffer_keys, self.buffer_values = keys, values
+
+    def _new_buffer(self, like: torch.Tensor, rows: int, capacity: int) -> torch.Tensor:
+        shape = (rows, like.shape[1], capacity, like.shape[3])
+        return like.new_zeros(shape) if self.zero_tail else like.new_empty(shape)
 
     def _expose(self) -> None:
         self.keys = self.buffer_keys[:, :, : self.length]
@@ -124,13 +130,15 @@ class SlotLayer(DynamicLayer):
         first_keys, first_values = pieces[0]
         rows = sum(keys.shape[0] for keys, _ in pieces)
         capacity = max(capacity, width + INITIAL_HEADROOM)
-        self.buffer_keys = first_keys.new_zeros((rows, first_keys.shape[1], capacity, first_keys.shape[3]))  # finite past the width too
-        self.buffer_values = first_values.new_zeros((rows, first_values.shape[1], capacity, first_values.shape[3]))
+        self.buffer_keys = self._new_buffer(first_keys, rows, capacity)
+        self.buffer_values = self._new_buffer(first_values, rows, capacity)
         row = 0
         for keys, values in pieces:
             count, slots = keys.shape[0], keys.shape[2]
             for buffer, part in ((self.buffer_keys, keys), (self.buffer_values, values)):
-                buffer[row : row + count, :, :slots] = part  # hole slots after it: masked, and zero
+                buffer[row : row + count, :, :slots] = part
+                if not self.zero_tail:
+                    buffer[row : row + count, :, slots:width] = 0  # hole slots: masked, and finite
                 self.copied_bytes += _bytes(part)
             row += count
         self.length = width
@@ -172,13 +180,14 @@ class SlotCache(DynamicCache):
     """A ``DynamicCache`` whose layers are ``SlotLayer``s (``layout="slots"``) or counting
     concatenating layers (``layout="concat"``), created as the model first writes them."""
 
-    def __init__(self, layout: str = "slots") -> None:
+    def __init__(self, layout: str = "slots", zero_tail: bool = False) -> None:
         super().__init__()
         self.reserved = 0  # slots a layer created from now on allocates at its first write (layout "slots")
+        self.zero_tail = zero_tail  # its layers' buffers hold zeros past their length (``SlotLayer``)
         self.layer_class_to_replicate = {"slots": self._slot_layer, "concat": ConcatLayer}[layout]
 
     def _slot_layer(self) -> SlotLayer:
-        return SlotLayer(capacity=self.reserved)
+        return SlotLayer(capacity=self.reserved, zero_tail=self.zero_tail)
 
     def copied_bytes(self) -> int:
         return sum(layer.copied_bytes for layer in self.layers)

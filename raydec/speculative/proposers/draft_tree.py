@@ -284,7 +284,7 @@ class DraftTreeProposer(Proposer):
                 last_global[r], has_global[r] = s.globals_[-1], True
         causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
         allowed = (causal.unsqueeze(0) & valid.unsqueeze(1)) | identity_mask(width).unsqueeze(0)
-        cache = RaggedCache(batch, compaction="auto", device=device)
+        cache = RaggedCache(batch, compaction="auto", device=device, zero_tail=self.captured)  # captured: read past its length
         if self.captured:  # a buffer that does not grow while the rows decode: one capacity, one captured shape
             cache.reserve(prefill.room)
         mask = _additive(allowed, dtype).to(device)
