@@ -288,31 +288,59 @@ def jacobi_runs(
     return runs
 
 
-def draft_tree_runs(
-    vocab: int, batches: list[int], windows: list[int], steps: int, device: str = "cpu",
-    contexts: list[int] = (0,), layouts: list[str] = ("slots",), compiles: list[str] = ("off",),
-) -> list[dict]:
-    """A random EAGLE draft (the draft-tree path ViSpec shares) over a random Llama."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+#: the draft-tree path's target (``--tree-target``): its language model's shape, random weights
+TREE_TARGETS = {
+    # a random Llama, 2 layers, 64 wide, two query heads per KV head (float32)
+    "tiny": dict(family="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2),
+    # Qwen2.5-VL-7B's language model (a Qwen2: 28 layers, 3,584 wide, 28 query heads over 4 KV heads,
+    # 152,064 tokens) with a ViSpec draft at its width, in bf16: the shape ViSpec decodes on a GPU
+    "qwen2.5-vl-7b": dict(family="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                          num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, rope_theta=1e6, rms_norm_eps=1e-6),
+    # the same classes and head grouping (7 query heads per KV head), small enough for a CPU dry run
+    "qwen2.5-vl-small": dict(family="qwen2", hidden_size=112, intermediate_size=224, num_hidden_layers=2,
+                             num_attention_heads=7, num_key_value_heads=1, rope_theta=1e6, rms_norm_eps=1e-6),
+}
 
-    from raydec.config import DecodeConfig, DraftTreeConfig, SamplingConfig
+
+def tree_target(name: str, vocab: int, max_positions: int, device: str) -> tuple[Any, Any]:
+    """A random target of ``TREE_TARGETS[name]`` and a ViSpec draft at its width (the Qwen shapes;
+    the tiny Llama gets a text-only EAGLE draft), built on ``device`` in the shape's dtype."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
     from raydec.models.causal_lm import CausalLMTarget
     from raydec.models.vispec_draft import DraftConfig, VispecDraft
+
+    shape = dict(TREE_TARGETS[name])
+    family = shape.pop("family")
+    shape.setdefault("vocab_size", vocab)
+    dtype = torch.float32 if family == "llama" else torch.bfloat16
+    config_class, model_class = (LlamaConfig, LlamaForCausalLM) if family == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    config = config_class(max_position_embeddings=max_positions, tie_word_embeddings=False, **shape)
+    torch.manual_seed(0)
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):  # built where it runs, in its dtype: no host copy of a 7B model
+            target = CausalLMTarget(model_class(config))
+            draft = VispecDraft(DraftConfig.for_target(config, vision=family != "llama", num_q=1))
+    finally:
+        torch.set_default_dtype(default_dtype)
+    draft.attach_target(target.model.get_input_embeddings(), target.model.get_output_embeddings())
+    return target, draft.to(device, dtype).eval().prepare_inference()
+
+
+def draft_tree_runs(
+    vocab: int, batches: list[int], windows: list[int], steps: int, device: str = "cpu",
+    contexts: list[int] = (0,), layouts: list[str] = ("slots",), compiles: list[str] = ("off",), target_name: str = "tiny",
+) -> list[dict]:
+    """A random EAGLE / ViSpec draft (the draft-tree path) over a random target (``TREE_TARGETS``)."""
+    from raydec.config import DecodeConfig, DraftTreeConfig, SamplingConfig
     from raydec.speculative.engine import Engine
     from raydec.speculative.requests import RowRequest
     from raydec.speculative.proposers.draft_tree import DraftTreeProposer
 
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048 + max(contexts),
-                         tie_word_embeddings=False)
-    with tempfile.TemporaryDirectory() as tmp:
-        LlamaForCausalLM(config).save_pretrained(Path(tmp) / "llama")
-        target = CausalLMTarget.from_pretrained(Path(tmp) / "llama", dtype=torch.float32)
-    target.model.to(device)
-    draft = VispecDraft(DraftConfig.for_target(target.model.config, vision=False, num_q=1))
-    draft.attach_target(target.model.get_input_embeddings(), target.model.get_output_embeddings())
-    draft = draft.to(device).eval().prepare_inference()
+    target, draft = tree_target(target_name, vocab, 2048 + max(contexts), device)
     timed = TimedTarget(target)
     runs = []
     for context, window, layout, compile in ((c, w, lay, cm) for c in contexts for w in windows for lay in layouts for cm in compiles):
@@ -326,10 +354,17 @@ def draft_tree_runs(
                 prompt = [1 + i % 7, 2, 3 + i % 5]
                 session.submit(RowRequest((prompt * (context // 3 + 1))[: max(context, 3)], seed=i))
             measured = measure_session(session, timed, steps, warmup=1)
-            runs.append({"method": "eagle", "batch": batch, "window": tree.total_tokens, "vocab": vocab, "cfg": False, "context": context,
-                         "cache_layout": layout, "compile": compile, **measured})
+            runs.append({"method": "eagle", "batch": batch, "window": tree.total_tokens, "vocab": target.vocab_size, "cfg": False,
+                         "context": context, "cache_layout": layout, "compile": compile, "target": target_name, **measured,
+                         "step_over_forward": _step_over_forward(measured)})
             logger.info("bench step: %s", runs[-1])
     return runs
+
+
+def _step_over_forward(measured: dict) -> float | None:
+    """A whole step (its target forward and the rest) in target-forward times."""
+    forward = measured["forward_ms_per_step"]
+    return (forward + measured["host_ms_per_step"]) / forward if forward else None
 
 
 def _layouts(text: str) -> list[str]:
@@ -363,7 +398,8 @@ def bench_step(args: argparse.Namespace) -> dict:
     for codebook in args.vocab if jacobi else []:
         runs += jacobi_runs(codebook, jacobi, args.batch, args.window, args.steps, device, args.context, args.cache_layout, args.compile)
     if "eagle" in args.methods:
-        runs += draft_tree_runs(args.draft_vocab, args.batch, args.window, args.steps, device, args.context, args.cache_layout, args.compile)
+        runs += draft_tree_runs(args.draft_vocab, args.batch, args.window, args.steps, device, args.context, args.cache_layout, args.compile,
+                                args.tree_target)
     rows = [[r["method"], r["vocab"], r["batch"], r["window"], r["cached_tokens"], r["cache_layout"], r["compile"],
              f"{r['syncs_per_step']:.1f}", f"{r['host_bytes_per_step']:.0f}", f"{r['ops_per_step']:.0f}", f"{r['launches_per_step']:.0f}",
              f"{r['host_ms_per_step']:.2f}",
@@ -380,7 +416,10 @@ def add_step_parser(subparsers: Any) -> None:
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", type=_methods, default=list(JACOBI) + ["eagle"], help="sjd, sjd_ac, sjd_pac, eagle (comma-separated)")
     parser.add_argument("--vocab", type=positive_int_list, default=[16384, 32768], help="Janus codebook sizes (comma-separated)")
-    parser.add_argument("--draft-vocab", type=positive_int, default=32000, help="vocabulary of the draft-tree path's random Llama")
+    parser.add_argument("--draft-vocab", type=positive_int, default=32000, help="vocabulary of the draft-tree path's tiny target")
+    parser.add_argument("--tree-target", choices=list(TREE_TARGETS), default="tiny",
+                        help="the draft-tree path's random target: tiny (a 2-layer Llama, float32), qwen2.5-vl-7b (Qwen2.5-VL-7B's "
+                             "language model and a ViSpec draft at its width, bf16, for a GPU), qwen2.5-vl-small (its classes, small)")
     parser.add_argument("--batch", type=positive_int_list, default=[1, 8, 16], help="batch sizes (comma-separated)")
     parser.add_argument("--window", type=positive_int_list, default=[16, 64, 96], help="draft windows / tree sizes (comma-separated)")
     parser.add_argument("--context", type=non_negative_int_list, default=[0],

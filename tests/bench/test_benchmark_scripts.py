@@ -39,12 +39,13 @@ def test_profile_decode_writes_stats_for_both_methods(tmp_path, monkeypatch, cap
 
 
 def test_bench_step_reports_every_shape(tmp_path, capsys):
-    """``raydec bench step`` at small sizes: one JSON object per shape, one read-back per step."""
+    """``raydec bench step`` at small sizes: one JSON object per shape, one read-back per step; the
+    draft tree over a small Qwen2 with grouped queries and a ViSpec draft (the Qwen2.5-VL-7B stage's classes)."""
     from raydec.bench.cli import main as bench_main
 
     out = tmp_path / "step.json"
     code = bench_main(["step", "--methods", "sjd_pac,eagle", "--vocab", "512", "--draft-vocab", "512", "--batch", "1,2",
-                       "--window", "8", "--steps", "1", "--threads", "1", "--json", str(out)])
+                       "--window", "8", "--steps", "1", "--threads", "1", "--tree-target", "qwen2.5-vl-small", "--json", str(out)])
     assert code == 0
     runs = json.loads(out.read_text())["runs"]
     assert {(r["method"], r["batch"]) for r in runs} == {(m, b) for m in ("sjd_pac", "eagle") for b in (1, 2)}
@@ -53,6 +54,7 @@ def test_bench_step_reports_every_shape(tmp_path, capsys):
         assert set(run) >= {"method", "batch", "window", "vocab", "syncs_per_step", "host_bytes_per_step", "ops_per_step", "host_ms_per_step",
                             "launches_per_step", "compile"}
         assert 0 < run["launches_per_step"] < run["ops_per_step"]  # views and allocations launch nothing
+    assert all(r["target"] == "qwen2.5-vl-small" and r["step_over_forward"] > 1 for r in runs if r["method"] == "eagle")
     jacobi = {r["batch"]: r for r in runs if r["method"] == "sjd_pac"}
     assert jacobi[2]["ops_per_step"] <= 1.25 * jacobi[1]["ops_per_step"]  # ops do not grow with the batch
     assert "sjd_pac" in capsys.readouterr().out  # the table
