@@ -79,8 +79,8 @@ def lm_law(
             return RepetitionPenaltyLogitsProcessor(penalty)(ids, logits) if penalty != 1.0 else logits
         logits = last_logits(cond)
         rows = len(prefixes)
-        if uncond is not None:
-            logits = torch.cat([logits, last_logits(uncond)])
+        if uncond is not None:  # each prefix's conditional row, then its unconditional one
+            logits = torch.stack([logits, last_logits(uncond)], dim=1).flatten(0, 1)
         gen_index = torch.full((rows, 1), t, dtype=torch.long)
         probs = process_logits(logits.unsqueeze(1), sampling, rows, constraint, gen_index)[:, 0]  # [V^t, V]
         law = law.unsqueeze(-1) * probs.view(*([vocab] * t), vocab)

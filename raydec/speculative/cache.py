@@ -138,49 +138,49 @@ class RaggedCache:
         if self._should_compact():
             self.compact()
 
+    def reserve_rows(self, rows: int) -> None:
+        """Room for ``rows`` model rows in every layer's buffers (a decode batch's cache): rows then
+        leave and join in place, without a copy of the rest of the batch (``SlotLayer``)."""
+        self.kv.row_room = max(self.kv.row_room, rows)
+        for layer in self.kv.layers:
+            if isinstance(layer, SlotLayer):
+                layer.reserve_rows(rows)
+
     def select_rows(self, rows: list[int]) -> None:
         """Keep only the given model rows, in that order (finished rows leave the batch)."""
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
-        self.kv.batch_select_indices(index)
+        for layer in self.kv.layers:
+            if isinstance(layer, SlotLayer):
+                layer.keep_rows(rows)
+            elif layer.keys is not None and layer.keys.numel():
+                layer.batch_select_indices(index.to(layer.keys.device))
         self.lengths = [self.lengths[r] for r in rows]
         self.next_positions = [self.next_positions[r] for r in rows]
         self.valid = self.valid[index]
         self.next_position = self.next_position[index]
 
-    def append_rows(self, other: "RaggedCache", blocks: int = 1) -> None:
-        """Add ``other``'s rows to this cache's (rows joining a running batch).
-
-        Both caches hold their rows in ``blocks`` equal blocks (CFG: conditional rows, then
-        unconditional ones); block k of ``other`` goes after block k of this cache. The shorter
-        cache gets hole slots at its end, so both share one physical length.
-        """
+    def append_rows(self, other: "RaggedCache") -> None:
+        """Add ``other``'s rows behind this cache's (rows joining a running batch). The shorter
+        cache gets hole slots at its end, so both share one physical length."""
         width = max(self.length, other.length)
 
         def join(a: torch.Tensor, b: torch.Tensor, slot_dim: int) -> torch.Tensor:
             pad = [0, 0] * (a.dim() - 1 - slot_dim)
             a, b = (torch.nn.functional.pad(t, pad + [0, width - t.shape[slot_dim]]) for t in (a, b))
-            b = b.to(a.device, a.dtype)
-            return torch.cat([part for pair in zip(a.chunk(blocks), b.chunk(blocks)) for part in pair], dim=0)
+            return torch.cat([a, b.to(a.device, a.dtype)], dim=0)
 
         self.clean = 0  # the joining rows are left-padded
         for mine, theirs in zip(self.kv.layers, other.kv.layers):
-            if isinstance(mine, SlotLayer):  # one copy of both caches' rows into a new buffer
-                ours = zip(mine.keys.chunk(blocks), mine.values.chunk(blocks))
-                joining = zip(theirs.keys.to(mine.keys).chunk(blocks), theirs.values.to(mine.values).chunk(blocks))
-                pieces = [piece for pair in zip(ours, joining) for piece in pair]
-                mine.assemble(pieces, max(mine.capacity, theirs.capacity if isinstance(theirs, SlotLayer) else 0))
+            if isinstance(mine, SlotLayer):  # in place where the buffers have room, else one copy of both caches' rows
+                mine.append_rows(theirs.keys.to(mine.keys), theirs.values.to(mine.values),
+                                 theirs.capacity if isinstance(theirs, SlotLayer) else 0)
                 continue
             mine.keys, mine.values = join(mine.keys, theirs.keys, 2), join(mine.values, theirs.values, 2)
             mine.copied_bytes += 2 * mine.keys.numel() * mine.keys.element_size()
         self.valid = join(self.valid, other.valid, 1)
-        other_position = other.next_position.to(self.device)
-        self.next_position = torch.cat([part for pair in zip(self.next_position.chunk(blocks), other_position.chunk(blocks)) for part in pair])
-        size, other_size = len(self.lengths) // blocks, len(other.lengths) // blocks
-        def interleave(mine: list[int], theirs: list[int]) -> list[int]:
-            return [n for k in range(blocks) for n in mine[k * size : (k + 1) * size] + theirs[k * other_size : (k + 1) * other_size]]
-
-        self.lengths = interleave(self.lengths, other.lengths)
-        self.next_positions = interleave(self.next_positions, other.next_positions)
+        self.next_position = torch.cat([self.next_position, other.next_position.to(self.device)])
+        self.lengths = self.lengths + other.lengths
+        self.next_positions = self.next_positions + other.next_positions
         self._check_physical_length()
 
     def compact(self) -> None:

@@ -6,13 +6,14 @@
             result = verify(tree, P)               # lossless, per row
             commit(result); proposer.observe(...)  # keep accepted KV, drop the rest
 
-Rows are logical requests. Under CFG each row owns two model rows (conditional first, then
-unconditional) that share one window and one acceptance decision. Rows accept different
+Rows are logical requests. Under CFG each row owns two model rows, side by side (conditional,
+then unconditional), that share one window and one acceptance decision. Rows accept different
 numbers of tokens; finished rows leave the batch. A ``DecodeSession`` takes requests while it
 runs (continuous batching): queued requests take the places of finished or cancelled rows, when
 the empty places have cost what a refill wastes (``raydec.speculative.refill``);
-their prefill runs on its own and its cache joins the batch's, so a drafted batch stays full
-instead of draining to its slowest row. ``Engine.generate`` is a loop over a session.
+their prefill runs on its own and its cache joins the batch's behind the active rows (written in
+place: the batch's cache has room for ``batch_size`` rows, and rows leaving move the rows behind
+them up), so a drafted batch stays full instead of draining to its slowest row. ``Engine.generate`` is a loop over a session.
 
 Where a step's work runs: on the target's device. P stays there; the verifier returns
 tensors; one read-back per step brings the committed tokens and counts to the host
@@ -280,8 +281,8 @@ class DecodeSession:
 
     def _admit(self, handles: list[int]) -> None:
         """Prefill ``handles``; P_0 gives each its first token. Their cache becomes the batch's,
-        or joins it behind the active rows (model-row order kept: every conditional row, then
-        every unconditional one)."""
+        or joins it behind the active rows (model rows in request order; with CFG each request's
+        conditional row, then its unconditional one)."""
         engine, target = self.engine, self.engine.target
         now = time.perf_counter()
         rows = [self.rows[h] for h in handles]
@@ -290,8 +291,9 @@ class DecodeSession:
             row.admitted_at = now
             row.context_ids = prompt.token_ids
             self._fit_positions(handle, row, prompt)
-        if engine.streams == 2:
-            prompts += [target.prompt_inputs(row.request.prompt, unconditional=True) for row in rows]
+        if engine.streams == 2:  # each request's pair of model rows side by side
+            unconditional = [target.prompt_inputs(row.request.prompt, unconditional=True) for row in rows]
+            prompts = [prompt for pair in zip(prompts, unconditional) for prompt in pair]
         prompts = stack_prompts(prompts)
         batch = len(handles)
 
@@ -302,6 +304,8 @@ class DecodeSession:
         # window) before a buffer grows: allocated by the prefill's own writes
         room = embeds.shape[1] + max(row.limit for row in rows) * 5 // 4 + 128
         joining.reserve(room)
+        if not self.active and self.batch_size:  # the batch's cache: room for its rows, so rows join and leave in place
+            joining.reserve_rows(self.batch_size * engine.streams)
         mask = joining.attention_mask(prefill_mask(valid), target.dtype)
         residuals = pad_layer_residuals(prompts, valid, target)
         extra = {"layer_residuals": residuals} if residuals is not None else {}  # only targets that make them take them
@@ -325,7 +329,7 @@ class DecodeSession:
             self.cache, self.random, self.prob_dtype = joining, random, first_probs.dtype
         else:
             engine.proposer.admit(state, first_probs, prefill)
-            self.cache.append_rows(joining, blocks=engine.streams)  # cond(active), cond(new), uncond(active), uncond(new)
+            self.cache.append_rows(joining)
             self.random = self.random.cat(random)
         self.active = self.active + list(handles)
 
@@ -400,8 +404,8 @@ class DecodeSession:
         window = tree.ancestor_mask().to(device)  # [B, N, N]
         repeat = engine.streams
         tokens_m, window_m, depth_m = tree.tokens.to(device), window, depth
-        if repeat > 1:  # CFG: every model row of a request shares its tree
-            tokens_m, window_m, depth_m = tokens_m.repeat(repeat, 1), window_m.repeat(repeat, 1, 1), depth_m.repeat(repeat, 1)
+        if repeat > 1:  # CFG: both model rows of a request share its tree
+            tokens_m, window_m, depth_m = (t.repeat_interleave(repeat, dim=0) for t in (tokens_m, window_m, depth_m))
         mask = cache.attention_mask(window_m, engine.target.dtype)
         positions = cache.window_positions(depth_m)
         output = engine.target.forward(None, tokens_m, positions, mask, cache.kv, want_hidden=engine.proposer.wants_hidden)
@@ -412,8 +416,7 @@ class DecodeSession:
         context = self._context(self.active, output.logits.shape[-1], tree)
         sampling = self._sampling_of(self.active, output.logits.device)
         if engine.process_graph.enabled and context is None and isinstance(sampling, SamplingConfig):
-            # [B, streams, N, V]; one stream as unsqueeze lays out, so a batch padded to a bucket keeps the strides
-            rows = output.logits.unsqueeze(1) if repeat == 1 else output.logits.view(repeat, batch, *output.logits.shape[1:]).transpose(0, 1)
+            rows = output.logits.view(batch, repeat, *output.logits.shape[1:])  # [B, streams, N, V]
             (probs,) = engine.process_graph(batch, (rows,) + ((gen_index,) if gen_index is not None else ()),
                                             sampling=sampling, constraint=engine.constraint)
             return probs, output
@@ -455,8 +458,8 @@ class DecodeSession:
             accepted_counts.append(num_accepted)
         kept = [n + 1 for n in accepted_counts]
         last_kept = max((stop for _, stop, _ in outcome), default=0)
-        if engine.streams > 1:
-            keep, kept = keep.repeat(engine.streams, 1), kept * engine.streams
+        if engine.streams > 1:  # a request's model rows keep the same slots
+            keep, kept = keep.repeat_interleave(engine.streams, dim=0), [n for n in kept for _ in range(engine.streams)]
         self.cache.commit(keep, kept, last_kept)
         return accepted_counts
 
@@ -490,7 +493,8 @@ class DecodeSession:
         if finished:
             position = {handle: i for i, handle in enumerate(self.active)}
             index = [position[h] for h in still]
-            self.cache.select_rows([i + s * len(self.active) for s in range(self.engine.streams) for i in index])
+            streams = self.engine.streams
+            self.cache.select_rows([i * streams + s for i in index for s in range(streams)])
             self.random = self.random.select(torch.tensor(index, dtype=torch.long))
             self.active = still
         return finished
@@ -506,5 +510,5 @@ def _process_rows(logits: torch.Tensor, *gen_index: torch.Tensor, sampling: Samp
     """``process_logits`` over rows that lead: logits [B, streams, N, V] (CFG: conditional, then
     unconditional), gen_index [B, N] when the constraint forces tokens -> (P [B, N, V],)"""
     batch, repeat = logits.shape[:2]
-    model_rows = logits.transpose(0, 1).reshape(repeat * batch, *logits.shape[2:])
+    model_rows = logits.reshape(batch * repeat, *logits.shape[2:])  # each request's model rows side by side
     return (process_logits(model_rows, sampling, batch, constraint, gen_index[0] if gen_index else None, in_place=False),)

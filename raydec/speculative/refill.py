@@ -1,8 +1,8 @@
 """When queued rows join a running batch: once the empty places have cost what a refill wastes.
 
 Every row needs its prefill sometime, so that part of a refill is not waste. What is: the fixed
-part of a refill (the copy of the batch's whole cache the joining rows go into, the call
-overheads, the decode step every active row waits out), which is the same whether one row
+part of a refill (the call overheads, the small prefill forward's inefficiency, the decode step
+every active row waits out; the joining rows' cache is written in place behind the active rows'), which is the same whether one row
 joins or ten. Leaving places empty costs too: a decode step of a batch with ``free`` of
 ``batch_size`` places empty does ``free / batch_size`` less work than it could have. The policy
 is the rent-or-buy rule over those two measured costs:

@@ -41,14 +41,15 @@ class VocabConstraint:
 def mix_cfg(logits: torch.Tensor, num_rows: int, scale: float, space: str = "logits", out: torch.Tensor | None = None) -> torch.Tensor:
     """Classifier-free guidance over paired rows: ``u + s * (c - u)``.
 
-    logits: [2B, N, V], conditional rows first then the B unconditional rows.  -> [B, N, V]
+    logits: [2B, N, V], each request's conditional row, then its unconditional one.  -> [B, N, V]
     (written to ``out`` when given)
     """
     if logits.shape[0] != 2 * num_rows:
         raise ValueError(f"CFG expects {2 * num_rows} model rows (cond + uncond), got {logits.shape[0]}")
     if space == "logprobs":
         logits = torch.log_softmax(logits, dim=-1)
-    cond, uncond = logits[:num_rows], logits[num_rows:]
+    pairs = logits.view(num_rows, 2, *logits.shape[1:])  # [B, 2, N, V]
+    cond, uncond = pairs[:, 0], pairs[:, 1]
     return torch.sub(cond, uncond, out=out).mul_(scale).add_(uncond)  # one [B, N, V] written, the same rounding
 
 
@@ -177,7 +178,7 @@ def process_logits(
 ) -> torch.Tensor:
     """Raw model logits -> processed probabilities ``P``.
 
-    logits:    [M, N, V] with M = B (no CFG) or 2B (CFG: cond rows, then uncond rows)
+    logits:    [M, N, V] with M = B (no CFG) or 2B (CFG: each request's cond row, then its uncond row)
     gen_index: [B, N] index of the generated token each position predicts (for forced tokens)
     context:   [B, N, V] bool, tokens in each position's context (prompt, generated, the
                tree path to it); needed when ``config.repetition_penalty != 1``

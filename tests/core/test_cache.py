@@ -47,6 +47,32 @@ def test_compaction_gathers_each_rows_valid_slots_to_the_left():
     assert cache.kv.layers[0].values[1, 0, :, 0].tolist() == [-100, -101, -102, -103]
 
 
+def test_rows_with_room_leave_and_join_in_place():
+    """A cache with room for its rows (a decode batch's): rows leave by moving the rows behind them
+    up, rows join behind the others, in the same buffers; the rows read as a fresh copy would."""
+    cache = filled_cache(rows=3, prompt=4, compaction="never")
+    cache.reserve_rows(4)
+    layer = cache.kv.layers[0]
+    buffer, before = layer.buffer_keys.data_ptr(), layer.copied_bytes
+    cache.select_rows([0, 2])  # row 1 leaves: row 2 moves up, row 0 stays
+    assert layer.keys[:, 0, :, 0].tolist() == [[0, 1, 2, 3], [200, 201, 202, 203]]
+    assert layer.copied_bytes - before == 2 * 2 * 4 * 4  # row 2's 4 slots of keys and of values, read and written
+
+    joining = filled_cache(rows=2, prompt=2, compaction="never")  # shorter: hole slots after its prompt
+    before = layer.copied_bytes
+    cache.append_rows(joining)
+    assert layer.buffer_keys.data_ptr() == buffer  # no new buffer: the rows kept where they were
+    assert layer.keys[:, 0, :, 0].tolist() == [[0, 1, 2, 3], [200, 201, 202, 203], [0, 1, 0, 0], [100, 101, 0, 0]]
+    assert layer.values[3, 0, :, 0].tolist() == [-100, -101, 0, 0]
+    assert layer.copied_bytes - before == 2 * 2 * 2 * 4  # the joining rows' slots alone
+    assert cache.valid.tolist() == [[True] * 4, [True] * 4, [True, True, False, False], [True, True, False, False]]
+    assert cache.lengths == [4, 4, 2, 2] and cache.next_position.tolist() == [4, 4, 2, 2]
+
+    cache.append_rows(filled_cache(rows=1, prompt=6, compaction="never"))  # past the room: one copy into new buffers
+    assert layer.buffer_keys.data_ptr() != buffer and layer.keys.shape == (5, 1, 6, 1)
+    assert layer.keys[:, 0, :, 0].tolist()[3:] == [[100, 101, 0, 0, 0, 0], [0, 1, 2, 3, 4, 5]]
+
+
 def _jacobi_engine(target, layout: str, compaction: str = "auto", max_new_tokens: int = 40):
     from raydec.config import JacobiDraftConfig, SamplingConfig
     from raydec.speculative.engine import Engine

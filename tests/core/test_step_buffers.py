@@ -9,7 +9,7 @@ from raydec.speculative.sampling import process_logits
 
 
 def _fresh_p(logits: torch.Tensor, rows: int, scale: float, top_k: int) -> torch.Tensor:
-    cond, uncond = logits[:rows], logits[rows:]
+    cond, uncond = logits[0::2], logits[1::2]  # each request's cond row, then its uncond row
     scores = uncond + scale * (cond - uncond)
     kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]
     return torch.softmax(scores.masked_fill(scores < kth, float("-inf")), dim=-1)
