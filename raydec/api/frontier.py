@@ -8,8 +8,8 @@ for the batch it will decode, by measuring, and "no speculation" is a candidate:
     for each of the rounds (the order of the candidates rotated each round, and its own calibration rows):
         seconds(c) = wall seconds to decode the round's calibration rows at the batch with config c
         ratio(c)   = seconds(ar) / seconds(c)            AR decoded in the same round
-        after the first: only AR, the leaders (half the shapes, at least two) and every shape
-        whose ratio is at least KEEP_WITHIN (0.9) times the best shape's go on
+        after the first: only AR, the leaders (half the shapes, at least two) and the next
+        shapes (two at most) whose ratio is at least KEEP_WITHIN (0.9) times the best shape's go on
     while the runner-up's median ratio (AR's is 1) is within CLOSE (5%) of the leader's, at most
     EXTRA_ROUNDS (2) times:
         one more round, on rows of its own, timing AR and the contenders only (the candidates
@@ -62,6 +62,7 @@ AUTO_INITS: tuple[str, ...] = ("uniform", "left")  # fresh-draft priors tried wh
 ROUNDS = 3
 EXTRA_ROUNDS = 2  # rounds more at most, for a close call between the leaders
 KEEP_WITHIN = 0.9  # the first cut keeps every candidate with this share of the best round-1 ratio at least
+KEEP_MORE = 2  # ... and at most this many of them besides the top half (the tuning cost stays bounded)
 CLOSE = 0.05  # a median ratio at least (1 - CLOSE) times the leader's is within CLOSE of it: a close call
 CONTENDERS = 3  # candidates besides AR timed in an extra round, the leader included
 CALIBRATION_ROWS = 8  # calibration rows per round at least; a batch size above it calibrates on that many
@@ -149,15 +150,15 @@ def _time_round(
 
 
 def _first_cut(field: list[int], ratios: list[list[float]]) -> list[int]:
-    """Who goes on after round 1: AR, the top half of the other candidates (at least two), and every
-    other one whose ratio is at least KEEP_WITHIN times the best of them (AR's 1 not counted: the
-    cut is among the shapes)."""
+    """Who goes on after round 1: AR, the top half of the other candidates (at least two), and the
+    next ones (KEEP_MORE at most) whose ratio is at least KEEP_WITHIN times the best of them (AR's 1
+    not counted: the cut is among the shapes)."""
     shapes = sorted(field[1:], key=lambda i: -ratios[i][0])  # stable: a tie keeps the earlier first
     if not shapes:
         return [0]
     top = max(2, -(-len(shapes) // 2))
     bar = KEEP_WITHIN * ratios[shapes[0]][0]
-    return [0, *sorted(shapes[:top] + [i for i in shapes[top:] if ratios[i][0] >= bar])]
+    return [0, *sorted(shapes[:top] + [i for i in shapes[top:] if ratios[i][0] >= bar][:KEEP_MORE])]
 
 
 def _ranked(field: list[int], ratios: list[list[float]]) -> list[int]:

@@ -12,7 +12,7 @@ import torch
 from raydec.api import generate_images, load_target
 from raydec.config import DecodeConfig, JacobiDraftConfig
 from raydec.api.frontier import (
-    EXTRA_ROUNDS, ROUNDS, ShapeCache, apply_shape, calibration_pool_size, candidate_configs, resolve_shape, round_rows,
+    EXTRA_ROUNDS, KEEP_MORE, ROUNDS, ShapeCache, apply_shape, calibration_pool_size, candidate_configs, resolve_shape, round_rows,
     shape_label, tune_for_batch,
 )
 from tests.t2i_toys import tiny_janus
@@ -136,11 +136,12 @@ def test_extra_rounds_run_only_for_a_close_call_and_at_most_extra_rounds():
     chosen, _ = tune_for_batch(tied, candidates, rows=4, rounds=3)
     assert shape_label(chosen) == first and len(tied.calls) == 5 + 2 * 3 + EXTRA_ROUNDS * 3
     assert max(turn for _, turn in tied.calls) == ROUNDS + EXTRA_ROUNDS - 1
-    # six shapes level with AR: none is cut, an extra round times AR and three of them, and AR wins the tie
+    # six shapes level with AR: the top half and two more go on (KEEP_MORE), an extra round times AR
+    # and three of them, and AR wins the tie
     six = shapes(windows=(8, 16, 32))
     level = Scripted({})
     chosen, _ = tune_for_batch(level, six, rows=4, rounds=3)
-    assert chosen.method == "ar" and len(level.calls) == 3 * 7 + EXTRA_ROUNDS * 4
+    assert chosen.method == "ar" and len(level.calls) == 7 + 2 * (1 + 3 + KEEP_MORE) + EXTRA_ROUNDS * 4
     assert level.timed(3) == sorted(["ar", *(shape_label(c) for c in six[1:4])])
     # every round decodes rows of its own: the pool holds a fresh set for the extra rounds too
     assert calibration_pool_size(8) == 8 * (ROUNDS + EXTRA_ROUNDS)
