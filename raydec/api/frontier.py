@@ -5,14 +5,25 @@ free; as the batch grows each forward already fills the device, a draft window m
 work, and the trade stops paying, first for wide shapes, then for all. So the shape is chosen
 for the batch it will decode, by measuring, and "no speculation" is a candidate:
 
-    for each round (the order of the candidates rotated each round, and its own calibration rows):
+    for each of the rounds (the order of the candidates rotated each round, and its own calibration rows):
         seconds(c) = wall seconds to decode the round's calibration rows at the batch with config c
         ratio(c)   = seconds(ar) / seconds(c)            AR decoded in the same round
-        after it, only AR and the leaders (half the field, at least two) go on
-    chosen = argmax over candidates of median_round ratio(c), AR (ratio 1) included
+        after the first: only AR, the leaders (half the shapes, at least two) and the next
+        shapes (two at most) whose ratio is at least KEEP_WITHIN (0.9) times the best shape's go on
+    while the runner-up's median ratio (AR's is 1) is within CLOSE (5%) of the leader's, at most
+    EXTRA_ROUNDS (2) times:
+        one more round, on rows of its own, timing AR and the contenders only (the candidates
+        within CLOSE of the leader's median ratio, the leader included, at most 3 besides AR)
+    chosen = argmax of median ratio(c) over the candidates of the last round, AR (ratio 1)
+             included; a tie keeps the earlier candidate, so AR wins a tie
 
 Timing every candidate against AR in the same round keeps the choice stable on a busy machine:
 a slow spell slows a round alike and its ratios hold; the median drops a round a spell split.
+One round is one draw of rows, so the first cut keeps a shape nearly level with the leaders for
+the next rounds. Where the leaders lie within a few percent after the rounds, the extra rounds
+time those few again on further rows; a clear lead costs nothing more. Only the candidates of the
+last round are chosen among: each of them was timed in every round, while one dropped earlier
+has fewer samples, and a median over fewer rows does not compare with theirs.
 Each round decodes other rows (``round_rows``): how far a draft gets depends on the row (a plain
 background is guessed far ahead, a noisy one hardly), and a batch decodes as long as its slowest
 row, so one set of a few rows can favour a shape that the job's rows do not.
@@ -49,6 +60,11 @@ PAC_TREES: tuple[tuple[int, int], ...] = ((1, 0), (3, 1))  # (K, D - 1) for sjd_
 DRAFT_TREES: tuple[tuple[int, int, int], ...] = ((3, 2, 6), (6, 2, 12), (6, 3, 20), (8, 4, 32))  # (depth, top_k, total_tokens)
 AUTO_INITS: tuple[str, ...] = ("uniform", "left")  # fresh-draft priors tried when the whole draft is "auto"
 ROUNDS = 3
+EXTRA_ROUNDS = 2  # rounds more at most, for a close call between the leaders
+KEEP_WITHIN = 0.9  # the first cut keeps every candidate with this share of the best round-1 ratio at least
+KEEP_MORE = 2  # ... and at most this many of them besides the top half (the tuning cost stays bounded)
+CLOSE = 0.05  # a median ratio at least (1 - CLOSE) times the leader's is within CLOSE of it: a close call
+CONTENDERS = 3  # candidates besides AR timed in an extra round, the leader included
 CALIBRATION_ROWS = 8  # calibration rows per round at least; a batch size above it calibrates on that many
 
 Row = TypeVar("Row")
@@ -111,8 +127,55 @@ def round_rows(pool: Sequence[Row], count: int, turn: int) -> list[Row]:
 
 
 def calibration_pool_size(rows: int, rounds: int = ROUNDS) -> int:
-    """Calibration rows to gather for ``rows`` per round: a fresh set for every round."""
-    return rows * rounds
+    """Calibration rows to gather for ``rows`` per round: a fresh set for every round, the extra
+    rounds of a close call included (:func:`tune_for_batch`)."""
+    return rows * (rounds + EXTRA_ROUNDS)
+
+
+def _time_round(
+    decode_seconds: Callable[[DecodeConfig, int], float],
+    candidates: Sequence[DecodeConfig],
+    field: list[int],
+    turn: int,
+    seconds: list[list[float]],
+    ratios: list[list[float]],
+) -> None:
+    """Decode round ``turn``'s rows with every candidate in ``field`` (AR, index 0, first in it), the
+    order rotated by ``turn``; append each one's seconds and its ratio to AR's in this round."""
+    shift = turn % len(field)
+    for index in field[shift:] + field[:shift]:
+        seconds[index].append(decode_seconds(candidates[index], turn))
+    for index in field:
+        ratios[index].append(seconds[0][-1] / seconds[index][-1])
+
+
+def _first_cut(field: list[int], ratios: list[list[float]]) -> list[int]:
+    """Who goes on after round 1: AR, the top half of the other candidates (at least two), and the
+    next ones (KEEP_MORE at most) whose ratio is at least KEEP_WITHIN times the best of them (AR's 1
+    not counted: the cut is among the shapes)."""
+    shapes = sorted(field[1:], key=lambda i: -ratios[i][0])  # stable: a tie keeps the earlier first
+    if not shapes:
+        return [0]
+    top = max(2, -(-len(shapes) // 2))
+    bar = KEEP_WITHIN * ratios[shapes[0]][0]
+    return [0, *sorted(shapes[:top] + [i for i in shapes[top:] if ratios[i][0] >= bar][:KEEP_MORE])]
+
+
+def _ranked(field: list[int], ratios: list[list[float]]) -> list[int]:
+    """``field`` by median ratio, the best first; a tie keeps the earlier candidate first (AR first of all)."""
+    return sorted(field, key=lambda i: (-statistics.median(ratios[i]), i))
+
+
+def _contenders(field: list[int], ratios: list[list[float]]) -> list[int]:
+    """A close call in ``field``: AR and the candidates whose median ratio is within CLOSE of the
+    leader's (the leader included, at most CONTENDERS besides AR); empty when no other candidate,
+    AR included, is within CLOSE of the leader."""
+    ranked = _ranked(field, ratios)
+    bar = (1 - CLOSE) * statistics.median(ratios[ranked[0]])
+    close = [i for i in ranked if statistics.median(ratios[i]) >= bar]
+    if len(close) < 2:
+        return []
+    return [0, *sorted([i for i in close if i != 0][:CONTENDERS])]
 
 
 def tune_for_batch(
@@ -120,12 +183,15 @@ def tune_for_batch(
     candidates: Sequence[DecodeConfig],
     rows: int,
     rounds: int = ROUNDS,
+    extra_rounds: int = EXTRA_ROUNDS,
 ) -> tuple[DecodeConfig, list[ShapeTrial]]:
     """The candidate with the best median throughput ratio to AR, and every trial.
 
     decode_seconds(config, turn): decode round ``turn``'s calibration rows (``rows`` of them, at the
-    batch being tuned for; :func:`round_rows`) with ``config`` and return the wall seconds. candidates: AR first (see
-    :func:`candidate_configs`). Ties keep the earlier candidate, so AR wins a tie.
+    batch being tuned for; :func:`round_rows`) with ``config`` and return the wall seconds; ``turn``
+    counts from 0 up to ``rounds + extra_rounds - 1`` at most (:func:`calibration_pool_size`).
+    candidates: AR first (see :func:`candidate_configs`). Ties keep the earlier candidate, so AR
+    wins a tie. extra_rounds: the most rounds run after ``rounds`` for a close call.
     """
     if not candidates or candidates[0].method != "ar":
         raise ValueError("candidates: plain AR must come first (it is the baseline every round is timed against)")
@@ -133,21 +199,28 @@ def tune_for_batch(
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     seconds: list[list[float]] = [[] for _ in candidates]
     ratios: list[list[float]] = [[] for _ in candidates]
-    alive = list(range(len(candidates)))
+    # invariant: every candidate in `field` was timed in every round run so far (AR always is)
+    field = list(range(len(candidates)))
     for turn in range(rounds):
-        order = alive[turn % len(alive):] + alive[: turn % len(alive)]
-        for index in order:
-            seconds[index].append(decode_seconds(candidates[index], turn))
-        for index in alive:
-            ratios[index].append(seconds[0][-1] / seconds[index][-1])
-        # later rounds time only AR and the leaders: half the field, at least two
-        leaders = sorted(alive[1:], key=lambda i: -statistics.median(ratios[i]))[: max(2, -(-(len(candidates) - 1) // 2))]
-        alive = [0, *sorted(leaders)]
+        _time_round(decode_seconds, candidates, field, turn, seconds, ratios)
+        if turn == 0:  # the one cut: the later regular rounds time every survivor
+            field = _first_cut(field, ratios)
+    for extra in range(extra_rounds):
+        contenders = _contenders(field, ratios)
+        if not contenders:
+            break  # the leader is clear
+        logger.info("tune extra round %d of at most %d (a close call): %s", extra + 1, extra_rounds,
+                    ", ".join(f"{shape_label(candidates[i])} {statistics.median(ratios[i]):.3f}x AR" for i in contenders))
+        _time_round(decode_seconds, candidates, contenders, rounds + extra, seconds, ratios)  # rows of its own
+        field = contenders  # a subset of the field: the invariant holds
     trials = []
     for config, samples, ratio in zip(candidates, seconds, ratios):
         trials.append(ShapeTrial(config, rows / statistics.median(samples), statistics.median(ratio)))
-        logger.info("tune %s %s: %.2f rows/s, %.2fx AR", config.method, shape_label(config), trials[-1].rows_per_s, trials[-1].ratio_to_ar)
-    best = max(alive, key=lambda i: (trials[i].ratio_to_ar, -i))  # among those timed in every round
+        logger.info("tune %s %s: %.2f rows/s, %.2fx AR (%d rounds)", config.method, shape_label(config), trials[-1].rows_per_s,
+                    trials[-1].ratio_to_ar, len(samples))
+    # the field holds only candidates with a sample of every round: one dropped earlier, with fewer
+    # samples (rows the others were not timed on), cannot win on a median of other rows
+    best = _ranked(field, ratios)[0]
     return candidates[best], trials
 
 

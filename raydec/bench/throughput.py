@@ -195,7 +195,7 @@ def bench_throughput(args: argparse.Namespace) -> dict:
             candidates = candidate_configs(workload.base[method])
             for config in candidates:
                 configs.setdefault(f"{method}:{shape_label(config)}" if config.method != "ar" else "ar", config)
-            def seconds(config: Any, turn: int) -> float:  # each tuning round on its own rows
+            def seconds(config: Any, turn: int) -> float:  # each tuning round on its own rows, a close call's extra ones too
                 cal = workload.requests(config, CALIBRATION_OFFSET + turn * calibration, calibration)
                 return decode_rows(workload, config, cal, batch, continuous).seconds
             t0 = time.perf_counter()
@@ -301,7 +301,7 @@ def add_throughput_parser(subparsers: Any) -> None:
                         help="measured rows per (shape, batch) and repeat, at least four batches (default: t2i 16, caption 128)")
     parser.add_argument("--calibration", type=positive_int, default=None,
                         help="calibration rows per tuning round, at least two batches; each round its own (default: t2i 8, caption 32)")
-    parser.add_argument("--rounds", type=positive_int, default=3, help="tuning rounds (AR and the leaders in each after the first)")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="tuning rounds (after the first, AR and the leaders; up to two more for a close call)")
     parser.add_argument("--repeats", type=positive_int, default=2,
                         help="measured runs of each (shape, batch), each on rows of its own; items/s counts them all")
     parser.add_argument("--memory-budget", type=positive_float, default=None, help="KV bytes a batch may use for the frontier (default: any)")

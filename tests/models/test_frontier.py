@@ -12,7 +12,8 @@ import torch
 from raydec.api import generate_images, load_target
 from raydec.config import DecodeConfig, JacobiDraftConfig
 from raydec.api.frontier import (
-    ShapeCache, apply_shape, candidate_configs, resolve_shape, round_rows, shape_label, tune_for_batch,
+    EXTRA_ROUNDS, KEEP_MORE, ROUNDS, ShapeCache, apply_shape, calibration_pool_size, candidate_configs, resolve_shape, round_rows,
+    shape_label, tune_for_batch,
 )
 from tests.t2i_toys import tiny_janus
 
@@ -69,6 +70,94 @@ def test_each_tuning_round_decodes_its_own_rows():
 
     chosen, _ = tune_for_batch(seconds, candidates, rows=4, rounds=3)
     assert shape_label(chosen) == steady and sorted(set(turns)) == [0, 1, 2]
+
+
+class Scripted:
+    """decode_seconds on hand-made timings: AR takes 1 s every round, a shape 1 / ratio seconds, its
+    ratio to AR per round from ``ratios`` (label -> one ratio per turn), 1 where none is given; every
+    call is recorded as (label, turn)."""
+
+    def __init__(self, ratios: dict[str, list[float]]) -> None:
+        self.ratios, self.calls = ratios, []
+
+    def __call__(self, config: DecodeConfig, turn: int) -> float:
+        label = shape_label(config)
+        self.calls.append((label, turn))
+        return 1.0 if label == "ar" else 1.0 / self.ratios.get(label, [1.0] * 8)[turn]
+
+    def timed(self, turn: int) -> list[str]:
+        return sorted(label for label, t in self.calls if t == turn)
+
+
+def shapes(windows=(8, 16)) -> list[DecodeConfig]:
+    return candidate_configs(DecodeConfig(method="sjd_pac", jacobi=JacobiDraftConfig(init="left")), windows=windows)
+
+
+def test_a_close_call_gets_extra_rounds_on_fresh_rows():
+    candidates = shapes()
+    leader, better = shape_label(candidates[1]), shape_label(candidates[2])
+    # `better` is 3% faster than `leader` on most rows, but unlucky on round 0's and a little slow
+    # on round 2's, so after the three rounds `leader` leads (2.0 against 1.96)
+    ratios = {leader: [2.0] * 5, better: [1.9, 2.06, 1.96, 2.06, 2.06]}
+    without, _ = tune_for_batch(Scripted(ratios), candidates, rows=4, rounds=3, extra_rounds=0)
+    assert shape_label(without) == leader
+    script = Scripted(ratios)
+    chosen, trials = tune_for_batch(script, candidates, rows=4, rounds=3)
+    assert shape_label(chosen) == better
+    # each extra round times AR and the two within 5% only, on rows of its own (turns 3 and 4)
+    assert script.timed(3) == script.timed(4) == sorted(["ar", leader, better])
+    assert [len([c for c in script.calls if c[0] == label]) for label in ("ar", leader, better)] == [5, 5, 5]
+    assert trials[2].ratio_to_ar == pytest.approx(2.06) and trials[1].ratio_to_ar == pytest.approx(2.0)
+
+
+def test_the_first_cut_keeps_a_shape_nearly_level_with_the_leaders():
+    candidates = shapes()  # AR and four shapes: the top half is two
+    first, second, near, far = (shape_label(c) for c in candidates[1:])
+    # round 0: `near` is third but within 10% of the best (1.85 >= 0.9 * 2.0), `far` is 20% behind;
+    # on the later rows both are the fastest of all
+    ratios = {first: [2.0] * 5, second: [1.95] * 5, near: [1.85, 2.4, 2.4], far: [1.6, 2.6, 2.6, 2.6, 2.6]}
+    script = Scripted(ratios)
+    chosen, trials = tune_for_batch(script, candidates, rows=4, rounds=3)
+    assert script.timed(1) == script.timed(2) == sorted(["ar", first, second, near])
+    assert shape_label(chosen) == near  # 2.4 is clear ahead of 2.0: no extra round
+    assert all(turn < ROUNDS for _, turn in script.calls)
+    assert trials[4].ratio_to_ar == pytest.approx(1.6)  # `far` keeps its trial, its one round
+
+
+def test_extra_rounds_run_only_for_a_close_call_and_at_most_extra_rounds():
+    candidates = shapes()
+    first, second = shape_label(candidates[1]), shape_label(candidates[2])
+    # a clear lead (second 10% behind): round 0 times all five, rounds 1 and 2 AR and the top two
+    clear = Scripted({first: [2.0] * 5, second: [1.8] * 5})
+    chosen, _ = tune_for_batch(clear, candidates, rows=4, rounds=3)
+    assert shape_label(chosen) == first and len(clear.calls) == 5 + 2 * 3
+    # a dead heat goes on for EXTRA_ROUNDS rounds, no more; the tie keeps the earlier candidate
+    tied = Scripted({first: [2.0] * 5, second: [2.0] * 5})
+    chosen, _ = tune_for_batch(tied, candidates, rows=4, rounds=3)
+    assert shape_label(chosen) == first and len(tied.calls) == 5 + 2 * 3 + EXTRA_ROUNDS * 3
+    assert max(turn for _, turn in tied.calls) == ROUNDS + EXTRA_ROUNDS - 1
+    # six shapes level with AR: the top half and two more go on (KEEP_MORE), an extra round times AR
+    # and three of them, and AR wins the tie
+    six = shapes(windows=(8, 16, 32))
+    level = Scripted({})
+    chosen, _ = tune_for_batch(level, six, rows=4, rounds=3)
+    assert chosen.method == "ar" and len(level.calls) == 7 + 2 * (1 + 3 + KEEP_MORE) + EXTRA_ROUNDS * 4
+    assert level.timed(3) == sorted(["ar", *(shape_label(c) for c in six[1:4])])
+    # every round decodes rows of its own: the pool holds a fresh set for the extra rounds too
+    assert calibration_pool_size(8) == 8 * (ROUNDS + EXTRA_ROUNDS)
+
+
+def test_a_shape_left_out_of_the_extra_rounds_does_not_win_on_fewer_rounds():
+    candidates = shapes()
+    a, b, x = (shape_label(c) for c in candidates[1:4])
+    # after the three rounds: a 2.0, b 1.95 (a close call), x 1.85 (outside 5%: no extra round for it);
+    # on the extra rounds' rows a and b fall to 1.5 and 1.7, below x's median of its three rounds
+    ratios = {a: [1.7, 2.0, 2.0, 1.5, 1.5], b: [1.8, 1.95, 1.95, 1.7, 1.7], x: [1.85] * 5}
+    script = Scripted(ratios)
+    chosen, trials = tune_for_batch(script, candidates, rows=4, rounds=3)
+    assert script.timed(3) == script.timed(4) == sorted(["ar", a, b])
+    assert trials[3].ratio_to_ar > trials[2].ratio_to_ar > trials[1].ratio_to_ar  # x 1.85, b 1.8, a 1.7
+    assert shape_label(chosen) == b  # the best of those timed in every round
 
 
 def test_ar_is_chosen_where_a_window_costs_far_more_than_one_token(janus):
