@@ -12,8 +12,8 @@ numbers of tokens; finished rows leave the batch. A ``DecodeSession`` takes requ
 runs (continuous batching): queued requests take the places of finished or cancelled rows, when
 the empty places have cost what a refill wastes (``raydec.speculative.refill``);
 their prefill runs on its own and its cache joins the batch's behind the active rows (written in
-place: the batch's cache has room for ``batch_size`` rows, and rows leaving move the rows behind
-them up), so a drafted batch stays full instead of draining to its slowest row. ``Engine.generate`` is a loop over a session.
+place: the batch's cache has room for ``batch_size`` rows, and a leaving row's place takes a row
+from the end), so a drafted batch stays full instead of draining to its slowest row. ``Engine.generate`` is a loop over a session.
 
 Where a step's work runs: on the target's device. P stays there; the verifier returns
 tensors; one read-back per step brings the committed tokens and counts to the host
@@ -475,9 +475,10 @@ class DecodeSession:
             self.on_finish(handle, RowOutput(tokens=row.generated, stats=row.stats))
 
     def _retire(self) -> list[int]:
-        """Drop finished and cancelled rows from the batch and the cache; returns their handles."""
-        still, finished = [], []
-        for handle in self.active:
+        """Drop finished and cancelled rows from the batch and the cache; returns their handles.
+        A staying row's place may change (``fill_from_the_end``); its tokens never do."""
+        finished, leaving = [], set()
+        for place, handle in enumerate(self.active):
             row = self.rows[handle]
             if row.cancelled:
                 reason = "cancelled"
@@ -486,18 +487,29 @@ class DecodeSession:
             elif len(row.generated) >= row.limit:
                 reason = "length"
             else:
-                still.append(handle)
                 continue
             self._finish(handle, reason)
             finished.append(handle)
+            leaving.add(place)
         if finished:
-            position = {handle: i for i, handle in enumerate(self.active)}
-            index = [position[h] for h in still]
+            index = fill_from_the_end(len(self.active), leaving)
             streams = self.engine.streams
             self.cache.select_rows([i * streams + s for i in index for s in range(streams)])
             self.random = self.random.select(torch.tensor(index, dtype=torch.long))
-            self.active = still
+            self.active = [self.active[i] for i in index]
         return finished
+
+
+def fill_from_the_end(rows: int, leaving: set[int]) -> list[int]:
+    """The batch order after ``leaving`` rows (of ``rows``) leave: each row keeps its place, except
+    that a place left empty among the first ``rows - len(leaving)`` takes a staying row from beyond
+    them; so as many rows move as leave, at most, and the cache moves nothing else."""
+    size = rows - len(leaving)
+    order = list(range(size))
+    tail = [i for i in range(size, rows) if i not in leaving]
+    for place, row in zip((i for i in range(size) if i in leaving), tail):
+        order[place] = row
+    return order
 
 
 def _read_commit(packed: torch.Tensor) -> list[tuple[int, int, list[int]]]:

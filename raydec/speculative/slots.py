@@ -10,9 +10,9 @@ A forward's new slots are written where they go (bytes of the window only); crop
 length back; compaction gathers a row's kept slots to the left inside the buffer. A step copies
 the whole cache only when the buffer grows, which doubling makes rare: amortised, the bytes a
 step moves do not grow with the context. A layer with room for rows (``reserve_rows``, the
-decode batch's cache) also takes rows in place: rows leaving move the rows behind them up (their
-slots up to the length), rows joining are written behind the others, and neither copies the
-rest of the batch. ``copied_bytes`` counts every byte a layer writes or copies, for the benches.
+decode batch's cache) also takes rows in place: a row leaving has its place taken by a row from
+the end (its slots up to the length move), rows joining are written behind the others, and
+neither copies the rest of the batch. ``copied_bytes`` counts every byte a layer writes or copies, for the benches.
 """
 
 from __future__ import annotations
@@ -148,20 +148,23 @@ class SlotLayer(DynamicLayer):
         self._expose()
 
     def keep_rows(self, rows: list[int]) -> None:
-        """Keep the rows ``rows`` (indices into the rows in use, on the host), in that order. With
-        room for rows and the order kept, in place: each kept row behind the first one leaving moves
-        up, its slots up to the length (one gather and one write of those rows)."""
+        """Keep the rows ``rows`` (distinct indices into the rows in use, on the host), in that order.
+        With room for rows, in place: only a row whose place changes moves, its slots up to the
+        length (one gather and one write of those rows; the engine fills a leaving row's place with
+        a row from the end, so a step moves as many rows as leave, at most)."""
         if self.buffer_keys is None:
             return
-        if not self.row_room or self.zero_tail or any(b <= a for a, b in zip(rows, rows[1:])):
+        if not self.row_room or self.zero_tail or len(set(rows)) != len(rows):
             self.batch_select_indices(torch.tensor(rows, dtype=torch.long, device=self.buffer_keys.device))
             return
-        first = next((j for j, row in enumerate(rows) if row != j), len(rows))  # rows before it stay where they are
-        if first < len(rows):
-            source = torch.tensor(rows[first:], dtype=torch.long, device=self.buffer_keys.device)
+        moves = [(place, row) for place, row in enumerate(rows) if row != place]
+        if moves:
+            device = self.buffer_keys.device
+            places = torch.tensor([place for place, _ in moves], dtype=torch.long, device=device)
+            sources = torch.tensor([row for _, row in moves], dtype=torch.long, device=device)
             for buffer, view in ((self.buffer_keys, self.keys), (self.buffer_values, self.values)):
-                moved = view.index_select(0, source)  # [m, H, length, D]: read before any row is overwritten
-                buffer[first : len(rows), :, : self.length] = moved
+                moved = view.index_select(0, sources)  # [m, H, length, D]: read before any row is overwritten
+                buffer[:, :, : self.length].index_copy_(0, places, moved)
                 self.copied_bytes += 2 * _bytes(moved)
         self.rows = len(rows)
         self._expose()

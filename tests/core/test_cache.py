@@ -68,9 +68,17 @@ def test_rows_with_room_leave_and_join_in_place():
     assert cache.valid.tolist() == [[True] * 4, [True] * 4, [True, True, False, False], [True, True, False, False]]
     assert cache.lengths == [4, 4, 2, 2] and cache.next_position.tolist() == [4, 4, 2, 2]
 
-    cache.append_rows(filled_cache(rows=1, prompt=6, compaction="never"))  # past the room: one copy into new buffers
+    before = layer.copied_bytes
+    cache.select_rows([3, 1, 2])  # row 0 leaves, the last row takes its place: one row moves
+    assert layer.keys[:, 0, :, 0].tolist() == [[100, 101, 0, 0], [200, 201, 202, 203], [0, 1, 0, 0]]
+    assert layer.copied_bytes - before == 2 * 2 * 4 * 4 and layer.buffer_keys.data_ptr() == buffer
+    assert cache.lengths == [2, 4, 2] and cache.valid[0].tolist() == [True, True, False, False]
+    cache.select_rows([1, 2, 0])  # any order: the moving rows are read before any is overwritten
+    assert layer.keys[:, 0, 0, 0].tolist() == [200, 0, 100]
+
+    cache.append_rows(filled_cache(rows=2, prompt=6, compaction="never"))  # past the room: one copy into new buffers
     assert layer.buffer_keys.data_ptr() != buffer and layer.keys.shape == (5, 1, 6, 1)
-    assert layer.keys[:, 0, :, 0].tolist()[3:] == [[100, 101, 0, 0, 0, 0], [0, 1, 2, 3, 4, 5]]
+    assert layer.keys[:, 0, :, 0].tolist()[2:] == [[100, 101, 0, 0, 0, 0], [0, 1, 2, 3, 4, 5], [100, 101, 102, 103, 104, 105]]
 
 
 def _jacobi_engine(target, layout: str, compaction: str = "auto", max_new_tokens: int = 40):
