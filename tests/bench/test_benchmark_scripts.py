@@ -58,3 +58,21 @@ def test_bench_step_reports_every_shape(tmp_path, capsys):
     jacobi = {r["batch"]: r for r in runs if r["method"] == "sjd_pac"}
     assert jacobi[2]["ops_per_step"] <= 1.25 * jacobi[1]["ops_per_step"]  # ops do not grow with the batch
     assert "sjd_pac" in capsys.readouterr().out  # the table
+
+
+def test_gpu_check_dry_runs_its_stages_on_the_cpu(tmp_path):
+    """``benchmarks/gpu_check.sh`` with ``DEVICE=cpu``: the prepared GPU run's plumbing (stage
+    selection, limits, the bench's JSON per stage) on the CPU, two stages at tiny sizes."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "DEVICE": "cpu", "PY": sys.executable, "STAGES": "step engine_7b",
+           "STEP_ARGS": "--methods sjd_pac --vocab 512 --batch 1 --window 8 --steps 1 --threads 1"}
+    done = subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), str(tmp_path), "0.05"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "=== step: exit 0" in done.stdout and "=== engine_7b: exit 0" in done.stdout and "=== done" in done.stdout, done.stdout
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["engine_7b.json", "step.json"]  # the stages asked for, no others
+    (run,) = json.loads((tmp_path / "step.json").read_text())["runs"]
+    assert (run["method"], run["batch"], run["window"]) == ("sjd_pac", 1, 8) and run["launches_per_step"] > 0
+    assert json.loads((tmp_path / "engine_7b.json").read_text())["engine_efficiency"] > 0
