@@ -19,10 +19,10 @@
 #   TUNE_WINDOWS=16,32   windows --window auto tries (default 16,32,64,96: wide windows are
 #                        cheap on a GPU; fewer shapes keep tuning short)
 #   LIMIT_SCALE=0.5      multiplies each stage's hard time limit (default 1.0; the whole run's
-#                        limits add up to 2250 s at 1.0), to fit a short device lease
+#                        limits add up to 2370 s at 1.0), to fit a short device lease
 #   STAGES="step engine_7b"  run only these stages (default: all; names as in OUT_DIR/NAME.json:
 #                        host_work step step_context engine_7b step_captured engine_7b_captured step_qwen_vispec
-#                        caption_t0 t2i_b1
+#                        attention caption_t0 t2i_b1
 #                        caption_t1 t2i_b8 throughput_t2i
 #                        throughput_caption engine profile)
 #   THROUGHPUT_BATCHES=1,8,32,64  the batch sizes of the throughput stages (the frontier; default
@@ -52,7 +52,7 @@ pack() {
 
 seconds() { $py -c "print(round($1 * $scale, 3))"; }
 
-stages=${STAGES:-host_work step step_context engine_7b step_captured engine_7b_captured step_qwen_vispec caption_t0 t2i_b1 caption_t1 t2i_b8 t2i_b8_drain throughput_t2i throughput_caption engine profile}
+stages=${STAGES:-host_work step step_context engine_7b step_captured engine_7b_captured step_qwen_vispec attention caption_t0 t2i_b1 caption_t1 t2i_b8 t2i_b8_drain throughput_t2i throughput_caption engine profile}
 engine_size=${ENGINE_SIZE:-$([ "$device" = cpu ] && echo small || echo janus-pro-7b)}
 wanted() { case " $stages " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
@@ -105,6 +105,13 @@ run engine_7b_captured 300 engine --size "$engine_size" "${cap_engine[@]}" --win
 # captured: ms outside the forward, launches, and the whole step in target-forward times (step_over_forward)
 if [ "$device" = cpu ]; then vispec_grid=(--tree-target qwen2.5-vl-small --batch 1,8 --window 16 --steps 1); else vispec_grid=(--tree-target qwen2.5-vl-7b --batch 1,8 --window 16,64); fi
 run step_qwen_vispec 300 step --threads 0 --methods eagle --compile off,on "${vispec_grid[@]}"
+# one layer's window attention at Qwen2.5-VL-7B's heads over a ragged cache: K/V repeated (Hugging Face's path with a mask),
+# ours (window_attention), and FlexAttention with a BlockMask, ms per call at 256-4,096 cached slots
+wanted attention && { echo "=== attention: benchmarks/window_attention.py"
+  if [ "$device" = cpu ]; then att=(--contexts 256 --windows 16 --repeats 2); else att=(); fi
+  PYTHONUNBUFFERED=1 timeout "$($py -c "print(max(10, round(120 * $limit_scale)))")" $py "$(dirname "$0")/window_attention.py" \
+    --device "$device" "${att[@]}" --json "$out/attention.json" > "$out/attention.log" 2>&1
+  echo "=== attention: exit $?"; tail -n 8 "$out/attention.log"; pack; }
 run caption_t0 240 caption --methods ar,hf_assisted,eagle,vispec --temperature 0 --images 200 --max-seconds "$(seconds 100)"
 run t2i_b1 360 t2i --methods ar,hf,sjd,sjd_ac,sjd_pac --prompts 200 --batch 1 --tune-windows "$windows" \
   --max-seconds "$(seconds 150)" --plots "$out/plots_b1"
