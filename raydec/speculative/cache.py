@@ -43,7 +43,7 @@ class RaggedCache:
         self.valid = torch.zeros(num_rows, 0, dtype=torch.bool, device=self.device)  # [M, S]
         self.next_position = torch.zeros(num_rows, dtype=torch.long, device=self.device)  # [M]
         self.lengths: list[int] = [0] * num_rows
-        self.clean = 0  # slots every row holds valid from the left (host): compaction leaves them in place
+        self.clean: list[int] = [0] * num_rows  # per row, slots valid from the left (host): compaction leaves them in place
         self.next_positions: list[int] = [0] * num_rows  # next_position on the host
         self.compaction = compaction
 
@@ -109,7 +109,7 @@ class RaggedCache:
     def start(self, valid: torch.Tensor, next_position: torch.Tensor) -> None:
         """After the prefill forward: which prompt slots are real ([M, S]) and next positions ([M]),
         both as the host built them."""
-        self.clean = 0  # left-padded: holes first
+        self.clean = valid.long().cumprod(dim=1).sum(dim=1).tolist()  # left-padded rows: 0
         self.lengths = valid.sum(dim=1).tolist()
         self.next_positions = next_position.tolist()
         self.valid = valid.to(self.device, copy=True)
@@ -156,6 +156,7 @@ class RaggedCache:
                 layer.batch_select_indices(index.to(layer.keys.device))
         self.lengths = [self.lengths[r] for r in rows]
         self.next_positions = [self.next_positions[r] for r in rows]
+        self.clean = [self.clean[r] for r in rows]
         self.valid = self.valid[index]
         self.next_position = self.next_position[index]
 
@@ -169,7 +170,7 @@ class RaggedCache:
             a, b = (torch.nn.functional.pad(t, pad + [0, width - t.shape[slot_dim]]) for t in (a, b))
             return torch.cat([a, b.to(a.device, a.dtype)], dim=0)
 
-        self.clean = 0  # the joining rows are left-padded
+        self.clean = self.clean + other.clean  # the joining rows' holes after their slots do not count
         for mine, theirs in zip(self.kv.layers, other.kv.layers):
             if isinstance(mine, SlotLayer):  # in place where the buffers have room, else one copy of both caches' rows
                 mine.append_rows(theirs.keys.to(mine.keys), theirs.values.to(mine.values),
@@ -184,24 +185,34 @@ class RaggedCache:
         self._check_physical_length()
 
     def compact(self) -> None:
-        """Gather every row's valid slots to the left (stable order) and crop the tail."""
+        """Gather every row's valid slots to the left (stable order) and crop the tail. A row moves
+        only its valid slots past its clean prefix (``clean``)."""
         width = max(self.lengths, default=0)
         if width == self.length and min(self.lengths, default=width) == width:
             return
         order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :width]  # [M, width]
-        clean = min(self.clean, width)  # order[:, :clean] is 0..clean-1 in every row: those slots stay
+        # order[r, :clean[r]] is 0..clean[r]-1: those slots stay. Only each row's valid slots past its
+        # clean prefix move, slots clean[r]..lengths[r]-1 from slots order[r, ...]: the rows' slots
+        # since their last compaction, not the whole width (the slots past a row's length are holes)
+        counts = torch.tensor([max(0, n - min(c, n)) for c, n in zip(self.clean, self.lengths)])
+        moved = int(counts.sum())
+        rows = torch.repeat_interleave(torch.arange(len(counts)), counts)  # [P]
+        first = torch.tensor([min(c, n) for c, n in zip(self.clean, self.lengths)])
+        places = first[rows] + torch.arange(moved) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)  # [P]
+        rows, places = rows.to(self.device), places.to(self.device)
+        sources = order[rows, places]  # [P]
         for layer in self.kv.layers:
             if layer.keys is None or layer.keys.numel() == 0:
                 continue
             if isinstance(layer, SlotLayer):
-                layer.gather_slots(order[:, clean:], clean)
+                layer.move_slots(rows, sources, places, width)
                 continue
             index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
             layer.keys = layer.keys.gather(2, index.to(layer.keys.device))
             layer.values = layer.values.gather(2, index.to(layer.values.device))
             layer.copied_bytes += 2 * layer.keys.numel() * layer.keys.element_size()
         self.valid = self.valid.gather(1, order)
-        self.clean = min(self.lengths, default=0)
+        self.clean = list(self.lengths)
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -228,3 +239,4 @@ class RaggedCache:
         removable = self.length - max(self.lengths, default=0)
         # auto: copy the cache only once the columns it frees are a real share of attention
         return removable > max(32, self.length // 4)
+

@@ -40,11 +40,37 @@ def test_compaction_gathers_each_rows_valid_slots_to_the_left():
     cache = filled_cache(rows=2, prompt=5, compaction="never")
     cache.valid[0, 1] = cache.valid[0, 3] = cache.valid[1, 4] = False  # holes left by earlier steps
     cache.lengths = [3, 4]  # the host's counts, which the engine keeps from its read-backs
+    cache.clean = [1, 4]  # and each row's slots valid from the left
     cache.compact()
     assert cache.length == 4 and cache.kv.get_seq_length() == 4  # the longest row: 4 valid slots
     assert cache.valid.tolist() == [[True, True, True, False], [True] * 4]
     assert cache.kv.layers[0].keys[0, 0, :3, 0].tolist() == [0, 2, 4]
     assert cache.kv.layers[0].values[1, 0, :, 0].tolist() == [-100, -101, -102, -103]
+
+
+def test_compaction_moves_only_each_rows_valid_slots_past_its_clean_prefix():
+    """Rows compacted earlier keep their clean prefix in place, and a row moves only its valid slots
+    past it: not the holes, and not the whole width (a row that joined since, left-padded, moves
+    its few valid slots)."""
+    cache = filled_cache(rows=3, prompt=6, compaction="never")
+    cache.valid[:, 4] = False  # a hole in every row at slot 4
+    cache.lengths = [5, 5, 5]
+    cache.clean = [4, 4, 4]
+    joining = RaggedCache(1, compaction="never")
+    joining.kv.update(kv(1, 3, start=50), -kv(1, 3, start=50), 0)
+    joining.start(torch.tensor([[False, True, True]]), torch.tensor([2]))  # left-padded: clean 0
+    cache.append_rows(joining)
+    assert cache.clean == [4, 4, 4, 0]
+    layer = cache.kv.layers[0]
+    before = layer.copied_bytes
+    cache.compact()
+    assert cache.length == 5 and cache.clean == [5, 5, 5, 2]
+    assert layer.keys[:3, 0, :, 0].tolist() == [[0, 1, 2, 3, 5], [100, 101, 102, 103, 105], [200, 201, 202, 203, 205]]
+    assert layer.keys[3, 0, :2, 0].tolist() == [51, 52] and layer.values[3, 0, :2, 0].tolist() == [-51, -52]
+    assert cache.valid.tolist() == [[True] * 5] * 3 + [[True, True, False, False, False]]
+    # three rows move one slot each (their slot 5), the joining row its two valid slots; keys and
+    # values, each read and written
+    assert layer.copied_bytes - before == 2 * 2 * (3 * 1 + 2) * 4
 
 
 def test_rows_with_room_leave_and_join_in_place():
