@@ -191,21 +191,17 @@ class RaggedCache:
         if width == self.length and min(self.lengths, default=width) == width:
             return
         order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :width]  # [M, width]
-        # order[r, :clean[r]] is 0..clean[r]-1: those slots stay. Only each row's valid slots past its
-        # clean prefix move, slots clean[r]..lengths[r]-1 from slots order[r, ...]: the rows' slots
-        # since their last compaction, not the whole width (the slots past a row's length are holes)
-        counts = torch.tensor([max(0, n - min(c, n)) for c, n in zip(self.clean, self.lengths)])
-        moved = int(counts.sum())
-        rows = torch.repeat_interleave(torch.arange(len(counts)), counts)  # [P]
-        first = torch.tensor([min(c, n) for c, n in zip(self.clean, self.lengths)])
-        places = first[rows] + torch.arange(moved) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)  # [P]
-        rows, places = rows.to(self.device), places.to(self.device)
-        sources = order[rows, places]  # [P]
+        # order[r, :clean[r]] is 0..clean[r]-1: those slots stay
+        clean = [min(c, n) for c, n in zip(self.clean, self.lengths)]
+        moves = None if min(clean, default=0) == max(clean, default=0) else self._moves(order, clean)
         for layer in self.kv.layers:
             if layer.keys is None or layer.keys.numel() == 0:
                 continue
             if isinstance(layer, SlotLayer):
-                layer.move_slots(rows, sources, places, width)
+                if moves is None:  # one clean prefix for every row (a CFG pair, rows of one age): one gather past it
+                    layer.gather_slots(order[:, clean[0] if clean else 0 :], clean[0] if clean else 0)
+                else:
+                    layer.move_slots(*moves, width)
                 continue
             index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
             layer.keys = layer.keys.gather(2, index.to(layer.keys.device))
@@ -215,6 +211,16 @@ class RaggedCache:
         self.clean = list(self.lengths)
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _moves(self, order: torch.Tensor, clean: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rows of different ages: each row moves only its valid slots past its own clean prefix,
+        slots clean[r]..lengths[r]-1 from slots order[r, ...] (the slots decoded since its last
+        compaction; the slots past its length are holes). -> rows, sources, places [P] on the device"""
+        counts = torch.tensor([n - c for c, n in zip(clean, self.lengths)])
+        rows = torch.repeat_interleave(torch.arange(len(counts)), counts)  # [P]
+        places = torch.tensor(clean)[rows] + torch.arange(int(counts.sum())) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+        rows, places = rows.to(self.device), places.to(self.device)
+        return rows, order[rows, places], places
 
     def _physical_length(self) -> int:
         return self.kv.get_seq_length() if len(self.kv.layers) else self.length

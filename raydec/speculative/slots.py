@@ -217,6 +217,18 @@ class SlotLayer(DynamicLayer):
         self.is_initialized = True
         self._expose()
 
+    def gather_slots(self, order: torch.Tensor, start: int = 0) -> None:
+        """Compaction, in place: move each row's slots ``order`` [M, W - start] (slot indices, each
+        >= ``start``) to its slots start..W-1; the first ``start`` slots stay where they are."""
+        width = start + order.shape[1]
+        index = order[:, None, :, None].to(self.buffer_keys.device)
+        for buffer, view in ((self.buffer_keys, self.keys), (self.buffer_values, self.values)):
+            gathered = view.gather(2, index.expand(-1, buffer.shape[1], -1, buffer.shape[3]))
+            buffer[: self.rows, :, start:width] = gathered
+            self.copied_bytes += _bytes(gathered)
+        self.length = width
+        self._expose()
+
     def move_slots(self, rows: torch.Tensor, sources: torch.Tensor, places: torch.Tensor, width: int) -> None:
         """Compaction, in place: slot ``sources[i]`` of row ``rows[i]`` goes to its slot ``places[i]``
         (rows, sources, places: [P], on the buffer's device; every source read before any write), the

@@ -1,7 +1,7 @@
 """The captured step (``compile: on``) decodes the eager step's tokens on every model family's
 real classes, float32: SJD-PAC on the text-to-image families (Janus, Emu3 with its forced layout
 tokens, Chameleon / Lumina-mGPT), each with its CFG and its vocabulary constraint, and ViSpec on
-Qwen2.5-VL (grouped queries, multimodal rotary positions). Three rows at batch 2, so a row
+LLaVA-NeXT, Qwen2-VL and Qwen2.5-VL (grouped queries; the Qwens' multimodal rotary positions). Three rows at batch 2, so a row
 leaves, a queued row joins and the last one decodes alone (a batch padded to its bucket).
 The other captured paths (the Jacobi methods, EAGLE, ViSpec on LLaVA) are checked on a tiny
 Llama and LLaVA in tests/core/test_capture.py and tests/models/test_vispec.py."""
@@ -19,9 +19,10 @@ from raydec.speculative.proposers.draft_tree import DraftTreeProposer
 from raydec.speculative.proposers.factory import make_proposer
 from raydec.speculative.requests import RowRequest
 from tests.t2i_toys import tiny_chameleon, tiny_emu3, tiny_janus
-from tests.vlm_toys import build_tiny_qwen2_5_vl, hf_greedy_vlm, successor_draft, vlm_prompts
+from tests.vlm_toys import build_tiny_llava_next, build_tiny_qwen2_5_vl, build_tiny_qwen2_vl, hf_greedy_vlm, successor_draft, vlm_prompts
 
 PROMPTS = ["a red circle", "two blue squares", "a green triangle"]
+VLM_BUILDERS = {"llava_next": build_tiny_llava_next, "qwen2_vl": build_tiny_qwen2_vl, "qwen2_5_vl": build_tiny_qwen2_5_vl}
 
 
 def _t2i_target(name: str, folder):
@@ -50,9 +51,10 @@ def test_captured_sjd_pac_decodes_the_eager_tokens_on_every_image_family(tmp_pat
     assert all(len(t) == target.num_image_tokens for t in tokens["on"])
 
 
-def test_captured_vispec_decodes_the_eager_tokens_on_qwen2_5_vl(tmp_path):
+@pytest.mark.parametrize("name", list(VLM_BUILDERS))
+def test_captured_vispec_decodes_the_eager_tokens_on_every_vlm_family(tmp_path, name):
     torch.manual_seed(0)
-    target = VisionLanguageTarget.from_pretrained(build_tiny_qwen2_5_vl(tmp_path / "qwen2_5_vl"))
+    target = VisionLanguageTarget.from_pretrained(VLM_BUILDERS[name](tmp_path / name))
     prompts = vlm_prompts(target, 3)
     lengths = [10, 4, 10]
     expected = [hf_greedy_vlm(target, prompt, n) for prompt, n in zip(prompts, lengths)]
