@@ -13,7 +13,8 @@ runs (continuous batching): queued requests take the places of finished or cance
 the empty places have cost what a refill wastes (``raydec.speculative.refill``);
 their prefill runs on its own and its cache joins the batch's behind the active rows (written in
 place: the batch's cache has room for ``batch_size`` rows, and a leaving row's place takes a row
-from the end), so a drafted batch stays full instead of draining to its slowest row. ``Engine.generate`` is a loop over a session.
+from the end), so a drafted batch stays full instead of draining to its slowest row.
+``Engine.generate`` is a loop over a session.
 
 Where a step's work runs: on the target's device. P stays there; the verifier returns
 tensors; one read-back per step brings the committed tokens and counts to the host
