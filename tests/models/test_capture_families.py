@@ -1,6 +1,7 @@
 """The captured step (``compile: on``) decodes the eager step's tokens on every model family's
-real classes, float32: SJD-PAC on the text-to-image families (Janus, Emu3 with its forced layout
-tokens, Chameleon / Lumina-mGPT), each with its CFG and its vocabulary constraint, and ViSpec on
+real classes, float32: SJD-PAC on the text-to-image families (Janus, the reference model; Emu3
+with its forced layout tokens; Chameleon / Lumina-mGPT), each with its CFG and its vocabulary
+constraint, and ViSpec on the reference VLM with its trained draft and on
 LLaVA-NeXT, Qwen2-VL and Qwen2.5-VL (grouped queries; the Qwens' multimodal rotary positions). Three rows at batch 2, so a row
 leaves, a queued row joins and the last one decodes alone (a batch padded to its bucket).
 The other captured paths (the Jacobi methods, EAGLE, ViSpec on LLaVA) are checked on a tiny
@@ -36,7 +37,7 @@ def _t2i_target(name: str, folder):
     return load_target(str(tiny_chameleon(folder, seed=0)), task="t2i")
 
 
-@pytest.mark.parametrize("name", ["janus", "emu3", "chameleon"])
+@pytest.mark.parametrize("name", ["emu3", "chameleon"])  # Janus: the reference model's test below
 def test_captured_sjd_pac_decodes_the_eager_tokens_on_every_image_family(tmp_path, name):
     target = _t2i_target(name, tmp_path / name)
     requests = [RowRequest(ImagePrompt(p, None), seed=i) for i, p in enumerate(PROMPTS)]
@@ -68,3 +69,35 @@ def test_captured_vispec_decodes_the_eager_tokens_on_every_vlm_family(tmp_path, 
         assert (proposer._step_graph.calls > 0) == (mode == "on")
     assert [out.tokens for out in outputs["on"]] == [out.tokens for out in outputs["off"]] == expected
     assert [out.stats.accepted_lengths for out in outputs["on"]] == [out.stats.accepted_lengths for out in outputs["off"]]
+
+
+def test_captured_steps_decode_the_eager_tokens_on_the_reference_models():
+    """The shipped reference models (float32): SJD-PAC on the reference Janus and ViSpec with its
+    trained draft on the reference VLM, the first tokens of three rows at batch 2."""
+    from raydec.api import load_target
+    from raydec.api.inputs import caption_decode_config, image_decode_config
+    from raydec.models.hf_vlm import VlmPrompt
+    from raydec.models.loading import load_draft
+    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
+
+    janus = load_target("reference", task="t2i")
+    vlm = load_target("reference", task="caption")
+    draft = load_draft(vlm, "vispec", "reference")
+    samples = [make_sample(HELD_OUT_SEED_START + i) for i in range(3)]
+    cases = {
+        "t2i": (janus, image_decode_config(DecodeConfig(method="sjd_pac"), janus),
+                [RowRequest(ImagePrompt(s.prompt, None), seed=i, max_new_tokens=24) for i, s in enumerate(samples)]),
+        "caption": (vlm, caption_decode_config(DecodeConfig(method="vispec", sampling=SamplingConfig(temperature=1.0)), vlm),
+                    [RowRequest(VlmPrompt(vlm.format_prompt("describe the image .", 1), [to_pil(s.image)]), seed=i, max_new_tokens=16)
+                     for i, s in enumerate(samples)]),
+    }
+    for task, (target, config, requests) in cases.items():
+        tokens = {}
+        for mode in ("off", "on"):
+            proposer = make_proposer(config, target, draft if task == "caption" else None)
+            constraint = target.vocab_constraint() if task == "t2i" else None
+            engine = Engine(target, proposer, config.sampling, config.max_new_tokens, compile=mode, constraint=constraint,
+                            eos_token_ids=target.eos_token_ids)
+            tokens[mode] = [out.tokens for out in engine.generate(requests, batch_size=2)]
+        assert tokens["on"] == tokens["off"], task
+        assert all(tokens["on"]), task
