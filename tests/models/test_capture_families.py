@@ -1,11 +1,11 @@
 """The captured step (``compile: on``) decodes the eager step's tokens on every model family's
 real classes, float32: SJD-PAC on the text-to-image families (Janus, the reference model; Emu3
 with its forced layout tokens; Chameleon / Lumina-mGPT), each with its CFG and its vocabulary
-constraint, and ViSpec on the reference VLM with its trained draft and on
-LLaVA-NeXT, Qwen2-VL and Qwen2.5-VL (grouped queries; the Qwens' multimodal rotary positions). Three rows at batch 2, so a row
-leaves, a queued row joins and the last one decodes alone (a batch padded to its bucket).
-The other captured paths (the Jacobi methods, EAGLE, ViSpec on LLaVA) are checked on a tiny
-Llama and LLaVA in tests/core/test_capture.py and tests/models/test_vispec.py."""
+constraint, and ViSpec on the reference VLM with its trained draft and on LLaVA-NeXT, Qwen2-VL
+and Qwen2.5-VL (grouped queries; the Qwens' multimodal rotary positions). Three rows at batch 2,
+so a row leaves, a queued row joins and the last one decodes alone (a batch padded to its
+bucket). The other captured paths (the Jacobi methods, EAGLE, ViSpec on LLaVA) are checked on a
+tiny Llama and LLaVA in tests/core/test_capture.py and tests/models/test_vispec.py."""
 
 from __future__ import annotations
 
