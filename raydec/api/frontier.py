@@ -126,6 +126,11 @@ def round_rows(pool: Sequence[Row], count: int, turn: int) -> list[Row]:
     return [pool[(turn * count + i) % len(pool)] for i in range(count)]
 
 
+def round_size(batch: int) -> int:
+    """Calibration rows each tuning round decodes at ``batch``: the batch, and CALIBRATION_ROWS at least."""
+    return max(batch, CALIBRATION_ROWS)
+
+
 def calibration_pool_size(rows: int, rounds: int = ROUNDS) -> int:
     """Calibration rows to gather for ``rows`` per round: a fresh set for every round, the extra
     rounds of a close call included (:func:`tune_for_batch`)."""
@@ -383,7 +388,7 @@ def shape_for_call(
     """``base`` with its "auto" shape chosen for ``batch`` on ``target``, calibrating on a call's rows:
     ``run(config, indices)`` decodes the call's rows at ``indices`` with ``config`` (each round its
     own rows, from the first, as far as the call has them)."""
-    rows = max(1, min(total_rows, max(batch, CALIBRATION_ROWS)))
+    rows = max(1, min(total_rows, round_size(batch)))
     weights = weights_id(target, *more_weights)
     dtype = str(target.dtype).removeprefix("torch.")
     key = shape_key(base, weights, device_name(target.device), dtype, batch) if weights else None

@@ -71,7 +71,7 @@ def tune_in_worker(job: JobConfig, fragments: List[Fragment]) -> Dict[str, Any]:
     """What ``job`` leaves to "auto", chosen where a worker would run (a Ray task) on the input's first
     rows: {"batch": the batch size record} when pool.batch_size is "auto", {"shape": the shape record}
     when the draft shape is."""
-    from raydec.api.frontier import CALIBRATION_ROWS, calibration_pool_size
+    from raydec.api.frontier import CALIBRATION_ROWS, calibration_pool_size, round_size
 
     config, chosen = job.processor_config(), {}
     if config.batch_size == "auto":
@@ -81,7 +81,7 @@ def tune_in_worker(job: JobConfig, fragments: List[Fragment]) -> Dict[str, Any]:
         chosen["batch"] = choose_batch_on_rows(config, rows)
         config = config.model_copy(update={"batch_size": chosen["batch"]["batch_size"]})
     if config.decode.auto_shape:
-        rows = calibration_rows(job, fragments, calibration_pool_size(max(config.batch_size, CALIBRATION_ROWS)))
+        rows = calibration_rows(job, fragments, calibration_pool_size(round_size(config.batch_size)))
         if not rows:
             raise ValueError(f"decode.jacobi='auto': input.path {job.input.path!r} has no valid row to tune the draft shape on")
         chosen["shape"] = tune_on_rows(config, rows)
@@ -152,8 +152,8 @@ def choose_batch_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) ->
 def tune_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The record of ``raydec.api.frontier.resolve_shape`` for ``config``'s auto shape at its batch
     size, calibrated on ``rows`` (validated, error-free; each round takes the next
-    ``max(batch, CALIBRATION_ROWS)`` of them, ``round_rows``), with the batch size and the seconds it took."""
-    from raydec.api.frontier import CALIBRATION_ROWS, ShapeCache, resolve_shape, round_rows
+    ``round_size(batch)`` of them, ``round_rows``), with the batch size and the seconds it took."""
+    from raydec.api.frontier import ShapeCache, resolve_shape, round_rows, round_size
     from raydec.runtime.row_decoders import make_row_decoder
 
     started = time.perf_counter()
@@ -161,7 +161,7 @@ def tune_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) -> Dict[st
     probe.setup()  # loads the model (cached for the candidates below) and sets the threads
     key = shape_cache_key(config, probe.target.device)
 
-    per_round = min(len(rows), max(config.batch_size, CALIBRATION_ROWS))
+    per_round = min(len(rows), round_size(config.batch_size))
 
     def seconds(candidate: Any, turn: int) -> float:
         decoder = make_row_decoder(config.model_copy(update={"decode": candidate}))
@@ -169,7 +169,7 @@ def tune_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) -> Dict[st
         start = time.perf_counter()
         failed = [r for r in decoder(round_rows(rows, per_round, turn)) if r.get("error")]  # a row's own fault (an unreadable image): alike for every candidate
         if failed:
-            logger.warning("shape calibration: %d of %d row(s) failed with %s (e.g. %s)", len(failed), len(rows),
+            logger.warning("shape calibration: %d of %d row(s) failed with %s (e.g. %s)", len(failed), per_round,
                            candidate.method, failed[0]["error"])
         return time.perf_counter() - start
 
@@ -262,7 +262,7 @@ def resolve_stage_auto(config: ProcessorConfig, dataset: Any) -> ProcessorConfig
         return config
     import ray
 
-    from raydec.api.frontier import CALIBRATION_ROWS, apply_shape, calibration_pool_size
+    from raydec.api.frontier import CALIBRATION_ROWS, apply_shape, calibration_pool_size, round_size
     from raydec.io import validate_caption_rows, validate_t2i_rows
 
     validate = validate_t2i_rows if config.task == "t2i" else validate_caption_rows
@@ -281,7 +281,7 @@ def resolve_stage_auto(config: ProcessorConfig, dataset: Any) -> ProcessorConfig
         config = config.model_copy(update={"batch_size": batch["batch_size"]})
     if config.decode.auto_shape:
         task = remote_tuning(tune_on_rows, config.cpus_per_worker, config.gpus_per_worker)
-        shape = ray.get(task.remote(config, first_rows(calibration_pool_size(max(config.batch_size, CALIBRATION_ROWS)))))
+        shape = ray.get(task.remote(config, first_rows(calibration_pool_size(round_size(config.batch_size)))))
         log_choice(config.decode, shape)
         config = config.model_copy(update={"decode": apply_shape(config.decode, shape)})
     return config

@@ -37,7 +37,7 @@ def settle_auto(served: ServedModel) -> tuple[ServedModel, dict[str, Any]]:
     its shape was."""
     if not (served.decode.auto_shape or served.batch_size == "auto"):
         return served, {}
-    from raydec.api.frontier import CALIBRATION_ROWS, apply_shape, calibration_pool_size
+    from raydec.api.frontier import CALIBRATION_ROWS, apply_shape, calibration_pool_size, round_size
     from raydec.runtime.calibration import builtin_calibration_rows
     from raydec.runtime.shapes import choose_batch_on_rows, tune_on_rows
 
@@ -47,7 +47,7 @@ def settle_auto(served: ServedModel) -> tuple[ServedModel, dict[str, Any]]:
         config = config.model_copy(update={"batch_size": chosen["batch_size"]["batch_size"]})
     decode = served.decode
     if decode.auto_shape:
-        rows = builtin_calibration_rows(config.task, calibration_pool_size(max(config.batch_size, CALIBRATION_ROWS)), config.rows)
+        rows = builtin_calibration_rows(config.task, calibration_pool_size(round_size(config.batch_size)), config.rows)
         chosen["shape"] = tune_on_rows(config, rows)
         decode = apply_shape(decode, chosen["shape"])
     return served.model_copy(update={"batch_size": config.batch_size, "decode": decode}), chosen

@@ -193,13 +193,14 @@ class RaggedCache:
         order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :width]  # [M, width]
         # order[r, :clean[r]] is 0..clean[r]-1: those slots stay
         clean = [min(c, n) for c, n in zip(self.clean, self.lengths)]
-        moves = None if min(clean, default=0) == max(clean, default=0) else self._moves(order, clean)
+        start = min(clean, default=0)
+        moves = None if start == max(clean, default=0) else self._moves(order, clean)
         for layer in self.kv.layers:
             if layer.keys is None or layer.keys.numel() == 0:
                 continue
             if isinstance(layer, SlotLayer):
                 if moves is None:  # one clean prefix for every row (a CFG pair, rows of one age): one gather past it
-                    layer.gather_slots(order[:, clean[0] if clean else 0 :], clean[0] if clean else 0)
+                    layer.gather_slots(order[:, start:], start)
                 else:
                     layer.move_slots(*moves, width)
                 continue
@@ -245,4 +246,3 @@ class RaggedCache:
         removable = self.length - max(self.lengths, default=0)
         # auto: copy the cache only once the columns it frees are a real share of attention
         return removable > max(32, self.length // 4)
-

@@ -12,7 +12,8 @@ the whole cache only when the buffer grows, which doubling makes rare: amortised
 step moves do not grow with the context. A layer with room for rows (``reserve_rows``, the
 decode batch's cache) also takes rows in place: a row leaving has its place taken by a row from
 the end (its slots up to the length move), rows joining are written behind the others, and
-neither copies the rest of the batch. ``copied_bytes`` counts every byte a layer writes or copies, for the benches.
+neither copies the rest of the batch. ``copied_bytes`` counts every byte a layer writes or
+copies, for the benches.
 """
 
 from __future__ import annotations
