@@ -5,8 +5,9 @@ free; as the batch grows each forward already fills the device, a draft window m
 work, and the trade stops paying, first for wide shapes, then for all. So the shape is chosen
 for the batch it will decode, by measuring, and "no speculation" is a candidate:
 
-    for each of the rounds (the order of the candidates rotated each round, and its own calibration rows):
-        seconds(c) = wall seconds to decode the round's calibration rows at the batch with config c
+    for each of the rounds (its own calibration rows, decoded in parts of about one batch each):
+        for each part: every candidate decodes the part, the order rotated part by part
+        seconds(c) = wall seconds config c took over the round's parts, at the batch
         ratio(c)   = seconds(ar) / seconds(c)            AR decoded in the same round
         after the first: only AR, the leaders (half the shapes, at least two) and the next
         shapes (two at most) whose ratio is at least KEEP_WITHIN (0.9) times the best shape's go on
@@ -19,6 +20,8 @@ for the batch it will decode, by measuring, and "no speculation" is a candidate:
 
 Timing every candidate against AR in the same round keeps the choice stable on a busy machine:
 a slow spell slows a round alike and its ratios hold; the median drops a round a spell split.
+Taking turns part by part within a round does the same for spells shorter than a round: a
+machine whose speed drifts by a fifth within a minute slows the candidates' parts alike.
 One round is one draw of rows, so the first cut keeps a shape nearly level with the leaders for
 the next rounds. Where the leaders lie within a few percent after the rounds, the extra rounds
 time those few again on further rows; a clear lead costs nothing more. Only the candidates of the
@@ -131,6 +134,12 @@ def round_size(batch: int) -> int:
     return max(batch, CALIBRATION_ROWS)
 
 
+def round_parts(batch: int, rows: int) -> int:
+    """How many parts a tuning round of ``rows`` calibration rows at ``batch`` is decoded in: one
+    batch each (a round of one batch or less is one part). Each part has ``rows // parts`` rows."""
+    return max(1, rows // max(1, batch))
+
+
 def calibration_pool_size(rows: int, rounds: int = ROUNDS) -> int:
     """Calibration rows to gather for ``rows`` per round: a fresh set for every round, the extra
     rounds of a close call included (:func:`tune_for_batch`)."""
@@ -142,16 +151,22 @@ def _time_round(
     candidates: Sequence[DecodeConfig],
     field: list[int],
     turn: int,
+    parts: int,
     seconds: list[list[float]],
     ratios: list[list[float]],
 ) -> None:
-    """Decode round ``turn``'s rows with every candidate in ``field`` (AR, index 0, first in it), the
-    order rotated by ``turn``; append each one's seconds and its ratio to AR's in this round."""
-    shift = turn % len(field)
-    for index in field[shift:] + field[:shift]:
-        seconds[index].append(decode_seconds(candidates[index], turn))
+    """Decode round ``turn``'s rows with every candidate in ``field`` (AR, index 0, first in it), in
+    ``parts`` parts (part p of round r is ``decode_seconds``'s turn r * parts + p): every candidate
+    decodes a part before the next part starts, the order rotated part by part. Append each one's
+    seconds over the round and its ratio to AR's in this round."""
+    total = dict.fromkeys(field, 0.0)
+    for part in range(turn * parts, (turn + 1) * parts):
+        shift = part % len(field)
+        for index in field[shift:] + field[:shift]:
+            total[index] += decode_seconds(candidates[index], part)
     for index in field:
-        ratios[index].append(seconds[0][-1] / seconds[index][-1])
+        seconds[index].append(total[index])
+        ratios[index].append(total[0] / total[index])
 
 
 def _first_cut(field: list[int], ratios: list[list[float]]) -> list[int]:
@@ -189,25 +204,31 @@ def tune_for_batch(
     rows: int,
     rounds: int = ROUNDS,
     extra_rounds: int = EXTRA_ROUNDS,
+    parts: int = 1,
 ) -> tuple[DecodeConfig, list[ShapeTrial]]:
     """The candidate with the best median throughput ratio to AR, and every trial.
 
-    decode_seconds(config, turn): decode round ``turn``'s calibration rows (``rows`` of them, at the
-    batch being tuned for; :func:`round_rows`) with ``config`` and return the wall seconds; ``turn``
-    counts from 0 up to ``rounds + extra_rounds - 1`` at most (:func:`calibration_pool_size`).
-    candidates: AR first (see :func:`candidate_configs`). Ties keep the earlier candidate, so AR
-    wins a tie. extra_rounds: the most rounds run after ``rounds`` for a close call.
+    decode_seconds(config, turn): decode calibration part ``turn`` (``rows // parts`` rows, at the
+    batch being tuned for; :func:`round_rows`) with ``config`` and return the wall seconds; round r
+    is the parts ``r * parts`` to ``(r + 1) * parts - 1``, so ``turn`` counts from 0 up to
+    ``(rounds + extra_rounds) * parts - 1`` at most (:func:`calibration_pool_size`). rows: the
+    calibration rows of one round. parts: how many parts a round is decoded in, the candidates taking
+    turns part by part (:func:`round_parts`; 1: a part is a round). candidates: AR first (see
+    :func:`candidate_configs`). Ties keep the earlier candidate, so AR wins a tie. extra_rounds: the
+    most rounds run after ``rounds`` for a close call.
     """
     if not candidates or candidates[0].method != "ar":
         raise ValueError("candidates: plain AR must come first (it is the baseline every round is timed against)")
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
     seconds: list[list[float]] = [[] for _ in candidates]
     ratios: list[list[float]] = [[] for _ in candidates]
     # invariant: every candidate in `field` was timed in every round run so far (AR always is)
     field = list(range(len(candidates)))
     for turn in range(rounds):
-        _time_round(decode_seconds, candidates, field, turn, seconds, ratios)
+        _time_round(decode_seconds, candidates, field, turn, parts, seconds, ratios)
         if turn == 0:  # the one cut: the later regular rounds time every survivor
             field = _first_cut(field, ratios)
     for extra in range(extra_rounds):
@@ -216,7 +237,7 @@ def tune_for_batch(
             break  # the leader is clear
         logger.info("tune extra round %d of at most %d (a close call): %s", extra + 1, extra_rounds,
                     ", ".join(f"{shape_label(candidates[i])} {statistics.median(ratios[i]):.3f}x AR" for i in contenders))
-        _time_round(decode_seconds, candidates, contenders, rounds + extra, seconds, ratios)  # rows of its own
+        _time_round(decode_seconds, candidates, contenders, rounds + extra, parts, seconds, ratios)  # rows of its own
         field = contenders  # a subset of the field: the invariant holds
     trials = []
     for config, samples, ratio in zip(candidates, seconds, ratios):
@@ -344,12 +365,14 @@ def resolve_shape(
     key: dict | None,
     cache: ShapeCache | None = None,
     rounds: int = ROUNDS,
+    parts: int = 1,
 ) -> tuple[DecodeConfig, dict]:
     """``base`` with its "auto" shape replaced by the choice for ``batch``: the cached one for
     ``key`` when there is one, else tuned now (:func:`tune_for_batch` over
     :func:`candidate_configs`) and cached. ``key`` None: nothing identifies the weights; tune
     without caching. Returns the config and its record (:func:`shape_record`, with ``tuned``:
-    whether this call measured it)."""
+    whether this call measured it). rows, parts: a round's calibration rows and the parts it is
+    decoded in (:func:`tune_for_batch`)."""
     if not base.auto_shape:
         return base, {**shape_record(base), "tuned": False}
     cache = cache or ShapeCache()
@@ -360,7 +383,7 @@ def resolve_shape(
     candidates = candidate_configs(base)
     logger.info("%s at batch %d: tuning the draft shape over %d candidates (plain AR among them) on %d calibration row(s)",
                 base.method, batch, len(candidates), rows)
-    chosen, trials = tune_for_batch(decode_seconds, candidates, rows, rounds)
+    chosen, trials = tune_for_batch(decode_seconds, candidates, rows, rounds, parts=parts)
     record = shape_record(chosen)
     if key is not None:
         cache.put(key, record, trials)
@@ -387,16 +410,18 @@ def shape_for_call(
 ) -> DecodeConfig:
     """``base`` with its "auto" shape chosen for ``batch`` on ``target``, calibrating on a call's rows:
     ``run(config, indices)`` decodes the call's rows at ``indices`` with ``config`` (each round its
-    own rows, from the first, as far as the call has them)."""
+    own rows, from the first, as far as the call has them, in parts of one batch)."""
     rows = max(1, min(total_rows, round_size(batch)))
+    parts = round_parts(batch, rows)
+    per_part = rows // parts
     weights = weights_id(target, *more_weights)
     dtype = str(target.dtype).removeprefix("torch.")
     key = shape_key(base, weights, device_name(target.device), dtype, batch) if weights else None
 
     def seconds(config: DecodeConfig, turn: int) -> float:
         start = time.perf_counter()
-        run(config, round_rows(range(total_rows), rows, turn))
+        run(config, round_rows(range(total_rows), per_part, turn))
         return time.perf_counter() - start
 
-    config, _ = resolve_shape(base, batch, seconds, rows, key)
+    config, _ = resolve_shape(base, batch, seconds, per_part * parts, key, parts=parts)
     return config

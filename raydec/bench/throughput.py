@@ -7,9 +7,11 @@
 A batch user compares speculation with plain AR at AR's best batch, not at ours. For every
 batch size this bench first tunes each speculative method's shape for that batch
 (``raydec.api.frontier.tune_for_batch`` on calibration rows, plain AR among the candidates), then
-decodes the measured rows with AR and with every candidate shape, the configs one after another
-in an order rotated by batch and repeat (``--repeats`` runs of each, each on rows of its own, the
-same rows for every config), and reports per (method, shape, batch):
+decodes the measured rows with AR and with every candidate shape (``--repeats`` runs of each, each
+on rows of its own, the same rows for every config) and reports per (method, shape, batch). The
+configs take turns one batch of rows at a time, the order rotated each time, so that a slow spell of
+the machine (its speed can drift by a fifth within a minute) falls on every config alike; the
+tuner's rounds take turns the same way. Continuous batching decodes each repeat's rows as one queue.
 
     items_per_s        rows finished per second
     tokens_per_forward generated tokens per target forward
@@ -170,7 +172,7 @@ def frontier(rows: list[dict], budget: float | None) -> dict:
 
 def bench_throughput(args: argparse.Namespace) -> dict:
     from raydec.api import continuous_batching
-    from raydec.api.frontier import candidate_configs, shape_label, tune_for_batch
+    from raydec.api.frontier import candidate_configs, round_parts, shape_label, tune_for_batch
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -186,6 +188,10 @@ def bench_throughput(args: argparse.Namespace) -> dict:
     for turn, batch in enumerate(args.batches):
         items = max(args.items or DEFAULT_ITEMS[args.task], MIN_BATCHES * batch)
         calibration = max(args.calibration or DEFAULT_CALIBRATION[args.task], CALIBRATION_BATCHES * batch)
+        parts = 1 if continuous else round_parts(batch, calibration)  # a tuning round's parts: one batch each
+        per_part = calibration // parts
+        turns = 1 if continuous else items // batch  # a repeat's measured rows, one batch per turn
+        items = items // turns * turns
         configs: dict[str, Any] = {}  # shape label -> config, AR first
         chosen: dict[str, str] = {}
         for method in args.methods:
@@ -195,23 +201,26 @@ def bench_throughput(args: argparse.Namespace) -> dict:
             candidates = candidate_configs(workload.base[method])
             for config in candidates:
                 configs.setdefault(f"{method}:{shape_label(config)}" if config.method != "ar" else "ar", config)
-            def seconds(config: Any, turn: int) -> float:  # each tuning round on its own rows, a close call's extra ones too
-                cal = workload.requests(config, CALIBRATION_OFFSET + turn * calibration, calibration)
+            def seconds(config: Any, turn: int) -> float:  # each tuning part on its own rows, a close call's extra rounds too
+                cal = workload.requests(config, CALIBRATION_OFFSET + turn * per_part, per_part)
                 return decode_rows(workload, config, cal, batch, continuous).seconds
             t0 = time.perf_counter()
-            best, trials = tune_for_batch(seconds, candidates, calibration, rounds=args.rounds)
+            best, trials = tune_for_batch(seconds, candidates, per_part * parts, rounds=args.rounds, parts=parts)
             chosen[method] = shape_label(best)
             tuned.append({"method": method, "batch": batch, "chosen": chosen[method], "tune_seconds": time.perf_counter() - t0,
                           "trials": [{"shape": shape_label(t.config), "rows_per_s": t.rows_per_s, "ratio_to_ar": t.ratio_to_ar} for t in trials]})
             logger.info("bench throughput: batch %d, %s tuned to %s in %.0f s", batch, method, chosen[method], tuned[-1]["tune_seconds"])
         samples: dict[str, list[Measured]] = {label: [] for label in configs}
-        for repeat in range(args.repeats):  # every config once per repeat, on the repeat's own rows, the order rotated
-            labels = list(configs)
-            shift = (turn + repeat) % len(labels)
-            for label in labels[shift:] + labels[:shift]:
-                config = configs[label]
-                samples[label].append(decode_rows(workload, config, workload.requests(config, repeat * items, items), batch, continuous))
-                logger.info("bench throughput: batch %d %s: %.2f items/s", batch, label, items / samples[label][-1].seconds)
+        labels, size = list(configs), items // turns
+        for repeat in range(args.repeats):  # every config on each of the repeat's turns, the same rows, the order rotated
+            for part in range(repeat * turns, (repeat + 1) * turns):
+                shift = (turn + part) % len(labels)
+                for label in labels[shift:] + labels[:shift]:
+                    config = configs[label]
+                    samples[label].append(decode_rows(workload, config, workload.requests(config, part * size, size), batch, continuous))
+            for label in labels:
+                logger.info("bench throughput: batch %d %s: %.2f items/s (repeat %d)", batch, label,
+                            items / sum(m.seconds for m in samples[label][-turns:]), repeat + 1)
         measured = {label: _total(runs) for label, runs in samples.items()}
         total = items * args.repeats
         for label, config in configs.items():  # AR's one row is its own choice
@@ -233,7 +242,7 @@ def bench_throughput(args: argparse.Namespace) -> dict:
 
 
 def _total(runs: list[Measured]) -> Measured:
-    """The repeats of one config together: every repeat's rows once (each repeat decodes rows of its own)."""
+    """One config's runs together (each repeat's turns, each turn rows of its own): every measured row once."""
     occupancy = [m.occupancy for m in runs if m.occupancy is not None]
     return Measured(sum(m.seconds for m in runs), sum(m.tokens for m in runs), sum(m.forwards for m in runs),
                     max(m.kv_bytes for m in runs), sum(occupancy) / len(occupancy) if occupancy else None)

@@ -152,8 +152,9 @@ def choose_batch_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) ->
 def tune_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The record of ``raydec.api.frontier.resolve_shape`` for ``config``'s auto shape at its batch
     size, calibrated on ``rows`` (validated, error-free; each round takes the next
-    ``round_size(batch)`` of them, ``round_rows``), with the batch size and the seconds it took."""
-    from raydec.api.frontier import ShapeCache, resolve_shape, round_rows, round_size
+    ``round_size(batch)`` of them, ``round_rows``, in parts of one batch, ``round_parts``), with the
+    batch size and the seconds it took."""
+    from raydec.api.frontier import ShapeCache, resolve_shape, round_parts, round_rows, round_size
     from raydec.runtime.row_decoders import make_row_decoder
 
     started = time.perf_counter()
@@ -162,18 +163,20 @@ def tune_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) -> Dict[st
     key = shape_cache_key(config, probe.target.device)
 
     per_round = min(len(rows), round_size(config.batch_size))
+    parts = round_parts(config.batch_size, per_round)
+    per_part = per_round // parts
 
     def seconds(candidate: Any, turn: int) -> float:
         decoder = make_row_decoder(config.model_copy(update={"decode": candidate}))
         decoder.setup()
         start = time.perf_counter()
-        failed = [r for r in decoder(round_rows(rows, per_round, turn)) if r.get("error")]  # a row's own fault (an unreadable image): alike for every candidate
+        failed = [r for r in decoder(round_rows(rows, per_part, turn)) if r.get("error")]  # a row's own fault (an unreadable image): alike for every candidate
         if failed:
-            logger.warning("shape calibration: %d of %d row(s) failed with %s (e.g. %s)", len(failed), per_round,
+            logger.warning("shape calibration: %d of %d row(s) failed with %s (e.g. %s)", len(failed), per_part,
                            candidate.method, failed[0]["error"])
         return time.perf_counter() - start
 
-    _, record = resolve_shape(config.decode, config.batch_size, seconds, per_round, key, ShapeCache())
+    _, record = resolve_shape(config.decode, config.batch_size, seconds, per_part * parts, key, ShapeCache(), parts=parts)
     return {**record, "batch": config.batch_size, "calibration_rows": len(rows), "seconds": time.perf_counter() - started}
 
 

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from raydec.bench.cli import main as bench_main
-from raydec.bench.throughput import frontier
+from raydec.bench.throughput import MIN_BATCHES, frontier
 
 torch.set_num_threads(1)
 
 
-def test_bench_throughput_rows_auto_choices_and_frontier(tmp_path):
+@pytest.mark.parametrize("batching", ["continuous", "consecutive"])  # consecutive: the configs take turns batch by batch
+def test_bench_throughput_rows_auto_choices_and_frontier(tmp_path, batching):
     from tests.t2i_toys import tiny_janus
 
     model = tiny_janus(tmp_path / "janus")
     out = tmp_path / "throughput.json"
     assert bench_main(["throughput", "--task", "t2i", "--model", str(model), "--batches", "1,2", "--items", "2", "--calibration", "2",
-                       "--rounds", "1", "--repeats", "1", "--dtype", "float32", "--batching", "continuous", "--plots", str(tmp_path / "plots"),
+                       "--rounds", "1", "--repeats", "1", "--dtype", "float32", "--batching", batching, "--plots", str(tmp_path / "plots"),
                        "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     rows = result["rows"]
@@ -30,7 +32,8 @@ def test_bench_throughput_rows_auto_choices_and_frontier(tmp_path):
         chosen = next(t["chosen"] for t in result["tuning"] if t["batch"] == batch)
         assert auto[0]["shape"] == chosen
         assert all(r["items_per_s"] > 0 and r["kv_bytes"] > 0 and r["tokens_per_forward"] >= 1.0 for r in at)
-    assert all(r["occupancy"] is None or 0 < r["occupancy"] <= 1 for r in rows)
+        assert all(r["items"] == max(2, MIN_BATCHES * batch) for r in at)  # every config decoded every measured row
+    assert all(0 < r["occupancy"] <= 1 if batching == "continuous" else r["occupancy"] is None for r in rows)
     assert result["frontier_ratio"] == result["frontier"]["frontier_ratio"] > 0
     assert (tmp_path / "plots" / "throughput_t2i.png").is_file()
 

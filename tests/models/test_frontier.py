@@ -12,8 +12,8 @@ import torch
 from raydec.api import generate_images, load_target
 from raydec.config import DecodeConfig, JacobiDraftConfig
 from raydec.api.frontier import (
-    EXTRA_ROUNDS, KEEP_MORE, ROUNDS, ShapeCache, apply_shape, calibration_pool_size, candidate_configs, resolve_shape, round_rows,
-    shape_label, tune_for_batch,
+    EXTRA_ROUNDS, KEEP_MORE, ROUNDS, ShapeCache, apply_shape, calibration_pool_size, candidate_configs, resolve_shape, round_parts,
+    round_rows, shape_label, tune_for_batch,
 )
 from tests.t2i_toys import tiny_janus
 
@@ -70,6 +70,37 @@ def test_each_tuning_round_decodes_its_own_rows():
 
     chosen, _ = tune_for_batch(seconds, candidates, rows=4, rounds=3)
     assert shape_label(chosen) == steady and sorted(set(turns)) == [0, 1, 2]
+
+
+def test_a_round_in_parts_takes_turns_so_a_slow_spell_falls_on_every_candidate():
+    assert [round_parts(b, 8) for b in (1, 3, 8, 32)] == [8, 2, 1, 1] and round_parts(8, 16) == 2
+    candidates = shapes()
+    fast, slow = shape_label(candidates[1]), shape_label(candidates[2])
+    # `fast` decodes a part in 0.5 s, `slow` in 0.55 s, AR in 1 s; the machine runs at half speed
+    # for the 6th to the 15th call: a round decoded whole puts such a spell on whichever candidates
+    # come then, parts taking turns spread it across all of them
+    truth = {"ar": 1.0, fast: 0.5, slow: 0.55}
+    calls: list[tuple[str, int]] = []
+
+    def seconds(config: DecodeConfig, turn: int) -> float:
+        calls.append((shape_label(config), turn))
+        return truth.get(shape_label(config), 2.0) * (2.0 if 6 <= len(calls) <= 15 else 1.0)
+
+    chosen, trials = tune_for_batch(seconds, candidates, rows=4, rounds=1, extra_rounds=0, parts=4)
+    assert shape_label(chosen) == fast
+    assert [turn for _, turn in calls] == [p for p in range(4) for _ in range(5)]  # every candidate on part 0, then 1, ...
+    assert [label for label, turn in calls if turn == 1][0] == shape_label(candidates[1])  # the order rotated part by part
+    assert trials[1].ratio_to_ar > trials[2].ratio_to_ar > 1.0
+    whole: list[tuple[str, int]] = []
+
+    def whole_seconds(config: DecodeConfig, turn: int) -> float:  # one call per round: the spell lands on `fast` alone
+        whole.append((shape_label(config), turn))
+        return 4 * truth.get(shape_label(config), 2.0) * (2.0 if shape_label(config) == fast else 1.0)
+
+    chosen, _ = tune_for_batch(whole_seconds, candidates, rows=4, rounds=1, extra_rounds=0)
+    assert shape_label(chosen) == slow and [turn for _, turn in whole] == [0] * 5
+    with pytest.raises(ValueError, match="parts must be >= 1"):
+        tune_for_batch(seconds, candidates, rows=4, parts=0)
 
 
 class Scripted:
