@@ -25,6 +25,23 @@ def identity_mask(width: int) -> torch.Tensor:
     return index.unsqueeze(0) == index.unsqueeze(1)
 
 
+def ancestors_within(parents: torch.Tensor, real: torch.Tensor, levels: int) -> torch.Tensor:
+    """[B, N, N] bool: j is i or one of i's ancestors, for trees whose deepest node is at most
+    ``levels`` edges below the root. parents [B, N] (-1 = the root's); real [B, N] bool (padding
+    nodes see themselves only). By doubling: ``seen[i]`` holds i's nodes at distance < L,
+    ``jump[i]`` the node L edges up (the root is its own parent), and each pass doubles L."""
+    batch, width = parents.shape
+    index = torch.arange(width, device=parents.device)
+    eye = (index.unsqueeze(0) == index.unsqueeze(1)).expand(batch, width, width)
+    up = torch.where((parents >= 0) & real, parents, index)  # [B, N] one edge up; the root and padding stay
+    seen = eye | eye.gather(1, up.unsqueeze(2).expand(batch, width, width))  # L = 2
+    jump, span = up.gather(1, up), 2
+    while span <= levels:
+        seen = seen | seen.gather(1, jump.unsqueeze(2).expand(batch, width, width))
+        jump, span = jump.gather(1, jump), 2 * span
+    return seen
+
+
 @dataclass
 class TreeBuilder:
     """Build one row's draft tree node by node (node 0 = root)."""
@@ -193,19 +210,8 @@ class DraftTree:
         """[B, N, N] bool: node i may attend node j iff j is i or an ancestor of i (padding: self only)."""
         if "ancestors" in self._memo:
             return self._memo["ancestors"]
-        batch, width = self.tokens.shape
-        device = self.tokens.device
-        eye = identity_mask(width).to(device)
-        # reach within 1 edge (self or parent), squared until it spans the longest path (N - 1 edges)
-        is_child = (self.parents >= 0) & self.valid
-        reach = eye.expand(batch, width, width).clone()
-        reach.scatter_(2, torch.where(is_child, self.parents, torch.arange(width, device=device)).unsqueeze(2), True)
-        reach = reach.float()
-        for _ in range(max(0, (width - 1).bit_length())):
-            reach = (torch.bmm(reach, reach) > 0).float()
-        mask = reach > 0
-        self._memo["ancestors"] = mask
-        return mask
+        self._memo["ancestors"] = ancestors_within(self.parents, self.valid, self.tokens.shape[1] - 1)
+        return self._memo["ancestors"]
 
     def with_structure(self, depth: torch.Tensor, ancestors: torch.Tensor | None = None, chain: bool | None = None) -> "DraftTree":
         """Record ``depth()`` [B, N] and, if given, ``ancestor_mask()`` [B, N, N] and ``is_chain()``

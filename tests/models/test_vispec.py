@@ -11,7 +11,7 @@ from raydec.models.hf_vlm import VisionLanguageTarget, VlmPrompt
 from raydec.models.vispec_draft import DraftConfig, VispecDraft
 from raydec.speculative.engine import Engine
 from raydec.speculative.requests import RowRequest
-from raydec.speculative.proposers.draft_tree import DraftTreeProposer, _select_on_tensors, _TreeLayout, select_tree_nodes
+from raydec.speculative.proposers.draft_tree import DraftTreeProposer, _select_on_tensors, _SearchConstants, _TreeLayout, select_tree_nodes
 from tests.lawtest import compare_to_law, sample_engine
 from tests.toys import lm_law, tiny_llama
 from tests.vlm_toys import build_tiny_llava, draft_for, hf_greedy_vlm, successor_draft, vlm_prompts
@@ -81,15 +81,15 @@ def test_tree_selection_equals_a_selection_on_lists():
     """The tensor selection's nodes, their order, parents and depths equal a plain Python
     selection's (score descending, then depth, then index; then by depth), and the tree's derived
     ancestor masks equal the ones built along the way, on 400 random candidate sets full of ties."""
-    from raydec.speculative.tree import DraftTree
+    from raydec.speculative.tree import DraftTree, ancestors_within
 
     gen = torch.Generator().manual_seed(0)
     for trial in range(400):
         batch, k, depth = 1 + trial % 3, 2 + trial % 4, 1 + trial % 5
         scores, tokens, parents, depths = _random_candidates(batch, k, depth, gen)
         count = min(scores.shape[1], 1 + trial % 17)
-        layout = _TreeLayout(key=(batch, k, depth), rows_on_device=None, eye=None, root_parent=torch.full((batch, k), -1),
-                             child_parent=None, cand_depth=depths.expand(batch, -1))
+        layout = _TreeLayout(key=(batch, k, depth), root_parent=torch.full((batch, 1), -1), cand_depth=depths.expand(batch, -1),
+                             search=_SearchConstants.make(batch, k, torch.device("cpu"), torch.float32))
         roots = torch.randint(0, 50, (batch,), generator=gen)
         on_tensors = _select_on_tensors(roots, layout, scores, tokens, parents, count)
         on_lists = _select_on_lists(roots.tolist(), scores.tolist(), tokens.tolist(), parents.tolist(), depths.tolist(), count)
@@ -98,6 +98,7 @@ def test_tree_selection_equals_a_selection_on_lists():
         tree = DraftTree(on_lists[0], on_lists[1], torch.ones_like(on_lists[1], dtype=torch.bool),
                          torch.full_like(on_lists[1], -1), torch.zeros_like(on_lists[1], dtype=torch.bool), torch.zeros(batch, 0, 50))
         assert torch.equal(on_lists[3], tree.ancestor_mask()), trial
+        assert torch.equal(on_lists[3], ancestors_within(on_lists[1], torch.ones_like(on_lists[1], dtype=torch.bool), depth)), trial  # the captured step's
         assert torch.equal(on_lists[2], tree.depth()), trial
 
 

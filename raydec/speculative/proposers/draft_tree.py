@@ -32,7 +32,7 @@ from raydec.config import DraftTreeConfig
 from raydec.speculative.cache import RaggedCache
 from raydec.speculative.capture import StepGraph
 from raydec.speculative.proposers.base import DecodeState, Prefill, Proposer
-from raydec.speculative.tree import DraftTree, identity_mask
+from raydec.speculative.tree import DraftTree, ancestors_within, identity_mask
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -50,20 +50,6 @@ def _children(logp: torch.Tensor, frontier_score: torch.Tensor, k: int) -> tuple
     return (child_score + frontier_score.unsqueeze(-1)).view(batch, k * k), child_token.view(batch, k * k)
 
 
-def _ancestors(parents: torch.Tensor, levels: int) -> torch.Tensor:
-    """``DraftTree.ancestor_mask`` of trees whose every node is real and deepest node is at most
-    ``levels`` deep: parents [B, n] (-1 = the root's) -> [B, n, n] bool, j is i or an ancestor of i.
-    After t passes, a node at depth <= t holds its whole path (its parent's row, then itself)."""
-    batch, n = parents.shape
-    index = torch.arange(n, device=parents.device)
-    eye = (index.unsqueeze(0) == index.unsqueeze(1)).expand(batch, n, n)
-    parent_rows = parents.clamp(min=0).unsqueeze(2).expand(batch, n, n)  # the root stands for its own parent
-    mask = eye
-    for _ in range(levels):
-        mask = eye | mask.gather(1, parent_rows)
-    return mask
-
-
 def select_tree_nodes(scores: torch.Tensor, depths: torch.Tensor, count: int) -> torch.Tensor:
     """Indices of the ``count`` best candidates per row: score descending, then depth ascending,
     then index. scores, depths: [B, C] -> [B, count]."""
@@ -73,17 +59,19 @@ def select_tree_nodes(scores: torch.Tensor, depths: torch.Tensor, count: int) ->
     return order[:, :count]
 
 
+def _candidate_depths(k: int, depth: int, device: torch.device) -> torch.Tensor:
+    """[C] the depth of every candidate of ``_search``: K at depth 1, then K^2 per level."""
+    return torch.cat([torch.full((k if level == 1 else k * k,), level, dtype=torch.long, device=device) for level in range(1, depth + 1)])
+
+
 @dataclass(frozen=True)
 class _TreeLayout:
-    """A tree shape's index tensors for one batch size (B rows, top-K, C candidates)."""
+    """A tree shape's index tensors for one batch size (B rows, top-K, C candidates), on the draft's device."""
 
     key: tuple[int, int, int]  # (B, K, depth)
-    rows_on_device: torch.Tensor  # [B, 1] row index
-    eye: torch.Tensor  # [B, K, K] additive identity (0 on the diagonal, dtype-min elsewhere), draft dtype
-    root_parent: torch.Tensor  # [B, K] -1: level-1 candidates hang under the root
-    child_parent: torch.Tensor  # [B, K*K] frontier slot of each child candidate of a level
+    root_parent: torch.Tensor  # [B, 1] -1: the root has no parent
     cand_depth: torch.Tensor  # [B, C] depth of every candidate
-    # all on the draft's device
+    search: "_SearchConstants"
 
 
 def _select_on_tensors(
@@ -93,7 +81,7 @@ def _select_on_tensors(
     (node 0 is the root, then by depth, then rank) and None (the tree derives its ancestor mask).
     A parent outranks its children (its score is higher, or equal and shallower), so every
     chosen node's parent is chosen."""
-    return _select_nodes(roots, layout.cand_depth, layout.root_parent[:, :1], scores, tokens, parents, count)
+    return _select_nodes(roots, layout.cand_depth, layout.root_parent, scores, tokens, parents, count)
 
 
 def _select_nodes(
@@ -142,47 +130,70 @@ def _catch_up_on_tensors(
     return torch.where((counts > 0).unsqueeze(1), last, root_hidden), new_keys, new_values, fed
 
 
-def _expand_on_tensors(
-    forward: WindowForward, log_probs: Callable[[torch.Tensor], torch.Tensor], root_hidden: torch.Tensor, keys: torch.Tensor,
-    values: torch.Tensor, visible: torch.Tensor, next_position: torch.Tensor, k: int, depth: int, dtype: torch.dtype,
+# (frontier tokens [B, K], their parents' hidden [B, K, H], the expansion step (0 for level 2),
+# mask [B, 1, K, P + tree slots so far + K] additive) -> hidden [B, K, H]; the forward keeps the
+# frontier's keys and values where the next step's forward finds them
+LevelForward = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class _SearchConstants:
+    """What ``_search`` indexes with, for B rows and top-K (kept across steps by the eager path)."""
+
+    index: torch.Tensor  # [K] 0..K-1: the level-1 candidates' ids
+    eye: torch.Tensor  # [K, K] additive identity (0 on the diagonal, dtype-min elsewhere)
+    rows: torch.Tensor  # [B, 1] row index
+    child_parent: torch.Tensor  # [B, K*K] frontier slot of each child candidate of a level
+    root_children: torch.Tensor  # [B, K] -1: level-1 candidates hang under the root
+
+    @staticmethod
+    def make(batch: int, k: int, device: torch.device, dtype: torch.dtype) -> "_SearchConstants":
+        index = torch.arange(k, device=device)
+        return _SearchConstants(
+            index=index, eye=_additive((index.unsqueeze(0) == index.unsqueeze(1)).unsqueeze(0), dtype)[0, 0],
+            rows=torch.arange(batch, device=device).unsqueeze(1), child_parent=index.repeat_interleave(k).expand(batch, k * k),
+            root_children=torch.full((batch, k), -1, dtype=torch.long, device=device))
+
+
+def _search(
+    forward: LevelForward, log_probs: Callable[[torch.Tensor], torch.Tensor], root_hidden: torch.Tensor, seen: torch.Tensor,
+    k: int, depth: int, dtype: torch.dtype, constants: _SearchConstants | None = None, trace: list | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The search of ``DraftTreeProposer.propose`` on tensors, each level's tree slots kept as
-    tensors instead of in the cache. root_hidden [B, H]; keys, values [B, kv, P, d] and visible
-    [B, P] the cache slots every node sees; next_position [B] the position of the root's children
-    -> candidate scores, tokens, parents (candidate ids, -1 = root) [B, C]"""
+    """The tree search of ``DraftTreeProposer.propose``: from the root, expand each level's K best
+    candidates (by cumulative log-probability) with one draft forward, every child of each a
+    candidate. root_hidden [B, H]; seen [B, P] bool: the cache slots every node sees
+    -> candidate scores, tokens, parents (candidate ids, -1 = root) [B, C], C = K + (depth - 1) K^2.
+    The frontier at level l attends the P slots and, among the tree slots (K per expanded level),
+    what its parent attended and itself. constants: ``_SearchConstants`` for these B and K (made
+    here when None). trace: gets (frontier ids, hidden, tokens, parents so far) per expansion."""
     batch, size = root_hidden.shape
-    device = root_hidden.device
-    index = torch.arange(k, device=device)
-    seen = _additive(visible.unsqueeze(1).expand(batch, k, visible.shape[1]), dtype)  # [B, 1, K, P]
-    eye = _additive((index.unsqueeze(0) == index.unsqueeze(1)).unsqueeze(0), dtype)[0, 0]  # [K, K] additive identity
-    # [B, K, tree slots]: a frontier node sees what its parent saw of the tree, and itself
-    tree_mask = torch.full((batch, k, k * (depth - 1)), torch.finfo(dtype).min, dtype=dtype, device=device)
-    rows = torch.arange(batch, device=device).unsqueeze(1)  # [B, 1]
-    child_parent = index.repeat_interleave(k).expand(batch, k * k)  # frontier slot of each child candidate
-    positions = next_position.unsqueeze(1).expand(batch, k)  # [B, K]
+    device, past = root_hidden.device, seen.shape[1]
+    c = constants or _SearchConstants.make(batch, k, device, dtype)
+    mask = torch.full((batch, 1, k, past + k * (depth - 1)), torch.finfo(dtype).min, dtype=dtype, device=device)
+    mask[:, 0, :, :past].masked_fill_(seen.unsqueeze(1), 0.0)
+    tree_mask = mask[:, 0, :, past:]  # [B, K, tree slots], a view
     score, token = log_probs(root_hidden).topk(k, dim=-1)  # [B, K]: level 1, the root's children
-    cand_score, cand_token, cand_parent = [score], [token], [torch.full((batch, k), -1, dtype=torch.long, device=device)]
-    frontier, frontier_score, frontier_token = index.expand(batch, k), score, token
+    cand_score, cand_token, cand_parent = [score], [token], [c.root_children]
+    frontier, frontier_score, frontier_token = c.index.expand(batch, k), score, token
     frontier_feat = root_hidden.unsqueeze(1).expand(batch, k, size)  # parent hidden of each
     offset = k
     for level in range(2, depth + 1):
         slots = k * (level - 1)
-        tree_mask[:, :, slots - k : slots] = eye
-        mask = torch.cat([seen, tree_mask[:, None, :, :slots]], dim=-1)  # [B, 1, K, P + slots]
-        h, new_keys, new_values = forward(frontier_token, frontier_feat, positions + (level - 2), mask, keys, values)
-        if level < depth:  # the next level attends to this one's slots
-            keys, values = torch.cat([keys, new_keys], dim=2), torch.cat([values, new_values], dim=2)
+        tree_mask[:, :, slots - k : slots] = c.eye
+        h = forward(frontier_token, frontier_feat, level - 2, mask[..., : past + slots])
+        if trace is not None:
+            trace.append((frontier.clone(), h.detach().clone(), torch.cat(cand_token, 1), torch.cat(cand_parent, 1)))
         child_score, child_token = _children(log_probs(h), frontier_score, k)
         cand_score.append(child_score)
         cand_token.append(child_token)
-        cand_parent.append(frontier.gather(1, child_parent))
+        cand_parent.append(frontier.gather(1, c.child_parent))
         best = child_score.topk(k, dim=-1).indices  # [B, K] within this level
         parent = best // k  # frontier index of each best child's parent
-        frontier_feat = h[rows, parent]
+        frontier_feat = h[c.rows, parent]
         frontier, frontier_score, frontier_token = best + offset, child_score.gather(1, best), child_token.gather(1, best)
         offset += k * k
-        if level < depth:
-            tree_mask[:, :, :slots] = tree_mask[rows, parent, :slots]
+        if level < depth:  # the next frontier sees its parent's tree slots
+            tree_mask[:, :, :slots] = tree_mask[c.rows, parent, :slots]
     return torch.cat(cand_score, 1), torch.cat(cand_token, 1), torch.cat(cand_parent, 1)
 
 
@@ -347,15 +358,9 @@ class DraftTreeProposer(Proposer):
         key = (batch, k, self.spec.depth)
         if self._tree_layout is None or self._tree_layout.key != key:
             device = self._device
-            levels = [torch.full((k if level == 1 else k * k,), level, dtype=torch.long) for level in range(1, self.spec.depth + 1)]
-            self._tree_layout = _TreeLayout(
-                key=key,
-                rows_on_device=torch.arange(batch, device=device).unsqueeze(1),
-                eye=_additive(identity_mask(k).expand(batch, k, k), self._dtype)[:, 0].to(device),
-                root_parent=torch.full((batch, k), -1, device=device),
-                child_parent=torch.arange(k, device=device).repeat_interleave(k).expand(batch, k * k),
-                cand_depth=torch.cat(levels).to(device).expand(batch, -1),
-            )
+            self._tree_layout = _TreeLayout(key=key, root_parent=torch.full((batch, 1), -1, device=device),
+                                            cand_depth=_candidate_depths(k, self.spec.depth, device).expand(batch, -1),
+                                            search=_SearchConstants.make(batch, k, device, self._dtype))
         return self._tree_layout
 
     def capture(self, enabled: bool, device: torch.device) -> None:
@@ -377,56 +382,23 @@ class DraftTreeProposer(Proposer):
         if self._runs_captured():
             return self._propose_captured(state)
         self._catch_up()
-        spec, device, dtype = self.spec, self._device, self._dtype
-        batch = len(self.row_handles)
+        spec, dtype = self.spec, self._dtype
         k = min(spec.top_k, state.vocab_size)
-        layout = self._layout(batch, k)
+        layout = self._layout(len(self.row_handles), k)
         committed = self.cache.length  # tree slots live after this and are cropped at the end
-        blocked = torch.finfo(dtype).min
-        # [B, 1, K, S + tree slots] additive mask: committed part written once; each level's frontier
-        # node sees what its parent saw (the earlier tree slots) and itself (this level's K slots)
-        mask = torch.full((batch, 1, k, committed + k * (spec.depth - 1)), blocked, dtype=dtype, device=device)
-        mask[:, 0, :, :committed].masked_fill_(self.cache.valid.unsqueeze(1).to(device), 0.0)
-        tree_mask = mask[:, 0, :, committed:]  # [B, K, tree slots], a view
-        next_position = self.cache.next_position.unsqueeze(1).expand(batch, k).to(device)
+        next_position = self.cache.next_position.unsqueeze(1).expand(-1, k).to(self._device)  # [B, K]: the root's children
         max_position = self.cache.max_next_position  # the host's bound: no read-back
 
-        # candidates, level by level: cumulative score, token, parent candidate (-1 = root)
-        logp = self._log_probs(self.root_hidden, state)  # [B, V]
-        score, token = logp.topk(k, dim=-1)  # [B, K]: level 1, the root's children
-        cand_score, cand_token, cand_parent = [score], [token], [layout.root_parent]
-        frontier = torch.arange(k, device=device).expand(batch, k)  # candidate ids of the nodes expanded next
-        frontier_score, frontier_token = score, token  # [B, K]
-        frontier_feat = self.root_hidden.unsqueeze(1).expand(batch, k, self.root_hidden.shape[-1])  # parent hidden of each
-        offset = k
-        for level in range(2, spec.depth + 1):
-            # one draft forward over the frontier (K nodes per row) at depth level-1
-            slots = k * (level - 1)
-            tree_mask[:, :, slots - k : slots] = layout.eye
-            tok = self.draft.embed_tokens(frontier_token).to(dtype)
-            h = self.draft.decode_forward(
-                tok, frontier_feat, next_position + (level - 2), mask[..., : committed + slots], self.cache.kv, self.rows,
-                max_position + level - 2,
-            )
-            if self.trace is not None:
-                self.trace.append((frontier.clone(), h.detach().clone(), torch.cat(cand_token, 1), torch.cat(cand_parent, 1)))
+        def forward(tokens: torch.Tensor, features: torch.Tensor, step: int, mask: torch.Tensor) -> torch.Tensor:
+            embeds = self.draft.embed_tokens(tokens).to(dtype)  # the frontier's keys and values join the cache
+            return self.draft.decode_forward(embeds, features, next_position + step, mask, self.cache.kv, self.rows, max_position + step)
 
-            # children of every frontier node: [B, K, K] -> K*K candidates at this level
-            child_score, child_token = _children(self._log_probs(h, state), frontier_score, k)
-            cand_score.append(child_score)
-            cand_token.append(child_token)
-            cand_parent.append(frontier.gather(1, layout.child_parent))
-            best = child_score.topk(k, dim=-1).indices  # [B, K] within this level
-            parent_on_device = best // k  # frontier index of each best child's parent
-            frontier_feat = h[layout.rows_on_device, parent_on_device]
-            frontier, frontier_score, frontier_token = best + offset, child_score.gather(1, best), child_token.gather(1, best)
-            offset += k * k
-            if level < spec.depth:  # the next frontier sees its parent's tree slots
-                tree_mask[:, :, :slots] = tree_mask[layout.rows_on_device, parent_on_device, :slots]
+        scores, tokens, parents = _search(forward, lambda h: self._log_probs(h, state), self.root_hidden,
+                                          self.cache.valid.to(self._device), k, spec.depth, dtype, layout.search, self.trace)
         grown = self.cache.kv.get_seq_length() - committed
         if grown:
             self.cache.kv.crop(-grown)
-        return self._select(state, layout, torch.cat(cand_score, 1), torch.cat(cand_token, 1), torch.cat(cand_parent, 1))
+        return self._select(state, layout, scores, tokens, parents)
 
     def _select(
         self, state: DecodeState, layout: "_TreeLayout", scores: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor
@@ -521,15 +493,27 @@ class DraftTreeProposer(Proposer):
 
         root_hidden, keys, values, fed = _catch_up_on_tensors(
             forward, feats[:, :width], ids[:, :width], counts, root_hidden, past_keys, past_values, past_valid, next_position, dtype)
-        scores, tokens, parents = _expand_on_tensors(
-            forward, log_probs, root_hidden, torch.cat([past_keys, keys], dim=2), torch.cat([past_values, values], dim=2),
-            torch.cat([past_valid, fed], dim=1), next_position + counts, top_k, depth, dtype)
+        # the slots every node sees, then room for the frontier's keys and values of each level but the last
+        past = past_keys.shape[2] + width
+        room = past_keys.new_zeros(*past_keys.shape[:2], top_k * (depth - 2), past_keys.shape[3]) if depth > 2 else past_keys[:, :, :0]
+        tree_keys, tree_values = torch.cat([past_keys, keys, room], dim=2), torch.cat([past_values, values, room], dim=2)
+        positions = (next_position + counts).unsqueeze(1).expand(-1, top_k)  # [B, K]: the root's children
+
+        def level_forward(tokens: torch.Tensor, features: torch.Tensor, step: int, mask: torch.Tensor) -> torch.Tensor:
+            end = past + top_k * step  # the slots seen so far
+            h, new_keys, new_values = forward(tokens, features, positions + step, mask, tree_keys[:, :, :end], tree_values[:, :, :end])
+            if step < depth - 2:  # the next level attends to this one's slots
+                tree_keys[:, :, end : end + top_k] = new_keys
+                tree_values[:, :, end : end + top_k] = new_values
+            return h
+
+        scores, tokens, parents = _search(level_forward, log_probs, root_hidden, torch.cat([past_valid, fed], dim=1), top_k, depth, dtype)
         batch, device = roots.shape[0], roots.device
-        levels = [torch.full((top_k if level == 1 else top_k * top_k,), level, dtype=torch.long, device=device) for level in range(1, depth + 1)]
         root_parent = torch.full((batch, 1), -1, dtype=torch.long, device=device)
         node_tokens, node_parents, node_depth, _ = _select_nodes(
-            roots, torch.cat(levels).expand(batch, -1), root_parent, scores, tokens, parents, count)
-        return node_tokens, node_parents, node_depth, _ancestors(node_parents, depth), root_hidden, torch.stack([keys, values], dim=1), fed
+            roots, _candidate_depths(top_k, depth, device).expand(batch, -1), root_parent, scores, tokens, parents, count)
+        ancestors = ancestors_within(node_parents, torch.ones_like(node_parents, dtype=torch.bool), depth)  # every node is real
+        return node_tokens, node_parents, node_depth, ancestors, root_hidden, torch.stack([keys, values], dim=1), fed
 
     def _node_count(self, k: int) -> int:
         """Draft nodes a tree holds: ``total_tokens - 1``, at most every candidate of the search."""
