@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+import pytest
 
 from tests.serve.conftest import SEEDED_SHAPE
 from tests.serve.helpers import pixels, stats
@@ -31,16 +32,24 @@ def test_a_replica_takes_its_auto_batch_size_and_shape_from_the_shape_cache(clie
     assert (fixed["method"], fixed["shape"], fixed["batch_size"], fixed["auto"]) == ("sjd_pac", "window=16,init=uniform", 8, {})
 
 
-def test_a_replica_tunes_its_auto_shape_at_start_and_caches_it_for_the_next(serve_app, tmp_path, monkeypatch, caplog):
-    """The replica class in this process (ray is up: its metrics need it), on an empty shape cache."""
+@pytest.mark.parametrize("task", ["t2i", "caption"])
+def test_a_replica_tunes_its_auto_shape_at_start_and_caches_it_for_the_next(serve_app, tmp_path, monkeypatch, caplog, task):
+    """The replica class in this process (ray is up: its metrics need it), on an empty shape cache:
+    SJD-PAC's window on the tiny Janus, ViSpec's draft tree on the reference VLM (short captions)."""
     from raydec.serve.config import LimitsConfig, ServedModel
-    from raydec.serve.replica import ImageReplica
+    from raydec.serve.replica import ChatReplica, ImageReplica
 
     monkeypatch.setenv("RAYDEC_CACHE_DIR", str(tmp_path))
-    served = ServedModel(name="tuned", task="t2i", model=str(serve_app["janus"]), decode={"method": "sjd_pac"}, batch_size=2)
-    assert served.decode.jacobi == "auto"  # the default where the config names no shape
+    if task == "t2i":
+        replica = ImageReplica
+        served = ServedModel(name="tuned", task="t2i", model=str(serve_app["janus"]), decode={"method": "sjd_pac"}, batch_size=2)
+        assert served.decode.jacobi == "auto"  # the default where the config names no shape
+    else:
+        replica = ChatReplica
+        served = ServedModel(name="tuned", task="caption", decode={"method": "vispec", "max_new_tokens": 16}, batch_size=2)
+        assert served.decode.draft_tree == "auto"
     with caplog.at_level(logging.INFO, logger="raydec.serve"):
-        first = ImageReplica(served, LimitsConfig())
+        first = replica(served, LimitsConfig())
     try:
         decoding = first.decoding()
         assert decoding["auto"] == {"shape": "tuned"} and decoding["batch_size"] == 2
@@ -48,7 +57,7 @@ def test_a_replica_tunes_its_auto_shape_at_start_and_caches_it_for_the_next(serv
         (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model tuned ")]
         shown = "ar" if decoding["method"] == "ar" else f"{decoding['method']} {decoding['shape']}"  # the tuner may choose AR
         assert f"batch_size 2, {shown} (auto: tuned at start in" in line
-        second = ImageReplica(served, LimitsConfig())
+        second = replica(served, LimitsConfig())
         try:
             again = second.decoding()
             assert again["auto"] == {"shape": "cache"} and (again["method"], again["shape"]) == (decoding["method"], decoding["shape"])
