@@ -392,31 +392,42 @@ def resolve_shape(
     return chosen, {**record, "tuned": True}
 
 
-def weights_id(target: Any, *more: str | Path | None) -> str | None:
-    """A fingerprint of the target's weight files (and of the folders in ``more``, e.g. a draft's);
-    None when the target was not loaded from a folder (nothing identifies its weights)."""
+def weights_id(target: Any, draft: str | Path | None = None) -> str | None:
+    """The weights a tuned shape belongs to, ``model:<fingerprint>`` (and ``+draft:<fingerprint>``
+    of a draft's folder, first: roles sorted); None when the target was not loaded from a folder
+    (nothing identifies its weights)."""
     from raydec.models.registry import weights_fingerprint
 
     folder = getattr(getattr(target, "model", None), "name_or_path", None)
     if not folder or not Path(folder).is_dir():
         return None
-    parts = [weights_fingerprint(folder)] + [weights_fingerprint(p) for p in more if p is not None and Path(p).is_dir()]
-    return "+".join(parts)
+    parts = {"model": weights_fingerprint(folder)}
+    if draft is not None and Path(draft).is_dir():
+        parts["draft"] = weights_fingerprint(draft)
+    return "+".join(f"{role}:{fingerprint}" for role, fingerprint in sorted(parts.items()))
+
+
+def target_shape_key(config: DecodeConfig, target: Any, batch: int, draft: str | Path | None = None) -> dict | None:
+    """The shape cache's key for decoding ``config`` (as resolved for ``target``: its sampling and
+    length filled in) on ``target`` at ``batch``, the same for a public function, a job and a Serve
+    replica; None when nothing identifies the weights (:func:`weights_id`)."""
+    weights = weights_id(target, draft)
+    dtype = str(target.dtype).removeprefix("torch.")
+    return shape_key(config, weights, device_name(target.device), dtype, batch) if weights else None
 
 
 def shape_for_call(
     base: DecodeConfig, target: Any, batch: int, run: Callable[[DecodeConfig, list[int]], Any], total_rows: int,
-    *more_weights: str | Path | None,
+    draft: str | Path | None = None,
 ) -> DecodeConfig:
     """``base`` with its "auto" shape chosen for ``batch`` on ``target``, calibrating on a call's rows:
     ``run(config, indices)`` decodes the call's rows at ``indices`` with ``config`` (each round its
-    own rows, from the first, as far as the call has them, in parts of one batch)."""
+    own rows, from the first, as far as the call has them, in parts of one batch). draft: the
+    folder of the draft ``base`` decodes with (its weights are part of the key)."""
     rows = max(1, min(total_rows, round_size(batch)))
     parts = round_parts(batch, rows)
     per_part = rows // parts
-    weights = weights_id(target, *more_weights)
-    dtype = str(target.dtype).removeprefix("torch.")
-    key = shape_key(base, weights, device_name(target.device), dtype, batch) if weights else None
+    key = target_shape_key(base, target, batch, draft)
 
     def seconds(config: DecodeConfig, turn: int) -> float:
         start = time.perf_counter()

@@ -88,13 +88,21 @@ def tune_in_worker(job: JobConfig, fragments: List[Fragment]) -> Dict[str, Any]:
     return chosen
 
 
-def shape_cache_key(config: ProcessorConfig, device: Any) -> Dict[str, Any]:
-    """The shape cache's key for ``config`` decoding on ``device`` in this process (its torch threads)."""
-    from raydec.api.frontier import device_name, shape_key
-    from raydec.runtime.resume import weights_of
+def shape_cache_key(config: ProcessorConfig, target: Any) -> Dict[str, Any] | None:
+    """The shape cache's key for ``config`` decoding on ``target`` (loaded, at the config's image
+    size) in this process (its torch threads): the key ``generate_images`` / ``caption_images``
+    use for the same decode config, weights, device, dtype and batch
+    (``raydec.api.frontier.target_shape_key``)."""
+    from raydec.api.frontier import target_shape_key
+    from raydec.api.inputs import caption_decode_config, image_decode_config
+    from raydec.config import DRAFT_METHODS
+    from raydec.models.registry import resolve_draft_path
 
-    weights = "+".join(f"{role}:{fingerprint}" for role, fingerprint in sorted(weights_of(config.task, config.model, config.decode).items()))
-    return shape_key(config.decode, weights, device_name(device), config.dtype, config.batch_size)
+    decode = config.decode
+    if config.task == "t2i":
+        return target_shape_key(image_decode_config(decode, target), target, config.batch_size)
+    draft = resolve_draft_path(config.model, decode.method, decode.draft_model) if decode.method in DRAFT_METHODS else None
+    return target_shape_key(caption_decode_config(decode, target), target, config.batch_size, draft)
 
 
 def choose_batch_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -104,7 +112,7 @@ def choose_batch_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) ->
     Returns the record a manifest keeps (``batch_size`` and the figures it came from)."""
     import torch
 
-    from raydec.api import DEFAULT_CAPTION_PROMPT, draft_dtype, load_draft
+    from raydec.api import DEFAULT_CAPTION_PROMPT, draft_dtype, load_draft, sized
     from raydec.api.frontier import ShapeCache
     from raydec.api.memory import kv_bytes_per_row, largest_batch, module_bytes, worker_memory_bytes
     from raydec.api.schedulers import CaptionScheduler, ImageScheduler
@@ -142,7 +150,8 @@ def choose_batch_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) ->
     weights = module_bytes(target.model, draft)
     share = config.gpus_per_worker if torch.device(target.device).type == "cuda" else 1.0
     memory = worker_memory_bytes(target.device, weights, share)
-    best = ShapeCache().best_batch(shape_cache_key(config, target.device))
+    key = shape_cache_key(config, sized(target, config.size) if config.task == "t2i" else target)
+    best = ShapeCache().best_batch(key) if key is not None else None
     batch = largest_batch(memory, weights, kv, config.max_memory_fraction, best)
     return {"batch_size": batch, "kv_bytes_per_row": kv, "weights_bytes": weights, "memory_bytes": memory,
             "max_memory_fraction": config.max_memory_fraction, "best_batch": best, "calibration_rows": len(rows),
@@ -160,7 +169,7 @@ def tune_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) -> Dict[st
     started = time.perf_counter()
     probe = make_row_decoder(config.model_copy(update={"decode": config.decode.model_copy(update={"method": "ar"})}))
     probe.setup()  # loads the model (cached for the candidates below) and sets the threads
-    key = shape_cache_key(config, probe.target.device)
+    key = shape_cache_key(config, probe.target)  # the row decoder's target makes the config's image size
 
     per_round = min(len(rows), round_size(config.batch_size))
     parts = round_parts(config.batch_size, per_round)

@@ -232,3 +232,9 @@ def test_a_tuned_shape_is_cached_and_reused_and_decodes_as_the_shape_it_records(
     fixed = generate_images(prompts, model=janus, decode=apply_shape(DecodeConfig(**auto), again[1]), seeds=seeds, batch_size=2)
     assert [r.tokens for r in first] == [r.tokens for r in second] == [r.tokens for r in fixed]
     assert len(list(cache.folder.glob("*.json"))) == 1
+    # a job (or a Serve replica) with the same model, decode config and batch takes the same entry
+    from raydec.runtime.config import ProcessorConfig
+    from raydec.runtime.shapes import shape_cache_key
+
+    job = ProcessorConfig(task="t2i", model=janus.model.name_or_path, dtype="float32", decode=auto, batch_size=2)
+    assert cache.get(shape_cache_key(job, janus)) == json.loads(entry.read_text())["shape"]

@@ -27,12 +27,17 @@ AUTO_MODEL = {"name": "t2i-auto", "task": "t2i", "decode": {"method": "sjd_pac"}
 def seed_shape_cache(served) -> None:
     """Put SEEDED_SHAPE in this process's shape cache under the key ``served``'s replica computes at
     batch 2 (the only batch the cache then knows, so 'auto' takes it), as a tuning would have left it."""
+    import torch
+
+    from raydec.api import load_target, sized
     from raydec.api.frontier import ShapeCache, ShapeTrial, apply_shape
     from raydec.config import DecodeConfig
     from raydec.runtime.shapes import shape_cache_key
     from raydec.serve.auto import processor_config
 
-    key = shape_cache_key(processor_config(served.model_copy(update={"batch_size": 2})), "cpu")
+    config = processor_config(served.model_copy(update={"batch_size": 2}))
+    target = sized(load_target(config.model, task="t2i", dtype=getattr(torch, config.dtype)), config.size)
+    key = shape_cache_key(config, target)
     trials = [ShapeTrial(DecodeConfig(method="ar"), 10.0, 1.0), ShapeTrial(apply_shape(served.decode, SEEDED_SHAPE), 12.0, 1.2)]
     ShapeCache().put(key, SEEDED_SHAPE, trials)
 
