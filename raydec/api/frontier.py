@@ -134,10 +134,11 @@ def round_size(batch: int) -> int:
     return max(batch, CALIBRATION_ROWS)
 
 
-def round_parts(batch: int, rows: int) -> int:
-    """How many parts a tuning round of ``rows`` calibration rows at ``batch`` is decoded in: one
-    batch each (a round of one batch or less is one part). Each part has ``rows // parts`` rows."""
-    return max(1, rows // max(1, batch))
+def round_parts(batch: int, rows: int) -> tuple[int, int]:
+    """How a tuning round of ``rows`` calibration rows at ``batch`` is decoded: (parts, rows per
+    part), one batch a part (a round of one batch or less is one part)."""
+    parts = max(1, rows // max(1, batch))
+    return parts, rows // parts
 
 
 def calibration_pool_size(rows: int, rounds: int = ROUNDS) -> int:
@@ -424,9 +425,7 @@ def shape_for_call(
     ``run(config, indices)`` decodes the call's rows at ``indices`` with ``config`` (each round its
     own rows, from the first, as far as the call has them, in parts of one batch). draft: the
     folder of the draft ``base`` decodes with (its weights are part of the key)."""
-    rows = max(1, min(total_rows, round_size(batch)))
-    parts = round_parts(batch, rows)
-    per_part = rows // parts
+    parts, per_part = round_parts(batch, max(1, min(total_rows, round_size(batch))))
     key = target_shape_key(base, target, batch, draft)
 
     def seconds(config: DecodeConfig, turn: int) -> float:

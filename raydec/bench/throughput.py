@@ -188,8 +188,7 @@ def bench_throughput(args: argparse.Namespace) -> dict:
     for turn, batch in enumerate(args.batches):
         items = max(args.items or DEFAULT_ITEMS[args.task], MIN_BATCHES * batch)
         calibration = max(args.calibration or DEFAULT_CALIBRATION[args.task], CALIBRATION_BATCHES * batch)
-        parts = 1 if continuous else round_parts(batch, calibration)  # a tuning round's parts: one batch each
-        per_part = calibration // parts
+        parts, per_part = (1, calibration) if continuous else round_parts(batch, calibration)  # a tuning round's parts: one batch each
         turns = 1 if continuous else items // batch  # a repeat's measured rows, one batch per turn
         items = items // turns * turns
         configs: dict[str, Any] = {}  # shape label -> config, AR first

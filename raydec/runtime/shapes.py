@@ -171,9 +171,7 @@ def tune_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) -> Dict[st
     probe.setup()  # loads the model (cached for the candidates below) and sets the threads
     key = shape_cache_key(config, probe.target)  # the row decoder's target makes the config's image size
 
-    per_round = min(len(rows), round_size(config.batch_size))
-    parts = round_parts(config.batch_size, per_round)
-    per_part = per_round // parts
+    parts, per_part = round_parts(config.batch_size, min(len(rows), round_size(config.batch_size)))
 
     def seconds(candidate: Any, turn: int) -> float:
         decoder = make_row_decoder(config.model_copy(update={"decode": candidate}))

@@ -73,7 +73,7 @@ def test_each_tuning_round_decodes_its_own_rows():
 
 
 def test_a_round_in_parts_takes_turns_so_a_slow_spell_falls_on_every_candidate():
-    assert [round_parts(b, 8) for b in (1, 3, 8, 32)] == [8, 2, 1, 1] and round_parts(8, 16) == 2
+    assert [round_parts(b, 8) for b in (1, 3, 8, 32)] == [(8, 1), (2, 4), (1, 8), (1, 8)] and round_parts(8, 16) == (2, 8)
     candidates = shapes()
     fast, slow = shape_label(candidates[1]), shape_label(candidates[2])
     # `fast` decodes a part in 0.5 s, `slow` in 0.55 s, AR in 1 s; the machine runs at half speed

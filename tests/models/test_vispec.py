@@ -88,7 +88,7 @@ def test_tree_selection_equals_a_selection_on_lists():
         batch, k, depth = 1 + trial % 3, 2 + trial % 4, 1 + trial % 5
         scores, tokens, parents, depths = _random_candidates(batch, k, depth, gen)
         count = min(scores.shape[1], 1 + trial % 17)
-        layout = _TreeLayout(key=(batch, k, depth), root_parent=torch.full((batch, 1), -1), cand_depth=depths.expand(batch, -1),
+        layout = _TreeLayout(key=(batch, k, depth), cand_depth=depths.expand(batch, -1),
                              search=_SearchConstants.make(batch, k, torch.device("cpu"), torch.float32))
         roots = torch.randint(0, 50, (batch,), generator=gen)
         on_tensors = _select_on_tensors(roots, layout, scores, tokens, parents, count)

@@ -69,9 +69,8 @@ class _TreeLayout:
     """A tree shape's index tensors for one batch size (B rows, top-K, C candidates), on the draft's device."""
 
     key: tuple[int, int, int]  # (B, K, depth)
-    root_parent: torch.Tensor  # [B, 1] -1: the root has no parent
     cand_depth: torch.Tensor  # [B, C] depth of every candidate
-    search: "_SearchConstants"
+    search: "_SearchConstants"  # its root_children[:, :1] is the root's parent (-1)
 
 
 def _select_on_tensors(
@@ -81,7 +80,7 @@ def _select_on_tensors(
     (node 0 is the root, then by depth, then rank) and None (the tree derives its ancestor mask).
     A parent outranks its children (its score is higher, or equal and shallower), so every
     chosen node's parent is chosen."""
-    return _select_nodes(roots, layout.cand_depth, layout.root_parent, scores, tokens, parents, count)
+    return _select_nodes(roots, layout.cand_depth, layout.search.root_children[:, :1], scores, tokens, parents, count)
 
 
 def _select_nodes(
@@ -358,8 +357,7 @@ class DraftTreeProposer(Proposer):
         key = (batch, k, self.spec.depth)
         if self._tree_layout is None or self._tree_layout.key != key:
             device = self._device
-            self._tree_layout = _TreeLayout(key=key, root_parent=torch.full((batch, 1), -1, device=device),
-                                            cand_depth=_candidate_depths(k, self.spec.depth, device).expand(batch, -1),
+            self._tree_layout = _TreeLayout(key=key, cand_depth=_candidate_depths(k, self.spec.depth, device).expand(batch, -1),
                                             search=_SearchConstants.make(batch, k, device, self._dtype))
         return self._tree_layout
 
