@@ -17,6 +17,9 @@ for the batch it will decode, by measuring, and "no speculation" is a candidate:
         within CLOSE of the leader's median ratio, the leader included, at most 3 besides AR)
     chosen = argmax of median ratio(c) over the candidates of the last round, AR (ratio 1)
              included; a tie keeps the earlier candidate, so AR wins a tie
+    captured steps (compile on, a GPU's default): the rounds above time every candidate eagerly;
+        then AR and the FINALISTS (2) best shapes are compiled on one untimed part each and timed
+        captured for CAPTURED_ROUNDS (2) rounds, and the choice is made among them alone
 
 Timing every candidate against AR in the same round keeps the choice stable on a busy machine:
 a slow spell slows a round alike and its ratios hold; the median drops a round a spell split.
@@ -27,6 +30,13 @@ the next rounds. Where the leaders lie within a few percent after the rounds, th
 time those few again on further rows; a clear lead costs nothing more. Only the candidates of the
 last round are chosen among: each of them was timed in every round, while one dropped earlier
 has fewer samples, and a median over fewer rows does not compare with theirs.
+Compiling a captured step takes seconds to a minute per shape, so the tuner compiles the finalists
+only: screening eagerly keeps tuning's time that of an eager tuning plus three compiles. The eager
+step costs a fixed number of operator launches per step whatever the window (the Jacobi methods
+launch the same operators for window 8 and 48, a draft tree the same per level), so capture takes
+about the same time off every speculative shape's step and keeps their order; it takes a larger
+share off AR's, whose step does the least besides the forward, which is why AR is timed captured
+against the finalists before the choice.
 Each round decodes other rows (``round_rows``): how far a draft gets depends on the row (a plain
 background is guessed far ahead, a noisy one hardly), and a batch decodes as long as its slowest
 row, so one set of a few rows can favour a shape that the job's rows do not.
@@ -55,6 +65,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from raydec.config import (
     DRAFT_METHODS, JACOBI_METHODS, DecodeConfig, DraftTreeConfig, JacobiDraftConfig, full_tree_nodes,
 )
+from raydec.speculative.capture import resolve_compile
 
 logger = logging.getLogger(__name__)
 
@@ -69,17 +80,21 @@ KEEP_MORE = 2  # ... and at most this many of them besides the top half (the tun
 CLOSE = 0.05  # a median ratio at least (1 - CLOSE) times the leader's is within CLOSE of it: a close call
 CONTENDERS = 3  # candidates besides AR timed in an extra round, the leader included
 CALIBRATION_ROWS = 8  # calibration rows per round at least; a batch size above it calibrates on that many
+FINALISTS = 2  # shapes besides AR timed captured, when the step is captured
+CAPTURED_ROUNDS = 2  # rounds that time AR and the finalists captured
 
 Row = TypeVar("Row")
 
 
 @dataclass(frozen=True)
 class ShapeTrial:
-    """One candidate and what it measured: rows per second, and its median ratio to AR's in the same rounds."""
+    """One candidate and what it measured: rows per second, and its median ratio to AR's in the same
+    rounds (captured: timed with its step captured, else eagerly)."""
 
     config: DecodeConfig
     rows_per_s: float
     ratio_to_ar: float
+    captured: bool = False
 
 
 def shape_label(config: DecodeConfig) -> str:
@@ -206,17 +221,20 @@ def tune_for_batch(
     rounds: int = ROUNDS,
     extra_rounds: int = EXTRA_ROUNDS,
     parts: int = 1,
+    captured: bool = False,
 ) -> tuple[DecodeConfig, list[ShapeTrial]]:
     """The candidate with the best median throughput ratio to AR, and every trial.
 
     decode_seconds(config, turn): decode calibration part ``turn`` (``rows // parts`` rows, at the
     batch being tuned for; :func:`round_rows`) with ``config`` and return the wall seconds; round r
     is the parts ``r * parts`` to ``(r + 1) * parts - 1``, so ``turn`` counts from 0 up to
-    ``(rounds + extra_rounds) * parts - 1`` at most (:func:`calibration_pool_size`). rows: the
-    calibration rows of one round. parts: how many parts a round is decoded in, the candidates taking
-    turns part by part (:func:`round_parts`; 1: a part is a round). candidates: AR first (see
-    :func:`candidate_configs`). Ties keep the earlier candidate, so AR wins a tie. extra_rounds: the
-    most rounds run after ``rounds`` for a close call.
+    ``(rounds + extra_rounds) * parts - 1`` at most (:func:`calibration_pool_size`; the captured
+    rounds decode the first rounds' rows again). rows: the calibration rows of one round. parts: how
+    many parts a round is decoded in, the candidates taking turns part by part (:func:`round_parts`;
+    1: a part is a round). candidates: AR first (see :func:`candidate_configs`). Ties keep the
+    earlier candidate, so AR wins a tie. extra_rounds: the most rounds run after ``rounds`` for a
+    close call. captured: whether the candidates' step is captured (``resolve_compile``): they are
+    screened eagerly (``compile: off``) and AR with the FINALISTS is timed captured (module docstring).
     """
     if not candidates or candidates[0].method != "ar":
         raise ValueError("candidates: plain AR must come first (it is the baseline every round is timed against)")
@@ -224,12 +242,13 @@ def tune_for_batch(
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     if parts < 1:
         raise ValueError(f"parts must be >= 1, got {parts}")
+    screened = [c.model_copy(update={"compile": "off"}) for c in candidates] if captured else list(candidates)
     seconds: list[list[float]] = [[] for _ in candidates]
     ratios: list[list[float]] = [[] for _ in candidates]
     # invariant: every candidate in `field` was timed in every round run so far (AR always is)
     field = list(range(len(candidates)))
     for turn in range(rounds):
-        _time_round(decode_seconds, candidates, field, turn, parts, seconds, ratios)
+        _time_round(decode_seconds, screened, field, turn, parts, seconds, ratios)
         if turn == 0:  # the one cut: the later regular rounds time every survivor
             field = _first_cut(field, ratios)
     for extra in range(extra_rounds):
@@ -238,17 +257,43 @@ def tune_for_batch(
             break  # the leader is clear
         logger.info("tune extra round %d of at most %d (a close call): %s", extra + 1, extra_rounds,
                     ", ".join(f"{shape_label(candidates[i])} {statistics.median(ratios[i]):.3f}x AR" for i in contenders))
-        _time_round(decode_seconds, candidates, contenders, rounds + extra, parts, seconds, ratios)  # rows of its own
+        _time_round(decode_seconds, screened, contenders, rounds + extra, parts, seconds, ratios)  # rows of its own
         field = contenders  # a subset of the field: the invariant holds
+    final = set()
+    if captured:
+        field = _time_captured(decode_seconds, candidates, _ranked(field, ratios), parts, seconds, ratios)
+        final = set(field)
     trials = []
-    for config, samples, ratio in zip(candidates, seconds, ratios):
-        trials.append(ShapeTrial(config, rows / statistics.median(samples), statistics.median(ratio)))
-        logger.info("tune %s %s: %.2f rows/s, %.2fx AR (%d rounds)", config.method, shape_label(config), trials[-1].rows_per_s,
-                    trials[-1].ratio_to_ar, len(samples))
+    for index, (config, samples, ratio) in enumerate(zip(candidates, seconds, ratios)):
+        trials.append(ShapeTrial(config, rows / statistics.median(samples), statistics.median(ratio), index in final))
+        logger.info("tune %s %s: %.2f rows/s, %.2fx AR (%d rounds%s)", config.method, shape_label(config), trials[-1].rows_per_s,
+                    trials[-1].ratio_to_ar, len(samples), ", captured" if index in final else "")
     # the field holds only candidates with a sample of every round: one dropped earlier, with fewer
     # samples (rows the others were not timed on), cannot win on a median of other rows
     best = _ranked(field, ratios)[0]
     return candidates[best], trials
+
+
+def _time_captured(
+    decode_seconds: Callable[[DecodeConfig, int], float],
+    candidates: Sequence[DecodeConfig],
+    ranked: list[int],
+    parts: int,
+    seconds: list[list[float]],
+    ratios: list[list[float]],
+) -> list[int]:
+    """AR and the FINALISTS best of ``ranked`` (the eager ranking), compiled on one untimed part
+    each, then timed captured for CAPTURED_ROUNDS rounds (on the first rounds' rows). Their eager
+    samples are replaced by the captured ones. Returns them, AR first."""
+    finalists = [0, *[i for i in ranked if i != 0][:FINALISTS]]
+    logger.info("tune captured: compiling and timing %s", ", ".join(shape_label(candidates[i]) for i in finalists))
+    for index in finalists:  # the first decode of a shape compiles its variants: untimed
+        decode_seconds(candidates[index], 0)
+    for index in finalists:
+        seconds[index], ratios[index] = [], []
+    for turn in range(CAPTURED_ROUNDS):
+        _time_round(decode_seconds, candidates, finalists, turn, parts, seconds, ratios)
+    return finalists
 
 
 # -- the choice, once per model, device and batch ------------------------------------------------
@@ -319,7 +364,8 @@ class ShapeCache:
         """Keep ``record`` under ``key`` (written whole, then renamed); an unwritable folder only logs."""
         path = self._path(key)
         entry = {"key": key, "shape": record,
-                 "trials": [{"shape": shape_label(t.config), "rows_per_s": t.rows_per_s, "ratio_to_ar": t.ratio_to_ar} for t in trials]}
+                 "trials": [{"shape": shape_label(t.config), "rows_per_s": t.rows_per_s, "ratio_to_ar": t.ratio_to_ar, "captured": t.captured}
+                            for t in trials]}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(f".{os.getpid()}.tmp")
@@ -367,13 +413,14 @@ def resolve_shape(
     cache: ShapeCache | None = None,
     rounds: int = ROUNDS,
     parts: int = 1,
+    captured: bool = False,
 ) -> tuple[DecodeConfig, dict]:
     """``base`` with its "auto" shape replaced by the choice for ``batch``: the cached one for
     ``key`` when there is one, else tuned now (:func:`tune_for_batch` over
     :func:`candidate_configs`) and cached. ``key`` None: nothing identifies the weights; tune
     without caching. Returns the config and its record (:func:`shape_record`, with ``tuned``:
     whether this call measured it). rows, parts: a round's calibration rows and the parts it is
-    decoded in (:func:`tune_for_batch`)."""
+    decoded in; captured: whether the step is captured on the device (:func:`tune_for_batch`)."""
     if not base.auto_shape:
         return base, {**shape_record(base), "tuned": False}
     cache = cache or ShapeCache()
@@ -384,7 +431,7 @@ def resolve_shape(
     candidates = candidate_configs(base)
     logger.info("%s at batch %d: tuning the draft shape over %d candidates (plain AR among them) on %d calibration row(s)",
                 base.method, batch, len(candidates), rows)
-    chosen, trials = tune_for_batch(decode_seconds, candidates, rows, rounds, parts=parts)
+    chosen, trials = tune_for_batch(decode_seconds, candidates, rows, rounds, parts=parts, captured=captured)
     record = shape_record(chosen)
     if key is not None:
         cache.put(key, record, trials)
@@ -433,5 +480,6 @@ def shape_for_call(
         run(config, round_rows(range(total_rows), per_part, turn))
         return time.perf_counter() - start
 
-    config, _ = resolve_shape(base, batch, seconds, per_part * parts, key, parts=parts)
+    captured = resolve_compile(base.compile, target.device)
+    config, _ = resolve_shape(base, batch, seconds, per_part * parts, key, parts=parts, captured=captured)
     return config

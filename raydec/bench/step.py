@@ -19,6 +19,9 @@ over a random Llama with a 32,000-token vocabulary runs the draft-tree path. For
     cache_bytes_per_step bytes the target's KV cache writes or copies per step (new slots, growth,
                          compaction, rows leaving): flat in the context when it is written in place
     forward_ms_per_step  wall milliseconds of the step's target forward
+    compile_s            seconds the shape's captured graphs took to compile, on their first calls
+                         (``--compile on``; 0 when eager, or when an earlier shape of the run
+                         compiled the same variants: on a CPU the batch is a dynamic size)
 
 ``--context N,...`` gives every row about N cached tokens before the measured steps (a long
 prompt), ``--cache-layout slots,concat`` compares the cache written in place with Hugging Face's
@@ -283,7 +286,7 @@ def jacobi_runs(
                     session.submit(RowRequest(ImagePrompt(prompts[i], None), seed=i))
                 measured = measure_session(session, timed, steps, warmup=1)
                 runs.append({"method": method, "batch": batch, "window": window, "vocab": codebook, "cfg": True, "context": context,
-                             "cache_layout": layout, "compile": compile, **measured})
+                             "cache_layout": layout, "compile": compile, **measured, "compile_s": compile_seconds(engine)})
                 logger.info("bench step: %s", runs[-1])
     return runs
 
@@ -356,9 +359,15 @@ def draft_tree_runs(
             measured = measure_session(session, timed, steps, warmup=1)
             runs.append({"method": "eagle", "batch": batch, "window": tree.total_tokens, "vocab": target.vocab_size, "cfg": False,
                          "context": context, "cache_layout": layout, "compile": compile, "target": target_name, **measured,
-                         "step_over_forward": _step_over_forward(measured)})
+                         "compile_s": compile_seconds(engine), "step_over_forward": _step_over_forward(measured)})
             logger.info("bench step: %s", runs[-1])
     return runs
+
+
+def compile_seconds(engine: Any) -> float:
+    """Seconds this configuration's first calls spent compiling its captured graphs (tracing,
+    compiling, one run each): 0 when eager, or when the process had compiled its variants already."""
+    return sum(graph.compile_seconds for graph in engine.step_graphs())
 
 
 def _step_over_forward(measured: dict) -> float | None:
@@ -403,11 +412,11 @@ def bench_step(args: argparse.Namespace) -> dict:
     rows = [[r["method"], r["vocab"], r["batch"], r["window"], r["cached_tokens"], r["cache_layout"], r["compile"],
              f"{r['syncs_per_step']:.1f}", f"{r['host_bytes_per_step']:.0f}", f"{r['ops_per_step']:.0f}", f"{r['launches_per_step']:.0f}",
              f"{r['host_ms_per_step']:.2f}",
-             f"{r['cache_bytes_per_step'] / 1e3:.1f}", f"{r['forward_ms_per_step']:.2f}"] for r in runs]
+             f"{r['cache_bytes_per_step'] / 1e3:.1f}", f"{r['forward_ms_per_step']:.2f}", f"{r['compile_s']:.1f}"] for r in runs]
     print_table(f"raydec bench step: per decode step outside the target forward ({torch.get_num_threads()} thread(s), "
                 f"{device})",
                 ["method", "vocab", "batch", "window", "cached", "cache", "compile", "syncs", "bytes to host", "ops", "launches", "host ms",
-                 "cache KB", "forward ms"], rows)
+                 "cache KB", "forward ms", "compile s"], rows)
     return {"bench": "step", "device": device, "threads": torch.get_num_threads(), "runs": runs}
 
 

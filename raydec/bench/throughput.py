@@ -7,7 +7,8 @@
 A batch user compares speculation with plain AR at AR's best batch, not at ours. For every
 batch size this bench first tunes each speculative method's shape for that batch
 (``raydec.api.frontier.tune_for_batch`` on calibration rows, plain AR among the candidates), then
-decodes the measured rows with AR and with every candidate shape (``--repeats`` runs of each, each
+decodes the measured rows with AR and with every candidate shape (``--shapes tuned``: with each
+method's tuned one only) (``--repeats`` runs of each, each
 on rows of its own, the same rows for every config) and reports per (method, shape, batch). The
 configs take turns one batch of rows at a time, the order rotated each time, so that a slow spell of
 the machine (its speed can drift by a fifth within a minute) falls on every config alike; the
@@ -173,6 +174,7 @@ def frontier(rows: list[dict], budget: float | None) -> dict:
 def bench_throughput(args: argparse.Namespace) -> dict:
     from raydec.api import continuous_batching
     from raydec.api.frontier import candidate_configs, round_parts, shape_label, tune_for_batch
+    from raydec.speculative.capture import resolve_compile
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -198,16 +200,18 @@ def bench_throughput(args: argparse.Namespace) -> dict:
                 configs.setdefault("ar", workload.base["ar"])
                 continue
             candidates = candidate_configs(workload.base[method])
-            for config in candidates:
-                configs.setdefault(f"{method}:{shape_label(config)}" if config.method != "ar" else "ar", config)
             def seconds(config: Any, turn: int) -> float:  # each tuning part on its own rows, a close call's extra rounds too
                 cal = workload.requests(config, CALIBRATION_OFFSET + turn * per_part, per_part)
                 return decode_rows(workload, config, cal, batch, continuous).seconds
             t0 = time.perf_counter()
-            best, trials = tune_for_batch(seconds, candidates, per_part * parts, rounds=args.rounds, parts=parts)
+            captured = resolve_compile(workload.base[method].compile, device)
+            best, trials = tune_for_batch(seconds, candidates, per_part * parts, rounds=args.rounds, parts=parts, captured=captured)
             chosen[method] = shape_label(best)
+            for config in candidates if args.shapes == "all" else [candidates[0], best]:
+                configs.setdefault(f"{method}:{shape_label(config)}" if config.method != "ar" else "ar", config)
             tuned.append({"method": method, "batch": batch, "chosen": chosen[method], "tune_seconds": time.perf_counter() - t0,
-                          "trials": [{"shape": shape_label(t.config), "rows_per_s": t.rows_per_s, "ratio_to_ar": t.ratio_to_ar} for t in trials]})
+                          "trials": [{"shape": shape_label(t.config), "rows_per_s": t.rows_per_s, "ratio_to_ar": t.ratio_to_ar,
+                                      "captured": t.captured} for t in trials]})
             logger.info("bench throughput: batch %d, %s tuned to %s in %.0f s", batch, method, chosen[method], tuned[-1]["tune_seconds"])
         samples: dict[str, list[Measured]] = {label: [] for label in configs}
         labels, size = list(configs), items // turns
@@ -312,6 +316,9 @@ def add_throughput_parser(subparsers: Any) -> None:
     parser.add_argument("--rounds", type=positive_int, default=3, help="tuning rounds (after the first, AR and the leaders; up to two more for a close call)")
     parser.add_argument("--repeats", type=positive_int, default=2,
                         help="measured runs of each (shape, batch), each on rows of its own; items/s counts them all")
+    parser.add_argument("--shapes", choices=("all", "tuned"), default="all",
+                        help="measured shapes: every candidate of each method, or AR and each method's tuned one (with capture on, "
+                             "a GPU's default, the tuned ones compile for the finalists only)")
     parser.add_argument("--memory-budget", type=positive_float, default=None, help="KV bytes a batch may use for the frontier (default: any)")
     parser.add_argument("--init", choices=("uniform", "left", "above"), default="left", help="SJD fresh-draft prior")
     parser.add_argument("--prompt", default="describe the image .", help="caption task: the question")

@@ -164,6 +164,7 @@ def tune_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) -> Dict[st
     ``round_size(batch)`` of them, ``round_rows``, in parts of one batch, ``round_parts``), with the
     batch size and the seconds it took."""
     from raydec.api.frontier import ShapeCache, resolve_shape, round_parts, round_rows, round_size
+    from raydec.speculative.capture import resolve_compile
     from raydec.runtime.row_decoders import make_row_decoder
 
     started = time.perf_counter()
@@ -183,7 +184,8 @@ def tune_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) -> Dict[st
                            candidate.method, failed[0]["error"])
         return time.perf_counter() - start
 
-    _, record = resolve_shape(config.decode, config.batch_size, seconds, per_part * parts, key, ShapeCache(), parts=parts)
+    captured = resolve_compile(config.decode.compile, probe.target.device)
+    _, record = resolve_shape(config.decode, config.batch_size, seconds, per_part * parts, key, ShapeCache(), parts=parts, captured=captured)
     return {**record, "batch": config.batch_size, "calibration_rows": len(rows), "seconds": time.perf_counter() - started}
 
 

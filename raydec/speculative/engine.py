@@ -110,6 +110,10 @@ class Engine:
                 f"classifier-free guidance (sampling.cfg_scale={sampling.cfg_scale})"
             )
 
+    def step_graphs(self) -> list[StepGraph]:
+        """Every captured function of this engine's step: the verification, the processing, the proposer's."""
+        return [self.verify_graph, self.process_graph, *self.proposer.step_graphs()]
+
     @property
     def streams(self) -> int:
         return 2 if self.sampling.uses_cfg else 1

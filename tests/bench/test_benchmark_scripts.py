@@ -76,3 +76,32 @@ def test_gpu_check_dry_runs_its_stages_on_the_cpu(tmp_path):
     (run,) = json.loads((tmp_path / "step.json").read_text())["runs"]
     assert (run["method"], run["batch"], run["window"]) == ("sjd_pac", 1, 8) and run["launches_per_step"] > 0
     assert json.loads((tmp_path / "engine_7b.json").read_text())["engine_efficiency"] > 0
+
+
+def test_gpu_checks_default_stages_fit_one_device_call_and_their_commands_parse(tmp_path):
+    """``PLAN=1 benchmarks/gpu_check.sh``: the default stages, most informative first (the captured
+    step at batch 8, the 7B oracle engine, t2i and captions against AR at batches 1 and 8, the
+    frontier), their limits adding up to one device call (540 s at most); each stage's command, on
+    the GPU and on the CPU, parses with ``raydec bench``'s own parser."""
+    import os
+    import shlex
+    import subprocess
+
+    from raydec.bench.cli import build_parser
+
+    for device in ("cuda", "cpu"):
+        env = {**os.environ, "PLAN": "1", "DEVICE": device, "PY": sys.executable}
+        env.pop("STAGES", None)
+        done = subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), str(tmp_path)], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        plan = [line.split(" ", 3) for line in done.stdout.splitlines() if line.startswith("plan ")]
+        assert [name for _, name, _, _ in plan] == ["step_captured", "engine_7b_captured", "t2i_b1", "t2i_b8", "caption_t1",
+                                                    "caption_b8", "throughput_t2i", "throughput_caption"]
+        assert sum(int(limit) for _, _, limit, _ in plan) <= 540
+        for _, name, _, command in plan:
+            words = shlex.split(command)
+            assert words[:2] == ["raydec", "bench"], command
+            args = build_parser().parse_args(words[2:])  # exits (SystemExit) on an argument the bench does not take
+            assert args.device == device and str(args.json).endswith(f"{name}.json")
+        assert not list(tmp_path.glob("*.json"))  # a plan runs nothing

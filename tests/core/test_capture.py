@@ -7,6 +7,8 @@ module of targets and keep to a few shapes.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -64,27 +66,9 @@ def llama(tmp_path_factory):
     return tiny_llama(tmp_path_factory.mktemp("capture"), vocab=8, seed=1, dtype=torch.float32)
 
 
-def _decode(target, proposer, sampling, compile, requests, batch_size, constraint=None):
-    engine = Engine(target, proposer, sampling, 10, compile=compile, constraint=constraint)
-    return [out.tokens for out in engine.generate(requests, batch_size=batch_size)]
-
-
-@pytest.mark.parametrize("variant,init,draft", [
-    ("sjd", "uniform", dict(window=5)),
-    ("sjd_ac", "left", dict(window=5)),
-    ("sjd_pac", "above", SJD_PAC),
-])
-def test_captured_jacobi_steps_decode_the_eager_tokens(llama, variant, init, draft):
-    """float32, CFG, top-k and a vocabulary constraint; five rows at batch size 3 (rows leave,
-    queued rows join, the last one decodes alone): token for token what the eager step decodes."""
-    spec = JacobiDraftConfig(**draft)
-    requests = [RowRequest(CfgPrompt(cond=[1 + i, 5, 6], uncond=[0]), seed=i, max_new_tokens=[10, 4, 10, 7, 10][i]) for i in range(5)]
-    outputs = {mode: _decode(llama, JacobiProposer(spec, variant, init, grid_width=2), SAMPLING, mode, requests, 3, CONSTRAINT)
-               for mode in ("off", "on")}
-    assert outputs["on"] == outputs["off"]
-
-
-TREE = DraftTreeConfig(depth=3, top_k=2, total_tokens=6)
+@pytest.fixture(scope="module")
+def llama16(tmp_path_factory):
+    return tiny_llama(tmp_path_factory.mktemp("capture16"), vocab=16, seed=2, dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")
@@ -98,17 +82,91 @@ def eagle_draft(llama):
     return draft.eval().prepare_inference()
 
 
-def test_captured_draft_tree_steps_decode_the_eager_tokens(llama, eagle_draft):
-    """EAGLE on the same Llama: the draft's catch-up, tree search and selection, the verification
-    and the processing captured; five rows at batch size 3 (rows leave, queued rows join, the
-    last one decodes alone): token for token what the eager step decodes."""
-    from raydec.speculative.proposers.draft_tree import DraftTreeProposer
+TREE = DraftTreeConfig(depth=3, top_k=2, total_tokens=6)
 
-    requests = [RowRequest([1 + i, 5, 7], seed=i, max_new_tokens=[10, 4, 10, 7, 10][i]) for i in range(5)]
-    proposers = {mode: DraftTreeProposer(eagle_draft, TREE) for mode in ("off", "on")}
-    outputs = {mode: _decode(llama, proposers[mode], SamplingConfig(temperature=1.0), mode, requests, 3) for mode in ("off", "on")}
-    assert outputs["on"] == outputs["off"]
-    assert proposers["on"]._step_graph.calls > 0 and proposers["off"]._step_graph.calls == 0
+
+def _engine(target, config: DecodeConfig, draft=None, constraint=None) -> Engine:
+    """An engine for ``config``; a Jacobi "above" prior reads a grid two tokens wide."""
+    from raydec.speculative.proposers.factory import make_proposer
+
+    if config.method in ("sjd", "sjd_ac", "sjd_pac") and config.jacobi.init == "above":
+        proposer = JacobiProposer(config.jacobi, config.method, "above", grid_width=2)
+    else:
+        proposer = make_proposer(config, target, draft)
+    return Engine(target, proposer, config.sampling, config.max_new_tokens, compile=config.compile, constraint=constraint)
+
+
+def _requests(config: DecodeConfig, count: int) -> list[RowRequest]:
+    """``count`` rows of different lengths (rows leave, queued rows join, the last decodes alone)."""
+    lengths = [config.max_new_tokens, 4, config.max_new_tokens, 7, config.max_new_tokens]
+    prompts = [CfgPrompt(cond=[1 + i % 7, 5, 6], uncond=[0]) if config.sampling.uses_cfg else [1 + i % 7, 5, 7] for i in range(count)]
+    return [RowRequest(prompt, seed=i, max_new_tokens=lengths[i % len(lengths)]) for i, prompt in enumerate(prompts)]
+
+
+def _shapes(vocab: int) -> list[DecodeConfig]:
+    """Every method at a shape or two: on the vocabulary of 8 the Jacobi ones with CFG, top-k and a
+    vocabulary constraint (SJD-PAC's is the law test's below), EAGLE with plain sampling (the launch
+    test's tree); on 16 AR, a chain and a tree with plain sampling (a compile costs up to half a minute
+    here: the shapes are few, the batches many)."""
+    guided = DecodeConfig(max_new_tokens=10, sampling=SAMPLING if vocab == 8 else SamplingConfig(temperature=1.0), compile="on")
+    jacobi = ([("sjd", dict(window=3), "uniform"), ("sjd_ac", dict(window=5), "left"), ("sjd_pac", SJD_PAC, "above")] if vocab == 8
+              else [("sjd", dict(window=3), "uniform"), ("sjd_pac", dict(window=7, branching=3, tree_depth=1), "uniform")])
+    configs = [guided.model_copy(update={"method": "ar"})]
+    configs += [guided.model_copy(update={"method": m, "jacobi": JacobiDraftConfig(**d, init=init)}) for m, d, init in jacobi]
+    if vocab == 8:
+        configs.append(guided.model_copy(update={"method": "eagle", "draft_tree": TREE, "sampling": SamplingConfig(temperature=1.0)}))
+    return configs
+
+
+def test_one_process_decodes_every_shape_it_meets_captured_as_the_eager_step_does(llama, llama16, eagle_draft, tmp_path, monkeypatch):
+    """In one process with capture on: every method, several windows and trees, batches of 1, 2 and
+    3 (rows leave, queued rows join, the last one decodes alone), two vocabularies, and a
+    ``shape: auto`` tuning run over its full candidate list (screened eagerly, its finalists
+    captured). More variants than dynamo's recompile limit (8) of one function; no decode raises or
+    falls back to the eager step, and each decodes token for token what the eager step decodes."""
+    from raydec.api.frontier import candidate_configs, shape_for_call, shape_label
+    from raydec.speculative.capture import captured_variants
+
+    monkeypatch.setenv("RAYDEC_CACHE_DIR", str(tmp_path))
+    drafts = {8: eagle_draft, 16: None}
+    decoded: set[tuple] = set()
+    for vocab, target in ((8, llama), (16, llama16)):
+        for config, batch in itertools.product(_shapes(vocab), (1, 2, 3)):
+            constraint = CONSTRAINT if vocab == 8 and config.method != "eagle" else None
+            requests = _requests(config, batch + 2)
+            tokens = {}
+            for mode in ("off", "on"):
+                engine = _engine(target, config.model_copy(update={"compile": mode}), drafts[vocab], constraint)
+                tokens[mode] = [out.tokens for out in engine.generate(requests, batch_size=batch)]
+                assert all(g.eager_calls == 0 for g in engine.step_graphs()) and (engine.verify_graph.calls > 0) == (mode == "on")
+            assert tokens["on"] == tokens["off"], (vocab, shape_label(config), batch)
+            decoded.add((vocab, config.method, shape_label(config), batch))
+
+    # shape: auto at batch 2 over the full candidate list, captured: the tuner's own path
+    base = DecodeConfig(method="sjd_pac", jacobi="auto", max_new_tokens=8, sampling=SAMPLING, compile="on")
+    requests = _requests(base, 8)
+    met: list[str] = []
+
+    def run(candidate: DecodeConfig, rows: list[int]) -> None:
+        met.append(f"{shape_label(candidate)}:{candidate.compile}")
+        _engine(llama, candidate, constraint=CONSTRAINT).generate([requests[i] for i in rows], batch_size=2)
+
+    chosen = shape_for_call(base, llama, 2, run, len(requests))
+    candidates = candidate_configs(base)
+    assert len(candidates) == 17 and {f"{shape_label(c)}:off" for c in candidates} <= set(met)  # all screened eagerly
+    captured = {m.split(":")[0] for m in met if m.endswith(":on")}
+    assert 2 <= len(captured) <= 3 and shape_label(chosen) in captured and chosen.compile == "on"
+    tokens = {mode: [out.tokens for out in _engine(llama, chosen.model_copy(update={"compile": mode}), constraint=CONSTRAINT)
+                     .generate(requests, batch_size=2)] for mode in ("off", "on")}
+    assert tokens["on"] == tokens["off"]
+    decoded |= {(8, "tuned", label, 2) for label in captured}
+
+    assert len(decoded) >= 24, len(decoded)
+    variants = captured_variants()
+    verify = [v for v in variants if v.name == "verify"]
+    assert len(verify) > 8 and all(v.compiled is not None for v in variants)  # past the limit, every variant compiled
+    # a batch is a dynamic size off CUDA: each shape and vocabulary compiled once, whatever its batches
+    assert len(verify) == len({(vocab, label) for vocab, _, label, _ in decoded})
 
 
 def test_captured_sjd_pac_keeps_the_targets_law(llama):
@@ -146,3 +204,4 @@ def test_a_captured_step_launches_a_few_graphs_and_operators(llama, eagle_draft,
         counts[mode] = measure_session(session, timed, steps=1, warmup=1)["launches_per_step"]
     bound = 60 + 2 * TREE.depth if method == "eagle" else 60
     assert counts["on"] <= bound < counts["off"], counts
+

@@ -12,7 +12,7 @@ import torch
 from raydec.api import generate_images, load_target
 from raydec.config import DecodeConfig, JacobiDraftConfig
 from raydec.api.frontier import (
-    EXTRA_ROUNDS, KEEP_MORE, ROUNDS, ShapeCache, apply_shape, calibration_pool_size, candidate_configs, resolve_shape, round_parts,
+    CAPTURED_ROUNDS, EXTRA_ROUNDS, FINALISTS, KEEP_MORE, ROUNDS, ShapeCache, apply_shape, calibration_pool_size, candidate_configs, resolve_shape, round_parts,
     round_rows, shape_label, tune_for_batch,
 )
 from tests.t2i_toys import tiny_janus
@@ -153,6 +153,38 @@ def test_the_first_cut_keeps_a_shape_nearly_level_with_the_leaders():
     assert shape_label(chosen) == near  # 2.4 is clear ahead of 2.0: no extra round
     assert all(turn < ROUNDS for _, turn in script.calls)
     assert trials[4].ratio_to_ar == pytest.approx(1.6)  # `far` keeps its trial, its one round
+
+
+def test_a_captured_step_is_screened_eagerly_and_its_finalists_compiled_and_timed_captured():
+    """compile on: every candidate is screened with its step eager; AR and the FINALISTS best shapes
+    decode one untimed part each (their compile), then CAPTURED_ROUNDS rounds captured, and the
+    choice is made among them on the captured timings alone."""
+    candidates = [c.model_copy(update={"compile": "on"}) for c in shapes()]
+    first, second, third, fourth = (shape_label(c) for c in candidates[1:])
+    # eagerly `first` leads; captured, `second` gains more (its eager step had more to save)
+    # and AR gains so much that it beats `first`
+    eager = {"ar": 1.0, first: 0.4, second: 0.45, third: 0.6, fourth: 0.8}
+    captured = {"ar": 0.4, first: 0.42, second: 0.3}
+    calls: list[tuple[str, str, int]] = []
+
+    def seconds(config: DecodeConfig, turn: int) -> float:
+        label = shape_label(config)
+        calls.append((label, config.compile, turn))
+        return (captured if config.compile == "on" else eager)[label]
+
+    chosen, trials = tune_for_batch(seconds, candidates, rows=4, rounds=3, captured=True)
+    assert shape_label(chosen) == second and chosen.compile == "on"  # the candidate itself, captured
+    compiled = [(label, turn) for label, mode, turn in calls if mode == "on"]
+    assert sorted({label for label, _ in compiled}) == sorted(["ar", first, second]) and FINALISTS == 2
+    assert len(compiled) == 3 * (1 + CAPTURED_ROUNDS)  # one untimed part each, then the captured rounds
+    assert all(mode == "off" for _, mode, _ in calls[: len(calls) - len(compiled)])  # the screening came first, eager
+    by_label = {shape_label(t.config): t for t in trials}
+    assert by_label[second].captured and by_label[second].ratio_to_ar == pytest.approx(0.4 / 0.3)
+    assert not by_label[third].captured and by_label[third].ratio_to_ar == pytest.approx(1 / 0.6)
+    # a step that is not captured is timed as it is, with no compile: the eager leader
+    calls.clear()
+    chosen, _ = tune_for_batch(seconds, [c.model_copy(update={"compile": "off"}) for c in candidates], rows=4, rounds=3)
+    assert shape_label(chosen) == first and {mode for _, mode, _ in calls} == {"off"}
 
 
 def test_extra_rounds_run_only_for_a_close_call_and_at_most_extra_rounds():

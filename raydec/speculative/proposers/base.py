@@ -89,6 +89,10 @@ class Proposer(ABC):
         """Told once by the engine whether its step is captured, on which device."""
         self.captured = enabled
 
+    def step_graphs(self) -> tuple:
+        """The ``StepGraph``s this proposer runs its tensor work in (none: it has none)."""
+        return ()
+
     def start(self, state: DecodeState, first_probs: torch.Tensor, prefill: Prefill) -> None:
         """Called once per ``generate`` after prefill; reset per-row state here.
 

@@ -366,6 +366,9 @@ class DraftTreeProposer(Proposer):
         # the draft cache's buffers (keys, values: dim 2) and their valid slots (dim 1) grow
         self._step_graph = StepGraph(self._step_on_tensors, "draft_tree", enabled, device, lengths=((4, 2), (5, 2), (6, 1)))
 
+    def step_graphs(self) -> tuple[StepGraph, ...]:
+        return (self._step_graph,)
+
     def _runs_captured(self) -> bool:
         """The captured step needs the draft's inference form (with its rows' folded biases) and
         its one cache layer written in place; a trace runs eagerly."""

@@ -180,8 +180,12 @@ class JacobiProposer(Proposer):
 
     def capture(self, enabled: bool, device: torch.device) -> None:
         self.captured = enabled
-        self._window_graph = StepGraph(self._window, "jacobi_window", enabled, device)
-        self._carry_graph = StepGraph(self._carry, "jacobi_carry", enabled, device)
+        facts = (self.variant, self.depth, self.branching)  # what ``_window`` and ``_carry`` read of the proposer
+        self._window_graph = StepGraph(self._window, "jacobi_window", enabled, device, key=facts)
+        self._carry_graph = StepGraph(self._carry, "jacobi_carry", enabled, device, key=facts)
+
+    def step_graphs(self) -> tuple[StepGraph, ...]:
+        return self._window_graph, self._carry_graph
 
     def propose(self, state: DecodeState) -> DraftTree:
         batch, device = state.batch_size, state.device
