@@ -6,7 +6,7 @@
 
 A batch user compares speculation with plain AR at AR's best batch, not at ours. For every
 batch size this bench first tunes each speculative method's shape for that batch
-(``raydec.api.frontier.tune_for_batch`` on calibration rows, plain AR among the candidates), then
+(``raydec.api.tuner.tune_for_batch`` on calibration rows, plain AR among the candidates), then
 decodes the measured rows with AR and with every candidate shape (``--shapes tuned``: with each
 method's tuned one only) (``--repeats`` runs of each, each
 on rows of its own, the same rows for every config) and reports per (method, shape, batch). The
@@ -173,7 +173,8 @@ def frontier(rows: list[dict], budget: float | None) -> dict:
 
 def bench_throughput(args: argparse.Namespace) -> dict:
     from raydec.api import continuous_batching
-    from raydec.api.frontier import candidate_configs, round_parts, shape_label, tune_for_batch
+    from raydec.api.frontier import candidate_configs
+    from raydec.api.tuner import round_parts, shape_label, tune_for_batch
     from raydec.speculative.capture import resolve_compile
 
     if args.threads:

@@ -71,7 +71,7 @@ def tune_in_worker(job: JobConfig, fragments: List[Fragment]) -> Dict[str, Any]:
     """What ``job`` leaves to "auto", chosen where a worker would run (a Ray task) on the input's first
     rows: {"batch": the batch size record} when pool.batch_size is "auto", {"shape": the shape record}
     when the draft shape is."""
-    from raydec.api.frontier import CALIBRATION_ROWS, calibration_pool_size, round_size
+    from raydec.api.tuner import CALIBRATION_ROWS, calibration_pool_size, round_size
 
     config, chosen = job.processor_config(), {}
     if config.batch_size == "auto":
@@ -163,7 +163,8 @@ def tune_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) -> Dict[st
     size, calibrated on ``rows`` (validated, error-free; each round takes the next
     ``round_size(batch)`` of them, ``round_rows``, in parts of one batch, ``round_parts``), with the
     batch size and the seconds it took."""
-    from raydec.api.frontier import ShapeCache, resolve_shape, round_parts, round_rows, round_size
+    from raydec.api.frontier import ShapeCache, resolve_shape
+    from raydec.api.tuner import round_parts, round_rows, round_size
     from raydec.speculative.capture import resolve_compile
     from raydec.runtime.row_decoders import make_row_decoder
 
@@ -274,7 +275,8 @@ def resolve_stage_auto(config: ProcessorConfig, dataset: Any) -> ProcessorConfig
         return config
     import ray
 
-    from raydec.api.frontier import CALIBRATION_ROWS, apply_shape, calibration_pool_size, round_size
+    from raydec.api.frontier import apply_shape
+    from raydec.api.tuner import CALIBRATION_ROWS, calibration_pool_size, round_size
     from raydec.io import validate_caption_rows, validate_t2i_rows
 
     validate = validate_t2i_rows if config.task == "t2i" else validate_caption_rows

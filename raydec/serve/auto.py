@@ -37,7 +37,8 @@ def settle_auto(served: ServedModel) -> tuple[ServedModel, dict[str, Any]]:
     its shape was."""
     if not (served.decode.auto_shape or served.batch_size == "auto"):
         return served, {}
-    from raydec.api.frontier import CALIBRATION_ROWS, apply_shape, calibration_pool_size, round_size
+    from raydec.api.frontier import apply_shape
+    from raydec.api.tuner import CALIBRATION_ROWS, calibration_pool_size, round_size
     from raydec.runtime.calibration import builtin_calibration_rows
     from raydec.runtime.shapes import choose_batch_on_rows, tune_on_rows
 
@@ -55,7 +56,7 @@ def settle_auto(served: ServedModel) -> tuple[ServedModel, dict[str, Any]]:
 
 def describe(served: ServedModel, chosen: dict[str, Any]) -> str:
     """One line: the batch size and draft shape a replica decodes with, and where each came from."""
-    from raydec.api.frontier import shape_label
+    from raydec.api.tuner import shape_label
 
     batch, shape = chosen.get("batch_size"), chosen.get("shape")
     batch_text = f"batch_size {served.batch_size}" + (

@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 from raydec.api.captions import CaptionResult
-from raydec.api.frontier import shape_label
+from raydec.api.tuner import shape_label
 from raydec.api.images import ImageResult
 from raydec.api.schedulers import CaptionScheduler, ImageScheduler, Ticket
 from raydec.config import DType

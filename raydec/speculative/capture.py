@@ -129,6 +129,8 @@ def static_key(value: Any) -> Any:
         return ("tensor", value.dtype, tuple(value.shape), value.device)
     if isinstance(value, (tuple, list)):
         return (type(value), tuple(static_key(item) for item in value))
+    if isinstance(value, types.MethodType):  # by its owner's identity: the table keeps no model alive
+        return ("method", value.__func__, type(value.__self__), id(value.__self__))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return (type(value), tuple(static_key(getattr(value, field.name)) for field in dataclasses.fields(value)))
     if hasattr(type(value), "model_fields") and hasattr(value, "__dict__"):  # a pydantic config: its values

@@ -54,6 +54,35 @@ def test_compiled_uniforms_are_the_eager_bits():
     assert torch.equal(compiled, counter_uniforms(seeds, steps, 3, 28)) and graph.calls == 1
 
 
+def test_a_variant_over_budget_or_that_fails_to_compile_runs_eagerly_with_one_warning(monkeypatch, caplog):
+    """Past ``MAX_VARIANTS`` a new variant runs the eager function; so does one whose compile fails
+    (a branch on a tensor's value, which ``fullgraph`` refuses). One WARNING each, no exception, the
+    eager result; variants compiled before keep running compiled."""
+    import raydec.speculative.capture as capture
+
+    def doubled(x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (x * 2,)
+
+    def branchy(x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (x + 1,) if bool(x.sum() > 0) else (x - 1,)
+
+    monkeypatch.setattr(capture, "MAX_VARIANTS", 1)
+    graph = StepGraph(doubled, "doubled", True, "cpu")
+    rows = torch.ones(3, 4)
+    with caplog.at_level("WARNING", logger="raydec.speculative.capture"):
+        assert torch.equal(graph(3, (rows,))[0], rows * 2) and (graph.calls, graph.eager_calls) == (1, 0)
+        for width in (5, 6):  # two more variants: over budget
+            assert torch.equal(graph(3, (torch.ones(3, width),))[0], torch.full((3, width), 2.0))
+        assert torch.equal(graph(2, (rows[:2],))[0], rows[:2] * 2)  # the first variant, another batch: compiled
+        assert (graph.calls, graph.eager_calls) == (2, 2)
+        failing = StepGraph(branchy, "branchy", True, "cpu")
+        for _ in range(2):
+            assert torch.equal(failing(3, (rows,))[0], rows + 1)
+        assert (failing.calls, failing.eager_calls) == (0, 2)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2 and "MAX_VARIANTS" in warnings[0] and "failed to compile" in warnings[1], warnings
+
+
 # one float32 Llama and one CFG / top-k / constrained sampling for every test below, so the law
 # test's graphs are the sjd_pac case's (compiled once: the compiler's cache holds them)
 SAMPLING = SamplingConfig(temperature=1.0, top_k=4, cfg_scale=2.0)
@@ -124,7 +153,8 @@ def test_one_process_decodes_every_shape_it_meets_captured_as_the_eager_step_doe
     ``shape: auto`` tuning run over its full candidate list (screened eagerly, its finalists
     captured). More variants than dynamo's recompile limit (8) of one function; no decode raises or
     falls back to the eager step, and each decodes token for token what the eager step decodes."""
-    from raydec.api.frontier import candidate_configs, shape_for_call, shape_label
+    from raydec.api.frontier import candidate_configs, shape_for_call
+    from raydec.api.tuner import shape_label
     from raydec.speculative.capture import captured_variants
 
     monkeypatch.setenv("RAYDEC_CACHE_DIR", str(tmp_path))

@@ -11,9 +11,9 @@ import torch
 
 from raydec.api import generate_images, load_target
 from raydec.config import DecodeConfig, JacobiDraftConfig
-from raydec.api.frontier import (
-    CAPTURED_ROUNDS, EXTRA_ROUNDS, FINALISTS, KEEP_MORE, ROUNDS, ShapeCache, apply_shape, calibration_pool_size, candidate_configs, resolve_shape, round_parts,
-    round_rows, shape_label, tune_for_batch,
+from raydec.api.frontier import ShapeCache, apply_shape, candidate_configs, resolve_shape
+from raydec.api.tuner import (
+    CAPTURED_ROUNDS, EXTRA_ROUNDS, FINALISTS, KEEP_MORE, ROUNDS, calibration_pool_size, round_parts, round_rows, shape_label, tune_for_batch,
 )
 from tests.t2i_toys import tiny_janus
 

@@ -30,7 +30,8 @@ def seed_shape_cache(served) -> None:
     import torch
 
     from raydec.api import load_target, sized
-    from raydec.api.frontier import ShapeCache, ShapeTrial, apply_shape
+    from raydec.api.frontier import ShapeCache, apply_shape
+    from raydec.api.tuner import ShapeTrial
     from raydec.config import DecodeConfig
     from raydec.runtime.shapes import shape_cache_key
     from raydec.serve.auto import processor_config
