@@ -13,7 +13,9 @@ model rows; all rows share the physical length ``S``. On top of it we keep, per 
 Each step the window (a draft tree) is appended for every row; after verification a row keeps
 only its root and accepted nodes, the other slots become *holes*. Attention masks hide holes,
 so correctness never depends on compaction; compaction (gathering each row's valid slots to the
-left and cropping the tail) only bounds memory and attention cost.
+left and cropping the tail) only bounds memory and attention cost. A row's left padding (its
+prompt shorter than the batch's widest) stays where it is, holes in front of the row, so
+compaction never moves a prompt: it moves the slots decoded since the last one.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ class RaggedCache:
         self.valid = torch.zeros(num_rows, 0, dtype=torch.bool, device=self.device)  # [M, S]
         self.next_position = torch.zeros(num_rows, dtype=torch.long, device=self.device)  # [M]
         self.lengths: list[int] = [0] * num_rows
-        self.clean: list[int] = [0] * num_rows  # per row, slots valid from the left (host): compaction leaves them in place
+        self.pads: list[int] = [0] * num_rows  # per row, the holes in front of it (left padding): they stay where they are
+        self.clean: list[int] = [0] * num_rows  # per row, slots valid from its pad on (host): compaction leaves them in place
         self.next_positions: list[int] = [0] * num_rows  # next_position on the host
         self.compaction = compaction
 
@@ -109,7 +112,10 @@ class RaggedCache:
     def start(self, valid: torch.Tensor, next_position: torch.Tensor) -> None:
         """After the prefill forward: which prompt slots are real ([M, S]) and next positions ([M]),
         both as the host built them."""
-        self.clean = valid.long().cumprod(dim=1).sum(dim=1).tolist()  # left-padded rows: 0
+        pads = (~valid).long().cumprod(dim=1).sum(dim=1)  # [M]
+        in_front = torch.arange(valid.shape[1], device=valid.device).unsqueeze(0) < pads.unsqueeze(1)
+        self.pads = pads.tolist()
+        self.clean = ((valid | in_front).long().cumprod(dim=1).sum(dim=1) - pads).tolist()  # a left-padded prompt: all of it
         self.lengths = valid.sum(dim=1).tolist()
         self.next_positions = next_position.tolist()
         self.valid = valid.to(self.device, copy=True)
@@ -157,6 +163,7 @@ class RaggedCache:
         self.lengths = [self.lengths[r] for r in rows]
         self.next_positions = [self.next_positions[r] for r in rows]
         self.clean = [self.clean[r] for r in rows]
+        self.pads = [self.pads[r] for r in rows]
         self.valid = self.valid[index]
         self.next_position = self.next_position[index]
 
@@ -171,6 +178,7 @@ class RaggedCache:
             return torch.cat([a, b.to(a.device, a.dtype)], dim=0)
 
         self.clean = self.clean + other.clean  # the joining rows' holes after their slots do not count
+        self.pads = self.pads + other.pads
         for mine, theirs in zip(self.kv.layers, other.kv.layers):
             if isinstance(mine, SlotLayer):  # in place where the buffers have room, else one copy of both caches' rows
                 mine.append_rows(theirs.keys.to(mine.keys), theirs.values.to(mine.values),
@@ -185,16 +193,20 @@ class RaggedCache:
         self._check_physical_length()
 
     def compact(self) -> None:
-        """Gather every row's valid slots to the left (stable order) and crop the tail. A row moves
-        only its valid slots past its clean prefix (``clean``)."""
-        width = max(self.lengths, default=0)
-        if width == self.length and min(self.lengths, default=width) == width:
+        """Gather every row's valid slots to the left of its tail (stable order) and crop the tail. A
+        row's pad stays in front of it, and the row moves only its valid slots past its clean prefix
+        (``pads``, ``clean``)."""
+        ends = [pad + n for pad, n in zip(self.pads, self.lengths)]  # a row's slots once compacted
+        width = max(ends, default=0)
+        if all(end == self.length for end in ends):
             return
-        order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :width]  # [M, width]
-        # order[r, :clean[r]] is 0..clean[r]-1: those slots stay
-        clean = [min(c, n) for c, n in zip(self.clean, self.lengths)]
+        pads = torch.tensor(self.pads, device=self.device).unsqueeze(1)
+        stays = self.valid | (torch.arange(self.length, device=self.device).unsqueeze(0) < pads)  # [M, S]
+        order = torch.argsort((~stays).to(torch.int8), dim=1, stable=True)[:, :width]  # [M, width]
+        # order[r, :pads[r] + clean[r]] is 0..pads[r] + clean[r] - 1: those slots stay
+        clean = [pad + min(c, n) for pad, c, n in zip(self.pads, self.clean, self.lengths)]
         start = min(clean, default=0)
-        moves = None if start == max(clean, default=0) else self._moves(order, clean)
+        moves = None if start == max(clean, default=0) else self._moves(order, clean, ends)
         for layer in self.kv.layers:
             if layer.keys is None or layer.keys.numel() == 0:
                 continue
@@ -213,11 +225,11 @@ class RaggedCache:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _moves(self, order: torch.Tensor, clean: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _moves(self, order: torch.Tensor, clean: list[int], ends: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rows of different ages: each row moves only its valid slots past its own clean prefix,
-        slots clean[r]..lengths[r]-1 from slots order[r, ...] (the slots decoded since its last
-        compaction; the slots past its length are holes). -> rows, sources, places [P] on the device"""
-        counts = torch.tensor([n - c for c, n in zip(clean, self.lengths)])
+        slots clean[r]..ends[r]-1 from slots order[r, ...] (the slots decoded since its last
+        compaction; the slots past its end are holes). -> rows, sources, places [P] on the device"""
+        counts = torch.tensor([end - c for c, end in zip(clean, ends)])
         rows = torch.repeat_interleave(torch.arange(len(counts)), counts)  # [P]
         places = torch.tensor(clean)[rows] + torch.arange(int(counts.sum())) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
         rows, places = rows.to(self.device), places.to(self.device)
@@ -243,6 +255,11 @@ class RaggedCache:
             return False
         if self.compaction == "always":
             return True
-        removable = self.length - max(self.lengths, default=0)
-        # auto: copy the cache only once the columns it frees are a real share of attention
-        return removable > max(32, self.length // 4)
+        removable = self.length - max((pad + n for pad, n in zip(self.pads, self.lengths)), default=0)
+        # auto: compact once the columns it frees are a real share of what it moves. Concatenated,
+        # it copies the whole cache; written in place, only the slots past the rows' pads and clean
+        # prefixes (decoded since the last compaction): so the holes stay within a share of the
+        # decoded slots, which admission reserves room for, whatever the prompt's length
+        kept = min((pad + c for pad, c in zip(self.pads, self.clean)), default=0)
+        moved = self.length if self.layout == "concat" else self.length - kept
+        return removable > max(32, moved // 4)

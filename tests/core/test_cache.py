@@ -50,27 +50,27 @@ def test_compaction_gathers_each_rows_valid_slots_to_the_left():
 
 def test_compaction_moves_only_each_rows_valid_slots_past_its_clean_prefix():
     """Rows compacted earlier keep their clean prefix in place, and a row moves only its valid slots
-    past it: not the holes, and not the whole width (a row that joined since, left-padded, moves
-    its few valid slots)."""
+    past it: not the holes, and not the whole width. A row that joined since, left-padded, keeps
+    its pad in front of it and its prompt where it is: it moves nothing."""
     cache = filled_cache(rows=3, prompt=6, compaction="never")
     cache.valid[:, 4] = False  # a hole in every row at slot 4
     cache.lengths = [5, 5, 5]
     cache.clean = [4, 4, 4]
     joining = RaggedCache(1, compaction="never")
     joining.kv.update(kv(1, 3, start=50), -kv(1, 3, start=50), 0)
-    joining.start(torch.tensor([[False, True, True]]), torch.tensor([2]))  # left-padded: clean 0
+    joining.start(torch.tensor([[False, True, True]]), torch.tensor([2]))  # left-padded: a pad, then its prompt
     cache.append_rows(joining)
-    assert cache.clean == [4, 4, 4, 0]
+    assert cache.clean == [4, 4, 4, 2] and cache.pads == [0, 0, 0, 1]
     layer = cache.kv.layers[0]
     before = layer.copied_bytes
     cache.compact()
     assert cache.length == 5 and cache.clean == [5, 5, 5, 2]
     assert layer.keys[:3, 0, :, 0].tolist() == [[0, 1, 2, 3, 5], [100, 101, 102, 103, 105], [200, 201, 202, 203, 205]]
-    assert layer.keys[3, 0, :2, 0].tolist() == [51, 52] and layer.values[3, 0, :2, 0].tolist() == [-51, -52]
-    assert cache.valid.tolist() == [[True] * 5] * 3 + [[True, True, False, False, False]]
-    # three rows move one slot each (their slot 5), the joining row its two valid slots; keys and
-    # values, each read and written
-    assert layer.copied_bytes - before == 2 * 2 * (3 * 1 + 2) * 4
+    assert layer.keys[3, 0, 1:3, 0].tolist() == [51, 52] and layer.values[3, 0, 1:3, 0].tolist() == [-51, -52]
+    assert cache.valid.tolist() == [[True] * 5] * 3 + [[False, True, True, False, False]]
+    # three rows move one slot each (their slot 5), the joining row none; keys and values, each
+    # read and written
+    assert layer.copied_bytes - before == 2 * 2 * (3 * 1) * 4
 
 
 def test_rows_with_room_leave_and_join_in_place():
@@ -105,6 +105,26 @@ def test_rows_with_room_leave_and_join_in_place():
     cache.append_rows(filled_cache(rows=2, prompt=6, compaction="never"))  # past the room: one copy into new buffers
     assert layer.buffer_keys.data_ptr() != buffer and layer.keys.shape == (5, 1, 6, 1)
     assert layer.keys[:, 0, :, 0].tolist()[2:] == [[100, 101, 0, 0, 0, 0], [0, 1, 2, 3, 4, 5], [100, 101, 102, 103, 104, 105]]
+
+
+def test_holes_in_place_are_bounded_by_the_decoded_slots_not_the_prompt():
+    """Written in place, compaction moves only the slots decoded since the last one, so it runs once
+    holes are a quarter of those (32 at least), whatever the prompt: a long prompt does not let
+    holes pile up past the room admission reserved (its decode and a quarter more). Concatenated,
+    compaction copies everything, so there holes wait for a quarter of the whole cache."""
+    def holes_before_compaction(layout: str, prompt: int) -> int:
+        cache = RaggedCache(1, compaction="auto", layout=layout)
+        cache.kv.update(kv(1, prompt), -kv(1, prompt), 0)
+        cache.start(torch.ones(1, prompt, dtype=torch.bool), torch.full((1,), prompt))
+        most = 0
+        for step in range(40):  # 8-slot windows, 3 kept: 5 holes a step
+            cache.kv.update(kv(1, 8, start=cache.length), -kv(1, 8, start=cache.length), 0)
+            cache.commit(torch.tensor([[True, True] + [False] * 5 + [True]]))  # the last slot kept: no tail to crop
+            most = max(most, cache.length - cache.lengths[0])
+        return most
+
+    assert holes_before_compaction("slots", 16) == holes_before_compaction("slots", 4000) <= 40
+    assert holes_before_compaction("concat", 4000) == 40 * 5  # never compacted in these steps
 
 
 def _jacobi_engine(target, layout: str, compaction: str = "auto", max_new_tokens: int = 40):
