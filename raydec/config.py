@@ -188,6 +188,13 @@ class DecodeConfig(StrictModel):
         "the draft only proposes, the verifier tests against the target.",
     )
 
+    @model_validator(mode="after")
+    def _draft_models_take_no_cfg(self) -> "DecodeConfig":
+        if self.method in DRAFT_METHODS and self.sampling.uses_cfg:
+            raise ValueError(f"sampling.cfg_scale={self.sampling.cfg_scale}: method {self.method!r} drafts with a draft model, "
+                             f"which does not support classifier-free guidance (use cfg_scale 1, or ar)")
+        return self
+
     @property
     def auto_shape(self) -> bool:
         """Whether this method's draft shape is "auto" (to be tuned for a batch size before decoding)."""

@@ -49,7 +49,10 @@ class ServedModel(StrictModel):
     autoscaling_config: Optional[dict[str, Any]] = Field(
         None, description="Ray Serve autoscaling_config passed through (min_replicas, max_replicas, target_ongoing_requests, ...).",
     )
-    gpus_per_worker: float = Field(0.0, ge=0.0, le=8.0, description="GPUs per replica (the model runs on cuda); 0 runs on CPU.")
+    gpus_per_worker: float = Field(
+        0.0, ge=0.0, description="GPUs per replica (the model runs on cuda); 0 runs on CPU. At most 1: a replica decodes on one "
+        "GPU (a fraction shares it); more GPUs serve more replicas.",
+    )
     cpus_per_worker: float = Field(0.5, gt=0.0, le=256.0, description="CPUs reserved per replica.")
     torch_threads: int = Field(1, ge=1, le=256, description="torch.set_num_threads in each replica (CPU decoding).")
     max_ongoing_requests: int = Field(
@@ -62,6 +65,14 @@ class ServedModel(StrictModel):
     )
     health_check_period_s: float = Field(10.0, gt=0, le=3600, description="Seconds between Serve's health checks.")
     health_check_timeout_s: float = Field(30.0, gt=0, le=3600, description="Seconds a health check may take.")
+
+    @field_validator("gpus_per_worker")
+    @classmethod
+    def _one_gpu_at_most(cls, value: float) -> float:
+        if value > 1.0:
+            raise ValueError(f"{value:g}: a replica decodes on one GPU and does not split its model across GPUs; use 1 (or a "
+                             f"fraction to share one) and more replicas (num_replicas, autoscaling_config) for more GPUs")
+        return value
 
     @model_validator(mode="after")
     def _method_fits_task(self) -> "ServedModel":

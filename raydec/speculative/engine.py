@@ -109,6 +109,10 @@ class Engine:
                 f"sampling.repetition_penalty={sampling.repetition_penalty} is not supported with "
                 f"classifier-free guidance (sampling.cfg_scale={sampling.cfg_scale})"
             )
+        if sampling.uses_cfg and proposer.wants_hidden:
+            raise ValueError(f"sampling.cfg_scale={sampling.cfg_scale}: classifier-free guidance needs a proposer without a draft "
+                             f"model ({type(proposer).__name__} drafts from the conditional rows' hidden states alone); use ar or a "
+                             f"Jacobi method, or cfg_scale 1")
 
     def step_graphs(self) -> list[StepGraph]:
         """Every captured function of this engine's step: the verification, the processing, the proposer's."""

@@ -160,6 +160,19 @@ def test_cfg_rows_share_one_decision(llama64):
     assert all(len(o.tokens) == 12 for o in outs)
 
 
+def test_a_draft_model_proposer_with_cfg_is_refused_when_the_engine_is_built(llama64):
+    """A draft model drafts from the conditional rows' hidden states alone: with classifier-free
+    guidance the engine refuses it at construction, naming the field, not at its first step."""
+    from raydec.models.vispec_draft import DraftConfig, VispecDraft
+    from raydec.speculative.proposers.draft_tree import DraftTreeProposer
+
+    draft = VispecDraft(DraftConfig.for_target(llama64.model.config, vision=False, num_q=1))
+    with pytest.raises(ValueError, match=r"sampling.cfg_scale=2.5: classifier-free guidance needs a proposer without a draft"):
+        Engine(llama64, DraftTreeProposer(draft), SamplingConfig(temperature=1.0, cfg_scale=2.5), 8)
+    with pytest.raises(ValueError, match=r"sampling.cfg_scale=2.5: method 'eagle' drafts with a draft model"):  # and in a config
+        DecodeConfig(method="eagle", sampling=SamplingConfig(cfg_scale=2.5))
+
+
 @pytest.mark.parametrize("method", ["ar", "sjd_pac"])
 def test_continuous_batching_equals_each_row_alone(llama64, method):
     """batch_size=2 over 6 requests of different prompts and lengths (CFG on, float64): queued

@@ -48,6 +48,7 @@ def test_bad_serve_configs_name_the_field():
         "models.0.nmae": {"models": [{"nmae": "m", "name": "m", "task": "t2i"}]},
         "media.allowed_domains": {"models": [{"name": "m", "task": "t2i"}], "media": {"allowed_domains": ["https://x.com/path"]}},
         "limits.max_n": {"models": [{"name": "m", "task": "t2i"}], "limits": {"max_n": 0}},
+        "gpus_per_worker\n  Value error, 2: a replica decodes on one GPU": {"models": [{"name": "m", "task": "t2i", "gpus_per_worker": 2}]},
     }
     for needle, raw in cases.items():
         with pytest.raises(ValidationError) as caught:
