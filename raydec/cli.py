@@ -1,9 +1,15 @@
-"""The `raydec` command: `raydec <command> --help` documents each."""
+"""The `raydec` command: `raydec <command> --help` documents each.
+
+A user's error (a missing file or folder, a checkpoint raydec cannot load, a bad size or config
+value) ends a command with one message naming what was wrong and exit status 1, not a traceback;
+``RAYDEC_TRACEBACK=1`` shows the traceback too.
+"""
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 
 # command -> (module with main(argv), one line)
@@ -37,7 +43,27 @@ def main(argv: list[str] | None = None) -> int:
     if command not in ("caption",):  # caption prints only its answers
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     module = importlib.import_module(COMMANDS[command][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except (ValueError, OSError) as error:  # bad input: a value, a file, a folder, a checkpoint, a connection
+        if os.environ.get("RAYDEC_TRACEBACK"):
+            raise
+        print(f"raydec {command}: {user_message(error)}", file=sys.stderr)
+        return 1
+
+
+def user_message(error: BaseException) -> str:
+    """What went wrong, without the traceback: the error's own message (a config's bad keys keep
+    their lines), with the exception's name where the message alone would not say what it is."""
+    from pydantic import ValidationError
+
+    from raydec.validation import validation_problems
+
+    if isinstance(error, ValidationError):
+        return f"{error.title}: " + "; ".join(validation_problems(error))
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        return f"{error.filename}: {error.strerror}"
+    return str(error).strip() or type(error).__name__
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def validation_problems(exc: ValidationError) -> list[str]:
 def config_error_line(config: str | Path, exc: Exception) -> str:
     """A job script's one-line refusal: the error, prefixed with its config file unless it names it."""
     message = str(exc)
-    return message if message.startswith(f"config: {config} ") else f"{config}: {message}"
+    return message if str(config) in message else f"{config}: {message}"
 
 
 class StrictModel(BaseModel):

@@ -15,7 +15,8 @@ import logging
 from pathlib import Path
 
 from raydec.commands.local_inputs import add_decode_flags, decode_config, read_images
-from raydec.config import CAPTION_METHODS
+from raydec.config import CAPTION_METHODS, DecodeConfig
+from raydec.validation import check_folder
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,16 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     ids, images = read_images(args.images, args.parquet, args.column)
     extra = {k: v for k, v in (("max_new_tokens", args.max_new_tokens), ("draft_model", args.draft_model)) if v is not None}
     decode = decode_config(args, "vispec", extra)
+    DecodeConfig.model_validate(decode)  # before the model loads (a user error ends the command in one message: raydec.cli)
+    if args.json is not None:
+        check_folder(args.json.parent, "--json")
     import torch
 
     from raydec.api import DEFAULT_CAPTION_PROMPT, caption_images, load_target
 
     target = load_target(args.model, task="caption", dtype=getattr(torch, args.dtype), device=args.device)
-    try:
-        results = caption_images(images, prompt=args.prompt or DEFAULT_CAPTION_PROMPT, model=target, decode=decode,
-                                 seeds=[args.seed + i for i in range(len(images))], batch_size=args.batch_size)
-    except (TypeError, ValueError) as error:
-        raise SystemExit(f"raydec caption: {error}") from None
+    results = caption_images(images, prompt=args.prompt or DEFAULT_CAPTION_PROMPT, model=target, decode=decode,
+                             seeds=[args.seed + i for i in range(len(images))], batch_size=args.batch_size)
     for row_id, result in zip(ids, results):
         print(f"{row_id}: {result.caption}")
     if args.json is not None:

@@ -17,7 +17,8 @@ import logging
 from pathlib import Path
 
 from raydec.commands.local_inputs import add_decode_flags, decode_config, read_texts
-from raydec.config import IMAGE_METHODS
+from raydec.config import IMAGE_METHODS, DecodeConfig, parse_image_size
+from raydec.validation import check_folder
 
 
 def decoded_method(asked: str, results: list) -> str:
@@ -46,16 +47,17 @@ def main(argv: list[str] | None = None) -> int:
     decode = decode_config(args, "sjd_pac")
     if args.cfg_scale is not None:
         decode.setdefault("sampling", {})["cfg_scale"] = args.cfg_scale
+    # what can be checked before the model loads (a user error ends the command in one message: raydec.cli)
+    DecodeConfig.model_validate(decode)
+    parse_image_size(args.size, "--size")
+    check_folder(args.out, "--out")
     import torch
 
     from raydec.api import generate_images, load_target
 
     target = load_target(args.model, task="t2i", dtype=getattr(torch, args.dtype), device=args.device)
-    try:
-        results = generate_images(prompts, model=target, decode=decode, seeds=[args.seed + i for i in range(len(prompts))],
-                                  batch_size=args.batch_size, progress=True, size=args.size)
-    except (TypeError, ValueError) as error:
-        raise SystemExit(f"raydec generate: {error}") from None
+    results = generate_images(prompts, model=target, decode=decode, seeds=[args.seed + i for i in range(len(prompts))],
+                              batch_size=args.batch_size, progress=True, size=args.size)
     args.out.mkdir(parents=True, exist_ok=True)
     with (args.out / "results.jsonl").open("w") as log:
         for row_id, prompt, result in zip(ids, prompts, results):
