@@ -1,7 +1,10 @@
 """``raydec serve --config cluster/serve/reference.yaml``: the OpenAI-compatible app on Ray Serve.
 
-Joins the cluster in RAY_ADDRESS (or starts a local one on 127.0.0.1), starts Serve's HTTP
-proxy on the config's host and port, deploys the app and waits until it answers /health.
+Joins the cluster in RAY_ADDRESS (``host:6379`` or ``ray://host:10001``; or starts a local one on
+127.0.0.1), starts Serve's HTTP proxy on the config's host and port, deploys the app and waits
+until it answers /health. With the dashboard's address (``http://host:8265``) the command runs on
+the cluster as a Ray job, in a copy of this folder, and this process prints its logs until Ctrl-C
+stops it (``raydec.runtime.submit``).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -73,6 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(json.dumps(config.model_dump(mode="json"), indent=2))
         return 0
+    from raydec.runtime.submit import in_working_dir, is_dashboard_address, submit_command
+
+    address = os.environ.get("RAY_ADDRESS")
+    if is_dashboard_address(address):  # the dashboard takes jobs: this command runs there as one, until stopped
+        flags = [f for name in ("host", "port") if getattr(args, name) is not None for f in (f"--{name}", str(getattr(args, name)))]
+        return submit_command(address, ["serve", "--config", in_working_dir(args.config, "--config"), *flags])
     url = start(config)
     print(f"raydec: serving at {url} (Ctrl-C stops). Keys: {'required' if config.keys() else 'none'}", flush=True)
     stop = threading.Event()

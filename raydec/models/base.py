@@ -72,6 +72,7 @@ def decoder_window_forward(
     attention_mask: torch.Tensor,
     cache: Any,
     want_hidden: bool,
+    logits_to_keep: int = 0,
     **decoder_kwargs: Any,
 ) -> ForwardOutput:
     """The forward every adapter shares: a Hugging Face decoder stack over a window with our
@@ -79,7 +80,8 @@ def decoder_window_forward(
 
     inputs_embeds: [M, N, H]; position_ids: [M, N] (or [P, M, N]); attention_mask:
     [M, 1, N, S + N] additive; decoder_kwargs: what else the decoder takes (an adapter's
-    ``layer_residual_kwargs``)  -> logits [M, N, V], hidden [M, N, H] when ``want_hidden``
+    ``layer_residual_kwargs``)  -> logits [M, N, V] ([M, k, V]: the last ``logits_to_keep`` k
+    positions only), hidden [M, N, H] when ``want_hidden``
     """
     device = inputs_embeds.device
     out = decoder(
@@ -91,7 +93,8 @@ def decoder_window_forward(
         **decoder_kwargs,
     )
     hidden = out.last_hidden_state
-    return ForwardOutput(logits=head(hidden), hidden=hidden if want_hidden else None)
+    logits = head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+    return ForwardOutput(logits=logits, hidden=hidden if want_hidden else None)
 
 
 class WindowForward(abc.ABC):
@@ -125,14 +128,16 @@ class WindowForward(abc.ABC):
         cache: Any,
         want_hidden: bool = False,
         layer_residuals: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
     ) -> ForwardOutput:
-        # inputs_embeds [M, N, H] | output_tokens [M, N]; mask [M, 1, N, S+N] -> logits [M, N, V]
+        # inputs_embeds [M, N, H] | output_tokens [M, N]; mask [M, 1, N, S+N] -> logits [M, N or k, V]
         if inputs_embeds is None:
             inputs_embeds = self.embed_output_tokens(output_tokens)
         extra = {} if layer_residuals is None else self.layer_residual_kwargs(layer_residuals)
         with decoding_attention(inputs_embeds.device):  # no cuDNN attention: it rebuilds per cache length
             return decoder_window_forward(
-                self.window_decoder, self.window_head, inputs_embeds, position_ids, attention_mask, cache, want_hidden, **extra
+                self.window_decoder, self.window_head, inputs_embeds, position_ids, attention_mask, cache, want_hidden, logits_to_keep,
+                **extra,
             )
 
     def layer_residual_kwargs(self, layer_residuals: torch.Tensor) -> dict[str, Any]:

@@ -60,10 +60,11 @@ class MarkovChainTarget:
     def embed_prompt_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.one_hot(input_ids, self.vocab_size).to(torch.float64)
 
-    def forward(self, inputs_embeds, output_tokens, position_ids, attention_mask, cache, want_hidden=False) -> ForwardOutput:
+    def forward(self, inputs_embeds, output_tokens, position_ids, attention_mask, cache, want_hidden=False,
+                logits_to_keep=0) -> ForwardOutput:
         if inputs_embeds is None:
             inputs_embeds = self.embed_prompt_tokens(output_tokens)
-        return ForwardOutput(logits=inputs_embeds @ self.logits)
+        return ForwardOutput(logits=(inputs_embeds[:, -logits_to_keep:] if logits_to_keep else inputs_embeds) @ self.logits)
 
 
 def potts_texture(levels: int, beta: float, vocab: int | None = None) -> MarkovChainTarget:

@@ -86,6 +86,10 @@ def connect_ray(timeout_s: Optional[float] = None) -> None:
         if ray.is_initialized():
             return
         address = os.environ.get("RAY_ADDRESS")
+        if address and address.lower().startswith(("http://", "https://")):
+            raise ClusterUnreachableError(
+                f"RAY_ADDRESS={address!r} is a dashboard's address, which takes jobs, not drivers: `raydec run` and `raydec "
+                f"serve` submit themselves there as jobs; to drive the cluster from here, use its host:6379 or ray://host:10001")
         if address:
             wait = timeout_s if timeout_s is not None else float(os.environ.get(CONNECT_TIMEOUT_ENV, "60"))
             check_reachable(address, wait)

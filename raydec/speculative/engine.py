@@ -318,7 +318,8 @@ class DecodeSession:
         mask = joining.attention_mask(prefill_mask(valid), target.dtype)
         residuals = pad_layer_residuals(prompts, valid, target)
         extra = {"layer_residuals": residuals} if residuals is not None else {}  # only targets that make them take them
-        output = target.forward(embeds, None, positions, mask, joining.kv, want_hidden=engine.proposer.wants_hidden, **extra)
+        output = target.forward(embeds, None, positions, mask, joining.kv, want_hidden=engine.proposer.wants_hidden, logits_to_keep=1,
+                                **extra)
         joining.start(valid, next_position)
         first_probs = process_logits(
             output.logits[:, -1:], self._sampling_of(list(handles), output.logits.device), batch, engine.constraint,

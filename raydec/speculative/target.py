@@ -87,13 +87,16 @@ class DecodingTarget(Protocol):
         cache: Any,
         want_hidden: bool = False,
         layer_residuals: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
     ) -> ForwardOutput:
         """One forward over a window.
 
         inputs_embeds: [M, N, H] (prefill) or None; output_tokens: [M, N] output-space ids
         (decode windows) or None; position_ids: [M, N] (or [P, M, N]);
         attention_mask: [M, 1, N, S + N] additive; cache: the HF Cache, appended in place;
-        layer_residuals: [K, M, N, H] (a prefill of prompts that have them) or None.
+        layer_residuals: [K, M, N, H] (a prefill of prompts that have them) or None;
+        logits_to_keep: logits for the last this many positions only, [M, k, V] (0: all; a
+        prefill needs its last: a long prompt's logits would take prompt x vocabulary floats)
         """
 
 

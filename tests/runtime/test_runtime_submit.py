@@ -1,4 +1,5 @@
-"""`ray job submit` of jobs/t2i_batch.py against a `ray start --head` cluster on 127.0.0.1.
+"""Batch jobs and the app on a `ray start --head` cluster on 127.0.0.1: `ray job submit` of a job
+script, and `raydec run` / `raydec serve` with each form of RAY_ADDRESS.
 
 Slow (a head node with its dashboard, then a job driver and an actor): marked `slow`.
 The cluster gets free ports and a private temp dir, and is stopped by PID, so other Ray
@@ -12,8 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from raydec.io import OutputConfig, read_manifest, read_results
@@ -37,32 +36,28 @@ def submit(head: dict, config: Path, timeout_s: float = 240.0, script: str = "jo
         time.sleep(3)
 
 
-def test_ray_job_submit_runs_the_t2i_batch_job(ray_head, tmp_path):
-    from tests.tiny_models import build_tiny_janus
-
-    model = build_tiny_janus(tmp_path / "tiny")
-    prompts = tmp_path / "prompts.parquet"
-    pq.write_table(pa.table({"id": ["a", "b", "c"], "prompt": ["a red circle .", "a blue square .", ""]}), prompts)
+def test_raydec_run_takes_the_dashboards_address_and_the_gcs_address(ray_head, tmp_path):
+    """`raydec run jobs/configs/t2i_reference.yaml` against `ray start --head`. With RAY_ADDRESS the
+    dashboard's http://host:port the command runs there as a Ray job (a copy of this checkout its
+    working directory) and prints the job's logs; with the GCS's host:port it drives the cluster from
+    here. Two rows each (--max-rows) into one output: the second run resumes with the shape the
+    first tuned and recorded. A config with a bad key is refused before it is submitted."""
     output = tmp_path / "out"
-    config = tmp_path / "job.yaml"
-    config.write_text(
-        f"model: {model}\nseed: 1\ninput:\n  path: {prompts}\noutput:\n  path: {output}\n"
-        "decode:\n  method: ar\npool:\n  workers: 1\n  batch_size: 4\n"
-    )
-    result = submit(ray_head, config)
-    logs = result.stdout + result.stderr
-    assert result.returncode == 0 and "succeeded" in logs.lower(), logs[-4000:]
-    results = {row["id"]: row for row in read_results(OutputConfig(path=str(output))).to_pylist()}
-    assert sorted(results) == ["a", "b", "c"]
-    assert results["c"]["error"] == "prompt: empty"
-    assert all(Path(results[i]["output_uri"]).exists() for i in ("a", "b"))
-    assert read_manifest(OutputConfig(path=str(output)))["counts"]["results"] == 3
+    env = {**ray_head["env"], "RAYDEC_CACHE_DIR": str(tmp_path / "cache")}
+    command = [sys.executable, "-m", "raydec.cli", "run", "jobs/configs/t2i_reference.yaml", "--output", str(output), "--max-rows", "2"]
+    for address, said in ((ray_head["address"], "succeeded"), (ray_head["gcs"], "done:")):
+        done = subprocess.run(command, env={**env, "RAY_ADDRESS": address}, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+        logs = done.stdout + done.stderr
+        assert done.returncode == 0 and said in logs, (address, logs[-4000:])
+    rows = read_results(OutputConfig(path=str(output))).to_pylist()
+    assert len(rows) == 4 and all(r["error"] is None and Path(r["output_uri"]).exists() for r in rows)
+    assert read_manifest(OutputConfig(path=str(output)))["shape"]["method"] in ("ar", "sjd_pac")
 
     bad = tmp_path / "bad.yaml"
-    bad.write_text(config.read_text().replace("workers: 1", "wrokers: 1"))
-    result = submit(ray_head, bad)
-    logs = result.stdout + result.stderr
-    assert result.returncode != 0 and "pool.wrokers" in logs, logs[-4000:]
+    bad.write_text((REPO_ROOT / "jobs/configs/t2i_reference.yaml").read_text().replace("workers: 2", "wrokers: 2"))
+    done = subprocess.run([sys.executable, "-m", "raydec.cli", "run", str(bad)], env={**env, "RAY_ADDRESS": ray_head["address"]},
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "pool.wrokers" in done.stderr and "submitted" not in done.stdout, done.stdout + done.stderr
 
 
 def test_ray_job_submit_runs_the_caption_batch_job(ray_head, tmp_path):
@@ -106,3 +101,45 @@ def test_local_ray_starts_once_when_threads_ask_together(monkeypatch):
     for thread in threads:
         thread.join()
     assert len(started) == 1 and started[0]["_node_ip_address"] == "127.0.0.1"
+
+
+def test_raydec_serve_runs_as_a_job_by_the_dashboard_and_joins_by_ray_client(ray_head, tmp_path):
+    """`raydec serve` against `ray start --head`: with the dashboard's http address it runs there as a
+    Ray job (this folder, holding its config, the job's working directory) and prints its logs until
+    Ctrl-C stops it; with ray://host:port (Ray Client) it deploys from here and stops on SIGTERM. Each
+    answers /v1/models and an image request on the config's port."""
+    import json
+    import signal
+    import urllib.request
+
+    import yaml
+
+    from tests.ray_fixture import _free_ports
+
+    (port,) = _free_ports(1)
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump({"port": port, "api_keys_env": None,
+                                                         "models": [{"name": "t2i", "task": "t2i", "decode": {"method": "ar"}}]}))
+    for address, stop in ((ray_head["address"], signal.SIGINT), (ray_head["client"], signal.SIGTERM)):
+        log_path = tmp_path / f"serve-{stop.name}.log"
+        with log_path.open("w") as log:
+            process = subprocess.Popen([sys.executable, "-m", "raydec.cli", "serve", "--config", "serve.yaml"], stdout=log,
+                                       stderr=subprocess.STDOUT, env={**ray_head["env"], "RAY_ADDRESS": address}, cwd=tmp_path)
+            try:
+                deadline = time.monotonic() + 300
+                while "raydec: serving at" not in log_path.read_text():
+                    assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+                    time.sleep(0.5)
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as response:
+                    assert [m["id"] for m in json.load(response)["data"]] == ["t2i"]
+                body = json.dumps({"prompt": "a red circle", "model": "t2i", "seed": 1}).encode()
+                request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/images/generations", data=body,
+                                                 headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(request, timeout=120) as response:
+                    assert json.load(response)["data"][0]["b64_json"]
+                process.send_signal(stop)
+                assert process.wait(timeout=90) in (0, 130), log_path.read_text()[-3000:]
+            finally:
+                if process.poll() is None:
+                    process.kill()
+        if stop == signal.SIGINT:
+            assert "submitted `raydec serve --config serve.yaml`" in log_path.read_text() and "stopped job" in log_path.read_text()
