@@ -104,9 +104,9 @@ def test_local_ray_starts_once_when_threads_ask_together(monkeypatch):
 
 
 def test_raydec_serve_runs_as_a_job_by_the_dashboard_and_joins_by_ray_client(ray_head, tmp_path):
-    """`raydec serve` against `ray start --head`: with the dashboard's http address it runs there as a
-    Ray job (this folder, holding its config, the job's working directory) and prints its logs until
-    Ctrl-C stops it; with ray://host:port (Ray Client) it deploys from here and stops on SIGTERM. Each
+    """`raydec serve` against `ray start --head`: with ray://host:port (Ray Client) it deploys from here
+    and stops on SIGTERM; with the dashboard's http address it runs there as a Ray job (this folder,
+    holding its config, the job's working directory) and prints its logs until Ctrl-C stops it. Each
     answers /v1/models and an image request on the config's port."""
     import json
     import signal
@@ -119,7 +119,7 @@ def test_raydec_serve_runs_as_a_job_by_the_dashboard_and_joins_by_ray_client(ray
     (port,) = _free_ports(1)
     (tmp_path / "serve.yaml").write_text(yaml.safe_dump({"port": port, "api_keys_env": None,
                                                          "models": [{"name": "t2i", "task": "t2i", "decode": {"method": "ar"}}]}))
-    for address, stop in ((ray_head["address"], signal.SIGINT), (ray_head["client"], signal.SIGTERM)):
+    for address, stop in ((ray_head["client"], signal.SIGTERM), (ray_head["address"], signal.SIGINT)):
         log_path = tmp_path / f"serve-{stop.name}.log"
         with log_path.open("w") as log:
             process = subprocess.Popen([sys.executable, "-m", "raydec.cli", "serve", "--config", "serve.yaml"], stdout=log,
