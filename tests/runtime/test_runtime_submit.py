@@ -40,24 +40,53 @@ def test_raydec_run_takes_the_dashboards_address_and_the_gcs_address(ray_head, t
     """`raydec run jobs/configs/t2i_reference.yaml` against `ray start --head`. With RAY_ADDRESS the
     dashboard's http://host:port the command runs there as a Ray job (a copy of this checkout its
     working directory) and prints the job's logs; with the GCS's host:port it drives the cluster from
-    here. Two rows each (--max-rows) into one output: the second run resumes with the shape the
-    first tuned and recorded. A config with a bad key is refused before it is submitted."""
+    here. Two rows each (--max-rows) into one output: the first takes its shape from the shape cache
+    (seeded as a tuning leaves it), the second resumes with the one the manifest records. A config
+    with a bad key is refused before it is submitted."""
     output = tmp_path / "out"
     env = {**ray_head["env"], "RAYDEC_CACHE_DIR": str(tmp_path / "cache")}
+    _seed_shape_cache(REPO_ROOT / "jobs/configs/t2i_reference.yaml", tmp_path / "cache")
     command = [sys.executable, "-m", "raydec.cli", "run", "jobs/configs/t2i_reference.yaml", "--output", str(output), "--max-rows", "2"]
     for address, said in ((ray_head["address"], "succeeded"), (ray_head["gcs"], "done:")):
         done = subprocess.run(command, env={**env, "RAY_ADDRESS": address}, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
         logs = done.stdout + done.stderr
         assert done.returncode == 0 and said in logs, (address, logs[-4000:])
+        assert ("taken from the shape cache" if address.startswith("http") else "resuming with the shape") in logs, logs[-4000:]
     rows = read_results(OutputConfig(path=str(output))).to_pylist()
     assert len(rows) == 4 and all(r["error"] is None and Path(r["output_uri"]).exists() for r in rows)
-    assert read_manifest(OutputConfig(path=str(output)))["shape"]["method"] in ("ar", "sjd_pac")
+    assert read_manifest(OutputConfig(path=str(output)))["shape"]["label"] == "window=16,init=left"
 
     bad = tmp_path / "bad.yaml"
     bad.write_text((REPO_ROOT / "jobs/configs/t2i_reference.yaml").read_text().replace("workers: 2", "wrokers: 2"))
     done = subprocess.run([sys.executable, "-m", "raydec.cli", "run", str(bad)], env={**env, "RAY_ADDRESS": ray_head["address"]},
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "pool.wrokers" in done.stderr and "submitted" not in done.stdout, done.stdout + done.stderr
+
+
+def _seed_shape_cache(config_path: Path, cache_dir: Path) -> None:
+    """Put a shape for the job in ``config_path`` into the shape cache at ``cache_dir``, under the key
+    its tuning task computes (its model, weights, device and threads, dtype, batch and config), as a
+    tuning would have left it: the job then takes it instead of tuning for a minute."""
+    import torch
+
+    from raydec.api import load_target, sized
+    from raydec.api.frontier import ShapeCache, apply_shape
+    from raydec.api.tuner import ShapeTrial
+    from raydec.config import DecodeConfig
+    from raydec.runtime.config import JobConfig
+    from raydec.runtime.shapes import shape_cache_key
+
+    config = JobConfig.from_yaml(config_path).processor_config()
+    shape = {"method": "sjd_pac", "jacobi": {"window": 16, "branching": 1, "tree_depth": 0, "init": "left"}, "draft_tree": None,
+             "label": "window=16,init=left"}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads)  # the tuning task's threads name its device
+    try:
+        key = shape_cache_key(config, sized(load_target(config.model, task="t2i", dtype=getattr(torch, config.dtype)), config.size))
+    finally:
+        torch.set_num_threads(threads)
+    trials = [ShapeTrial(DecodeConfig(method="ar"), 10.0, 1.0), ShapeTrial(apply_shape(config.decode, shape), 12.0, 1.2)]
+    ShapeCache(cache_dir / "shapes").put(key, shape, trials)
 
 
 def test_ray_job_submit_runs_the_caption_batch_job(ray_head, tmp_path):
