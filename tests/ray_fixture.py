@@ -164,7 +164,7 @@ def stop_own_cluster(temp_dir: str, grace_s: float = 3.0) -> None:
 def ray_head() -> Iterator[dict]:
     """`ray start --head` with the dashboard, all on 127.0.0.1 with free ports and a private temp dir.
 
-    Yields {"address": dashboard URL, "gcs": host:port, "client": ray://host:port, "env": environment
+    Yields {"address": dashboard URL, "gcs": host:port, "env": environment
     for `ray job submit`}.
     """
     import shutil
@@ -206,7 +206,7 @@ def ray_head() -> Iterator[dict]:
                     raise RuntimeError(f"Ray dashboard at {address} did not come up")
                 time.sleep(1)
         env["RAY_ADDRESS"] = address
-        yield {"address": address, "gcs": f"127.0.0.1:{gcs}", "client": f"ray://127.0.0.1:{client}", "env": env, "temp_dir": temp_dir}
+        yield {"address": address, "gcs": f"127.0.0.1:{gcs}", "env": env, "temp_dir": temp_dir}
     finally:
         stop_own_cluster(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)

@@ -158,9 +158,9 @@ class ImageScheduler(Scheduler):
 
     def __init__(
         self, model: str | Path | Any = "reference", decode: DecodeConfig | dict | None = None,
-        dtype: torch.dtype = torch.float32, device: str | None = None, batch_size: int = 8,
+        dtype: torch.dtype = torch.float32, device: str | None = None, batch_size: int = 8, vqgan_path: str | Path | None = None,
     ) -> None:
-        self.target = load_target(model, task="t2i", dtype=dtype, device=device)
+        self.target = load_target(model, task="t2i", dtype=dtype, device=device, vqgan_path=vqgan_path)
         config = image_decode_config(as_decode_config(decode), self.target)
         if config.method not in IMAGE_METHODS:
             raise ValueError(f"decode.method={config.method!r} is not a text-to-image method (use {', '.join(IMAGE_METHODS)})")

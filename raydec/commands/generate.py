@@ -40,7 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     add_decode_flags(parser, IMAGE_METHODS, "sjd_pac")
     parser.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (default: the checkpoint's)")
     parser.add_argument("--size", default=None, metavar="WIDTHxHEIGHT",
-                        help="image size in pixels for a model that makes several (Emu3); default: the model's own")
+                        help="image size in pixels (Emu3: multiples of 8; Lumina-mGPT / Chameleon: multiples of 32; Janus: its "
+                             "one size); default: the model's own")
+    parser.add_argument("--vqgan", default=None, metavar="FOLDER",
+                        help="Lumina-mGPT / Chameleon: the VQ-GAN's folder (vqgan.yaml, vqgan.ckpt); default: MODEL/vqgan")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ids, prompts = read_texts(args.prompts, args.prompts_file, args.parquet, args.column)
@@ -55,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from raydec.api import generate_images, load_target
 
-    target = load_target(args.model, task="t2i", dtype=getattr(torch, args.dtype), device=args.device)
+    target = load_target(args.model, task="t2i", dtype=getattr(torch, args.dtype), device=args.device, vqgan_path=args.vqgan)
     results = generate_images(prompts, model=target, decode=decode, seeds=[args.seed + i for i in range(len(prompts))],
                               batch_size=args.batch_size, progress=True, size=args.size)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -13,19 +13,21 @@ from typing import Any
 
 import torch
 
-_LOADED: dict[tuple[str, str, str, str], Any] = {}
+_LOADED: dict[tuple, Any] = {}
 # task -> (an attribute every loaded target for that task has, its name in errors)
 _TASK_MARKERS = {"t2i": ("num_image_tokens", "text-to-image"), "caption": ("format_prompt", "vision-language")}
 
 
 def load_target(
-    model: str | Path | Any = "reference", task: str = "t2i", dtype: torch.dtype = torch.float32, device: str | None = None
+    model: str | Path | Any = "reference", task: str = "t2i", dtype: torch.dtype = torch.float32, device: str | None = None,
+    vqgan_path: str | Path | None = None,
 ) -> Any:
     """Load (once) and return the target for ``model``.
 
     model: "reference", a local ``from_pretrained`` folder, or an already loaded target
     (returned unchanged). task: "t2i" (text-to-image) or "caption" (a vision-language model). device: e.g.
-    "cuda" (None: CPU). On a CPU the linear layers compute through row-major fp32 GEMMs
+    "cuda" (None: CPU). vqgan_path: a Lumina-mGPT / Chameleon checkpoint's VQ-GAN folder (``vqgan.yaml``,
+    ``vqgan.ckpt``) when it is not ``vqgan/`` inside the checkpoint folder. On a CPU the linear layers compute through row-major fp32 GEMMs
     (same weights and outputs, faster for few-row windows; see ``models.cpu_matmul``).
     """
     if task not in _TASK_MARKERS:
@@ -40,12 +42,15 @@ def load_target(
     from raydec.models.cpu_matmul import route_if_cpu
 
     if task == "t2i":
-        key = (task, str(registry.resolve_t2i_path(model).resolve()), str(dtype), str(device or "cpu"))
+        vqgan = str(Path(vqgan_path).expanduser().resolve()) if vqgan_path is not None else None
+        key = (task, str(registry.resolve_t2i_path(model).resolve()), str(dtype), str(device or "cpu"), vqgan)
         if key not in _LOADED:
-            target = registry.load_t2i_target(model, dtype=dtype)
+            target = registry.load_t2i_target(model, dtype=dtype, vqgan_path=vqgan_path)
             if device is not None:
                 target.model.to(device)
             _LOADED[key] = target
+    elif vqgan_path is not None:
+        raise ValueError(f"vqgan_path: {str(vqgan_path)!r} is set, but only text-to-image models decode images (task {task!r})")
     elif task == "caption":
         key = (task, str(registry.resolve_vlm_path(model).resolve()), str(dtype), str(device or "cpu"))
         if key not in _LOADED:

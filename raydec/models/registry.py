@@ -57,11 +57,11 @@ def _emu3_size_problem(path: Path, config: Any, width: int, height: int) -> str 
     return emu3_size_problem(config, width, height)
 
 
-def _chameleon_size_problem(path: Path, config: Any, width: int, height: int) -> str | None:
+def _chameleon_size_problem(path: Path, config: Any, width: int, height: int, vqgan_path: Path | None = None) -> str | None:
     from raydec.models.chameleon import chameleon_size_problem
     from raydec.models.vqgan import CONFIG_NAME, VQGanConfig
 
-    vqgan = path / "vqgan" / CONFIG_NAME  # the decoder beside the checkpoint (a vqgan_path elsewhere is checked at load)
+    vqgan = (vqgan_path or path / "vqgan") / CONFIG_NAME  # the decoder: its own folder, else the one beside the checkpoint
     pixels = VQGanConfig.from_yaml(vqgan).pixels_per_code if vqgan.is_file() else VQGanConfig().pixels_per_code
     return chameleon_size_problem(pixels, width, height)
 
@@ -72,7 +72,7 @@ T2I_SIZE_PROBLEMS: dict[str, Callable[[Path, Any, int, int], str | None]] = {
 }
 
 
-def t2i_size_problem(model: str | Path, width: int, height: int) -> str | None:
+def t2i_size_problem(model: str | Path, width: int, height: int, vqgan_path: str | Path | None = None) -> str | None:
     """Why the text-to-image checkpoint ``model`` cannot make ``width`` x ``height`` images, from
     its config alone (no weights load), or None. The positions a size needs are checked where it
     decodes."""
@@ -81,7 +81,26 @@ def t2i_size_problem(model: str | Path, width: int, height: int) -> str | None:
     path = resolve_t2i_path(model)
     model_type = checkpoint_model_type(path)
     config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    if model_type == "chameleon":
+        return _chameleon_size_problem(path, config, width, height, Path(vqgan_path) if vqgan_path else None)
     return T2I_SIZE_PROBLEMS[model_type](path, config, width, height) if model_type in T2I_SIZE_PROBLEMS else None
+
+
+def check_vqgan_path(model: str | Path, vqgan_path: str | Path | None) -> None:
+    """A ``vqgan_path`` only for a checkpoint that decodes with a separate VQ-GAN (Chameleon /
+    Lumina-mGPT), naming a folder that holds one (a ValueError naming the field otherwise)."""
+    if vqgan_path is None:
+        return
+    from raydec.models.vqgan import CONFIG_NAME
+
+    path = resolve_t2i_path(model)
+    model_type = checkpoint_model_type(path)
+    if model_type != "chameleon":
+        raise ValueError(f"vqgan_path: {str(vqgan_path)!r} is set, but {path} is a {model_type!r} checkpoint, which decodes its "
+                         f"images itself (only Chameleon / Lumina-mGPT checkpoints take a separate VQ-GAN)")
+    if not (Path(vqgan_path).expanduser() / CONFIG_NAME).is_file():
+        raise ValueError(f"vqgan_path: {str(vqgan_path)!r} holds no {CONFIG_NAME} (the VQ-GAN's folder: {CONFIG_NAME} and vqgan.ckpt, "
+                         f"as Lumina-mGPT keeps them in ckpts/chameleon/tokenizer/)")
 
 
 def resolve_t2i_path(model: str | Path) -> Path:
@@ -133,10 +152,12 @@ def checkpoint_model_type(path: Path) -> str:
     return str(model_type)
 
 
-def load_t2i_target(model: str | Path, dtype: torch.dtype = torch.float32, **kwargs: Any) -> Any:
+def load_t2i_target(model: str | Path, dtype: torch.dtype = torch.float32, vqgan_path: str | Path | None = None, **kwargs: Any) -> Any:
     """Load the text-to-image adapter for ``model`` ("reference" or a local folder).
 
-    kwargs go to the adapter (e.g. ``use_chat_template`` for Janus, ``image_area`` for Emu3).
+    vqgan_path: a Chameleon / Lumina-mGPT checkpoint's VQ-GAN folder (None: ``vqgan/`` in the
+    checkpoint folder; ``check_vqgan_path``). kwargs go to the adapter (e.g. ``use_chat_template``
+    for Janus, ``image_area`` for Emu3).
     Raises FileNotFoundError when the folder has no config.json and ValueError naming the path
     and model_type when no adapter handles it.
     """
@@ -153,6 +174,9 @@ def load_t2i_target(model: str | Path, dtype: torch.dtype = torch.float32, **kwa
             f"checkpoint {path}: model_type={model_type!r} is not a supported text-to-image model "
             f"(supported: {sorted(T2I_LOADERS)})"
         )
+    check_vqgan_path(path, vqgan_path)
+    if vqgan_path is not None:
+        kwargs["vqgan_path"] = Path(vqgan_path).expanduser()
     logger.info("loading %s text-to-image target from %s", model_type, path)
     return loader(path, dtype, **kwargs)
 

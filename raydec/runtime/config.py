@@ -30,14 +30,24 @@ def check_method(task: str, decode: DecodeConfig) -> None:
 
 SIZE_FIELD = Field(
     None, pattern=IMAGE_SIZE_PATTERN,
-    description="t2i: image size WIDTHxHEIGHT in pixels for a model that makes several (Emu3); unset or 'auto': the model's own.",
+    description="t2i: image size WIDTHxHEIGHT in pixels (Emu3: multiples of 8; Lumina-mGPT / Chameleon: multiples of 32; Janus: "
+    "its one size); unset or 'auto': the model's own.",
 )
 
 
-def check_size(task: str, size: Optional[str]) -> None:
-    """A size only for text-to-image (a captioning job's images are its inputs)."""
+VQGAN_PATH_FIELD = Field(
+    None, min_length=1,
+    description="t2i, Lumina-mGPT / Chameleon: the folder of the VQ-GAN that decodes the image codes (vqgan.yaml, vqgan.ckpt; "
+    "Lumina-mGPT keeps Meta's in ckpts/chameleon/tokenizer/); unset: vqgan/ inside the model's folder.",
+)
+
+
+def check_size(task: str, size: Optional[str], vqgan_path: Optional[str] = None) -> None:
+    """A size and a VQ-GAN folder only for text-to-image (a captioning job's images are its inputs)."""
     if task != "t2i" and size not in (None, "auto"):
         raise ValueError(f"size: {size!r} is set, but only text-to-image makes images (task {task!r})")
+    if task != "t2i" and vqgan_path is not None:
+        raise ValueError(f"vqgan_path: {vqgan_path!r} is set, but only text-to-image decodes images (task {task!r})")
 
 
 class PoolConfig(StrictModel):
@@ -112,6 +122,7 @@ class ProcessorConfig(StrictModel):
         None, description="t2i: write PNGs under this location and return their `image_uri`; unset: return PNG bytes in `image`.",
     )
     size: Optional[str] = SIZE_FIELD
+    vqgan_path: Optional[str] = VQGAN_PATH_FIELD
 
     @property
     def threads(self) -> int:
@@ -129,7 +140,7 @@ class ProcessorConfig(StrictModel):
             raise ValueError(f"concurrency: {self.concurrency} must be >= 1")
         if self.images_to is not None and self.task != "t2i":
             raise ValueError("images_to: only text-to-image stages write images")
-        check_size(self.task, self.size)
+        check_size(self.task, self.size, self.vqgan_path)
         return self
 
 
@@ -148,6 +159,7 @@ class JobConfig(StrictModel):
 
     _auto_shape = field_validator("decode")(classmethod(lambda cls, decode: auto_unless_set(decode)))
     size: Optional[str] = SIZE_FIELD
+    vqgan_path: Optional[str] = VQGAN_PATH_FIELD
     pool: PoolConfig = Field(default_factory=PoolConfig, description="Ray actor pool.")
     seed: Optional[int] = Field(
         None, ge=0, lt=2**63, description="Job seed for rows without a seed; overrides input.seed when set."
@@ -169,7 +181,7 @@ class JobConfig(StrictModel):
     @model_validator(mode="after")
     def _method_fits_task(self) -> "JobConfig":
         check_method(self.task, self.decode)
-        check_size(self.task, self.size)
+        check_size(self.task, self.size, self.vqgan_path)
         return self
 
     @model_validator(mode="after")
@@ -191,7 +203,7 @@ class JobConfig(StrictModel):
             task=self.task, model=self.model, dtype=self.dtype, decode=self.decode, rows=rows,
             concurrency=(pool.min_workers, pool.workers) if pool.min_workers is not None else pool.workers,
             batch_size=pool.batch_size, max_memory_fraction=pool.max_memory_fraction, cpus_per_worker=pool.cpus_per_worker, gpus_per_worker=pool.gpus_per_worker,
-            torch_threads=pool.torch_threads, size=self.size,
+            torch_threads=pool.torch_threads, size=self.size, vqgan_path=self.vqgan_path,
         )
 
     @property

@@ -89,7 +89,9 @@ def check_model(job: JobConfig) -> None:
         _check_caption_model(job)
         return
     from raydec.config import parse_image_size
-    from raydec.models.registry import REFERENCE_NAME, T2I_LOADERS, checkpoint_model_type, resolve_t2i_path, t2i_size_problem
+    from raydec.models.registry import (
+        REFERENCE_NAME, T2I_LOADERS, check_vqgan_path, checkpoint_model_type, resolve_t2i_path, t2i_size_problem,
+    )
 
     path = resolve_t2i_path(job.model)
     try:
@@ -101,9 +103,10 @@ def check_model(job: JobConfig) -> None:
         raise ModelNotFoundError(
             f"model: {job.model!r} is a {model_type!r} checkpoint; text-to-image supports {sorted(T2I_LOADERS)}"
         )
+    check_vqgan_path(path, job.vqgan_path)
     size = parse_image_size(job.size)
     if size is not None:
-        problem = t2i_size_problem(path, *size)
+        problem = t2i_size_problem(path, *size, job.vqgan_path)
         if problem is not None:
             raise ValueError(f"{problem} (model {job.model!r})")
     if "max_new_tokens" in job.decode.model_fields_set:

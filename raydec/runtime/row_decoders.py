@@ -77,7 +77,8 @@ class ImageRowDecoder:
         from raydec.api import load_target, sized  # in the actor: the driver never imports the models
 
         torch.set_num_threads(self.config.threads)
-        target = load_target(model=self.config.model, task="t2i", dtype=_torch_dtype(self.config.dtype), device=worker_device(self.config))
+        target = load_target(model=self.config.model, task="t2i", dtype=_torch_dtype(self.config.dtype), device=worker_device(self.config),
+                             vqgan_path=self.config.vqgan_path)
         self.target = sized(target, self.config.size)
         logger.info("t2i row decoder: loaded %s (%s, method %s)", self.config.model, self.config.dtype, self.method)
 

@@ -126,7 +126,7 @@ def choose_batch_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) ->
     ar = config.decode.model_copy(update={"method": "ar", "jacobi": JacobiDraftConfig(), "draft_tree": None})  # the shape is not chosen yet
     draft = None
     if config.task == "t2i":
-        scheduler: Any = ImageScheduler(config.model, ar, dtype=dtype, device=device, batch_size=len(rows))
+        scheduler: Any = ImageScheduler(config.model, ar, dtype=dtype, device=device, batch_size=len(rows), vqgan_path=config.vqgan_path)
         for row in rows:
             scheduler.submit(row["prompt"], int(row["seed"]), negative_prompt=row.get("negative_prompt"), size=config.size)
     else:

@@ -25,6 +25,7 @@ def processor_config(served: ServedModel) -> Any:
 
     return ProcessorConfig(
         task=served.task, model=served.model, dtype=served.dtype, decode=served.decode, batch_size=served.batch_size,
+        vqgan_path=served.vqgan_path,
         max_memory_fraction=served.max_memory_fraction, cpus_per_worker=served.cpus_per_worker,
         gpus_per_worker=min(1.0, served.gpus_per_worker), torch_threads=served.torch_threads,
     )

@@ -30,6 +30,11 @@ class ServedModel(StrictModel):
     task: Literal["t2i", "caption"] = Field(..., description="t2i: /v1/images/generations; caption: /v1/chat/completions.")
     model: str = Field("reference", min_length=1, description="'reference', or a local folder saved with save_pretrained.")
     dtype: DType = Field("float32", description="Weights and compute dtype.")
+    vqgan_path: Optional[str] = Field(
+        None, min_length=1,
+        description="t2i, Lumina-mGPT / Chameleon: the folder of the VQ-GAN that decodes the image codes (vqgan.yaml, "
+        "vqgan.ckpt); unset: vqgan/ inside the model's folder.",
+    )
     decode: DecodeConfig = Field(
         default_factory=DecodeConfig,
         description="Method and sampling; unset sampling takes the checkpoint's; an unset draft shape is 'auto': each "
@@ -76,6 +81,8 @@ class ServedModel(StrictModel):
 
     @model_validator(mode="after")
     def _method_fits_task(self) -> "ServedModel":
+        if self.task != "t2i" and self.vqgan_path is not None:
+            raise ValueError(f"vqgan_path: {self.vqgan_path!r} is set, but only a t2i model decodes images (task {self.task!r})")
         methods = IMAGE_METHODS if self.task == "t2i" else CAPTION_METHODS
         if self.decode.method not in methods:
             raise ValueError(f"decode.method: {self.decode.method!r} does not serve task {self.task!r} (use {', '.join(methods)})")

@@ -192,7 +192,8 @@ class ImageReplica(ModelReplica[ImageScheduler, ImageResult]):
     task = "t2i"
 
     def _open(self, served: ServedModel, dtype: torch.dtype, device: str | None) -> ImageScheduler:
-        return ImageScheduler(served.model, served.decode, dtype=dtype, device=device, batch_size=served.batch_size)
+        return ImageScheduler(served.model, served.decode, dtype=dtype, device=device, batch_size=served.batch_size,
+                              vqgan_path=served.vqgan_path)
 
     def info(self) -> ModelInfo:
         height, width = self.scheduler.target.image_size

@@ -153,3 +153,46 @@ def test_sjd_pac_samples_follow_the_exact_law_with_cfg(chameleon):
     samples = sample_engine(target, proposer, config, [PROMPTS[1]], list(range(6000)), 1500, constraint=target.vocab_constraint())
     report = compare_to_law(samples, _exact_law(target, PROMPTS[1], 5, sampling))
     assert report.passed, str(report)
+
+
+def test_a_vqgan_kept_elsewhere_is_named_by_vqgan_path_in_every_entry_point(chameleon_path, tmp_path):
+    """Lumina-mGPT keeps Meta's VQ-GAN in ckpts/chameleon/tokenizer/, apart from the language model:
+    ``vqgan_path`` names that folder in ``load_target``, ``raydec generate --vqgan``, a job and a served
+    model. Without it a checkpoint lacking ``vqgan/`` is refused naming what is missing; it is refused
+    for a model that decodes its images itself, and for captioning."""
+    import shutil
+
+    from pydantic import ValidationError
+
+    from raydec.api import generate_images, load_target
+    from raydec.cli import main
+    from raydec.runtime.config import JobConfig
+    from raydec.serve import ServeConfig
+    from tests.t2i_toys import tiny_janus
+
+    model = tmp_path / "lumina"
+    shutil.copytree(chameleon_path, model, ignore=shutil.ignore_patterns("vqgan"))
+    tokenizer = tmp_path / "ckpts" / "chameleon" / "tokenizer"
+    shutil.copytree(chameleon_path / "vqgan", tokenizer)
+    with pytest.raises(FileNotFoundError, match="vqgan"):
+        load_target(str(model), task="t2i")
+    target = load_target(str(model), task="t2i", vqgan_path=tokenizer)
+    decode = DecodeConfig(method="sjd_pac", jacobi=JacobiDraftConfig(window=6, init="left"), sampling=SamplingConfig(temperature=0.0))
+    (image,) = generate_images(["a red circle"], model=target, decode=decode, size="32x32", seeds=[0])
+    (expected,) = generate_images(["a red circle"], model=str(chameleon_path), decode=decode, size="32x32", seeds=[0])
+    assert image.tokens == expected.tokens and image.image.tobytes() == expected.image.tobytes()
+
+    assert main(["generate", "a red circle", "--model", str(model), "--vqgan", str(tokenizer), "--method", "ar",
+                 "--temperature", "0", "--size", "32x32", "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "00000.png").is_file()
+
+    job = {"model": str(model), "vqgan_path": str(tokenizer), "input": {"path": "in.parquet"}, "output": {"path": "out"}}
+    assert JobConfig.model_validate(job).processor_config().vqgan_path == str(tokenizer)
+    with pytest.raises(ValidationError, match="vqgan_path: .* only text-to-image decodes images"):
+        JobConfig.model_validate({**job, "task": "caption", "decode": {"method": "ar"}})
+    served = {"models": [{"name": "lumina", "task": "t2i", "model": str(model), "vqgan_path": str(tokenizer)}]}
+    assert ServeConfig.model_validate(served).models[0].vqgan_path == str(tokenizer)
+    with pytest.raises(ValueError, match="is a 'janus' checkpoint, which decodes its images itself"):
+        load_target(str(tiny_janus(tmp_path / "janus")), task="t2i", vqgan_path=tokenizer)
+    with pytest.raises(ValueError, match="holds no vqgan.yaml"):
+        load_target(str(model), task="t2i", vqgan_path=tmp_path)

@@ -132,9 +132,9 @@ def test_local_ray_starts_once_when_threads_ask_together(monkeypatch):
     assert len(started) == 1 and started[0]["_node_ip_address"] == "127.0.0.1"
 
 
-def test_raydec_serve_runs_as_a_job_by_the_dashboard_and_joins_by_ray_client(ray_head, tmp_path):
-    """`raydec serve` against `ray start --head`: with ray://host:port (Ray Client) it deploys from here
-    and stops on SIGTERM; with the dashboard's http address it runs there as a Ray job (this folder,
+def test_raydec_serve_joins_by_the_gcs_address_and_runs_as_a_job_by_the_dashboards(ray_head, tmp_path):
+    """`raydec serve` against `ray start --head`: with the GCS's host:port it joins the cluster, deploys
+    from here and stops on SIGTERM; with the dashboard's http address it runs there as a Ray job (this folder,
     holding its config, the job's working directory) and prints its logs until Ctrl-C stops it. Each
     answers /v1/models and an image request on the config's port."""
     import json
@@ -148,7 +148,7 @@ def test_raydec_serve_runs_as_a_job_by_the_dashboard_and_joins_by_ray_client(ray
     (port,) = _free_ports(1)
     (tmp_path / "serve.yaml").write_text(yaml.safe_dump({"port": port, "api_keys_env": None,
                                                          "models": [{"name": "t2i", "task": "t2i", "decode": {"method": "ar"}}]}))
-    for address, stop in ((ray_head["client"], signal.SIGTERM), (ray_head["address"], signal.SIGINT)):
+    for address, stop in ((ray_head["gcs"], signal.SIGTERM), (ray_head["address"], signal.SIGINT)):
         log_path = tmp_path / f"serve-{stop.name}.log"
         with log_path.open("w") as log:
             process = subprocess.Popen([sys.executable, "-m", "raydec.cli", "serve", "--config", "serve.yaml"], stdout=log,
