@@ -259,7 +259,7 @@ def bench_caption(args: argparse.Namespace) -> dict:
             entry["judge_accuracy_vs_ar"], entry["judge_accuracy_vs_ar_se"] = paired_difference(record.scores, ar.scores)
         summary[method] = entry
     identical = {m: sum(a == b for a, b in zip(ar.captions, r.captions)) for m, r in records.items()}
-    from raydec.tuning import window_cost
+    from raydec.bench.cost_tuner import window_cost
 
     cost = window_cost(target, VlmPrompt(target.format_prompt(args.prompt, 1), [images[0]]), sorted({1, 4, 8, 16, tree.total_tokens}))
     header = ["method", "tokens/fwd", "tau", "latency x AR", "x hf_assisted", "accuracy", "accuracy - AR (± SE)",

@@ -26,7 +26,7 @@ from raydec.bench.common import (
 )
 from raydec.config import JACOBI_METHODS, DecodeConfig, JacobiDraftConfig
 from raydec.models.base import decoding_attention, synchronize
-from raydec.tuning import window_cost
+from raydec.bench.cost_tuner import window_cost
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
     calibration prompts (held-out seeds far from the benchmark's).
     -> (configs, shapes tried, [(method, probe shape, forwards per image of each prior, chosen)])"""
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
-    from raydec.tuning import (
+    from raydec.bench.cost_tuner import (
         DEFAULT_WINDOWS, candidate_shapes, choose_fresh_drafts, forward_seconds, probe_shape,
         relative_costs, tune_draft,
     )
@@ -127,7 +127,7 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
 def _check_before_loading(methods: list[str], args: argparse.Namespace) -> None:
     """Options that cannot run, refused before any model loads."""
     from raydec.models.registry import T2I_LOADERS, checkpoint_model_type, resolve_t2i_path
-    from raydec.tuning import DEFAULT_WINDOWS, candidate_shapes
+    from raydec.bench.cost_tuner import DEFAULT_WINDOWS, candidate_shapes
 
     if args.seed + args.prompts > 2**63:
         raise SystemExit(f"--seed {args.seed}: prompts take seeds {args.seed}..{args.seed + args.prompts - 1}, past 2**63 - 1")

@@ -50,7 +50,7 @@ def test_bench_t2i_runs_every_method_on_a_tiny_janus(tmp_path):
 
 
 def test_candidate_shapes_skip_trees_that_do_not_fit():
-    from raydec.tuning import candidate_shapes
+    from raydec.bench.cost_tuner import candidate_shapes
 
     chains = candidate_shapes("sjd_ac", windows=(4, 16))
     assert [(s.window, s.branching, s.tree_depth) for s in chains] == [(4, 1, 0), (16, 1, 0)]
@@ -63,7 +63,7 @@ def test_tune_draft_follows_the_cost_curve(tmp_path):
     """Flat costs (a GPU) reward the widest window; costs growing like the window (a slow
     CPU) make every wide window a loss, so the narrowest wins."""
     from raydec.api import load_target
-    from raydec.tuning import tune_draft
+    from raydec.bench.cost_tuner import tune_draft
     from tests.tiny_models import build_tiny_janus
 
     target = load_target(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
@@ -88,7 +88,7 @@ def test_tune_draft_follows_the_cost_curve(tmp_path):
 
 def test_a_tree_replaces_the_chain_only_past_the_calibration_noise():
     from raydec.config import JacobiDraftConfig
-    from raydec.tuning import TunedShape, tree_beats_chain
+    from raydec.bench.cost_tuner import TunedShape, tree_beats_chain
 
     def shape(branching: int, depth: int, speedup: float) -> TunedShape:
         return TunedShape("sjd_pac", JacobiDraftConfig(window=32, branching=branching, tree_depth=depth), 30.0, 1.5, speedup)
@@ -103,7 +103,7 @@ def test_a_tree_replaces_the_chain_only_past_the_calibration_noise():
 
 
 def test_fit_step_costs_is_monotone_in_window_and_tree_size():
-    from raydec.tuning import fit_step_costs
+    from raydec.bench.cost_tuner import fit_step_costs
 
     assert fit_step_costs([(9, 0), (17, 0), (33, 0)], [3.0, 5.0, 9.0]) == pytest.approx([3.0, 5.0, 9.0])  # already monotone
     # a busy spell made window 8 look as dear as 48: the two are pooled, 32 in between with them
@@ -133,7 +133,7 @@ def test_step_ratios_cancel_a_slow_round(tmp_path, monkeypatch):
     """Every round times the baseline and each candidate; a round where the whole machine runs
     at a third of its speed leaves the ratios where they were, and the median drops a round
     that a slow spell split."""
-    from raydec import tuning
+    from raydec.bench import cost_tuner
 
     speed = {"value": 1.0}
     cost = {"ar": 1.0, "a": 2.0, "b": 3.0}
@@ -143,15 +143,15 @@ def test_step_ratios_cancel_a_slow_round(tmp_path, monkeypatch):
         calls.append(config.method)
         return 10.0, cost[config.method] / speed["value"]
 
-    monkeypatch.setattr(tuning, "calibration_run", fake_run)
+    monkeypatch.setattr(cost_tuner, "calibration_run", fake_run)
     configs = [SimpleNamespace(method="a"), SimpleNamespace(method="b")]
     baseline = SimpleNamespace(method="ar")
     speed["value"] = 1 / 3
-    ratios = tuning.timed_step_ratios(None, configs, baseline, ["p"], [0], 1, rounds=3)
+    ratios = cost_tuner.timed_step_ratios(None, configs, baseline, ["p"], [0], 1, rounds=3)
     assert ratios == pytest.approx([2.0, 3.0]) and calls.count("ar") == 3 and len(calls) == 9
     # round one given (the counting runs): a spell that slowed only candidate "b" there is outvoted
     speed["value"] = 1.0
-    ratios = tuning.timed_step_ratios(None, configs, baseline, ["p"], [0], 1, rounds=3, first=[2.0, 9.0], first_baseline=1.0)
+    ratios = cost_tuner.timed_step_ratios(None, configs, baseline, ["p"], [0], 1, rounds=3, first=[2.0, 9.0], first_baseline=1.0)
     assert ratios == pytest.approx([2.0, 3.0])
 
 
@@ -190,7 +190,7 @@ def test_tune_draft_chooses_the_fresh_draft_prior_first(tmp_path):
     """The prior needing the fewest forwards at the probe shape is the one every shape is tried with."""
     from raydec.api import load_target
     from raydec.config import JacobiDraftConfig
-    from raydec.tuning import choose_fresh_drafts, probe_shape, tune_draft
+    from raydec.bench.cost_tuner import choose_fresh_drafts, probe_shape, tune_draft
     from tests.tiny_models import build_tiny_janus
 
     target = load_target(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
@@ -225,7 +225,7 @@ def test_fresh_drafts_are_chosen_by_the_rows_mean_forwards_at_batch_2(tmp_path):
     mean forwards, while a shape's steps per batch stay the slowest row's (consecutive batches)."""
     from raydec.api import load_target
     from raydec.config import DecodeConfig, JacobiDraftConfig
-    from raydec.tuning import calibration_rows, calibration_run, choose_fresh_drafts
+    from raydec.bench.cost_tuner import calibration_rows, calibration_run, choose_fresh_drafts
     from tests.tiny_models import build_tiny_janus
 
     target = load_target(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)
@@ -340,7 +340,7 @@ def test_calibration_counts_the_slowest_row_or_the_mean_as_batches_are_run(tmp_p
     accelerator's by default) a finished row's place is refilled, so a batch's images take the mean."""
     from raydec.api import generate_images, load_target
     from raydec.config import DecodeConfig, JacobiDraftConfig
-    from raydec.tuning import calibration_run
+    from raydec.bench.cost_tuner import calibration_run
     from tests.tiny_models import build_tiny_janus
 
     target = load_target(build_tiny_janus(tmp_path / "janus"), "t2i", dtype=torch.float32)

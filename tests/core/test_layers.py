@@ -17,7 +17,7 @@ CORE = PACKAGE / "speculative"
 # what the core may not import: the layers above it, the benches, the testbed
 FORBIDDEN = (
     "raydec.models", "raydec.runtime", "raydec.api", "raydec.serve", "raydec.train", "raydec.io",
-    "raydec.reference", "raydec.demo", "raydec.cli", "raydec.bench", "raydec.tuning",
+    "raydec.reference", "raydec.demo", "raydec.cli", "raydec.bench",
 )
 
 

@@ -250,7 +250,7 @@ def test_neighbour_copies_are_the_prior_the_reference_shapes_want(shipped):
     on the bench's calibration prompts, left by 26.)"""
     from raydec.api import load_target
     from raydec.config import JacobiDraftConfig
-    from raydec.tuning import choose_fresh_drafts
+    from raydec.bench.cost_tuner import choose_fresh_drafts
 
     target = load_target("reference", "t2i", dtype=torch.float32)
     prompts = [make_sample(HELD_OUT_SEED_START + 900 + i).prompt for i in range(2)]

@@ -17,7 +17,8 @@ it is distributed as (dense ``[V]``; one-hot for deterministic spatial-prior dra
 Fresh drafts: a uniform random allowed token with Q = uniform over the allowed ids, or a
 spatial prior (the token to the left / above in the image grid) with Q one-hot; forced layout
 tokens (e.g. Emu3 end-of-line) are drafted as themselves. Which prior pays depends on the
-model's images: ``raydec.tuning.choose_fresh_drafts`` counts forwards to pick one.
+model's images: the bench's cost-model tuner (``raydec.bench.cost_tuner.choose_fresh_drafts``)
+counts forwards to pick one.
 
 Everything is batched tensor work on the target's device: pending drafts are [B, S] / [B, S, V]
 tensors aligned with the batch, and each row's uniforms come from its own counter-based
@@ -129,7 +130,8 @@ class JacobiProposer(Proposer):
             logger.log(
                 logging.DEBUG if chosen else logging.WARNING,
                 "sjd_pac with draft.branching=%d, draft.tree_depth=%d has no proactive tree: it runs as sjd_ac "
-                "(set both, e.g. branching=3, tree_depth=1, or tune them with raydec.tuning.tune_draft)",
+                "(set both, e.g. branching=3, tree_depth=1, or tune them with the bench's cost-model tuner, "
+                "raydec.bench.cost_tuner.tune_draft)",
                 draft.branching, draft.tree_depth,
             )
         extra = full_tree_nodes(self.branching, self.depth) - self.depth

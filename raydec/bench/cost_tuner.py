@@ -1,4 +1,6 @@
-"""Choose the SJD draft shape (window ``L``, tree ``K`` / ``D``) from this machine's forward costs.
+"""The bench's cost-model tuner: choose the SJD draft shape (window ``L``, tree ``K`` / ``D``) from
+this machine's forward costs. ``raydec bench t2i`` and ``raydec bench caption`` use it; the
+product's tuner (what ``generate_images`` and the jobs run) is ``raydec.api.tuner``.
 
 Step compression only pays if the wider forward is cheap enough: on a GPU a 64-token window
 costs about what one token costs, on a CPU several times more. So, like EAGLE's tree-size
@@ -364,13 +366,7 @@ def tune_draft(
     """
     if method not in JACOBI_METHODS:
         raise ValueError(f"method={method!r}: only the Jacobi methods sjd, sjd_ac, sjd_pac have a draft shape to tune")
-    if len(inits) == 1:
-        init = inits[0]
-    else:  # refuses an empty list
-        init, _ = choose_fresh_drafts(target, method, probe_shape(method, windows, trees), prompts, seeds, sampling, batch, inits, batching)
-        if method == "sjd_pac" and chain_init is None:
-            chain_init, _ = choose_fresh_drafts(target, "sjd_ac", probe_shape("sjd_ac", windows), prompts, seeds, sampling, batch, inits, batching)
-    chain_init = chain_init or init
+    init, chain_init = draft_priors(target, method, prompts, seeds, sampling, batch, windows, trees, inits, batching, chain_init)
     shapes = [JacobiDraftConfig(**{**shape.model_dump(), "init": chain_init if is_chain(shape) else init})
               for shape in candidate_shapes(method, windows, trees)]
     length = int(target.num_image_tokens)
@@ -405,6 +401,32 @@ def tune_draft(
         tried.append(TunedShape(method, draft, steps, costs[draft.window + 1], length * base / (steps * step), step, raw))
         logger.info("tune %s %s: %.1f steps per batch, step cost %.2f (measured %.2f), predicted speedup %.2f",
                     method, draft, steps, step, raw, tried[-1].predicted_speedup)
+    return best_shape(method, tried, rows), tried
+
+
+def draft_priors(
+    target: Any, method: str, prompts: Sequence[str], seeds: Sequence[int], sampling: SamplingConfig, batch: int,
+    windows: Sequence[int], trees: Sequence[tuple[int, int]], inits: Sequence[str], batching: str, chain_init: str | None,
+) -> tuple[str, str]:
+    """:func:`tune_draft`'s fresh-draft priors -> (the trees' prior, the chains' prior).
+
+    One entry in ``inits`` is used as it is; several are counted at ``method``'s probe shape
+    (:func:`choose_fresh_drafts`; an empty list is refused there), and for SJD-PAC without a
+    ``chain_init`` the chains' prior is counted at SJD-AC's probe, as SJD-AC would choose it.
+    """
+    if len(inits) == 1:
+        init = inits[0]
+    else:  # refuses an empty list
+        init, _ = choose_fresh_drafts(target, method, probe_shape(method, windows, trees), prompts, seeds, sampling, batch, inits, batching)
+        if method == "sjd_pac" and chain_init is None:
+            chain_init, _ = choose_fresh_drafts(target, "sjd_ac", probe_shape("sjd_ac", windows), prompts, seeds, sampling, batch, inits, batching)
+    return init, chain_init or init
+
+
+def best_shape(method: str, tried: Sequence[TunedShape], rows: Sequence[Sequence[int]]) -> TunedShape:
+    """The candidate with the largest predicted speedup; for SJD-PAC the best chain instead of a
+    tree that leads it by no more than the calibration's noise (:func:`tree_beats_chain` on the
+    rows' forwards, ``rows[i]`` for ``tried[i]``)."""
     best = max(tried, key=lambda t: t.predicted_speedup)
     chains = [i for i, t in enumerate(tried) if is_chain(t.jacobi)]
     if method == "sjd_pac" and chains and best not in [tried[i] for i in chains]:
@@ -413,4 +435,4 @@ def tune_draft(
             logger.info("tune sjd_pac: the tree %s leads the chain %s by %.2fx, within the calibration's noise: "
                         "keeping the chain", best.jacobi, tried[chain].jacobi, best.predicted_speedup / tried[chain].predicted_speedup)
             best = tried[chain]
-    return best, tried
+    return best
