@@ -47,7 +47,8 @@ from raydec.speculative.prefill import left_pad, pad_layer_residuals, prefill_ma
 from raydec.speculative.proposers.base import DecodeState, Prefill, Proposer
 from raydec.speculative.random import RowRandom
 from raydec.speculative.requests import RowOutput, RowRequest, RowState
-from raydec.speculative.sampling import RowSampling, VocabConstraint, process_logits, sample_with_uniform
+from raydec.speculative.sampling import VocabConstraint, process_logits, sample_with_uniform
+from raydec.speculative.session import SessionRows, fill_from_the_end
 from raydec.speculative.target import DecodingTarget, ForwardOutput, PromptInputs, stack_prompts
 from raydec.speculative.tree import DraftTree
 from raydec.speculative.verify import VerifyResult, verify_tree
@@ -147,7 +148,7 @@ class Engine:
         return [session.output(handle) for handle in handles]
 
 
-class DecodeSession:
+class DecodeSession(SessionRows):
     """An engine run that takes requests while it decodes.
 
         handle = session.submit(request)   # queued; joins the batch between steps
@@ -159,82 +160,20 @@ class DecodeSession:
     ``output(handle)`` is final, and ``release(handle)`` drops them. So a loop that releases what
     ``step`` returns holds no row once ``busy`` is False. Handles count from 0 in submission
     order. A session is single-threaded: a scheduler (behind a Serve replica) or a batch worker drives it from one loop.
+    The rows' record (``submit``, ``cancel``, ``release``, ``output``, ``busy``) is ``SessionRows``'s
+    (``raydec.speculative.session``); this class adds the device work: the cache, admission, the steps.
     """
 
     def __init__(self, engine: Engine, batch_size: int | None = None, on_finish: Callable[[int, RowOutput], None] | None = None) -> None:
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.engine = engine
-        self.batch_size = batch_size
-        self.on_finish = on_finish
-        self.rows: dict[int, RowState] = {}  # submitted and not yet released
-        self._next_handle = 0
-        self.queue: list[int] = []
-        self.active: list[int] = []
-        self._unreported: list[int] = []  # cancelled while queued: finished, not yet returned by ``step``
+        super().__init__(engine, batch_size, on_finish)
         self.cache: RaggedCache | None = None
         self.random: RowRandom | None = None  # the active rows' streams, in batch order, on the device
         self.prob_dtype = torch.float32
         self.steps = 0  # decode steps run
         self.refill = RefillPolicy()  # when queued rows join (raydec.speculative.refill)
-        self._sampling: tuple[list[int], SamplingConfig | RowSampling] | None = None  # (rows, their sampling)
         self._probs = KeptBuffer()  # this step's P: lives until the proposer's ``observe``
 
-    # -- the public surface ----------------------------------------------------------------------
-
-    def submit(self, request: RowRequest) -> int:
-        """Queue a request; returns its handle."""
-        handle = self._next_handle
-        if request.max_new_tokens is not None and request.max_new_tokens < 1:
-            raise ValueError(f"requests[{handle}].max_new_tokens: {request.max_new_tokens} must be >= 1 (None: the engine's)")
-        limit = request.max_new_tokens if request.max_new_tokens is not None else self.engine.max_new_tokens
-        sampling = request.sampling
-        if sampling is not None:
-            mine = self.engine.sampling
-            for name in ("cfg_scale", "cfg_space"):
-                if getattr(sampling, name) != getattr(mine, name):
-                    raise ValueError(f"requests[{handle}].sampling.{name}: {getattr(sampling, name)!r} differs from the engine's "
-                                     f"{getattr(mine, name)!r} (classifier-free guidance is one for the batch)")
-            if sampling.repetition_penalty != 1.0 and sampling.uses_cfg:
-                raise ValueError(f"requests[{handle}].sampling.repetition_penalty={sampling.repetition_penalty} is not "
-                                 f"supported with classifier-free guidance")
-            if sampling == mine:
-                sampling = None
-        stop = frozenset(self.engine.eos_token_ids) | frozenset(int(t) for t in request.stop_token_ids)
-        self.rows[handle] = RowState(request=request, limit=limit, sampling=sampling, stop=stop)
-        self._next_handle += 1
-        self.queue.append(handle)
-        return handle
-
-    def release(self, handle: int) -> RowOutput:
-        """A finished row's output, and its record dropped (a long-running session, such as a
-        Serve replica's, releases each row it has read so its memory stays flat)."""
-        if not self.rows[handle].done:
-            raise ValueError(f"release({handle}): the row is still queued or decoding (cancel it first)")
-        output = self.output(handle)
-        del self.rows[handle]
-        return output
-
-    def cancel(self, handle: int) -> None:
-        """Stop a request: a queued one finishes now (it never decodes), a decoding one leaves the batch
-        at the next step; either is reported (reason "cancelled") by the next ``step``."""
-        row = self.rows[handle]
-        if row.done:
-            return
-        row.cancelled = True
-        if handle in self.queue:
-            self.queue.remove(handle)
-            self._finish(handle, "cancelled")
-            self._unreported.append(handle)
-
-    @property
-    def busy(self) -> bool:
-        """``step`` has work: rows are decoding or queued, or a row cancelled while queued is yet to be reported."""
-        return bool(self.active or self.queue or self._held_unreported())
-
-    def output(self, handle: int) -> RowOutput:
-        row = self.rows[handle]
-        return RowOutput(tokens=row.generated, stats=row.stats)
+    # -- the steps -------------------------------------------------------------------------------
 
     @torch.inference_mode()
     def step(self, decode_scope: Callable[[], ContextManager] | None = None) -> list[int]:
@@ -265,26 +204,10 @@ class DecodeSession:
             self.refill.stepped(time.perf_counter() - start, len(self.active), len(self.queue), batch_size)
         return finished + self._retire()
 
-    def _held_unreported(self) -> list[int]:
-        """Rows cancelled while queued that ``step`` has not returned and the caller has not released."""
-        return [handle for handle in self._unreported if handle in self.rows]
-
     @property
     def occupancy(self) -> float | None:
         """Mean share of ``batch_size`` decoding over the steps run while rows were queued (None: no row waited)."""
         return self.refill.occupancy
-
-    def _sampling_of(self, handles: list[int], device: torch.device) -> SamplingConfig | RowSampling:
-        """The engine's sampling when every row uses it, else the rows' own (kept while they stay)."""
-        if all(self.rows[h].sampling is None for h in handles):
-            return self.engine.sampling
-        if self._sampling is None or self._sampling[0] != handles:
-            configs = [self.rows[h].sampling or self.engine.sampling for h in handles]
-            self._sampling = (list(handles), RowSampling.of(configs, device))
-        return self._sampling[1]
-
-    def _penalised(self, handles: list[int]) -> bool:
-        return any((self.rows[h].sampling or self.engine.sampling).repetition_penalty != 1.0 for h in handles)
 
     # -- admission -------------------------------------------------------------------------------
 
@@ -475,32 +398,10 @@ class DecodeSession:
 
     # -- rows leaving ----------------------------------------------------------------------------
 
-    def _finish(self, handle: int, reason: str) -> None:
-        row = self.rows[handle]
-        row.done = True
-        row.stats.finish_reason = reason
-        if row.admitted_at:
-            row.stats.wall_time_s = time.perf_counter() - row.admitted_at
-        if self.on_finish is not None:
-            self.on_finish(handle, RowOutput(tokens=row.generated, stats=row.stats))
-
     def _retire(self) -> list[int]:
         """Drop finished and cancelled rows from the batch and the cache; returns their handles.
         A staying row's place may change (``fill_from_the_end``); its tokens never do."""
-        finished, leaving = [], set()
-        for place, handle in enumerate(self.active):
-            row = self.rows[handle]
-            if row.cancelled:
-                reason = "cancelled"
-            elif row.generated and row.generated[-1] in row.stop:
-                reason = "eos"
-            elif len(row.generated) >= row.limit:
-                reason = "length"
-            else:
-                continue
-            self._finish(handle, reason)
-            finished.append(handle)
-            leaving.add(place)
+        finished, leaving = self._leaving()
         if finished:
             index = fill_from_the_end(len(self.active), leaving)
             streams = self.engine.streams
@@ -508,18 +409,6 @@ class DecodeSession:
             self.random = self.random.select(torch.tensor(index, dtype=torch.long))
             self.active = [self.active[i] for i in index]
         return finished
-
-
-def fill_from_the_end(rows: int, leaving: set[int]) -> list[int]:
-    """The batch order after ``leaving`` rows (of ``rows``) leave: each row keeps its place, except
-    that a place left empty among the first ``rows - len(leaving)`` takes a staying row from beyond
-    them; so as many rows move as leave, at most, and the cache moves nothing else."""
-    size = rows - len(leaving)
-    order = list(range(size))
-    tail = [i for i in range(size, rows) if i not in leaving]
-    for place, row in zip((i for i in range(size) if i in leaving), tail):
-        order[place] = row
-    return order
 
 
 def _read_commit(packed: torch.Tensor) -> list[tuple[int, int, list[int]]]:
