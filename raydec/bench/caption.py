@@ -160,6 +160,21 @@ def _draft_path(args: argparse.Namespace, method: str) -> str:
     return str(resolve_draft_path(args.model, method, explicit))
 
 
+def method_configs(args: argparse.Namespace, methods: list[str], sampling: SamplingConfig, tree: DraftTreeConfig) -> dict[str, DecodeConfig]:
+    """Each method's decode config, from the CLI: ``hf`` and ``hf_assisted`` (run outside the engine)
+    record AR's; ``eagle`` and ``vispec`` name their draft (``--eagle-draft`` / ``--vispec-draft``,
+    else the one shipped with ``--model``)."""
+    return {
+        m: DecodeConfig(
+            method="ar" if m in ("ar", "hf", "hf_assisted") else m, max_new_tokens=args.max_new_tokens,
+            sampling=sampling, draft_tree=tree,
+            draft_model=_draft_path(args, m) if m in ("eagle", "vispec") else None, draft_dtype=args.draft_dtype,
+            batching=args.batching,
+        )
+        for m in methods
+    }
+
+
 def bench_caption(args: argparse.Namespace) -> dict:
     from raydec.api import caption_images, continuous_batching, draft_dtype, load_target
     from raydec.models.hf_vlm import VlmPrompt
@@ -178,15 +193,7 @@ def bench_caption(args: argparse.Namespace) -> dict:
     shape = {k: v for k, v in (("depth", args.depth), ("top_k", args.top_k), ("total_tokens", args.total_tokens)) if v is not None}
     tree = DraftTreeConfig(**{**DraftTreeConfig.for_temperature(args.temperature).model_dump(), **shape})
     target = load_target(args.model, "caption", dtype=dtype, device=None if device == "cpu" else device)
-    configs = {
-        m: DecodeConfig(
-            method="ar" if m in ("ar", "hf", "hf_assisted") else m, max_new_tokens=args.max_new_tokens,
-            sampling=sampling, draft_tree=tree,
-            draft_model=_draft_path(args, m) if m in ("eagle", "vispec") else None, draft_dtype=args.draft_dtype,
-            batching=args.batching,
-        )
-        for m in methods
-    }
+    configs = method_configs(args, methods, sampling, tree)
     small_dtype = draft_dtype(target, args.draft_dtype)  # eagle / vispec drafts and the HF assistant alike
     assistant = _load_assistant(args.assistant or REFERENCE_DRAFT_DIRS["assistant"], target, small_dtype) if "hf_assisted" in methods else None
 
@@ -206,75 +213,25 @@ def bench_caption(args: argparse.Namespace) -> dict:
         for method in methods:
             record = records[method]
             if method in ("hf", "hf_assisted"):  # one image per generate() call (hf_assisted needs batch 1)
-                seconds = 0.0
-                for image, seed in zip(batch_images, batch_seeds):
-                    prompt = VlmPrompt(target.format_prompt(args.prompt, 1), [image])
-                    tokens, forwards, image_seconds = _hf_caption(
-                        target, prompt, sampling, args.max_new_tokens, seed, assistant if method == "hf_assisted" else None
-                    )
-                    text = target.processor.tokenizer.decode([t for t in tokens if t not in set(target.eos_token_ids)], skip_special_tokens=True).strip()
-                    seconds += image_seconds
-                    record.captions.append(text)
-                    record.forwards.append(forwards)
-                    record.tokens.append(len(tokens))
-                    record.verifications += forwards - 1
-                    record.accepted_drafts += len(tokens) - forwards
+                seconds = _hf_batch(record, target, args, sampling, batch_images, batch_seeds, assistant if method == "hf_assisted" else None)
             else:
-                with _Timed(target, "forward", device) as target_timer:
-                    synchronize(device)
-                    begin = time.perf_counter()
-                    results = caption_images(batch_images, prompt=args.prompt, model=target, decode=configs[method], seeds=batch_seeds, batch_size=args.batch)
-                    seconds = time.perf_counter() - begin
-                record.target_seconds += target_timer.seconds
-                record.target_calls += target_timer.calls
-                record.draft_seconds += max(0.0, seconds - target_timer.seconds)
-                for r in results:
-                    record.captions.append(r.caption)
-                    record.forwards.append(r.target_forwards)
-                    record.tokens.append(r.num_tokens)
-                    record.verifications += len(r.accepted_lengths)
-                    record.accepted_drafts += sum(r.accepted_lengths) - len(r.accepted_lengths)
+                seconds = _engine_batch(record, target, args, configs[method], batch_images, batch_seeds, device)
             record.seconds += seconds
             first = len(record.scores)
             record.scores += [score_caption(c, np.asarray(img)) for c, img in zip(record.captions[first:], batch_images)]
         logger.info("bench caption: %d/%d images", min(start + args.batch, len(images)), len(images))
 
+    summary = caption_summary(records)
     ar = records["ar"]
-    summary: dict[str, dict[str, float]] = {}
-    for method, record in records.items():
-        entry = {
-            "tokens_per_forward": sum(record.tokens) / max(1, sum(record.forwards)),
-            "tau": record.accepted_drafts / max(1, record.verifications),
-            "latency_speedup": ar.seconds / record.seconds,
-            "judge_accuracy": float(np.mean(record.scores)),
-            "seconds": record.seconds,
-            "tokens": sum(record.tokens),
-        }
-        if record.target_calls:
-            # per step: everything outside target forwards (draft, verifier, bookkeeping) vs one target forward
-            entry["overhead_per_step_vs_target_forward"] = (record.draft_seconds / max(1, record.target_calls)) / (record.target_seconds / record.target_calls)
-        if "hf_assisted" in records:
-            entry["latency_speedup_vs_hf_assisted"] = records["hf_assisted"].seconds / record.seconds
-        if method != "ar":  # paired by image; SE None below 2 images
-            entry["judge_accuracy_vs_ar"], entry["judge_accuracy_vs_ar_se"] = paired_difference(record.scores, ar.scores)
-        summary[method] = entry
     identical = {m: sum(a == b for a, b in zip(ar.captions, r.captions)) for m, r in records.items()}
     from raydec.bench.cost_tuner import window_cost
 
     cost = window_cost(target, VlmPrompt(target.format_prompt(args.prompt, 1), [images[0]]), sorted({1, 4, 8, 16, tree.total_tokens}))
-    header = ["method", "tokens/fwd", "tau", "latency x AR", "x hf_assisted", "accuracy", "accuracy - AR (± SE)",
-              "non-target step / target fwd"]
-    rows = [
-        [m, f"{e['tokens_per_forward']:.2f}", f"{e['tau']:.2f}", f"{e['latency_speedup']:.2f}",
-         ratio_cell(e, "latency_speedup_vs_hf_assisted"), f"{e['judge_accuracy']:.3f}", difference_cell(e),
-         f"{e['overhead_per_step_vs_target_forward']:.2f}" if "overhead_per_step_vs_target_forward" in e else "-"]
-        for m, e in summary.items()
-    ]
     batching = "continuous" if continuous_batching(device, args.batching) else "consecutive"
     print_table(
         f"bench caption: {args.model}, {measured} images, batch {args.batch} ({batching}), {args.dtype} (drafts {str(small_dtype).replace('torch.', '')}), "
         f"{device}, temperature {args.temperature}, draft tree depth {tree.depth} top_k {tree.top_k} total {tree.total_tokens}",
-        header, rows,
+        *caption_table(summary),
     )
     if sampling.greedy:
         print("captions identical to AR: " + ", ".join(f"{m} {n}/{measured}" for m, n in identical.items()))
@@ -294,6 +251,87 @@ def bench_caption(args: argparse.Namespace) -> dict:
         "device_name": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
         "model": str(args.model), "prompt": args.prompt,
     }
+
+
+def _hf_batch(record: MethodRecord, target: Any, args: argparse.Namespace, sampling: SamplingConfig, images: list, seeds: list[int],
+              assistant: Any) -> float:
+    """One batch through Hugging Face ``generate``, one image per call (assisted when ``assistant``
+    is given), added to ``record`` -> its seconds."""
+    from raydec.models.hf_vlm import VlmPrompt
+
+    seconds = 0.0
+    for image, seed in zip(images, seeds):
+        prompt = VlmPrompt(target.format_prompt(args.prompt, 1), [image])
+        tokens, forwards, image_seconds = _hf_caption(target, prompt, sampling, args.max_new_tokens, seed, assistant)
+        text = target.processor.tokenizer.decode([t for t in tokens if t not in set(target.eos_token_ids)], skip_special_tokens=True).strip()
+        seconds += image_seconds
+        record.captions.append(text)
+        record.forwards.append(forwards)
+        record.tokens.append(len(tokens))
+        record.verifications += forwards - 1
+        record.accepted_drafts += len(tokens) - forwards
+    return seconds
+
+
+def _engine_batch(record: MethodRecord, target: Any, args: argparse.Namespace, config: DecodeConfig, images: list, seeds: list[int],
+                  device: str) -> float:
+    """One batch through ``caption_images`` with ``config``, its target forwards timed apart from
+    the rest of each step, added to ``record`` -> its seconds."""
+    from raydec.api import caption_images
+
+    with _Timed(target, "forward", device) as target_timer:
+        synchronize(device)
+        begin = time.perf_counter()
+        results = caption_images(images, prompt=args.prompt, model=target, decode=config, seeds=seeds, batch_size=args.batch)
+        seconds = time.perf_counter() - begin
+    record.target_seconds += target_timer.seconds
+    record.target_calls += target_timer.calls
+    record.draft_seconds += max(0.0, seconds - target_timer.seconds)
+    for r in results:
+        record.captions.append(r.caption)
+        record.forwards.append(r.target_forwards)
+        record.tokens.append(r.num_tokens)
+        record.verifications += len(r.accepted_lengths)
+        record.accepted_drafts += sum(r.accepted_lengths) - len(r.accepted_lengths)
+    return seconds
+
+
+def caption_summary(records: dict[str, MethodRecord]) -> dict[str, dict[str, float]]:
+    """Per method: tokens per forward, τ, latency speedup vs AR (and vs ``hf_assisted`` when it ran),
+    judge accuracy, and for the methods other than AR its difference from AR's paired by image."""
+    ar = records["ar"]
+    summary: dict[str, dict[str, float]] = {}
+    for method, record in records.items():
+        entry = {
+            "tokens_per_forward": sum(record.tokens) / max(1, sum(record.forwards)),
+            "tau": record.accepted_drafts / max(1, record.verifications),
+            "latency_speedup": ar.seconds / record.seconds,
+            "judge_accuracy": float(np.mean(record.scores)),
+            "seconds": record.seconds,
+            "tokens": sum(record.tokens),
+        }
+        if record.target_calls:
+            # per step: everything outside target forwards (draft, verifier, bookkeeping) vs one target forward
+            entry["overhead_per_step_vs_target_forward"] = (record.draft_seconds / max(1, record.target_calls)) / (record.target_seconds / record.target_calls)
+        if "hf_assisted" in records:
+            entry["latency_speedup_vs_hf_assisted"] = records["hf_assisted"].seconds / record.seconds
+        if method != "ar":  # paired by image; SE None below 2 images
+            entry["judge_accuracy_vs_ar"], entry["judge_accuracy_vs_ar_se"] = paired_difference(record.scores, ar.scores)
+        summary[method] = entry
+    return summary
+
+
+def caption_table(summary: dict[str, dict[str, float]]) -> tuple[list[str], list[list[str]]]:
+    """The printed table of ``caption_summary``: (header, one row per method)."""
+    header = ["method", "tokens/fwd", "tau", "latency x AR", "x hf_assisted", "accuracy", "accuracy - AR (± SE)",
+              "non-target step / target fwd"]
+    rows = [
+        [m, f"{e['tokens_per_forward']:.2f}", f"{e['tau']:.2f}", f"{e['latency_speedup']:.2f}",
+         ratio_cell(e, "latency_speedup_vs_hf_assisted"), f"{e['judge_accuracy']:.3f}", difference_cell(e),
+         f"{e['overhead_per_step_vs_target_forward']:.2f}" if "overhead_per_step_vs_target_forward" in e else "-"]
+        for m, e in summary.items()
+    ]
+    return header, rows
 
 
 def add_caption_parser(subparsers) -> None:

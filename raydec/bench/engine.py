@@ -154,10 +154,19 @@ def bench_engine(args: argparse.Namespace) -> dict:
             times[name].forwards.append(forwards)
         logger.info("prompt %d/%d: hf %.2fs ar %.2fs oracle %.2fs", i + 1, len(prompts), t_hf, t_ar, t_or)
 
-    ar_total = times["ar"].total_seconds
-    oracle_speedup = ar_total / times["oracle"].total_seconds
     # the forward of a (window + 1)-token step over a cache of prompt + half the new tokens
     window_cost = forward_cost_ratio(model, device, args.window + 1, context=24 + args.new_tokens // 2)
+    return engine_report(args, device, params, times, window_cost, mismatches, oracle_drift)
+
+
+def engine_report(args: argparse.Namespace, device: str, params: int, times: dict[str, MethodTimes], window_cost: float,
+                  mismatches: int, oracle_drift: int) -> dict:
+    """``bench_engine``'s result (the JSON written by ``--json``), printed as a table and a line of
+    ratios. times: per method ("hf", "ar", "oracle") its seconds, tokens and forwards per prompt;
+    window_cost: a (window + 1)-token forward / a one-token forward; mismatches: prompts where HF's
+    tokens differ from our AR's; oracle_drift: tokens where the oracle's differ from AR's."""
+    ar_total = times["ar"].total_seconds
+    oracle_speedup = ar_total / times["oracle"].total_seconds
     result = {
         "model": {"parameters": params, "dtype": args.dtype, "vocab_size": 16384, "size": args.size},
         "device": device,

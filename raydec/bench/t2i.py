@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,26 +20,18 @@ import numpy as np
 import torch
 
 from raydec.bench.common import (
-    folder_path_arg, json_path_arg, non_negative_int, parse_methods, positive_int, positive_float, print_table,
-    ratio_cell, resolve_device,
+    folder_path_arg, json_path_arg, non_negative_int, parse_methods, positive_int, positive_float, print_table, resolve_device,
 )
+from raydec.bench.cost_tuner import window_cost
+from raydec.bench.t2i_report import MethodRecord, plots, print_tuning, summary_table, t2i_summary, tuning_json
+from raydec.bench.t2i_report import score_agreement as score_agreement  # re-exported from this module, its earlier home
 from raydec.config import JACOBI_METHODS, DecodeConfig, JacobiDraftConfig
 from raydec.models.base import decoding_attention, synchronize
-from raydec.bench.cost_tuner import window_cost
 
 logger = logging.getLogger(__name__)
 
 ALL_METHODS = ("ar", "hf") + JACOBI_METHODS
 TUNE_OFFSET = 500_000  # calibration prompts: held-out seeds far from any benchmark's
-
-
-@dataclass
-class MethodRecord:
-    seconds: float = 0.0
-    forwards: list[int] = field(default_factory=list)       # per image, prefill included
-    tokens: list[int] = field(default_factory=list)
-    accepted_lengths: list[list[int]] = field(default_factory=list)
-    scores: list[float] = field(default_factory=list)
 
 
 def fixed_draft(method: str, args: argparse.Namespace, init: str = "uniform") -> JacobiDraftConfig:
@@ -150,6 +141,17 @@ def _check_before_loading(methods: list[str], args: argparse.Namespace) -> None:
             )
 
 
+def _check_calibration_apart(args: argparse.Namespace) -> None:
+    """With ``--window auto`` or ``--init auto`` the measured prompts must not overlap the tuner's
+    calibration prompts (held-out indices from ``TUNE_OFFSET``)."""
+    calibration = args.tune_prompts or max(4, 2 * args.batch)
+    if (args.window == "auto" or args.init == "auto") and args.offset < TUNE_OFFSET + calibration and TUNE_OFFSET < args.offset + args.prompts:
+        raise SystemExit(
+            f"--offset {args.offset} --prompts {args.prompts}: the measured prompts would overlap the tuner's calibration "
+            f"prompts (held-out indices {TUNE_OFFSET}..{TUNE_OFFSET + calibration - 1}); measure elsewhere"
+        )
+
+
 def _hf_generate(target: Any, prompts: list[str], seed: int, sampling: Any) -> tuple[list[list[int]], float]:
     """Hugging Face's own Janus image generation on the same checkpoint."""
     processor = target.processor
@@ -166,49 +168,20 @@ def _hf_generate(target: Any, prompts: list[str], seed: int, sampling: Any) -> t
     return out.tolist(), time.perf_counter() - start
 
 
-def _acceptance_grid(records: list[list[int]], grid: tuple[int, int]) -> np.ndarray:
-    """Mean 'committed as an accepted draft' per layout position. -> [rows, cols]"""
-    rows, cols = grid
-    total = np.zeros(rows * cols)
-    for lengths in records:
-        flags = [0.0]  # the first token comes from the prefill
-        for chunk in lengths:
-            flags += [1.0] * (chunk - 1) + [0.0]
-        total[: min(len(flags), rows * cols)] += np.array(flags[: rows * cols])
-    return (total / max(1, len(records))).reshape(rows, cols)
-
-
-def _plots(records: dict[str, MethodRecord], grid: tuple[int, int], out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    drafted = [m for m in records if m not in ("ar", "hf")]
-    paths = []
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for method in drafted:
-        lengths = [c for image in records[method].accepted_lengths for c in image]
-        if lengths:
-            ax.hist(lengths, bins=range(1, max(lengths) + 2), alpha=0.5, label=method, density=True)
-    ax.set_xlabel("tokens committed per target forward")
-    ax.set_ylabel("share of forwards")
-    ax.legend()
-    paths.append(out_dir / "t2i_accept_hist.png")
-    fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    if drafted:
-        fig, axes = plt.subplots(1, len(drafted), figsize=(4 * len(drafted), 4))
-        for ax, method in zip(np.atleast_1d(axes), drafted):
-            image = ax.imshow(_acceptance_grid(records[method].accepted_lengths, grid), vmin=0, vmax=1, cmap="viridis")
-            ax.set_title(f"{method}: accepted draft share")
-            ax.axis("off")
-        fig.colorbar(image, ax=list(np.atleast_1d(axes)))
-        paths.append(out_dir / "t2i_accept_heatmap.png")
-        fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
-        plt.close(fig)
-    return paths
+def _hf_chunk(target: Any, prompts: list[str], seeds: list[int], batch: int, sampling: Any, device: str) -> tuple[list[list[int]], Any, float]:
+    """Hugging Face's generate over ``prompts`` in consecutive batches of ``batch`` (each seeded with
+    its first prompt's seed), then the pixels -> tokens per image, images, seconds (pixels included,
+    as they are inside ``generate_images``)."""
+    tokens, seconds = [], 0.0
+    for sub in range(0, len(prompts), batch):
+        sub_tokens, sub_seconds = _hf_generate(target, prompts[sub : sub + batch], seeds[sub], sampling)
+        tokens += sub_tokens
+        seconds += sub_seconds
+    begin = time.perf_counter()  # pixels count for hf as they do inside generate_images
+    images = target.decode_tokens(torch.tensor(tokens))
+    synchronize(device)
+    seconds += time.perf_counter() - begin
+    return tokens, images, seconds
 
 
 def bench_t2i(args: argparse.Namespace) -> dict:
@@ -221,12 +194,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
     methods = parse_methods(args.methods, ALL_METHODS)
     _check_fixed_drafts(methods, args)
     _check_before_loading(methods, args)
-    calibration = args.tune_prompts or max(4, 2 * args.batch)
-    if (args.window == "auto" or args.init == "auto") and args.offset < TUNE_OFFSET + calibration and TUNE_OFFSET < args.offset + args.prompts:
-        raise SystemExit(
-            f"--offset {args.offset} --prompts {args.prompts}: the measured prompts would overlap the tuner's calibration "
-            f"prompts (held-out indices {TUNE_OFFSET}..{TUNE_OFFSET + calibration - 1}); measure elsewhere"
-        )
+    _check_calibration_apart(args)
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     device = resolve_device(args.device)
     target = load_target(args.model, "t2i", dtype=dtype, device=None if device == "cpu" else device)
@@ -243,21 +211,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
         args.tune_prompts = args.tune_prompts or max(4, 2 * args.batch)  # two batches: one slow row decides less
         tuned, tried, priors = tuned_configs(target, methods, args, sampling, length)
         configs.update(tuned)
-    if priors:
-        print_table(
-            f"fresh-draft priors tried at batch {args.batch} on {args.tune_prompts} calibration prompts (target forwards per image)",
-            ["method", "probe window", "K", "D-1"] + list(priors[0][2]) + ["chosen"],
-            [[m, probe.window, probe.branching, probe.tree_depth] + [f"{v:.1f}" for v in steps.values()] + [init]
-             for m, probe, steps, init in priors],
-        )
-    if tried:
-        print_table(
-            f"draft shapes tried at batch {args.batch} on {args.tune_prompts} calibration prompts "
-            "(costs in one-token forwards; step = a whole decode step: median of interleaved rounds, then fitted)",
-            ["method", "window", "K", "D-1", "prior", "steps/batch", "window cost", "step measured", "step fitted", "predicted x AR"],
-            [[t.method, t.jacobi.window, t.jacobi.branching, t.jacobi.tree_depth, t.jacobi.init, f"{t.steps_per_batch:.1f}",
-              f"{t.window_cost:.2f}", f"{t.measured_step_cost:.2f}", f"{t.step_cost:.2f}", f"{t.predicted_speedup:.2f}"] for t in tried],
-        )
+    print_tuning(priors, tried, args.batch, args.tune_prompts)
     records = {m: MethodRecord() for m in methods}
 
     generate_images(prompts[:1], model=target, decode=configs["ar"], seeds=seeds[:1])  # warm-up
@@ -272,15 +226,7 @@ def bench_t2i(args: argparse.Namespace) -> dict:
         for method in methods:
             record = records[method]
             if method == "hf":  # Hugging Face batches statically: consecutive batches of --batch
-                tokens, seconds = [], 0.0
-                for sub in range(0, len(batch_prompts), args.batch):
-                    sub_tokens, sub_seconds = _hf_generate(target, batch_prompts[sub : sub + args.batch], batch_seeds[sub], sampling)
-                    tokens += sub_tokens
-                    seconds += sub_seconds
-                begin = time.perf_counter()  # pixels count for hf as they do inside generate_images
-                images = target.decode_tokens(torch.tensor(tokens))
-                synchronize(device)
-                seconds += time.perf_counter() - begin
+                tokens, images, seconds = _hf_chunk(target, batch_prompts, batch_seeds, args.batch, sampling, device)
                 record.forwards += [len(t) for t in tokens]
                 record.tokens += [len(t) for t in tokens]
             else:  # up to --batch rows at once (--batching: continuous on a GPU by default)
@@ -296,35 +242,13 @@ def bench_t2i(args: argparse.Namespace) -> dict:
             record.scores += [score_image(np.asarray(img), p) for img, p in zip(images, batch_prompts)]
         logger.info("bench t2i: %d/%d prompts", min(start + chunk, len(prompts)), len(prompts))
 
-    ar = records["ar"]
-    summary: dict[str, dict[str, float]] = {}
-    for method, record in records.items():
-        entry = {
-            "step_compression": float(np.mean([a / m for a, m in zip(ar.forwards, record.forwards)])),
-            "latency_speedup": ar.seconds / record.seconds,
-            "tokens_per_forward": sum(record.tokens) / max(1, sum(record.forwards)),
-            "judge_score": float(np.mean(record.scores)),
-            "seconds": record.seconds,
-            "images_per_second": len(record.scores) / record.seconds,
-        }
-        if "hf" in records:
-            entry["latency_speedup_vs_hf"] = records["hf"].seconds / record.seconds
-        if method != "ar":
-            entry.update(score_agreement(ar.scores, record.scores))
-        summary[method] = entry
+    summary = t2i_summary(records)
     windows = {c.jacobi.window + 1 for c in configs.values() if c.method != "ar"}
     cost = window_cost(target, prompts[0], sorted({1, 16, 64} | windows), batch=args.batch)
-    plots = _plots(records, target.layout_grid, args.plots)
-    header = ["method", "step compr.", "latency x AR", "latency x hf", "tokens/fwd", "judge", "judge vs AR (p KS/MW)", "img/s"]
-    rows = [
-        [m, f"{e['step_compression']:.2f}", f"{e['latency_speedup']:.2f}", ratio_cell(e, "latency_speedup_vs_hf"),
-         f"{e['tokens_per_forward']:.2f}", f"{e['judge_score']:.3f}",
-         f"{e['judge_mean_diff']:+.3f} ({e['judge_ks_p']:.2f}/{e['judge_mw_p']:.2f})" if "judge_ks_p" in e else "-",
-         f"{e['images_per_second']:.3f}"]
-        for m, e in summary.items()
-    ]
+    pictures = plots(records, target.layout_grid, args.plots)
     batching = "continuous" if continuous_batching(device, args.batching) else "consecutive"
-    print_table(f"bench t2i: {args.model}, {measured} prompts, batch {args.batch} ({batching}), {args.dtype}, {device}", header, rows)
+    print_table(f"bench t2i: {args.model}, {measured} prompts, batch {args.batch} ({batching}), {args.dtype}, {device}",
+                *summary_table(summary))
     print("drafts: " + ", ".join(
         f"{m} window {c.jacobi.window}" + (f" K {c.jacobi.branching} D-1 {c.jacobi.tree_depth}" if c.jacobi.tree_depth else "") + f" ({c.jacobi.init})"
         for m, c in configs.items() if c.method != "ar"
@@ -334,34 +258,11 @@ def bench_t2i(args: argparse.Namespace) -> dict:
         "methods": summary,
         "window_cost": {str(n): c for n, c in cost.items()},
         "config": {m: c.model_dump() for m, c in configs.items()},
-        "fresh_drafts": [
-            {"method": m, "probe": probe.model_dump(), "steps_per_batch": steps, "chosen": init} for m, probe, steps, init in priors
-        ],
-        "tuning": [
-            {"method": t.method, "jacobi": t.jacobi.model_dump(), "steps_per_batch": t.steps_per_batch,
-             "window_cost": t.window_cost, "step_cost": t.step_cost,
-             "predicted_speedup": t.predicted_speedup}
-            for t in tried
-        ],
+        **tuning_json(priors, tried),
         "prompts": measured, "prompts_requested": args.prompts, "batch": args.batch, "batching": batching, "chunk": chunk, "dtype": args.dtype, "device": device,
         "device_name": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu", "model": str(args.model),
-        "plots": [str(p) for p in plots],
+        "plots": [str(p) for p in pictures],
     }
-
-
-def score_agreement(reference: list[float], scores: list[float], alpha: float = 0.05) -> dict[str, float]:
-    """Does a method's judge-score distribution match AR's? Two-sample Kolmogorov-Smirnov and
-    Mann-Whitney tests (both must not reject at ``alpha``) and the difference of the means.
-    Lossless methods pass by construction up to sampling noise; biased ones drift."""
-    from scipy import stats
-
-    if len(reference) < 2 or len(scores) < 2 or (len(set(reference)) == 1 and set(reference) == set(scores)):
-        return {"judge_ks_p": 1.0, "judge_mw_p": 1.0, "judge_mean_diff": float(np.mean(scores) - np.mean(reference)), "judge_same_distribution": True}
-    ks = stats.ks_2samp(reference, scores).pvalue
-    mw = stats.mannwhitneyu(reference, scores, alternative="two-sided").pvalue
-    diff = float(np.mean(scores) - np.mean(reference))
-    return {"judge_ks_p": float(ks), "judge_mw_p": float(mw), "judge_mean_diff": diff,
-            "judge_same_distribution": bool(ks >= alpha and mw >= alpha)}
 
 
 def _chunks(result: Any) -> list[int]:
