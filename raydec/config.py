@@ -146,7 +146,11 @@ class DecodeConfig(StrictModel):
     method: Literal["ar", "sjd", "sjd_ac", "sjd_pac", "vispec", "eagle"] = Field(
         "ar", description="Decoding method (proposer); every method uses the same lossless verifier."
     )
-    max_new_tokens: int = Field(256, ge=1, le=65536, description="Upper bound on generated tokens per row.")
+    max_new_tokens: int = Field(
+        256, ge=1, le=65536,
+        description="Upper bound on generated tokens per row. Unset: a caption's is 128, an image's its layout's token count "
+        "(the default shown applies where neither does).",
+    )
     jacobi: JacobiDraftConfig | Literal["auto"] = Field(
         default_factory=JacobiDraftConfig,
         description="Draft window / tree shape (sjd, sjd_ac, sjd_pac). auto: tuned for the batch size on this device, "
@@ -206,16 +210,6 @@ class DecodeConfig(StrictModel):
         if self.draft_tree == "auto":
             raise ValueError("decode.draft_tree='auto': the tree is chosen for a batch size first (raydec.api.frontier)")
         return self.draft_tree or DraftTreeConfig.for_temperature(self.sampling.temperature)
-
-
-def auto_unless_set(decode: DecodeConfig) -> DecodeConfig:
-    """A job's, stage's or served model's decode config with the draft shape 'auto' where the user left it
-    unset: tuned for the batch size on the device (``raydec.api.frontier``), plain AR among the candidates."""
-    if decode.method in JACOBI_METHODS and "jacobi" not in decode.model_fields_set:
-        return decode.model_copy(update={"jacobi": "auto"})
-    if decode.method in DRAFT_METHODS and "draft_tree" not in decode.model_fields_set:
-        return decode.model_copy(update={"draft_tree": "auto"})
-    return decode
 
 
 #: an image size as requests and configs write it: WIDTHxHEIGHT in pixels ("auto": the model's own)

@@ -17,6 +17,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 
 
+#: the release that stops reading the names of earlier releases (``renamed_keys``, ``--draft``)
+RENAMES_REMOVED_IN = "0.2.0"
+
+
 def _takes_number_not_bool(annotation: object) -> bool:
     """True for ``int`` / ``float`` and unions of them (``int | None``), False when bool is allowed."""
     if annotation is bool:
@@ -64,7 +68,8 @@ class StrictModel(BaseModel):
     #: what ``from_yaml`` raises (a ValueError subclass), so each layer keeps its own error type
     config_error: typing.ClassVar[type[ValueError]] = ValueError
 
-    #: keys of an earlier release (old name -> field): still read, with a FutureWarning naming the new key
+    #: keys of an earlier release (old name -> field): still read until RENAMES_REMOVED_IN, with a
+    #: FutureWarning naming the new key (docs/configuration.md lists them all)
     renamed_keys: typing.ClassVar[dict[str, str]] = {}
 
     @classmethod
@@ -96,7 +101,7 @@ class StrictModel(BaseModel):
                 continue
             if new in data:
                 raise ValueError(f"{old} and {new}: give only {new} ({old} is its name in earlier releases)")
-            warnings.warn(f"{cls.__name__}: the key {old!r} is now {new!r}; {old!r} will stop loading in a later release",
+            warnings.warn(f"{cls.__name__}: the key {old!r} is now {new!r}; {old!r} stops loading in raydec {RENAMES_REMOVED_IN}",
                           FutureWarning, stacklevel=2)
             data[new] = data.pop(old)
         return data

@@ -10,10 +10,10 @@ from typing import Any, Sequence
 from PIL import Image
 
 from raydec.api.batching import continuous_batching, decode_batches, progress_callback
-from raydec.api.frontier import shape_for_call
 from raydec.api.inputs import (
     as_decode_config, as_image_list, caption_decode_config, check_batch_size, check_seeds, check_text, max_positions,
 )
+from raydec.api.plan import CallCalibration, plan_decode
 from raydec.config import DRAFT_METHODS, DecodeConfig
 from raydec.models.loading import draft_dtype, load_draft, load_target
 from raydec.speculative.engine import Engine
@@ -43,6 +43,7 @@ class CaptionResult:
     finish_reason: str
     accepted_lengths: list[int] = field(default_factory=list)
     method: str = ""
+    plan: str = ""  # the method and draft shape the row was decoded with (``DecodePlan.label``)
 
 
 def draft_folder(model: Any, target: Any, config: DecodeConfig) -> str | None:
@@ -67,7 +68,8 @@ def caption_text(target: Any, tokens: Sequence[int]) -> str:
     return tokenizer.decode([t for t in tokens if t not in eos], skip_special_tokens=True).strip()
 
 
-def caption_result(request: RowRequest, output: RowOutput, caption: str, method: str, finish_reason: str | None = None) -> CaptionResult:
+def caption_result(request: RowRequest, output: RowOutput, caption: str, method: str, finish_reason: str | None = None,
+                   plan: str = "") -> CaptionResult:
     """A finished row, decoded with ``method``, as the public result (finish_reason: the engine's unless given)."""
     lengths = output.stats.accepted_lengths
     return CaptionResult(
@@ -82,6 +84,7 @@ def caption_result(request: RowRequest, output: RowOutput, caption: str, method:
         finish_reason=finish_reason or output.stats.finish_reason,
         accepted_lengths=list(lengths),
         method=method,
+        plan=plan or method,
     )
 
 
@@ -131,12 +134,12 @@ def caption_images(
         RowRequest(VlmPrompt(target.format_prompt(q, len(imgs)), imgs), seed=int(seed), max_new_tokens=config.max_new_tokens)
         for q, imgs, seed in zip(questions, rows, seeds)
     ]
-    if config.auto_shape:  # chosen for this batch size on the call's first rows (cached per weights, device, batch)
-        def calibrate(candidate: DecodeConfig, picked: list[int]) -> None:
-            caption_images([rows[i] for i in picked], prompt=[questions[i] for i in picked], model=target, decode=candidate,
-                           seeds=[seeds[i] for i in picked], batch_size=batch_size)
+    def calibrate(candidate: DecodeConfig, batch: int, picked: list[int]) -> None:  # an "auto" shape is tuned on the call's first rows
+        caption_images([rows[i] for i in picked], prompt=[questions[i] for i in picked], model=target, decode=candidate,
+                       seeds=[seeds[i] for i in picked], batch_size=batch)
 
-        config = shape_for_call(config, target, batch_size, calibrate, len(rows), draft_folder(model, target, config))
+    plan = plan_decode(config, batch_size, CallCalibration(target, len(rows), calibrate, config.compile, draft_folder(model, target, config)))
+    config = plan.decode
     results: list[CaptionResult] = []
     bar = None
     if progress:
@@ -151,7 +154,8 @@ def caption_images(
                         max_positions=max_positions(target))
         continuous = continuous_batching(target.device, config.batching)
         outputs = decode_batches(engine, requests, batch_size, continuous, progress_callback(bar, len(requests), f"caption_images ({config.method})"))
-        results += [caption_result(request, output, caption_text(target, output.tokens), config.method) for request, output in zip(requests, outputs)]
+        results += [caption_result(request, output, caption_text(target, output.tokens), config.method, plan=plan.label)
+                    for request, output in zip(requests, outputs)]
     finally:
         if bar is not None:
             bar.close()

@@ -1,12 +1,7 @@
-"""The draft shape for a batch size: the candidates, the choice cached once per model, device and batch.
-
-``resolve_shape`` replaces a config's "auto" shape by the one the tuner (``raydec.api.tuner``)
-measured fastest for the batch, plain AR among the candidates (``candidate_configs``). Every
-candidate decodes losslessly: the choice moves speed, never the output law, though with sampling a
-row's particular sample depends on the shape it was decoded with: so a choice is made once per
-(model weights, device, dtype, threads, batch, config), cached on disk (:class:`ShapeCache`) and
-recorded in a job's manifest, and a resumed job reuses it.
-"""
+"""The draft shapes worth trying for a method (``candidate_configs``), and the tuned choices kept on
+disk, one per (model weights, device, dtype, threads, batch, config) (:class:`ShapeCache`,
+``target_shape_key``). ``raydec.api.plan.plan_decode`` is what chooses, with the tuner
+(``raydec.api.tuner``)."""
 
 from __future__ import annotations
 
@@ -16,13 +11,11 @@ import json
 import logging
 import os
 import platform
-import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from raydec.api.tuner import ROUNDS, ShapeTrial, round_parts, round_rows, round_size, shape_label, tune_for_batch
+from raydec.api.tuner import ShapeTrial, shape_label
 from raydec.config import DRAFT_METHODS, JACOBI_METHODS, DecodeConfig, DraftTreeConfig, JacobiDraftConfig, full_tree_nodes
-from raydec.speculative.capture import resolve_compile
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +100,11 @@ def cache_folder() -> Path:
     return (Path(root) if root else Path.home() / ".cache" / "raydec") / "shapes"
 
 
+def key_digest(key: dict) -> str:
+    """A short digest of a shape cache key: its file's name."""
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
 class ShapeCache:
     """Tuned shapes on disk, one JSON file per key (the key's hash names it; the key is kept inside)."""
 
@@ -114,8 +112,7 @@ class ShapeCache:
         self.folder = Path(folder) if folder is not None else cache_folder()
 
     def _path(self, key: dict) -> Path:
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]
-        return self.folder / f"{digest}.json"
+        return self.folder / f"{key_digest(key)}.json"
 
     def get(self, key: dict) -> dict | None:
         try:
@@ -168,42 +165,6 @@ def shape_key(base: DecodeConfig, weights: str, device: str, dtype: str, batch: 
     return {"weights": weights, "device": device, "dtype": dtype, "batch": batch, "config": config}
 
 
-def resolve_shape(
-    base: DecodeConfig,
-    batch: int,
-    decode_seconds: Callable[[DecodeConfig, int], float],
-    rows: int,
-    key: dict | None,
-    cache: ShapeCache | None = None,
-    rounds: int = ROUNDS,
-    parts: int = 1,
-    captured: bool = False,
-) -> tuple[DecodeConfig, dict]:
-    """``base`` with its "auto" shape replaced by the choice for ``batch``: the cached one for
-    ``key`` when there is one, else tuned now (:func:`tune_for_batch` over
-    :func:`candidate_configs`) and cached. ``key`` None: nothing identifies the weights; tune
-    without caching. Returns the config and its record (:func:`shape_record`, with ``tuned``:
-    whether this call measured it). rows, parts: a round's calibration rows and the parts it is
-    decoded in; captured: whether the step is captured on the device (:func:`tune_for_batch`)."""
-    if not base.auto_shape:
-        return base, {**shape_record(base), "tuned": False}
-    cache = cache or ShapeCache()
-    cached = cache.get(key) if key is not None else None
-    if cached is not None:
-        logger.info("%s at batch %d: the shape tuned earlier on this device, %s (%s)", base.method, batch, cached["label"], cache.folder)
-        return apply_shape(base, cached), {**cached, "tuned": False}
-    candidates = candidate_configs(base)
-    logger.info("%s at batch %d: tuning the draft shape over %d candidates (plain AR among them) on %d calibration row(s)",
-                base.method, batch, len(candidates), rows)
-    chosen, trials = tune_for_batch(decode_seconds, candidates, rows, rounds, parts=parts, captured=captured)
-    record = shape_record(chosen)
-    if key is not None:
-        cache.put(key, record, trials)
-    logger.info("%s at batch %d: chose %s (%.2fx AR's rows/s on the calibration rows)", base.method, batch, record["label"],
-                next(t.ratio_to_ar for t in trials if t.config is chosen))
-    return chosen, {**record, "tuned": True}
-
-
 def weights_id(target: Any, draft: str | Path | None = None) -> str | None:
     """The weights a tuned shape belongs to, ``model:<fingerprint>`` (and ``+draft:<fingerprint>``
     of a draft's folder, first: roles sorted); None when the target was not loaded from a folder
@@ -226,24 +187,3 @@ def target_shape_key(config: DecodeConfig, target: Any, batch: int, draft: str |
     weights = weights_id(target, draft)
     dtype = str(target.dtype).removeprefix("torch.")
     return shape_key(config, weights, device_name(target.device), dtype, batch) if weights else None
-
-
-def shape_for_call(
-    base: DecodeConfig, target: Any, batch: int, run: Callable[[DecodeConfig, list[int]], Any], total_rows: int,
-    draft: str | Path | None = None,
-) -> DecodeConfig:
-    """``base`` with its "auto" shape chosen for ``batch`` on ``target``, calibrating on a call's rows:
-    ``run(config, indices)`` decodes the call's rows at ``indices`` with ``config`` (each round its
-    own rows, from the first, as far as the call has them, in parts of one batch). draft: the
-    folder of the draft ``base`` decodes with (its weights are part of the key)."""
-    parts, per_part = round_parts(batch, max(1, min(total_rows, round_size(batch))))
-    key = target_shape_key(base, target, batch, draft)
-
-    def seconds(config: DecodeConfig, turn: int) -> float:
-        start = time.perf_counter()
-        run(config, round_rows(range(total_rows), per_part, turn))
-        return time.perf_counter() - start
-
-    captured = resolve_compile(base.compile, target.device)
-    config, _ = resolve_shape(base, batch, seconds, per_part * parts, key, parts=parts, captured=captured)
-    return config

@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 
 from raydec.api.batching import continuous_batching, decode_batches, progress_callback
-from raydec.api.frontier import shape_for_call
 from raydec.api.inputs import as_decode_config, check_inputs, check_positions, image_decode_config, sized
+from raydec.api.plan import CallCalibration, plan_decode
 from raydec.config import IMAGE_METHODS, DecodeConfig
 from raydec.models.image_gen import ImagePrompt
 from raydec.models.loading import load_target
@@ -41,6 +41,7 @@ class ImageResult:
     latency_s: float
     accepted_lengths: list[int] = field(default_factory=list)  # tokens committed per decode forward
     method: str = ""
+    plan: str = ""  # the method and draft shape the row was decoded with (``DecodePlan.label``)
 
 
 def decode_image(target: Any, tokens: Sequence[int]) -> Image.Image:
@@ -50,8 +51,8 @@ def decode_image(target: Any, tokens: Sequence[int]) -> Image.Image:
     return target.decode_tokens(torch.tensor([list(tokens)], dtype=torch.long))[0]
 
 
-def image_result(request: RowRequest, output: RowOutput, image: Image.Image, method: str) -> ImageResult:
-    """A finished row, decoded with ``method``, as the public result."""
+def image_result(request: RowRequest, output: RowOutput, image: Image.Image, method: str, plan: str = "") -> ImageResult:
+    """A finished row, decoded with ``method`` (as ``plan`` labels it), as the public result."""
     return ImageResult(
         image=image,
         tokens=list(output.tokens),
@@ -62,6 +63,7 @@ def image_result(request: RowRequest, output: RowOutput, image: Image.Image, met
         latency_s=output.stats.wall_time_s,
         accepted_lengths=list(output.stats.accepted_lengths),
         method=method,
+        plan=plan or method,
     )
 
 
@@ -86,7 +88,7 @@ def generate_images(
     seeds: one per prompt, integers in [0, 2**63) (default: the prompt's index); a row's image
     depends only on its prompt, seed and config, never on the batch. negative_prompts: per
     prompt (None entries allowed), the CFG unconditional text. size: ``"WIDTHxHEIGHT"`` in
-    pixels for a model that makes several sizes (Emu3); None or ``"auto"``: the model's own. A
+    pixels for a model that makes several sizes (Emu3, Lumina-mGPT); None or ``"auto"``: the model's own. A
     size the model cannot make is a ValueError naming the sizes it can.
     """
     check_inputs(prompts, seeds, negative_prompts, batch_size)
@@ -106,12 +108,12 @@ def generate_images(
         for text, seed, negative in zip(prompts, seeds, negatives)
     ]
     check_positions(target, requests, 2 if config.sampling.uses_cfg else 1)
-    if config.auto_shape:  # chosen for this batch size on the call's first rows (cached per weights, device, batch)
-        def calibrate(candidate: DecodeConfig, rows: list[int]) -> None:
-            generate_images([prompts[i] for i in rows], model=target, decode=candidate, seeds=[seeds[i] for i in rows],
-                            negative_prompts=[negatives[i] for i in rows] if negative_prompts is not None else None, batch_size=batch_size)
+    def calibrate(candidate: DecodeConfig, batch: int, rows: list[int]) -> None:  # an "auto" shape is tuned on the call's first rows
+        generate_images([prompts[i] for i in rows], model=target, decode=candidate, seeds=[seeds[i] for i in rows],
+                        negative_prompts=[negatives[i] for i in rows] if negative_prompts is not None else None, batch_size=batch)
 
-        config = shape_for_call(config, target, batch_size, calibrate, len(prompts))
+    plan = plan_decode(config, batch_size, CallCalibration(target, len(prompts), calibrate, config.compile))
+    config = plan.decode
     results: list[ImageResult] = []
     bar = None
     if progress:
@@ -126,7 +128,7 @@ def generate_images(
         continuous = continuous_batching(target.device, config.batching)
         outputs = decode_batches(engine, requests, batch_size, continuous, progress_callback(bar, len(requests), f"generate_images ({config.method})"))
         for request, output in zip(requests, outputs):
-            results.append(image_result(request, output, decode_image(target, output.tokens), config.method))
+            results.append(image_result(request, output, decode_image(target, output.tokens), config.method, plan.label))
     finally:
         if bar is not None:
             bar.close()

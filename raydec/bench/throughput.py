@@ -43,7 +43,12 @@ from raydec.bench.common import (
     folder_path_arg, json_path_arg, non_negative_int, parse_methods, positive_float, positive_int, positive_int_list, print_table,
     resolve_device,
 )
+from raydec.api import continuous_batching
+from raydec.api.frontier import candidate_configs
+from raydec.api.plan import plan_decode
+from raydec.api.tuner import shape_label
 from raydec.models.base import synchronize
+from raydec.speculative.capture import resolve_compile
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +60,7 @@ CALIBRATION_OFFSET = 50_000  # calibration rows come from seeds far from the mea
 # a batch lasts as long as its slowest row, and how far a draft gets depends on the row: the rows
 # a shape is timed on are several batches, so one hard row does not decide
 MIN_BATCHES = 4  # measured rows per (shape, batch, repeat): this many batches at least
-CALIBRATION_BATCHES = 2  # calibration rows per tuning round: this many batches at least
+CALIBRATION_BATCHES = 2  # calibration rows at hand: this many batches at least (a tuning round takes round_size(batch) of them)
 
 
 @dataclass
@@ -171,12 +176,29 @@ def frontier(rows: list[dict], budget: float | None) -> dict:
     return {"memory_budget": budget, "best_ar": brief(best_ar), "best_speculative": brief(best_spec), "frontier_ratio": ratio}
 
 
-def bench_throughput(args: argparse.Namespace) -> dict:
-    from raydec.api import continuous_batching
-    from raydec.api.frontier import candidate_configs
-    from raydec.api.tuner import round_parts, shape_label, tune_for_batch
-    from raydec.speculative.capture import resolve_compile
+class BenchCalibration:
+    """``plan_decode``'s calibration for the bench: the workload's calibration rows (seeds from
+    CALIBRATION_OFFSET), decoded as the measured rows are; no key, so nothing is cached."""
 
+    def __init__(self, workload: Workload, continuous: bool, rows: int, compile_mode: str, device: str) -> None:
+        self.workload, self.continuous, self.rows = workload, continuous, rows
+        self.captured = resolve_compile(compile_mode, device)
+
+    def available(self, batch: int) -> int:
+        return self.rows
+
+    def key(self, decode: Any, batch: int) -> None:
+        return None
+
+    def seconds(self, decode: Any, batch: int, rows: list[int]) -> float:
+        requests = [self.workload.requests(decode, CALIBRATION_OFFSET + i, 1)[0] for i in rows]
+        return decode_rows(self.workload, decode, requests, batch, self.continuous).seconds
+
+    def measure_batch(self) -> dict:
+        raise ValueError("bench throughput: --batches names the batch sizes")
+
+
+def bench_throughput(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     args.methods = parse_methods(args.methods or DEFAULT_METHODS[args.task], TASK_METHODS[args.task])
@@ -190,8 +212,7 @@ def bench_throughput(args: argparse.Namespace) -> dict:
     decode_rows(workload, warm, workload.requests(warm, 0, 1), 1, continuous)  # warm-up
     for turn, batch in enumerate(args.batches):
         items = max(args.items or DEFAULT_ITEMS[args.task], MIN_BATCHES * batch)
-        calibration = max(args.calibration or DEFAULT_CALIBRATION[args.task], CALIBRATION_BATCHES * batch)
-        parts, per_part = (1, calibration) if continuous else round_parts(batch, calibration)  # a tuning round's parts: one batch each
+        calibration_rows = max(args.calibration or DEFAULT_CALIBRATION[args.task], CALIBRATION_BATCHES * batch)
         turns = 1 if continuous else items // batch  # a repeat's measured rows, one batch per turn
         items = items // turns * turns
         configs: dict[str, Any] = {}  # shape label -> config, AR first
@@ -201,18 +222,14 @@ def bench_throughput(args: argparse.Namespace) -> dict:
                 configs.setdefault("ar", workload.base["ar"])
                 continue
             candidates = candidate_configs(workload.base[method])
-            def seconds(config: Any, turn: int) -> float:  # each tuning part on its own rows, a close call's extra rounds too
-                cal = workload.requests(config, CALIBRATION_OFFSET + turn * per_part, per_part)
-                return decode_rows(workload, config, cal, batch, continuous).seconds
-            t0 = time.perf_counter()
-            captured = resolve_compile(workload.base[method].compile, device)
-            best, trials = tune_for_batch(seconds, candidates, per_part * parts, rounds=args.rounds, parts=parts, captured=captured)
-            chosen[method] = shape_label(best)
+            calibration = BenchCalibration(workload, continuous, calibration_rows, compile_mode=workload.base[method].compile, device=device)
+            plan = plan_decode(workload.base[method], batch, calibration, rounds=args.rounds)  # the product's choice, never cached here
+            chosen[method] = shape_label(plan.decode)
+            best = next((c for c in candidates if shape_label(c) == chosen[method]), plan.decode)
             for config in candidates if args.shapes == "all" else [candidates[0], best]:
                 configs.setdefault(f"{method}:{shape_label(config)}" if config.method != "ar" else "ar", config)
-            tuned.append({"method": method, "batch": batch, "chosen": chosen[method], "tune_seconds": time.perf_counter() - t0,
-                          "trials": [{"shape": shape_label(t.config), "rows_per_s": t.rows_per_s, "ratio_to_ar": t.ratio_to_ar,
-                                      "captured": t.captured} for t in trials]})
+            tuned.append({"method": method, "batch": batch, "chosen": chosen[method], "tune_seconds": plan.shape["seconds"],
+                          "trials": plan.shape["trials"]})
             logger.info("bench throughput: batch %d, %s tuned to %s in %.0f s", batch, method, chosen[method], tuned[-1]["tune_seconds"])
         samples: dict[str, list[Measured]] = {label: [] for label in configs}
         labels, size = list(configs), items // turns

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         with args.json.open("w") as log:
             for row_id, result in zip(ids, results):
-                log.write(json.dumps({"id": row_id, "caption": result.caption, "seed": result.seed, "method": result.method,
+                log.write(json.dumps({"id": row_id, "caption": result.caption, "seed": result.seed, "method": result.method, "plan": result.plan,
                                       "target_forwards": result.target_forwards, "tokens_per_forward": result.tokens_per_forward,
                                       "latency_s": result.latency_s, "finish_reason": result.finish_reason}) + "\n")
     return 0

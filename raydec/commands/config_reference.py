@@ -27,6 +27,8 @@ from pydantic_core import PydanticUndefined
 from raydec.runtime.config import JobConfig, ProcessorConfig
 from raydec.serve.config import ServeConfig
 from raydec.train.config import DraftJobConfig
+from raydec.commands.local_inputs import RENAMED_FLAGS
+from raydec.validation import RENAMES_REMOVED_IN
 
 REGENERATE = "python -m raydec.commands.config_reference"
 DEFAULT_OUTPUT = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
@@ -110,6 +112,7 @@ def render_reference() -> str:
     parts.append("## Nested configs\n")
     for model in models[len(TOP_LEVEL):]:
         parts.append(_section(model, used_by[model]))
+    parts.append(_renames(models))
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
@@ -137,7 +140,19 @@ def _section(model: type[BaseModel], used_by: list[str]) -> str:
     renamed = getattr(model, "renamed_keys", None) or {}
     if renamed:
         names = ", ".join(f"`{old}` (now `{new}`)" for old, new in renamed.items())
-        lines += ["", f"Keys of earlier releases, still read with a warning: {names}."]
+        lines += ["", f"Keys of earlier releases, read with a warning until {RENAMES_REMOVED_IN}: {names}."]
+    return "\n".join(lines) + "\n"
+
+
+def _renames(models: list[type[BaseModel]]) -> str:
+    """Every name of an earlier release still read, in one table, with the release that stops reading it."""
+    rows = [(f"[{model.__name__}](#{model.__name__.lower()}) key", old, new)
+            for model in models for old, new in (getattr(model, "renamed_keys", None) or {}).items()]
+    rows += [("`raydec generate` / `caption` flag", old, new) for old, new in RENAMED_FLAGS.items()]
+    lines = ["## Names of earlier releases", "",
+             "Still read, with a warning naming the new name; each stops loading in the release shown.", "",
+             "| where | old name | new name | stops loading in |", "|---|---|---|---|"]
+    lines += [f"| {where} | `{old}` | `{new}` | {RENAMES_REMOVED_IN} |" for where, old, new in rows]
     return "\n".join(lines) + "\n"
 
 

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         for row_id, prompt, result in zip(ids, prompts, results):
             path = args.out / f"{row_id}.png"
             result.image.save(path)
-            log.write(json.dumps({"id": row_id, "prompt": prompt, "seed": result.seed, "image": str(path), "method": result.method,
+            log.write(json.dumps({"id": row_id, "prompt": prompt, "seed": result.seed, "image": str(path), "method": result.method, "plan": result.plan,
                                   "target_forwards": result.target_forwards, "tokens_per_forward": result.tokens_per_forward,
                                   "latency_s": result.latency_s}) + "\n")
     mean = sum(r.tokens_per_forward for r in results) / max(1, len(results))

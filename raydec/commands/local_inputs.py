@@ -11,6 +11,9 @@ import yaml
 
 from raydec.config import DRAFT_METHODS, JACOBI_METHODS
 
+#: flags of earlier releases, still read until raydec.validation.RENAMES_REMOVED_IN (old -> new)
+RENAMED_FLAGS = {"--draft": "--shape"}
+
 
 def add_decode_flags(parser: argparse.ArgumentParser, methods: tuple[str, ...], default_method: str) -> None:
     parser.add_argument("--model", default="reference", help="'reference' or a local checkpoint folder (default: reference)")
@@ -20,10 +23,11 @@ def add_decode_flags(parser: argparse.ArgumentParser, methods: tuple[str, ...], 
     parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (0: greedy); default: the checkpoint's")
     parser.add_argument("--top-k", type=int, default=None, help="top-k (0 disables); default: the checkpoint's")
     parser.add_argument("--top-p", type=float, default=None, help="nucleus mass; default: the checkpoint's")
-    parser.add_argument("--shape", "--draft", dest="shape", choices=["auto", "default"], default="auto",
-                        help="the draft shape (sjd*: the Jacobi window / tree; vispec / eagle: the draft tree): auto (default) "
-                        "tunes it for --batch-size on this device on the first rows, plain AR among the candidates, and "
-                        "caches the choice; default: the method's default shape. (--draft: its name in earlier releases)")
+    parser.add_argument("--shape", "--draft", dest="shape", choices=["default", "auto"], default="default",
+                        help="the draft shape (sjd*: the Jacobi window / tree; vispec / eagle: the draft tree): default (the "
+                        "default) is the method's default shape, or the one --decode-config names, as in a job or Serve; "
+                        "auto tunes it for --batch-size on this device on the first rows, plain AR among the candidates, "
+                        "and caches the choice. (--draft: its name in earlier releases, read until 0.2.0)")
     parser.add_argument("--compile", choices=["auto", "on", "off"], default=None,
                         help="capture each decode step's tensor work as compiled graphs (auto: on for CUDA, off on a CPU; "
                         "the same tokens either way; see docs/engine.md)")

@@ -13,7 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from raydec.config import (
     CAPTION_METHODS, IMAGE_METHODS, IMAGE_SIZE_PATTERN, MEMORY_FRACTION_FIELD, batch_size_type, DecodeConfig,
-    DType, StrictModel, auto_unless_set, check_batch_size,
+    DType, StrictModel, check_batch_size,
 )
 from raydec.io.config import InputConfig, IOConfigError, OutputConfig, RowFormat
 from raydec.io.datasets import listing_root
@@ -98,10 +98,10 @@ class ProcessorConfig(StrictModel):
     task: Literal["t2i", "caption"] = Field("t2i", description="t2i: prompts to images; caption: images to text.")
     model: str = Field(..., min_length=1, description="'reference', or a local folder saved with save_pretrained.")
     dtype: DType = Field("float32", description="Weights and compute dtype.")
-    decode: DecodeConfig = Field(default_factory=DecodeConfig, description="Decoding method and sampling (an unset draft "
-                                 "shape is 'auto': tuned for the batch size on the device).")
+    decode: DecodeConfig = Field(default_factory=DecodeConfig, description="Decoding method and sampling; an unset draft "
+                                 "shape is the method's default, as everywhere; 'auto' (jacobi: auto, draft_tree: auto) tunes it "
+                                 "for the batch size on the device, once, and the manifest records it.")
 
-    _auto_shape = field_validator("decode")(classmethod(lambda cls, decode: auto_unless_set(decode)))
     rows: RowFormat = Field(default_factory=RowFormat, description="Column names, row limits, the seed for rows without one.")
     concurrency: Union[int, tuple[int, int]] = Field(
         1, description="Actors running the model: a fixed number, or (min, max) for a pool Ray Data grows and shrinks.",
@@ -154,10 +154,10 @@ class JobConfig(StrictModel):
     dtype: DType = Field("float32", description="Weights and compute dtype.")
     input: InputConfig = Field(..., description="Input rows (local / glob / s3://).")
     output: OutputConfig = Field(..., description="Output location for images, result shards and the manifest.")
-    decode: DecodeConfig = Field(default_factory=DecodeConfig, description="Decoding method and sampling (an unset draft "
-                                 "shape is 'auto': tuned for the batch size on the device).")
+    decode: DecodeConfig = Field(default_factory=DecodeConfig, description="Decoding method and sampling; an unset draft "
+                                 "shape is the method's default, as everywhere; 'auto' (jacobi: auto, draft_tree: auto) tunes it "
+                                 "for the batch size on the device, once, and the manifest records it.")
 
-    _auto_shape = field_validator("decode")(classmethod(lambda cls, decode: auto_unless_set(decode)))
     size: Optional[str] = SIZE_FIELD
     vqgan_path: Optional[str] = VQGAN_PATH_FIELD
     pool: PoolConfig = Field(default_factory=PoolConfig, description="Ray actor pool.")

@@ -32,7 +32,7 @@ from raydec.runtime.config import JobConfig
 from raydec.runtime.row_decoders import ROW_DECODERS
 from raydec.runtime.reading import READ_TASK_CPUS, read_dataset
 from raydec.runtime.resume import check_resume_compatible, job_weights
-from raydec.runtime.shapes import resolve_job_auto
+from raydec.runtime.planning import plan_job
 from raydec.runtime.worker import GenerationWorker
 
 logger = logging.getLogger(__name__)
@@ -63,8 +63,7 @@ class JobReport:
     per_worker: Dict[str, int] = field(default_factory=dict)  # rows each actor wrote this run
     per_node: Dict[str, int] = field(default_factory=dict)  # rows each Ray node wrote this run
     missing: int = 0  # input ids without a result (missing_ids names the first 100)
-    shape: Optional[Dict[str, Any]] = None  # decode.jacobi 'auto': the shape chosen (raydec.runtime.shapes)
-    batch: Optional[Dict[str, Any]] = None  # pool.batch_size 'auto': the batch size chosen (raydec.runtime.shapes)
+    plan: Optional[Dict[str, Any]] = None  # what the rows decode with and where it came from (DecodePlan.record)
 
     @property
     def complete(self) -> bool:
@@ -362,11 +361,11 @@ def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobRepor
         job.pool.workers, report.output,
     )
     weights = job_weights(job)
-    if job.decode.auto_shape or job.pool.batch_size == "auto":  # chosen once for every worker, before any row is decoded
-        workers_job, report.shape, report.batch = resolve_job_auto(workers_job, fragments, _remote_args(job, *_cluster_resources()))
+    workers_job, plan = plan_job(workers_job, fragments, _remote_args(job, *_cluster_resources()))  # once, for every worker
+    report.plan = plan.record()
     report.timings["prepare_s"] = time.perf_counter() - started
     # on record before any row is written, so an interrupted job's output still names its job
-    # (and the shape it decodes with) and a resume with another config is refused
+    # (and the plan it decodes with) and a resume with another config is refused
     _manifest(job, report, weights, status="running")
     generate_started = time.perf_counter()
     _run_pool(workers_job, fragments, scan, partial_ref, report, started)
@@ -413,10 +412,8 @@ def _manifest(job: JobConfig, report: JobReport, weights: Dict[str, str], status
         "weights": weights,
         "status": status,
     }
-    if report.shape is not None:  # decode.jacobi / draft_tree 'auto': what the rows are decoded with
-        extra["shape"] = {k: v for k, v in report.shape.items() if k not in ("tuned",)}
-    if report.batch is not None:  # pool.batch_size 'auto': the batch size the rows are decoded at, and why
-        extra["batch_size"] = report.batch
+    if report.plan is not None:  # what the rows are decoded with, and where each part came from
+        extra["plan"] = report.plan
     uri = write_manifest(job.output, job, report.counts(), report.timings, extra)
     logger.info("manifest written to %s", uri)
     return uri

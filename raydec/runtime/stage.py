@@ -113,13 +113,15 @@ class DatasetProcessor:
 
     def __init__(self, config: ProcessorConfig) -> None:
         self.config = config
+        self.plan: Any = None  # the DecodePlan its actors decode with, made when it is applied to a dataset
 
     def __call__(self, dataset: Any) -> Any:
         import ray.data
 
-        from raydec.runtime.shapes import resolve_stage_auto
+        from raydec.runtime.planning import plan_stage
 
-        config = self.config = resolve_stage_auto(self.config, dataset)  # 'auto': once, for every actor
+        config, self.plan = plan_stage(self.config, dataset)  # once, for every actor
+        self.config = config
         size = config.concurrency
         compute = ray.data.ActorPoolStrategy(min_size=size[0], max_size=size[1]) if isinstance(size, tuple) \
             else ray.data.ActorPoolStrategy(size=size)

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal, Optional
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from raydec.config import (
-    CAPTION_METHODS, IMAGE_METHODS, MEMORY_FRACTION_FIELD, batch_size_type, DecodeConfig, DType, auto_unless_set, check_batch_size,
+    CAPTION_METHODS, IMAGE_METHODS, MEMORY_FRACTION_FIELD, batch_size_type, DecodeConfig, DType, check_batch_size,
 )
 from raydec.serve.media import MediaConfig
 from raydec.validation import StrictModel
@@ -37,12 +37,11 @@ class ServedModel(StrictModel):
     )
     decode: DecodeConfig = Field(
         default_factory=DecodeConfig,
-        description="Method and sampling; unset sampling takes the checkpoint's; an unset draft shape is 'auto': each "
-        "replica takes the shape tuned for its batch size on its device from the shape cache, or tunes it at start on "
-        "a few built-in calibration rows and caches it. Requests may change the method (within the task), cfg_scale "
-        "and per-row temperature / top_k / top_p.",
+        description="Method and sampling; unset sampling takes the checkpoint's; an unset draft shape is the method's "
+        "default, as everywhere. A draft shape 'auto' (jacobi: auto, draft_tree: auto): each replica takes the shape tuned "
+        "for its batch size on its device from the shape cache, or tunes it at start on a few built-in calibration rows "
+        "and caches it. Requests may change the method (within the task), cfg_scale and per-row temperature / top_k / top_p.",
     )
-    _auto_shape = field_validator("decode")(classmethod(lambda cls, decode: auto_unless_set(decode)))
     batch_size: batch_size_type(1024) = Field(
         8, description="Rows one replica decodes together (continuous batching); auto: chosen at the replica's start, the "
         "most whose KV cache fits max_memory_fraction of its memory beside the weights (at most the batch the shape "
@@ -70,6 +69,17 @@ class ServedModel(StrictModel):
     )
     health_check_period_s: float = Field(10.0, gt=0, le=3600, description="Seconds between Serve's health checks.")
     health_check_timeout_s: float = Field(30.0, gt=0, le=3600, description="Seconds a health check may take.")
+
+    def processor_config(self) -> Any:
+        """The stage config a job with this model, decoding and worker would run (what the plan's
+        calibration and the shape cache's key take)."""
+        from raydec.runtime.config import ProcessorConfig
+
+        return ProcessorConfig(
+            task=self.task, model=self.model, dtype=self.dtype, decode=self.decode, batch_size=self.batch_size,
+            vqgan_path=self.vqgan_path, max_memory_fraction=self.max_memory_fraction, cpus_per_worker=self.cpus_per_worker,
+            gpus_per_worker=min(1.0, self.gpus_per_worker), torch_threads=self.torch_threads,
+        )
 
     @field_validator("gpus_per_worker")
     @classmethod

@@ -40,7 +40,7 @@ class ImageGenerationRequest(_Body):
     n: int = Field(1, ge=1, le=16, description="Images to generate (at most the server's limits.max_n).")
     size: Optional[str] = Field(
         None, pattern=IMAGE_SIZE_PATTERN,
-        description="'auto' (the model's own) or WIDTHxHEIGHT; a model that makes several sizes (Emu3) takes others, "
+        description="'auto' (the model's own) or WIDTHxHEIGHT; a model that makes several sizes (Emu3, Lumina-mGPT) takes others, "
         "a size the model cannot make is a 400 naming those it can.",
     )
     response_format: Optional[Literal["b64_json", "url"]] = Field(None, description="b64_json only (url is a 400: nothing is stored).")

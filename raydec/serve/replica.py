@@ -24,9 +24,9 @@ from raydec.api.tuner import shape_label
 from raydec.api.images import ImageResult
 from raydec.api.schedulers import CaptionScheduler, ImageScheduler, Ticket
 from raydec.config import DType
+from raydec.runtime.planning import describe_plan, plan_replica
 from raydec.serve.boundary import (ChatDone, ChatEvent, ChatJob, Event, Failed, ImageDone, ImageEvent, ImageJob, ModelInfo,
                                    PartialImage, RowStats, TextDelta)
-from raydec.serve.auto import describe, settle_auto
 from raydec.serve.config import LimitsConfig, ServedModel
 from raydec.serve.engine_loop import EngineLoop, Watcher
 from raydec.serve.metrics import ReplicaMetrics, draft_tokens_per_step
@@ -124,7 +124,8 @@ class ModelReplica(ABC, Generic[SchedulerT, ResultT]):
         torch.set_num_threads(served.torch_threads)
         device = "cuda" if served.gpus_per_worker > 0 else None
         started = time.perf_counter()
-        served, self.chosen = settle_auto(served)  # "auto" batch size and draft shape: from the shape cache, else measured now
+        self.plan = plan_replica(served.processor_config())  # "auto" batch size and draft shape: from the shape cache, else measured now
+        served = served.model_copy(update={"batch_size": self.plan.batch_size, "decode": self.plan.decode})
         self.served, self.limits = served, limits
         self.scheduler: SchedulerT = self._open(served, TORCH_DTYPES[served.dtype], device)
         self.metrics = ReplicaMetrics(served.name)
@@ -132,7 +133,7 @@ class ModelReplica(ABC, Generic[SchedulerT, ResultT]):
         self.loop.start()
         self.requests = 0
         logger.info("model %s (%s, %s) ready in %.1f s on %s: %s", served.name, served.task, served.model,
-                    time.perf_counter() - started, device or "cpu", describe(served, self.chosen))
+                    time.perf_counter() - started, device or "cpu", describe_plan(self.plan))
 
     @abstractmethod
     def _open(self, served: ServedModel, dtype: torch.dtype, device: str | None) -> SchedulerT:
@@ -153,15 +154,10 @@ class ModelReplica(ABC, Generic[SchedulerT, ResultT]):
 
     def decoding(self) -> dict[str, Any]:
         """What requests that name no method decode with: the method, its draft shape and the batch size,
-        and for those the config left to "auto", where the choice came from (the shape cache, or
-        measured at start)."""
+        and the plan they come from (``DecodePlan.record``: where each was taken from, the shape cache or
+        measured at start, and the figures)."""
         base = self.scheduler.base
-        auto: dict[str, Any] = {}
-        if "batch_size" in self.chosen:
-            auto["batch_size"] = {k: v for k, v in self.chosen["batch_size"].items() if k != "seconds"}
-        if "shape" in self.chosen:
-            auto["shape"] = "tuned" if self.chosen["shape"]["tuned"] else "cache"
-        return {"method": base.method, "shape": shape_label(base), "batch_size": self.scheduler.batch_size, "auto": auto}
+        return {"method": base.method, "shape": shape_label(base), "batch_size": self.scheduler.batch_size, "plan": self.plan.record()}
 
     def check_health(self) -> None:
         """Serve's health check: fails once the engine loop has died (Serve then replaces the replica)."""

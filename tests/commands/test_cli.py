@@ -77,7 +77,7 @@ def test_generate_makes_an_emu3_at_two_sizes_and_names_the_sizes_it_can(tmp_path
 
 
 def test_generate_tunes_the_draft_shape_once_and_decodes_as_the_api_with_auto(tmp_path, monkeypatch, capsys):
-    """The CLI's default draft is 'auto': tuned on the first run (cached under $RAYDEC_CACHE_DIR), then taken from the cache;
+    """--shape auto: tuned on the first run (cached under $RAYDEC_CACHE_DIR), then taken from the cache;
     the method it prints is the one the rows were decoded with."""
     from raydec.api import generate_images
     from tests.t2i_toys import tiny_janus
@@ -85,7 +85,8 @@ def test_generate_tunes_the_draft_shape_once_and_decodes_as_the_api_with_auto(tm
     monkeypatch.setenv("RAYDEC_CACHE_DIR", str(tmp_path / "cache"))
     janus = str(tiny_janus(tmp_path / "janus"))
     prompts = ["a red circle", "a blue square", "a green triangle"]
-    assert main(["generate", *prompts, "--model", janus, "--method", "sjd_pac", "--batch-size", "2", "--out", str(tmp_path / "out")]) == 0
+    auto = ["--model", janus, "--method", "sjd_pac", "--shape", "auto", "--batch-size", "2"]
+    assert main(["generate", *prompts, *auto, "--out", str(tmp_path / "out")]) == 0
     [entry] = (tmp_path / "cache" / "shapes").glob("*.json")
     rows = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     expected = generate_images(prompts, model=janus, decode={"method": "sjd_pac", "jacobi": "auto"}, seeds=[r["seed"] for r in rows],
@@ -93,13 +94,13 @@ def test_generate_tunes_the_draft_shape_once_and_decodes_as_the_api_with_auto(tm
     assert list((tmp_path / "cache" / "shapes").glob("*.json")) == [entry]
     for row, result in zip(rows, expected):
         assert np.array_equal(np.asarray(Image.open(row["image"]).convert("RGB")), np.asarray(result.image))
-        assert row["method"] == result.method  # what the tuner chose, which may be plain AR
+        assert (row["method"], row["plan"]) == (result.method, result.plan)  # what the tuner chose, which may be plain AR
 
     # where the cached choice is plain AR, the results and the summary say so, not "sjd_pac"
     cached = json.loads(entry.read_text())
     entry.write_text(json.dumps({**cached, "shape": {"method": "ar", "jacobi": None, "draft_tree": None, "label": "ar"}}))
     capsys.readouterr()
-    assert main(["generate", *prompts, "--model", janus, "--method", "sjd_pac", "--batch-size", "2", "--out", str(tmp_path / "ar")]) == 0
+    assert main(["generate", *prompts, *auto, "--out", str(tmp_path / "ar")]) == 0
     assert "(ar: plain AR, which the auto draft shape chose over sjd_pac at this batch size," in capsys.readouterr().out
     rows = [json.loads(line) for line in (tmp_path / "ar" / "results.jsonl").read_text().splitlines()]
     assert {row["method"] for row in rows} == {"ar"} and all(row["tokens_per_forward"] == 1.0 for row in rows)

@@ -11,7 +11,9 @@ import torch
 
 from raydec.api import generate_images, load_target
 from raydec.config import DecodeConfig, JacobiDraftConfig
-from raydec.api.frontier import ShapeCache, apply_shape, candidate_configs, resolve_shape
+from raydec.api.frontier import ShapeCache, candidate_configs
+from raydec.api.inputs import image_decode_config
+from raydec.api.plan import CallCalibration, plan_decode
 from raydec.api.tuner import (
     CAPTURED_ROUNDS, EXTRA_ROUNDS, FINALISTS, KEEP_MORE, ROUNDS, calibration_pool_size, round_parts, round_rows, shape_label, tune_for_batch,
 )
@@ -257,16 +259,17 @@ def test_a_tuned_shape_is_cached_and_reused_and_decodes_as_the_shape_it_records(
     cache = ShapeCache(tmp_path / "shapes")
     [entry] = cache.folder.glob("*.json")
     calls = []
-    again = resolve_shape(DecodeConfig(**auto), 2, lambda c, turn: calls.append(c) or 1.0, 2,
-                          key=json.loads(entry.read_text())["key"], cache=cache)
-    assert calls == [] and again[1]["tuned"] is False  # from the cache, nothing decoded
+    calibration = CallCalibration(janus, 3, lambda config, batch, rows: calls.append(config), "off")
+    again = plan_decode(image_decode_config(DecodeConfig(**auto), janus), 2, calibration, cache=cache)  # as generate_images resolves it
+    assert calls == [] and again.shape_from == "cache"  # from the cache, nothing decoded
+    assert again.key == json.loads(entry.read_text())["key"] and again.record()["label"] == first[0].plan
     second = generate_images(prompts, model=janus, decode=auto, seeds=seeds, batch_size=2)
-    fixed = generate_images(prompts, model=janus, decode=apply_shape(DecodeConfig(**auto), again[1]), seeds=seeds, batch_size=2)
+    fixed = generate_images(prompts, model=janus, decode=again.decode, seeds=seeds, batch_size=2)
     assert [r.tokens for r in first] == [r.tokens for r in second] == [r.tokens for r in fixed]
     assert len(list(cache.folder.glob("*.json"))) == 1
     # a job (or a Serve replica) with the same model, decode config and batch takes the same entry
     from raydec.runtime.config import ProcessorConfig
-    from raydec.runtime.shapes import shape_cache_key
+    from raydec.runtime.planning import shape_cache_key
 
     job = ProcessorConfig(task="t2i", model=janus.model.name_or_path, dtype="float32", decode=auto, batch_size=2)
     assert cache.get(shape_cache_key(job, janus)) == json.loads(entry.read_text())["shape"]

@@ -68,7 +68,7 @@ def test_caption_stage_validates_images_in_the_workers(ray_cluster):
     bomb[29:33] = struct.pack(">I", zlib.crc32(bytes(bomb[12:29])))
     rows = [{"id": "ok", "image": _png(image), "seed": 5}, {"id": "corrupt", "image": b"not an image", "seed": 6},
             {"id": "bomb", "image": bytes(bomb), "seed": 7}, {"id": "missing", "image": None, "seed": 8}]
-    vispec = {"method": "vispec", "draft_tree": None}  # the default tree (unset would be 'auto': tuned first)
+    vispec = {"method": "vispec"}  # the default tree
     processor = build_processor({"task": "caption", "model": "reference", "decode": vispec, "batch_size": 4})
     out = {row["id"]: row for row in processor(ray.data.from_items(rows)).take_all()}
     assert out["ok"]["error"] is None
@@ -113,7 +113,7 @@ def test_an_auto_batch_size_and_shape_are_chosen_once_for_every_actor_of_the_sta
     model = str(tiny_janus(tmp_path / "janus"))  # 16 image tokens: tuning takes seconds
     rows = [{"id": f"p{i}", "prompt": text, "seed": 10 + i} for i, text in
             enumerate(["a red circle", "a blue square", "a green triangle", "a purple cross", "two red circles"])]
-    processor = build_processor(ProcessorConfig(task="t2i", model=model, dtype="float64", decode={"method": "sjd_pac"},
+    processor = build_processor(ProcessorConfig(task="t2i", model=model, dtype="float64", decode={"method": "sjd_pac", "jacobi": "auto"},
                                                 batch_size="auto", concurrency=2))
     assert processor.config.decode.jacobi == "auto"
     out = sorted(processor(ray.data.from_items(rows)).take_all(), key=lambda row: row["id"])

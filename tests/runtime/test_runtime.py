@@ -97,6 +97,27 @@ def baseline(ray_cluster, tiny_janus, prompts_file, tmp_path_factory):
     return job, report, results, images
 
 
+def test_a_job_with_the_default_config_decodes_with_the_plan_and_pixels_of_generate_images(ray_cluster, tiny_janus, tmp_path):
+    """``decode: {method: sjd_pac}``, sampled: the job's manifest records the method's default shape
+    (the plan ``generate_images`` reports for the same config) and its images are those
+    ``generate_images`` makes for the same seeds (the Serve app and ``raydec generate``:
+    tests/serve/test_one_plan.py)."""
+    from raydec.api import generate_images
+    from raydec.io import encode_png
+
+    prompts, seeds = ["a red circle", "two blue squares"], [21, 22]
+    pq.write_table(pa.table({"id": ["a", "b"], "prompt": prompts, "seed": seeds}), tmp_path / "prompts.parquet")
+    job = make_job(tiny_janus, str(tmp_path / "prompts.parquet"), str(tmp_path / "out"), dtype="float32",
+                   decode={"method": "sjd_pac"}, pool={"workers": 1, "batch_size": 8})
+    run_job(job)
+    expected = generate_images(prompts, model=tiny_janus, decode={"method": "sjd_pac"}, seeds=seeds, batch_size=8)
+    plan = read_manifest(job.output)["plan"]
+    assert (plan["label"], plan["shape_from"], plan["batch_size"]) == (expected[0].plan, "default", 8)
+    assert expected[0].plan.startswith("sjd_pac window=16")
+    results = results_by_id(job.output)
+    assert [Path(results[i]["output_uri"]).read_bytes() for i in ("a", "b")] == [encode_png(r.image) for r in expected]
+
+
 def test_local_job_writes_one_result_per_row_and_bad_rows_get_errors(baseline):
     job, report, results, images = baseline
     assert report.complete and report.input_rows == 6 and report.results == 6
@@ -633,14 +654,14 @@ def test_draft_auto_is_tuned_once_recorded_in_the_manifest_and_reused_by_a_rerun
     auto = {"method": "sjd_pac", "jacobi": "auto"}
     first = make_job(tiny_janus, str(prompts_file), str(tmp_path / "first"), decode=auto, pool={"workers": 1}, max_rows=2)
     run_job(first)  # stops after two rows, as a killed run would leave it
-    shape = read_manifest(first.output)["shape"]
-    assert shape["from"] == "tuned" and shape["batch"] == 2 and shape["method"] in ("ar", "sjd_pac")
+    shape = read_manifest(first.output)["plan"]
+    assert shape["shape_from"] == "tuned" and shape["batch_size"] == 2 and shape["method"] in ("ar", "sjd_pac")
     assert read_manifest(first.output)["config"]["decode"]["jacobi"] == "auto"
     partial = len(read_results(first.output))
 
     rerun = make_job(tiny_janus, str(prompts_file), str(tmp_path / "first"), decode=auto, pool={"workers": 1})
     report = run_job(rerun)
-    assert report.complete and report.skipped_completed == partial and report.shape["from"] == "manifest"
+    assert report.complete and report.skipped_completed == partial and report.plan["shape_from"] == "manifest"
 
     fixed = apply_shape(DecodeConfig(**auto), shape)  # the rows, as one uninterrupted run with the recorded shape
     rows = {row_id: (prompt, derive_seed(row_id, 7)) for row_id, prompt in zip(GOOD_IDS, PROMPTS)}
@@ -654,8 +675,8 @@ def test_draft_auto_is_tuned_once_recorded_in_the_manifest_and_reused_by_a_rerun
     # batch_size 'auto': the cache knows batch 2 only, so the batch is 2 and its shape comes from the cache
     second = make_job(tiny_janus, str(prompts_file), str(tmp_path / "second"), decode=auto, pool={"workers": 1, "batch_size": "auto"})
     report = run_job(second)
-    assert report.shape["from"] == "cache"  # same weights, device, dtype and batch: no tuning
-    assert {k: read_manifest(second.output)["shape"][k] for k in ("method", "jacobi")} == {k: shape[k] for k in ("method", "jacobi")}
-    batch = read_manifest(second.output)["batch_size"]
-    assert batch["batch_size"] == batch["best_batch"] == 2 and batch["from"] == "measured" and batch["kv_bytes_per_row"] > 0
+    assert report.plan["shape_from"] == "cache"  # same weights, device, dtype and batch: no tuning
+    plan = read_manifest(second.output)["plan"]
+    assert {k: plan[k] for k in ("method", "jacobi")} == {k: shape[k] for k in ("method", "jacobi")}
+    assert plan["batch_size"] == plan["batch"]["best_batch"] == 2 and plan["batch_from"] == "measured" and plan["batch"]["kv_bytes_per_row"] > 0
     assert read_manifest(second.output)["config"]["pool"]["batch_size"] == "auto"

@@ -51,10 +51,10 @@ def test_raydec_run_takes_the_dashboards_address_and_the_gcs_address(ray_head, t
         done = subprocess.run(command, env={**env, "RAY_ADDRESS": address}, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
         logs = done.stdout + done.stderr
         assert done.returncode == 0 and said in logs, (address, logs[-4000:])
-        assert ("taken from the shape cache" if address.startswith("http") else "resuming with the shape") in logs, logs[-4000:]
+        assert ("auto: from the shape cache" if address.startswith("http") else "auto: as the output's manifest records") in logs, logs[-4000:]
     rows = read_results(OutputConfig(path=str(output))).to_pylist()
     assert len(rows) == 4 and all(r["error"] is None and Path(r["output_uri"]).exists() for r in rows)
-    assert read_manifest(OutputConfig(path=str(output)))["shape"]["label"] == "window=16,init=left"
+    assert read_manifest(OutputConfig(path=str(output)))["plan"]["label"] == "sjd_pac window=16,init=left"
 
     bad = tmp_path / "bad.yaml"
     bad.write_text((REPO_ROOT / "jobs/configs/t2i_reference.yaml").read_text().replace("workers: 2", "wrokers: 2"))
@@ -74,7 +74,7 @@ def _seed_shape_cache(config_path: Path, cache_dir: Path) -> None:
     from raydec.api.tuner import ShapeTrial
     from raydec.config import DecodeConfig
     from raydec.runtime.config import JobConfig
-    from raydec.runtime.shapes import shape_cache_key
+    from raydec.runtime.planning import shape_cache_key
 
     config = JobConfig.from_yaml(config_path).processor_config()
     shape = {"method": "sjd_pac", "jacobi": {"window": 16, "branching": 1, "tree_depth": 0, "init": "left"}, "draft_tree": None,

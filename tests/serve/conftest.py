@@ -21,7 +21,8 @@ API_KEY = "rk-test-7Hq2vX9pLm4Zt8Wc"  # the tests search every log line for it
 #: the shape the seeded cache holds for "t2i-auto" at batch 2 (not a method default, so a decode shows it)
 SEEDED_SHAPE = {"method": "sjd_pac", "jacobi": {"window": 8, "branching": 1, "tree_depth": 0, "init": "left"}, "draft_tree": None,
                 "label": "window=8,init=left"}
-AUTO_MODEL = {"name": "t2i-auto", "task": "t2i", "decode": {"method": "sjd_pac"}, "batch_size": "auto", "cpus_per_worker": 0.25}
+AUTO_MODEL = {"name": "t2i-auto", "task": "t2i", "decode": {"method": "sjd_pac", "jacobi": "auto"}, "batch_size": "auto",
+              "cpus_per_worker": 0.25}
 
 
 def seed_shape_cache(served) -> None:
@@ -33,10 +34,9 @@ def seed_shape_cache(served) -> None:
     from raydec.api.frontier import ShapeCache, apply_shape
     from raydec.api.tuner import ShapeTrial
     from raydec.config import DecodeConfig
-    from raydec.runtime.shapes import shape_cache_key
-    from raydec.serve.auto import processor_config
+    from raydec.runtime.planning import shape_cache_key
 
-    config = processor_config(served.model_copy(update={"batch_size": 2}))
+    config = served.model_copy(update={"batch_size": 2}).processor_config()
     target = sized(load_target(config.model, task="t2i", dtype=getattr(torch, config.dtype)), config.size)
     key = shape_cache_key(config, target)
     trials = [ShapeTrial(DecodeConfig(method="ar"), 10.0, 1.0), ShapeTrial(apply_shape(served.decode, SEEDED_SHAPE), 12.0, 1.2)]
@@ -67,11 +67,11 @@ def serve_app(tmp_path_factory) -> Iterator[dict]:
         "api_keys": [API_KEY],
         "api_keys_env": None,
         "models": [
-            {"name": "t2i", "task": "t2i", "decode": {"method": "sjd_pac", "jacobi": {}}, "batch_size": 8, "max_ongoing_requests": 48,
+            {"name": "t2i", "task": "t2i", "decode": {"method": "sjd_pac"}, "batch_size": 8, "max_ongoing_requests": 48,
              "max_queued_requests": 64, "health_check_period_s": 2.0},
-            {"name": "vlm", "task": "caption", "decode": {"method": "vispec", "draft_tree": None}, "batch_size": 8,
+            {"name": "vlm", "task": "caption", "decode": {"method": "vispec"}, "batch_size": 8,
              "max_ongoing_requests": 2, "max_queued_requests": 2},  # small: the overload test fills it
-            {"name": "emu3", "task": "t2i", "model": str(emu3), "decode": {"method": "sjd_pac", "jacobi": {}}, "batch_size": 4,
+            {"name": "emu3", "task": "t2i", "model": str(emu3), "decode": {"method": "sjd_pac"}, "batch_size": 4,
              "cpus_per_worker": 0.25},
             {**AUTO_MODEL, "model": str(janus)},
         ],
