@@ -22,6 +22,7 @@ import platform
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Dict, List, Mapping, Optional, Set, Union
 
@@ -297,3 +298,21 @@ def read_manifest(output: Union[OutputConfig, str, "os.PathLike[str]"]) -> Dict[
     fs, path = resolve_filesystem(join_uri(output.path, MANIFEST_NAME), output.s3)
     with fs.open_input_stream(path) as stream:
         return json.loads(stream.read())
+
+
+@dataclass(frozen=True)
+class EarlierOutput:
+    """What an output holds from earlier runs, read once: its manifest (None: none readable) and
+    whether any result shard is finished (rows were written: they fix the job and its plan)."""
+
+    manifest: Optional[Dict[str, Any]]
+    has_results: bool
+
+
+def earlier_output(output: OutputConfig) -> EarlierOutput:
+    """The manifest and whether finished result shards sit beside it (only looked for when there is one)."""
+    try:
+        manifest = read_manifest(output)
+    except (OSError, KeyError, ValueError):  # no manifest yet (OSError covers missing files)
+        return EarlierOutput(None, False)
+    return EarlierOutput(manifest, bool(shard_uris(output)))

@@ -27,6 +27,7 @@ from raydec.io import InputFile, IOConfigError, check_dataset, check_output_writ
 from raydec.io.filesystem import is_s3_uri
 from raydec.io.fragments import Fragment, plan_fragments
 from raydec.io.id_index import IdScan, scan_ids
+from raydec.io.writers import EarlierOutput, earlier_output
 from raydec.runtime.cluster import connect_ray
 from raydec.runtime.config import JobConfig
 from raydec.runtime.row_decoders import ROW_DECODERS
@@ -148,15 +149,16 @@ def _check_caption_model(job: JobConfig) -> None:
         check_draft_fits(draft, draft_config, text_config, method)
 
 
-def preflight(job: JobConfig) -> List[InputFile]:
+def preflight(job: JobConfig, output: Optional[EarlierOutput] = None) -> List[InputFile]:
     """Fail fast before any model loads: task supported, input columns present, checkpoint
-    present and fit for the task, output writable (the first check that touches the output)."""
+    present and fit for the task, output writable, and what it holds from earlier runs made by
+    the same job (``output``: read already by the caller, ``earlier_output``)."""
     if job.task not in ROW_DECODERS:
         raise ValueError(f"task: {job.task!r} is not available in this build (available: {sorted(ROW_DECODERS)})")
     files = check_dataset(job.input, job.task)
     check_model(job)
     check_output_writable(job.output)
-    check_resume_compatible(job)
+    check_resume_compatible(job, output)
     logger.info("preflight ok: %d input file(s), output %s writable, model %s", len(files), output_location(job), job.model)
     return files
 
@@ -347,7 +349,8 @@ def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobRepor
     """
     started = time.perf_counter()
     report = JobReport(output=output_location(job))
-    files = files if files is not None else preflight(job)
+    earlier = earlier_output(job.output)  # the manifest and results of earlier runs, read once
+    files = files if files is not None else preflight(job, earlier)
     fragments = plan_fragments(files, job.input)
     connect_ray()  # no-op when Ray is up; else RAY_ADDRESS, else a local cluster
     _warn_if_output_is_node_local(job)
@@ -361,7 +364,7 @@ def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobRepor
         job.pool.workers, report.output,
     )
     weights = job_weights(job)
-    workers_job, plan = plan_job(workers_job, fragments, _remote_args(job, *_cluster_resources()))  # once, for every worker
+    workers_job, plan = plan_job(workers_job, fragments, _remote_args(job, *_cluster_resources()), earlier)  # once, for every worker
     report.plan = plan.record()
     report.timings["prepare_s"] = time.perf_counter() - started
     # on record before any row is written, so an interrupted job's output still names its job

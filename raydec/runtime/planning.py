@@ -33,9 +33,9 @@ from raydec.api.plan import DecodePlan, plan_decode
 from raydec.api.schedulers import CaptionScheduler, ImageScheduler
 from raydec.api.tuner import CALIBRATION_ROWS, calibration_pool_size, round_size
 from raydec.config import DRAFT_METHODS, DecodeConfig, JacobiDraftConfig
-from raydec.io import attach_caption_images, read_manifest, validate_caption_rows, validate_t2i_rows
+from raydec.io import attach_caption_images, validate_caption_rows, validate_t2i_rows
 from raydec.io.fragments import Fragment, read_fragment
-from raydec.io.writers import shard_uris
+from raydec.io.writers import EarlierOutput
 from raydec.models.registry import resolve_draft_path
 from raydec.runtime.calibration import builtin_calibration_rows
 from raydec.runtime.config import JobConfig, ProcessorConfig
@@ -165,15 +165,12 @@ def remote_tuning(function: Any, num_cpus: float, num_gpus: float) -> Any:
     return ray.remote(function).options(**options)
 
 
-def recorded_plan(job: JobConfig) -> Dict[str, Any]:
+def recorded_plan(job: JobConfig, output: EarlierOutput) -> Dict[str, Any]:
     """What the manifest in ``job``'s output records of its plan, for ``plan_decode``'s ``recorded``:
     its batch size and shape once rows were written with them (they fix them), else its shape only
     when it was chosen for the same batch size. A manifest of an earlier release keeps them under
     ``shape`` and ``batch_size``."""
-    try:
-        manifest = read_manifest(job.output)
-    except (OSError, KeyError, ValueError):
-        return {}
+    manifest = output.manifest or {}
     plan = manifest.get("plan")
     if not isinstance(plan, dict):  # an earlier release's records
         shape, batch = manifest.get("shape"), manifest.get("batch_size")
@@ -182,7 +179,7 @@ def recorded_plan(job: JobConfig) -> Dict[str, Any]:
             plan["batch_size"] = batch["batch_size"]
     if "method" not in plan or not isinstance(plan.get("batch_size"), int):
         return {}
-    if shard_uris(job.output):
+    if output.has_results:
         return plan
     return {k: v for k, v in plan.items() if k != "batch_size"} if plan["batch_size"] == job.pool.batch_size else {}
 
@@ -203,12 +200,15 @@ def job_rows(job: JobConfig, fragments: List[Fragment]) -> Callable[[int], Rows]
     return fetch
 
 
-def plan_job(job: JobConfig, fragments: List[Fragment], remote_args: Dict[str, Any]) -> Tuple[JobConfig, DecodePlan]:
-    """(the job as its workers decode it, its plan). A re-run takes what its output's manifest records;
-    what is left to "auto" is chosen in a Ray task with a worker's resources."""
+def plan_job(
+    job: JobConfig, fragments: List[Fragment], remote_args: Dict[str, Any], output: EarlierOutput,
+) -> Tuple[JobConfig, DecodePlan]:
+    """(the job as its workers decode it, its plan). A re-run takes what its output's manifest records
+    (``output``: what the output held before this run); what is left to "auto" is chosen in a Ray task
+    with a worker's resources."""
     import ray
 
-    recorded = recorded_plan(job)
+    recorded = recorded_plan(job, output)
     config = job.processor_config()
     if (job.pool.batch_size == "auto" and "batch_size" not in recorded) or (job.decode.auto_shape and "method" not in recorded):
         task = remote_tuning(plan_job_in_worker, remote_args.get("num_cpus", 1), remote_args.get("num_gpus", 0))

@@ -8,8 +8,7 @@ import logging
 from typing import Any, Dict
 
 from raydec.config import DRAFT_METHODS, JACOBI_METHODS, DraftTreeConfig, SamplingConfig
-from raydec.io import read_manifest
-from raydec.io.writers import shard_uris
+from raydec.io.writers import EarlierOutput, earlier_output
 from raydec.runtime.config import JobConfig
 
 logger = logging.getLogger("raydec.runtime.pipeline")
@@ -39,18 +38,19 @@ INPUT_IDENTITY = ("path", "format", "id_column", "seed_column", "prompt_column",
                   "image_uri_column")
 
 
-def check_resume_compatible(job: JobConfig) -> None:
+def check_resume_compatible(job: JobConfig, output: EarlierOutput | None = None) -> None:
     """Refuse to add rows to an output whose manifest records a different job.
 
     A resume skips ids already written; mixing in rows made by another model or decode
     config would give one output two meanings. Outputs without a readable manifest pass.
+    output: what the output holds, when the caller read it already (``earlier_output``).
     """
-    try:
-        manifest = read_manifest(job.output)
-        earlier = manifest["config"]
-    except (OSError, KeyError, ValueError):  # no manifest yet (OSError covers missing files)
+    output = output if output is not None else earlier_output(job.output)
+    manifest = output.manifest or {}
+    earlier = manifest.get("config")
+    if not isinstance(earlier, dict):  # no manifest yet
         return
-    if not shard_uris(job.output):  # e.g. a run whose workers failed to load: nothing to mix with
+    if not output.has_results:  # e.g. a run whose workers failed to load: nothing to mix with
         logger.info("output %s has a manifest but no results yet: this job replaces it", job.output.path)
         return
     now = _resume_identity(job.model_dump(mode="json"))
