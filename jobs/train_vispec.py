@@ -1,7 +1,7 @@
-"""ViSpec / EAGLE draft training job: `ray job submit --working-dir . -- python jobs/train_vispec.py --config CONFIG`.
+"""ViSpec / EAGLE draft model training, submitted as a Ray job: `ray job submit --working-dir . -- python jobs/train_vispec.py --config CONFIG`.
 
 The same as `raydec train --config CONFIG` (raydec/commands/train.py): generates the training
-data with the target as a Ray Data job, trains each draft with Ray Train and saves it.
+data with the target as a Ray Data job, trains each draft model with Ray Train and saves it.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ _PUBLIC = {
     "generate_images": "raydec.api",
     "caption_images": "raydec.api",
     "load_target": "raydec.api",
-    "load_draft": "raydec.api",
+    "load_draft_model": "raydec.api",
     "ImageResult": "raydec.api",
     "CaptionResult": "raydec.api",
     "DEFAULT_CAPTION_PROMPT": "raydec.api",
@@ -36,13 +36,18 @@ _PUBLIC = {
 
 __all__ = [
     "DEFAULT_CAPTION_PROMPT", "CaptionResult", "DecodeConfig", "DecodeSession", "DraftTreeConfig", "Engine", "ImageResult",
-    "JacobiDraftConfig", "RowOutput", "RowRequest", "SamplingConfig", "caption_images", "generate_images", "load_draft",
+    "JacobiDraftConfig", "RowOutput", "RowRequest", "SamplingConfig", "caption_images", "generate_images", "load_draft_model",
     "load_target",
 ]
 assert sorted(__all__) == sorted(_PUBLIC)
 
+#: public names of earlier releases -> the module whose ``__getattr__`` warns and hands out the new one
+_RENAMED = {"load_draft": "raydec.api"}
+
 
 def __getattr__(name: str) -> Any:
+    if name in _RENAMED:  # not cached here: every use warns
+        return getattr(importlib.import_module(_RENAMED[name]), name)
     if name not in _PUBLIC:
         raise AttributeError(f"module 'raydec' has no attribute {name!r}")
     value = getattr(importlib.import_module(_PUBLIC[name]), name)
@@ -55,7 +60,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from raydec.api import DEFAULT_CAPTION_PROMPT, CaptionResult, ImageResult, caption_images, generate_images, load_draft, load_target
+    from raydec.api import (DEFAULT_CAPTION_PROMPT, CaptionResult, ImageResult, caption_images, generate_images, load_draft_model,
+                            load_target)
     from raydec.config import DecodeConfig, DraftTreeConfig, JacobiDraftConfig, SamplingConfig
     from raydec.speculative.engine import DecodeSession, Engine
     from raydec.speculative.requests import RowOutput, RowRequest

@@ -208,7 +208,7 @@ class DecodeConfig(StrictModel):
     def tree(self) -> DraftTreeConfig:
         """The draft tree this config decodes with (``draft_tree`` or the temperature's default)."""
         if self.draft_tree == "auto":
-            raise ValueError("decode.draft_tree='auto': the tree is chosen for a batch size first (raydec.api.frontier)")
+            raise ValueError("decode.draft_tree='auto': the tree is chosen for a batch size first (raydec.api.draft_shapes)")
         return self.draft_tree or DraftTreeConfig.for_temperature(self.sampling.temperature)
 
 

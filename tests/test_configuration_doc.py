@@ -24,7 +24,7 @@ EXPECTED = {
     "S3Config", "RowFormat", "InputConfig", "OutputConfig",
     "JobConfig", "PoolConfig", "ProcessorConfig",
     "ServeConfig", "ServedModel", "LimitsConfig", "MediaConfig",
-    "DraftJobConfig", "DataGenConfig", "DraftTrainConfig", "LossConfig", "EvalConfig",
+    "DraftTrainingConfig", "DataGenConfig", "DraftTrainConfig", "LossConfig", "EvalConfig",
 }
 
 

@@ -15,7 +15,7 @@ from raydec.api.inputs import (
 )
 from raydec.api.plan import CallCalibration, plan_decode
 from raydec.config import DRAFT_METHODS, DecodeConfig
-from raydec.models.loading import draft_dtype, load_draft, load_target
+from raydec.models.loading import draft_dtype, load_draft_model, load_target
 from raydec.speculative.engine import Engine
 from raydec.speculative.requests import RowOutput, RowRequest
 from raydec.speculative.proposers.factory import make_proposer
@@ -147,10 +147,10 @@ def caption_images(
 
         bar = tqdm(total=len(requests), desc=f"caption_images ({config.method})", unit="image")
     try:
-        draft = None
+        draft_model = None
         if config.method in DRAFT_METHODS:
-            draft = load_draft(target, config.method, model, config.draft_model, dtype=draft_dtype(target, config.draft_dtype))
-        engine = Engine(target, make_proposer(config, target, draft), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, eos_token_ids=target.eos_token_ids,
+            draft_model = load_draft_model(target, config.method, model, config.draft_model, dtype=draft_dtype(target, config.draft_dtype))
+        engine = Engine(target, make_proposer(config, target, draft_model), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, eos_token_ids=target.eos_token_ids,
                         max_positions=max_positions(target))
         continuous = continuous_batching(target.device, config.batching)
         outputs = decode_batches(engine, requests, batch_size, continuous, progress_callback(bar, len(requests), f"caption_images ({config.method})"))

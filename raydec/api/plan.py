@@ -10,7 +10,7 @@ A decode config means the same at every entry point (``generate_images``, ``capt
 default when it names none, and a shape tuned for the batch on the device only where it says
 "auto" (``jacobi: auto``, ``draft_tree: auto``). So one seed and one decode config give one output
 everywhere. A tuned choice is made once per (weights, device, dtype, threads, batch, config), cached
-on disk (``raydec.api.frontier.ShapeCache``) and kept in a job's manifest; a resumed job takes the
+on disk (``raydec.api.draft_shapes.ShapeCache``) and kept in a job's manifest; a resumed job takes the
 plan its manifest records (``recorded``). ``batch_size: auto`` (jobs, stages, Serve) is measured
 first: the most rows whose KV cache fits the worker's memory (``raydec.api.memory``).
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Protocol
 
-from raydec.api.frontier import ShapeCache, apply_shape, candidate_configs, key_digest, shape_record, target_shape_key
+from raydec.api.draft_shapes import ShapeCache, apply_shape, candidate_configs, key_digest, shape_record, target_shape_key
 from raydec.api.tuner import ROUNDS, round_parts, round_rows, round_size, shape_label, tune_for_batch
 from raydec.config import DRAFT_METHODS, JACOBI_METHODS, DecodeConfig
 from raydec.speculative.capture import resolve_compile
@@ -168,15 +168,15 @@ class CallCalibration:
     ``run(config, batch, indices)`` decodes the call's rows at ``indices``."""
 
     def __init__(self, target: Any, rows: int, run: Callable[[DecodeConfig, int, list[int]], Any],
-                 compile_mode: str, draft: str | Path | None = None) -> None:
-        self.target, self.rows, self.run, self.draft = target, rows, run, draft
+                 compile_mode: str, draft_folder: str | Path | None = None) -> None:
+        self.target, self.rows, self.run, self.draft_folder = target, rows, run, draft_folder
         self.captured = resolve_compile(compile_mode, target.device)
 
     def available(self, batch: int) -> int:
         return self.rows
 
     def key(self, decode: DecodeConfig, batch: int) -> dict | None:
-        return target_shape_key(decode, self.target, batch, self.draft)
+        return target_shape_key(decode, self.target, batch, self.draft_folder)
 
     def seconds(self, decode: DecodeConfig, batch: int, rows: list[int]) -> float:
         start = time.perf_counter()

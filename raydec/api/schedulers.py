@@ -27,7 +27,7 @@ from raydec.api.captions import caption_result, caption_text
 from raydec.api.images import decode_image, image_result
 from raydec.api.inputs import as_decode_config, caption_decode_config, check_positions, image_decode_config, max_positions, over_checkpoint
 from raydec.config import DRAFT_METHODS, IMAGE_METHODS, CAPTION_METHODS, DecodeConfig, SamplingConfig, parse_image_size
-from raydec.models.loading import draft_dtype, load_draft, load_target
+from raydec.models.loading import draft_dtype, load_draft_model, load_target
 from raydec.speculative.engine import DecodeSession, Engine
 from raydec.speculative.proposers.factory import make_proposer
 from raydec.speculative.requests import RowRequest, RowState
@@ -260,10 +260,10 @@ class CaptionScheduler(Scheduler):
 
     def make_engine(self, config: DecodeConfig, variant: Any = None) -> Engine:
         target = self.target
-        draft = None
+        draft_model = None
         if config.method in DRAFT_METHODS:
-            draft = load_draft(target, config.method, self.model, config.draft_model, dtype=draft_dtype(target, config.draft_dtype))
-        return Engine(target, make_proposer(config, target, draft), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, eos_token_ids=target.eos_token_ids,
+            draft_model = load_draft_model(target, config.method, self.model, config.draft_model, dtype=draft_dtype(target, config.draft_dtype))
+        return Engine(target, make_proposer(config, target, draft_model), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, eos_token_ids=target.eos_token_ids,
                       max_positions=self.max_positions)
 
     def submit(

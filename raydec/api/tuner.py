@@ -84,9 +84,9 @@ def shape_label(config: DecodeConfig) -> str:
     if config.method == "ar":
         return "ar"
     if config.method in JACOBI_METHODS:
-        draft = config.jacobi
-        tree = f",K={draft.branching},D={draft.tree_depth}" if draft.branching > 1 and draft.tree_depth > 0 else ""
-        return f"window={draft.window}{tree},init={draft.init}"
+        jacobi = config.jacobi
+        tree = f",K={jacobi.branching},D={jacobi.tree_depth}" if jacobi.branching > 1 and jacobi.tree_depth > 0 else ""
+        return f"window={jacobi.window}{tree},init={jacobi.init}"
     tree = config.tree
     return f"tree={tree.depth}x{tree.top_k}/{tree.total_tokens}"
 

@@ -100,14 +100,14 @@ class _ForwardCounter:
         self.module, self.count = module, 0
 
     def __enter__(self) -> "_ForwardCounter":
-        self.handle = self.module.register_forward_pre_hook(self._hook)
+        self.hook = self.module.register_forward_pre_hook(self._count)
         return self
 
-    def _hook(self, *_: Any) -> None:
+    def _count(self, *_: Any) -> None:
         self.count += 1
 
     def __exit__(self, *exc: Any) -> None:
-        self.handle.remove()
+        self.hook.remove()
 
 
 def _hf_caption(target: Any, prompt: Any, sampling: SamplingConfig, max_new_tokens: int, seed: int, assistant: Any = None) -> tuple[list[int], int, float]:

@@ -146,9 +146,9 @@ def candidate_shapes(
     return shapes
 
 
-def is_chain(draft: JacobiDraftConfig) -> bool:
+def is_chain(jacobi: JacobiDraftConfig) -> bool:
     """No proactive tree (K = 1 or D - 1 = 0): the shape runs as SJD-AC's chain."""
-    return draft.branching == 1 or draft.tree_depth == 0
+    return jacobi.branching == 1 or jacobi.tree_depth == 0
 
 
 def probe_shape(
@@ -187,12 +187,12 @@ def choose_fresh_drafts(
     length = int(target.num_image_tokens)
     steps = {}
     for init in inits:
-        draft = JacobiDraftConfig(**{**probe.model_dump(), "init": init})
-        config = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, jacobi=draft, batching=batching)
+        jacobi = JacobiDraftConfig(**{**probe.model_dump(), "init": init})
+        config = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, jacobi=jacobi, batching=batching)
         rows = calibration_rows(target, config, prompts, seeds, batch)
         steps[init] = float(np.mean([r.target_forwards for r in rows]))
         logger.info("tune %s fresh drafts %r at window=%d branching=%d tree_depth=%d: %.1f forwards per image",
-                    method, init, draft.window, draft.branching, draft.tree_depth, steps[init])
+                    method, init, jacobi.window, jacobi.branching, jacobi.tree_depth, steps[init])
     return min(inits, key=lambda init: steps[init]), steps
 
 
@@ -374,14 +374,14 @@ def tune_draft(
         seconds = forward_seconds(target, prompts[0], sorted({1} | {s.window + 1 for s in shapes}), batch=batch)
         one_token_seconds, costs = seconds[1], relative_costs(seconds)
     timed = one_token_seconds is not None
-    configs = [DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, jacobi=draft, batching=batching) for draft in shapes]
+    configs = [DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, jacobi=jacobi, batching=batching) for jacobi in shapes]
     counted, first, rows = [], [], []  # steps per batch; seconds per step of the counting runs; rows' forwards
     for config in configs:
         steps, per_step, forwards = calibration_counts(target, config, prompts, seeds, batch)
         counted.append(steps)
         first.append(per_step)
         rows.append(forwards)
-    sizes = [(draft.window + 1, full_tree_nodes(draft.branching, draft.tree_depth)) for draft in shapes]
+    sizes = [(jacobi.window + 1, full_tree_nodes(jacobi.branching, jacobi.tree_depth)) for jacobi in shapes]
     if timed:
         ar = DecodeConfig(method="ar", max_new_tokens=length, sampling=sampling, batching=batching)
         if ar_step is None:  # AR timed in the same rounds: step(c) as a ratio to step(ar)
@@ -394,13 +394,13 @@ def tune_draft(
         step_costs = fit_step_costs(sizes, measured)
         base = ar_step
     else:
-        measured = step_costs = [costs[draft.window + 1] for draft in shapes]
+        measured = step_costs = [costs[jacobi.window + 1] for jacobi in shapes]
         base = costs[1]
     tried = []
-    for draft, steps, step, raw in zip(shapes, counted, step_costs, measured):
-        tried.append(TunedShape(method, draft, steps, costs[draft.window + 1], length * base / (steps * step), step, raw))
+    for jacobi, steps, step, raw in zip(shapes, counted, step_costs, measured):
+        tried.append(TunedShape(method, jacobi, steps, costs[jacobi.window + 1], length * base / (steps * step), step, raw))
         logger.info("tune %s %s: %.1f steps per batch, step cost %.2f (measured %.2f), predicted speedup %.2f",
-                    method, draft, steps, step, raw, tried[-1].predicted_speedup)
+                    method, jacobi, steps, step, raw, tried[-1].predicted_speedup)
     return best_shape(method, tried, rows), tried
 
 

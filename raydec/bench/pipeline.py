@@ -134,8 +134,8 @@ class _CpuSampler:
             if not entry.isdigit():
                 continue
             try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    fields = handle.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{entry}/stat") as stream:
+                    fields = stream.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
             parents[int(entry)] = int(fields[1])

@@ -4,7 +4,7 @@
     raydec bench step --vocab 16384 --batch 1,16 --window 64 --methods sjd_pac
 
 A random Janus (2 layers, 64 wide) with a 16,384- or 32,768-code book (Janus-Pro's and a
-larger one), CFG on, runs sjd / sjd_ac / sjd_pac at each batch and window; a random EAGLE draft
+larger one), CFG on, runs sjd / sjd_ac / sjd_pac at each batch and window; a random EAGLE draft model
 over a random Llama with a 32,000-token vocabulary runs the draft-tree path. For each shape:
 
     syncs_per_step       tensor values read back to Python (item, tolist, cpu, numpy, bool, int,
@@ -276,8 +276,8 @@ def jacobi_runs(
         prompts = [long_prompt(target, text, context) for text in samples]
         for method, window, layout, compile in ((m, w, lay, c) for m in methods for w in windows for lay in layouts for c in compiles):
             branching, depth = (3, 1) if method == "sjd_pac" else (1, 0)
-            draft = JacobiDraftConfig(window=window, branching=branching, tree_depth=depth, init="left")
-            config = DecodeConfig(method=method, max_new_tokens=target.num_image_tokens, sampling=target.default_sampling(), jacobi=draft)
+            jacobi = JacobiDraftConfig(window=window, branching=branching, tree_depth=depth, init="left")
+            config = DecodeConfig(method=method, max_new_tokens=target.num_image_tokens, sampling=target.default_sampling(), jacobi=jacobi)
             for batch in batches:
                 engine = Engine(timed, make_proposer(config, target), config.sampling, config.max_new_tokens, constraint=target.vocab_constraint(),
                                 eos_token_ids=target.eos_token_ids, cache_layout=layout, compile=compile)
@@ -297,7 +297,7 @@ TREE_TARGETS = {
     "tiny": dict(family="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2),
     # Qwen2.5-VL-7B's language model (a Qwen2: 28 layers, 3,584 wide, 28 query heads over 4 KV heads,
-    # 152,064 tokens) with a ViSpec draft at its width, in bf16: the shape ViSpec decodes on a GPU
+    # 152,064 tokens) with a ViSpec draft model at its width, in bf16: the shape ViSpec decodes on a GPU
     "qwen2.5-vl-7b": dict(family="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                           num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, rope_theta=1e6, rms_norm_eps=1e-6),
     # the same classes and head grouping (7 query heads per KV head), small enough for a CPU dry run
@@ -307,8 +307,8 @@ TREE_TARGETS = {
 
 
 def tree_target(name: str, vocab: int, max_positions: int, device: str) -> tuple[Any, Any]:
-    """A random target of ``TREE_TARGETS[name]`` and a ViSpec draft at its width (the Qwen shapes;
-    the tiny Llama gets a text-only EAGLE draft), built on ``device`` in the shape's dtype."""
+    """A random target of ``TREE_TARGETS[name]`` and a ViSpec draft model at its width (the Qwen shapes;
+    the tiny Llama gets a text-only EAGLE draft model), built on ``device`` in the shape's dtype."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     from raydec.models.causal_lm import CausalLMTarget
@@ -326,24 +326,24 @@ def tree_target(name: str, vocab: int, max_positions: int, device: str) -> tuple
     try:
         with torch.device(device):  # built where it runs, in its dtype: no host copy of a 7B model
             target = CausalLMTarget(model_class(config))
-            draft = VispecDraft(DraftConfig.for_target(config, vision=family != "llama", num_q=1))
+            draft_model = VispecDraft(DraftConfig.for_target(config, vision=family != "llama", num_q=1))
     finally:
         torch.set_default_dtype(default_dtype)
-    draft.attach_target(target.model.get_input_embeddings(), target.model.get_output_embeddings())
-    return target, draft.to(device, dtype).eval().prepare_inference()
+    draft_model.attach_target(target.model.get_input_embeddings(), target.model.get_output_embeddings())
+    return target, draft_model.to(device, dtype).eval().prepare_inference()
 
 
 def draft_tree_runs(
     vocab: int, batches: list[int], windows: list[int], steps: int, device: str = "cpu",
     contexts: list[int] = (0,), layouts: list[str] = ("slots",), compiles: list[str] = ("off",), target_name: str = "tiny",
 ) -> list[dict]:
-    """A random EAGLE / ViSpec draft (the draft-tree path) over a random target (``TREE_TARGETS``)."""
+    """A random EAGLE / ViSpec draft model (the draft-tree path) over a random target (``TREE_TARGETS``)."""
     from raydec.config import DecodeConfig, DraftTreeConfig, SamplingConfig
     from raydec.speculative.engine import Engine
     from raydec.speculative.requests import RowRequest
     from raydec.speculative.proposers.draft_tree import DraftTreeProposer
 
-    target, draft = tree_target(target_name, vocab, 2048 + max(contexts), device)
+    target, draft_model = tree_target(target_name, vocab, 2048 + max(contexts), device)
     timed = TimedTarget(target)
     runs = []
     for context, window, layout, compile in ((c, w, lay, cm) for c in contexts for w in windows for lay in layouts for cm in compiles):
@@ -351,7 +351,7 @@ def draft_tree_runs(
         tree = DraftTreeConfig(depth=depth, top_k=top_k, total_tokens=min(window, top_k + (depth - 1) * top_k * top_k))
         decode = DecodeConfig(method="eagle", max_new_tokens=256, sampling=SamplingConfig(temperature=1.0), draft_tree=tree)
         for batch in batches:
-            engine = Engine(timed, DraftTreeProposer(draft, tree), decode.sampling, decode.max_new_tokens, cache_layout=layout, compile=compile)
+            engine = Engine(timed, DraftTreeProposer(draft_model, tree), decode.sampling, decode.max_new_tokens, cache_layout=layout, compile=compile)
             session = engine.session(batch_size=batch)
             for i in range(batch):
                 prompt = [1 + i % 7, 2, 3 + i % 5]

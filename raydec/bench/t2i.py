@@ -61,8 +61,8 @@ def method_config(method: str, args: argparse.Namespace, sampling: Any, length: 
     """The decode config of one method with a fixed draft shape and prior from the CLI."""
     if method == "ar":
         return DecodeConfig(method="ar", max_new_tokens=length, sampling=sampling, batching=args.batching)
-    draft = fixed_draft(method, args, args.init)
-    return DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, jacobi=draft, batching=args.batching)
+    jacobi = fixed_draft(method, args, args.init)
+    return DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, jacobi=jacobi, batching=args.batching)
 
 
 def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sampling: Any, length: int) -> tuple[dict, list, list]:
@@ -108,10 +108,10 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
                 target, method, prompts, seeds, sampling, args.batch, windows=windows,
                 costs=costs, one_token_seconds=seconds[1], inits=(init,), batching=args.batching, chain_init=chain_init,
             )
-            draft, tried = best.jacobi, tried + shapes
+            shape, tried = best.jacobi, tried + shapes
         else:
-            draft = fixed_draft(method, args, init)
-        configs[method] = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, jacobi=draft, batching=args.batching)
+            shape = fixed_draft(method, args, init)
+        configs[method] = DecodeConfig(method=method, max_new_tokens=length, sampling=sampling, jacobi=shape, batching=args.batching)
     return configs, tried, priors
 
 

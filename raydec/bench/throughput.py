@@ -44,7 +44,7 @@ from raydec.bench.common import (
     resolve_device,
 )
 from raydec.api import continuous_batching
-from raydec.api.frontier import candidate_configs
+from raydec.api.draft_shapes import candidate_configs
 from raydec.api.plan import plan_decode
 from raydec.api.tuner import shape_label
 from raydec.models.base import synchronize
@@ -111,7 +111,7 @@ def _caption_workload(args: argparse.Namespace, dtype: torch.dtype, device: str)
     from raydec.api.inputs import caption_decode_config, max_positions
     from raydec.config import DRAFT_METHODS, DecodeConfig
     from raydec.models.hf_vlm import VlmPrompt
-    from raydec.models.loading import load_draft
+    from raydec.models.loading import load_draft_model
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
     from raydec.speculative.engine import Engine
     from raydec.speculative.proposers.factory import make_proposer
@@ -120,11 +120,12 @@ def _caption_workload(args: argparse.Namespace, dtype: torch.dtype, device: str)
     target = load_target(args.model, task="caption", dtype=dtype, device=None if device == "cpu" else device)
     base = {m: caption_decode_config(DecodeConfig(method=m, batching=args.batching, max_new_tokens=args.max_new_tokens), target)
             for m in args.methods}
-    drafts = {m: load_draft(target, m, args.model, None, dtype=draft_dtype(target, "auto")) for m in args.methods if m in DRAFT_METHODS}
+    draft_models = {m: load_draft_model(target, m, args.model, None, dtype=draft_dtype(target, "auto"))
+                    for m in args.methods if m in DRAFT_METHODS}
 
     def engine(config: Any) -> Any:
-        draft = drafts.get(config.method)
-        return Engine(target, make_proposer(config, target, draft), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, eos_token_ids=target.eos_token_ids,
+        draft_model = draft_models.get(config.method)
+        return Engine(target, make_proposer(config, target, draft_model), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, eos_token_ids=target.eos_token_ids,
                       max_positions=max_positions(target))
 
     def requests(config: Any, first: int, count: int) -> list:

@@ -26,7 +26,8 @@ from pydantic_core import PydanticUndefined
 
 from raydec.runtime.config import JobConfig, ProcessorConfig
 from raydec.serve.config import ServeConfig
-from raydec.train.config import DraftJobConfig
+from raydec.train.config import DraftTrainingConfig
+from raydec.api import RENAMED_NAMES
 from raydec.commands.local_inputs import RENAMED_FLAGS
 from raydec.validation import RENAMES_REMOVED_IN
 
@@ -34,7 +35,7 @@ REGENERATE = "python -m raydec.commands.config_reference"
 DEFAULT_OUTPUT = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 #: the configs a user writes as a whole, in the order the page presents them
-TOP_LEVEL: tuple[type[BaseModel], ...] = (JobConfig, ServeConfig, ProcessorConfig, DraftJobConfig)
+TOP_LEVEL: tuple[type[BaseModel], ...] = (JobConfig, ServeConfig, ProcessorConfig, DraftTrainingConfig)
 
 #: a warning placed above a section's table (the docstring says what the model is; this says who it is for)
 _NOTES: dict[str, str] = {}
@@ -54,7 +55,7 @@ mappings (or dicts, or the model objects themselves, from Python).
 | a batch job's YAML file (`jobs/t2i_batch.py --config`, `jobs/caption_batch.py --config`) | [JobConfig](#jobconfig) |
 | `raydec serve --config`, or the `args` of a Serve config file (`import_path: raydec.serve:app_builder`) | [ServeConfig](#serveconfig) |
 | `raydec.runtime.build_processor(...)`: a text-to-image or captioning stage over your own Ray Dataset | [ProcessorConfig](#processorconfig) |
-| a draft training job's YAML file (`raydec train --config`, `jobs/train_vispec.py --config`) | [DraftJobConfig](#draftjobconfig) |
+| a draft model training run's YAML file (`raydec train --config`, `jobs/train_vispec.py --config`) | [DraftTrainingConfig](#drafttrainingconfig) |
 
 The remaining sections are the configs nested in those four; a type that links to a section is
 written as a mapping of that section's fields.
@@ -149,6 +150,7 @@ def _renames(models: list[type[BaseModel]]) -> str:
     rows = [(f"[{model.__name__}](#{model.__name__.lower()}) key", old, new)
             for model in models for old, new in (getattr(model, "renamed_keys", None) or {}).items()]
     rows += [("`raydec generate` / `caption` flag", old, new) for old, new in RENAMED_FLAGS.items()]
+    rows += [("Python name", old, new) for old, new in RENAMED_NAMES.items()]
     lines = ["## Names of earlier releases", "",
              "Still read, with a warning naming the new name; each stops loading in the release shown.", "",
              "| where | old name | new name | stops loading in |", "|---|---|---|---|"]

@@ -23,8 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-rows", help="decode at most this many rows in this run (a trial run; re-run to finish)")
     args = parser.parse_args(argv)
     try:
-        with open(args.config) as handle:
-            raw = yaml.safe_load(handle) or {}
+        with open(args.config) as stream:
+            raw = yaml.safe_load(stream) or {}
     except OSError as error:
         raise SystemExit(f"raydec run: cannot read {args.config}: {error.strerror or error}") from None
     except yaml.YAMLError as error:

@@ -388,9 +388,9 @@ def _iter_file_rows(file: InputFile, cfg: InputConfig, batch_rows: int) -> Itera
     if file.format == "parquet":
         fs, path = resolve_filesystem(file.uri, cfg.s3)
         try:
-            with fs.open_input_file(path) as handle:
+            with fs.open_input_file(path) as stream:
                 first = 0
-                for record_batch in pq.ParquetFile(handle).iter_batches(batch_size=batch_rows):
+                for record_batch in pq.ParquetFile(stream).iter_batches(batch_size=batch_rows):
                     yield first, record_batch.to_pylist()
                     first += record_batch.num_rows
         except (OSError, pa.ArrowInvalid) as exc:

@@ -46,8 +46,8 @@ def plan_fragments(files: List[InputFile], cfg: InputConfig) -> List[Fragment]:
             continue
         fs, path = resolve_filesystem(file.uri, cfg.s3)
         try:
-            with fs.open_input_file(path) as handle:
-                metadata = pq.ParquetFile(handle).metadata
+            with fs.open_input_file(path) as stream:
+                metadata = pq.ParquetFile(stream).metadata
         except (OSError, pa.ArrowInvalid) as exc:
             raise IOConfigError(f"input: cannot read {file.uri} as parquet: {exc}") from None
         first = 0
@@ -75,9 +75,9 @@ def _raw_rows(fragment: Fragment, cfg: InputConfig, batch_rows: int) -> Iterator
         return
     fs, path = resolve_filesystem(fragment.uri, cfg.s3)
     try:
-        with fs.open_input_file(path) as handle:
+        with fs.open_input_file(path) as stream:
             first = fragment.first_row
-            for record_batch in pq.ParquetFile(handle).iter_batches(batch_size=batch_rows, row_groups=[fragment.row_group]):
+            for record_batch in pq.ParquetFile(stream).iter_batches(batch_size=batch_rows, row_groups=[fragment.row_group]):
                 yield first, record_batch.to_pylist()
                 first += record_batch.num_rows
     except (OSError, pa.ArrowInvalid) as exc:

@@ -61,8 +61,8 @@ def fragment_ids(fragment: Fragment, cfg: InputConfig, task: Task) -> pa.Array:
         return pa.array([row["id"] for rows in read_fragment(fragment, cfg, task) for row in rows], pa.string())
     fs, path = resolve_filesystem(fragment.uri, cfg.s3)
     try:
-        with fs.open_input_file(path) as handle:
-            parquet = pq.ParquetFile(handle)
+        with fs.open_input_file(path) as stream:
+            parquet = pq.ParquetFile(stream)
             if cfg.id_column not in parquet.schema_arrow.names:
                 return pa.array([derive_row_id(fragment.key, fragment.first_row + i) for i in range(fragment.num_rows or 0)],
                                 pa.string())

@@ -178,8 +178,8 @@ def load_image_bytes(uri: str, s3: Optional[S3Config] = None, *, field: str = "i
         return _load_s3_bytes(uri, s3, field=field)
     path = uri[len("file://"):] if uri.startswith("file://") else uri
     try:
-        with open(os.path.expanduser(path), "rb") as handle:
-            return handle.read()
+        with open(os.path.expanduser(path), "rb") as stream:
+            return stream.read()
     except FileNotFoundError:
         raise ImageError(f"{field}: {uri} not found") from None
     except OSError as exc:

@@ -50,10 +50,10 @@ def _put_local(path: str, data: bytes) -> None:
     os.makedirs(folder, exist_ok=True)
     temp = os.path.join(folder, f".{name}{TEMP_MARKER}{uuid.uuid4().hex[:12]}")
     try:
-        with open(temp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        with open(temp, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
         os.replace(temp, path)
     except BaseException:
         if os.path.exists(temp):

@@ -18,7 +18,7 @@ layer's dtype. For a bf16 layer with fp32 compute that is the arithmetic of a bf
 to summation order; an fp32 layer computes the same product as before. Parameters, state dicts
 and every other op are unchanged; the copies cost one more weight matrix per layer.
 
-``load_target``, ``load_draft`` and the benchmarks' Hugging Face assistant apply it to CPU
+``load_target``, ``load_draft_model`` and the benchmarks' Hugging Face assistant apply it to CPU
 models, so AR, every drafted method and Hugging Face's own ``generate`` use the same kernels.
 ``RAYDEC_CPU_MATMUL=native`` turns it off; ``fp32`` also routes bf16 layers on CPUs that have
 bf16 instructions (``auto`` leaves those to the hardware).

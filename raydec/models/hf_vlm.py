@@ -315,7 +315,7 @@ class VisionLanguageTarget(SharedVocabularyForward):
         saved_deltas = getattr(inner, "rope_deltas", None)  # Qwen caches M-RoPE deltas on the model
         if hasattr(inner, "rope_deltas"):
             inner.rope_deltas = None
-        handle = self.decoder.register_forward_pre_hook(stop, with_kwargs=True)
+        hook = self.decoder.register_forward_pre_hook(stop, with_kwargs=True)
         try:
             moved = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
             for key in ("pixel_values", "pixel_values_videos"):
@@ -325,7 +325,7 @@ class VisionLanguageTarget(SharedVocabularyForward):
         except _LanguageModelReached as reached:
             return reached.kwargs
         finally:
-            handle.remove()
+            hook.remove()
             if hasattr(inner, "rope_deltas"):
                 inner.rope_deltas = saved_deltas
         raise RuntimeError(f"{type(self.model).__name__} never called its language model")

@@ -1,8 +1,8 @@
-"""Loading targets and drafts by path, once: a cache keyed by model, task, dtype and device, so
+"""Loading targets and draft models by path, once: a cache keyed by model, task, dtype and device, so
 repeated calls (a notebook, a job's actor, a bench) do not reload weights.
 
-    target = load_target("reference", task="t2i")                  # or a local checkpoint folder
-    draft = load_draft(target, "vispec", "reference")              # the draft shipped beside it
+    target = load_target("reference", task="t2i")                        # or a local checkpoint folder
+    draft_model = load_draft_model(target, "vispec", "reference")        # the draft model shipped beside it
 """
 
 from __future__ import annotations
@@ -77,23 +77,23 @@ def check_device(device: Any) -> None:
 
 
 def draft_dtype(target: Any, choice: str = "auto") -> torch.dtype:
-    """``decode.draft_dtype`` -> the draft's torch dtype for ``target`` (see DecodeConfig)."""
+    """``decode.draft_dtype`` -> the draft model's torch dtype for ``target`` (see DecodeConfig)."""
     if choice == "auto":
         return target.dtype if torch.device(target.device).type == "cuda" else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[choice]
 
 
-def load_draft(
+def load_draft_model(
     target: Any, method: str, model: str | Path | Any = "reference", draft_model: str | Path | None = None,
     dtype: torch.dtype | None = None,
 ) -> Any:
-    """Load (once) the ViSpec / EAGLE draft for ``target``; see ``registry.resolve_draft_path``.
-    dtype: the draft's precision (None: the target's)."""
+    """Load (once) the ViSpec / EAGLE draft model for ``target``; see ``registry.resolve_draft_path``.
+    dtype: the draft model's precision (None: the target's)."""
     from raydec.models.cpu_matmul import route_if_cpu
     from raydec.models.registry import resolve_draft_path
     from raydec.models.vispec_draft import CONFIG_NAME, VispecDraft, check_draft_fits
 
-    if not isinstance(model, (str, Path)):  # a loaded target: drafts shipped next to its checkpoint
+    if not isinstance(model, (str, Path)):  # a loaded target: draft models shipped next to its checkpoint
         model = getattr(target, "checkpoint_path", None)
         if model is None and draft_model is None:
             raise ValueError(f"decode.method={method!r} with a target not loaded by path needs decode.draft_model")
@@ -105,7 +105,7 @@ def load_draft(
         return _LOADED[key]
     if (path / CONFIG_NAME).is_file():  # before any weight loads (a missing file is from_pretrained's error)
         check_draft_fits(path, json.loads((path / CONFIG_NAME).read_text()), text_config, method)
-    draft = VispecDraft.from_pretrained(path, target=target, dtype=dtype)
-    route_if_cpu(draft.prepare_inference(), target.device, next(draft.parameters()).dtype)
-    _LOADED[key] = draft
-    return draft
+    loaded = VispecDraft.from_pretrained(path, target=target, dtype=dtype)
+    route_if_cpu(loaded.prepare_inference(), target.device, next(loaded.parameters()).dtype)
+    _LOADED[key] = loaded
+    return loaded

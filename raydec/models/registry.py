@@ -131,10 +131,10 @@ def weights_fingerprint(path: str | Path) -> str:
         digest.update(f"{file.name}:{size}".encode())
         span = _FINGERPRINT_CHUNKS * _FINGERPRINT_CHUNK_BYTES
         offsets = [0] if size <= span else [i * (size - _FINGERPRINT_CHUNK_BYTES) // (_FINGERPRINT_CHUNKS - 1) for i in range(_FINGERPRINT_CHUNKS)]
-        with open(file, "rb") as handle:
+        with open(file, "rb") as stream:
             for offset in offsets:
-                handle.seek(offset)
-                digest.update(handle.read(span if size <= span else _FINGERPRINT_CHUNK_BYTES))
+                stream.seek(offset)
+                digest.update(stream.read(span if size <= span else _FINGERPRINT_CHUNK_BYTES))
     return digest.hexdigest()[:16]
 
 

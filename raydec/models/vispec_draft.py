@@ -83,12 +83,12 @@ class DraftConfig(StrictModel):
         return cls(**values)
 
 
-def check_draft_fits(path: str | Path, draft: Any, text_config: Any, method: str) -> None:
-    """A CheckpointError naming ``decode.draft_model`` when the draft at ``path`` cannot serve ``method``
-    on a target with ``text_config`` (a Hugging Face text config): the other kind of draft, or
-    another width or vocabulary. ``draft``: its DraftConfig, or the draft_config.json mapping.
-    Reads configs only, so a job checks it before Ray starts and ``load_draft`` before weights."""
-    get = draft.get if isinstance(draft, dict) else lambda name, default=None: getattr(draft, name, default)
+def check_draft_fits(path: str | Path, draft_config: Any, text_config: Any, method: str) -> None:
+    """A CheckpointError naming ``decode.draft_model`` when the draft model at ``path`` cannot serve ``method``
+    on a target with ``text_config`` (a Hugging Face text config): the other kind of draft model, or
+    another width or vocabulary. ``draft_config``: its DraftConfig, or the draft_config.json mapping.
+    Reads configs only, so a job checks it before Ray starts and ``load_draft_model`` before weights."""
+    get = draft_config.get if isinstance(draft_config, dict) else lambda name, default=None: getattr(draft_config, name, default)
     vision = bool(get("vision", True))
     if vision != (method == "vispec"):
         has, needs = ("a ViSpec (vision)", "a text-only") if vision else ("a text-only (EAGLE)", "a vision")
@@ -409,20 +409,20 @@ class VispecDraft(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, target: Any | None = None, dtype: torch.dtype | None = None) -> "VispecDraft":
-        """Load a draft folder; ``target`` (a VisionLanguageTarget) supplies embed and lm_head."""
+        """Load a draft model's folder; ``target`` (a VisionLanguageTarget) supplies embed and lm_head."""
         from safetensors.torch import load_file
 
         path = Path(path).expanduser()
         if not (path / CONFIG_NAME).is_file():
             raise FileNotFoundError(f"no draft checkpoint at {path}: {CONFIG_NAME} not found")
         config = DraftConfig(**json.loads((path / CONFIG_NAME).read_text()))
-        draft = cls(config)
-        missing, unexpected = draft.load_state_dict(load_file(str(path / WEIGHTS_NAME)), strict=False)
+        draft_model = cls(config)
+        missing, unexpected = draft_model.load_state_dict(load_file(str(path / WEIGHTS_NAME)), strict=False)
         if missing or unexpected:
             raise ValueError(f"draft checkpoint {path}: missing {missing}, unexpected {unexpected}")
         if target is not None:
-            draft.attach_target(target.model.get_input_embeddings(), target.head)
-            draft.to(device=target.device, dtype=dtype or target.dtype)
+            draft_model.attach_target(target.model.get_input_embeddings(), target.head)
+            draft_model.to(device=target.device, dtype=dtype or target.dtype)
         elif dtype is not None:
-            draft.to(dtype=dtype)
-        return draft.eval()
+            draft_model.to(dtype=dtype)
+        return draft_model.eval()

@@ -134,19 +134,19 @@ def _check_caption_model(job: JobConfig) -> None:
         raise ValueError(f"decode.sampling.cfg_scale: {job.decode.sampling.cfg_scale} must be 1 for captioning (no classifier-free guidance)")
     if method != "ar":
         try:
-            draft = resolve_draft_path(job.model, method, job.decode.draft_model)
+            draft_path = resolve_draft_path(job.model, method, job.decode.draft_model)
         except ValueError as exc:
             raise ModelNotFoundError(str(exc)) from None
-        if not (draft / CONFIG_NAME).is_file():
-            raise ModelNotFoundError(f"decode.draft_model: no {method} draft at {draft} ({CONFIG_NAME} missing)")
+        if not (draft_path / CONFIG_NAME).is_file():
+            raise ModelNotFoundError(f"decode.draft_model: no {method} draft at {draft_path} ({CONFIG_NAME} missing)")
         from transformers import AutoConfig
 
         try:
-            draft_config = json.loads((draft / CONFIG_NAME).read_text())
+            draft_config = json.loads((draft_path / CONFIG_NAME).read_text())
         except (OSError, ValueError) as exc:
-            raise ModelNotFoundError(f"decode.draft_model: cannot read {draft / CONFIG_NAME}: {exc}") from None
+            raise ModelNotFoundError(f"decode.draft_model: cannot read {draft_path / CONFIG_NAME}: {exc}") from None
         text_config = AutoConfig.from_pretrained(str(path), local_files_only=True).get_text_config()
-        check_draft_fits(draft, draft_config, text_config, method)
+        check_draft_fits(draft_path, draft_config, text_config, method)
 
 
 def preflight(job: JobConfig, output: Optional[EarlierOutput] = None) -> List[InputFile]:

@@ -25,8 +25,8 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
-from raydec.api import DEFAULT_CAPTION_PROMPT, draft_dtype, load_draft, sized
-from raydec.api.frontier import ShapeCache, target_shape_key
+from raydec.api import DEFAULT_CAPTION_PROMPT, draft_dtype, load_draft_model, sized
+from raydec.api.draft_shapes import ShapeCache, target_shape_key
 from raydec.api.inputs import caption_decode_config, image_decode_config
 from raydec.api.memory import kv_bytes_per_row, largest_batch, module_bytes, worker_memory_bytes
 from raydec.api.plan import DecodePlan, plan_decode
@@ -93,12 +93,12 @@ def shape_cache_key(config: ProcessorConfig, target: Any) -> Dict[str, Any] | No
     """The shape cache's key for ``config`` decoding on ``target`` (loaded, at the config's image
     size) in this process (its torch threads): the key ``generate_images`` / ``caption_images``
     use for the same decode config, weights, device, dtype and batch
-    (``raydec.api.frontier.target_shape_key``)."""
+    (``raydec.api.draft_shapes.target_shape_key``)."""
     decode = config.decode
     if config.task == "t2i":
         return target_shape_key(image_decode_config(decode, target), target, config.batch_size)
-    draft = resolve_draft_path(config.model, decode.method, decode.draft_model) if decode.method in DRAFT_METHODS else None
-    return target_shape_key(caption_decode_config(decode, target), target, config.batch_size, draft)
+    draft_folder = resolve_draft_path(config.model, decode.method, decode.draft_model) if decode.method in DRAFT_METHODS else None
+    return target_shape_key(caption_decode_config(decode, target), target, config.batch_size, draft_folder)
 
 
 def calibration_rows(job: JobConfig, fragments: List[Fragment], count: int) -> List[Dict[str, Any]]:
@@ -121,7 +121,7 @@ def choose_batch_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) ->
     torch.set_num_threads(config.threads)
     device, dtype = worker_device(config), getattr(torch, config.dtype)
     ar = config.decode.model_copy(update={"method": "ar", "jacobi": JacobiDraftConfig(), "draft_tree": None})  # the shape is not chosen yet
-    draft = None
+    draft_model = None
     if config.task == "t2i":
         scheduler: Any = ImageScheduler(config.model, ar, dtype=dtype, device=device, batch_size=len(rows), vqgan_path=config.vqgan_path)
         for row in rows:
@@ -134,8 +134,8 @@ def choose_batch_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) ->
                 scheduler.submit([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}], [row["pil_image"]],
                                  int(row["seed"]))
         if config.decode.method in DRAFT_METHODS:
-            draft = load_draft(scheduler.target, config.decode.method, config.model, config.decode.draft_model,
-                               dtype=draft_dtype(scheduler.target, config.decode.draft_dtype))
+            draft_model = load_draft_model(scheduler.target, config.decode.method, config.model, config.decode.draft_model,
+                                           dtype=draft_dtype(scheduler.target, config.decode.draft_dtype))
     if not scheduler.sessions:
         raise ValueError("batch_size='auto': no calibration row could be read to measure a row's memory on")
     (session,) = scheduler.sessions.values()
@@ -144,7 +144,7 @@ def choose_batch_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) ->
     finally:
         scheduler.drop()
     target = scheduler.target
-    weights = module_bytes(target.model, draft)
+    weights = module_bytes(target.model, draft_model)
     share = config.gpus_per_worker if torch.device(target.device).type == "cuda" else 1.0
     memory = worker_memory_bytes(target.device, weights, share)
     key = shape_cache_key(config, sized(target, config.size) if config.task == "t2i" else target)

@@ -152,14 +152,14 @@ class CaptionRowDecoder:
     def setup(self) -> None:
         import torch
 
-        from raydec.api import draft_dtype, load_draft, load_target
+        from raydec.api import draft_dtype, load_draft_model, load_target
         from raydec.config import DRAFT_METHODS
 
         torch.set_num_threads(self.config.threads)
         self.target = load_target(model=self.config.model, task="caption", dtype=_torch_dtype(self.config.dtype), device=worker_device(self.config))
-        if self.method in DRAFT_METHODS:  # load the draft once, now, so a bad path fails here
+        if self.method in DRAFT_METHODS:  # load the draft model once, now, so a bad path fails here
             dtype = draft_dtype(self.target, self.config.decode.draft_dtype)
-            load_draft(self.target, self.method, self.config.model, self.config.decode.draft_model, dtype=dtype)
+            load_draft_model(self.target, self.method, self.config.model, self.config.decode.draft_model, dtype=dtype)
         logger.info("caption row decoder: loaded %s (%s, method %s)", self.config.model, self.config.dtype, self.method)
 
     def _caption(self, rows: List[Dict[str, Any]]) -> List[Any]:

@@ -2,7 +2,7 @@
 typed events back.
 
 The ingress validates an OpenAI body (``protocol``), checks it against the limits and builds a
-job from it: ``ImageJob`` for ``ImageReplica.generate_images``, ``ChatJob`` (its messages turned
+request from it: ``ImageRequest`` for ``ImageReplica.generate_images``, ``ChatRequest`` (its messages turned
 into Hugging Face messages, its images read and checked) for ``ChatReplica.chat``. Each call
 streams events back:
 
@@ -43,7 +43,7 @@ class Sampling:
 
 
 @dataclass(frozen=True)
-class ImageJob:
+class ImageRequest:
     """One image request: ``n`` rows of one prompt, seeds ``seed``, ``seed + 1``, ... (random when
     unset); ``partial_images`` to send before each image (0 unless streamed)."""
 
@@ -58,14 +58,14 @@ class ImageJob:
     partial_images: int = 0
 
     @classmethod
-    def from_request(cls, body: ImageGenerationRequest) -> "ImageJob":
+    def from_request(cls, body: ImageGenerationRequest) -> "ImageRequest":
         return cls(prompt=body.prompt, n=body.n, seed=body.seed, method=body.method, cfg_scale=body.cfg_scale,
                    sampling=Sampling(body.temperature, body.top_k, body.top_p), negative_prompt=body.negative_prompt,
                    size=body.size, partial_images=body.partial_images if body.stream else 0)
 
 
 @dataclass(frozen=True)
-class ChatJob:
+class ChatRequest:
     """One chat: Hugging Face chat messages whose ``{"type": "image"}`` parts take ``images`` in
     order; ``max_tokens`` None: the model's default within the server's limit."""
 
@@ -79,7 +79,7 @@ class ChatJob:
     stream: bool = False
 
     @classmethod
-    def from_request(cls, body: ChatCompletionRequest, messages: list[dict[str, Any]], images: list["Image.Image"]) -> "ChatJob":
+    def from_request(cls, body: ChatCompletionRequest, messages: list[dict[str, Any]], images: list["Image.Image"]) -> "ChatRequest":
         """``body``'s settings with its messages and images as the ingress read them."""
         return cls(messages=tuple(messages), images=tuple(images), seed=body.seed, method=body.method,
                    sampling=Sampling(body.temperature, body.top_k, body.top_p), max_tokens=body.new_tokens(),

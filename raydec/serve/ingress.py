@@ -32,7 +32,7 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from raydec.serve.boundary import ChatDone, ChatJob, Event, Failed, ImageDone, ImageJob, ModelInfo, PartialImage, RowStats, TextDelta
+from raydec.serve.boundary import ChatDone, ChatRequest, Event, Failed, ImageDone, ImageRequest, ModelInfo, PartialImage, RowStats, TextDelta
 from raydec.serve.config import ServeConfig
 from raydec.serve.errors import APIError, validation_error
 from raydec.serve.media import MediaError, check_image_count, load_image_url
@@ -119,7 +119,7 @@ async def with_deadline(events: AsyncIterator[Event], seconds: float) -> AsyncIt
 
 @serve.ingress(app)
 class Ingress:
-    """Routes requests to the model deployments (``models``: name -> handle)."""
+    """Routes requests to the model deployments (``models``: name -> the model's deployment, a Serve ``DeploymentHandle``)."""
 
     def __init__(self, config: ServeConfig, models: dict[str, DeploymentHandle]) -> None:
         logging.getLogger("raydec").setLevel(logging.INFO)
@@ -155,14 +155,14 @@ class Ingress:
             self.info[name] = await self.models[name].info.remote()
         return self.info[name]
 
-    def _image_events(self, name: str, job: ImageJob) -> AsyncIterator[Event]:
-        return self._events(name, lambda handle: handle.generate_images.remote(job))
+    def _image_events(self, name: str, request: ImageRequest) -> AsyncIterator[Event]:
+        return self._events(name, lambda deployment: deployment.generate_images.remote(request))
 
-    def _chat_events(self, name: str, job: ChatJob) -> AsyncIterator[Event]:
-        return self._events(name, lambda handle: handle.chat.remote(job))
+    def _chat_events(self, name: str, request: ChatRequest) -> AsyncIterator[Event]:
+        return self._events(name, lambda deployment: deployment.chat.remote(request))
 
     async def _events(self, name: str, start: Callable[[DeploymentHandle], DeploymentResponseGenerator]) -> AsyncIterator[Event]:
-        """The events of the call ``start`` makes on model ``name``'s streaming handle; a ``Failed``
+        """The events of the call ``start`` makes on model ``name``'s deployment, streaming; a ``Failed``
         event and Serve's and Ray's failures as API errors."""
         retry = {"Retry-After": str(self.config.limits.retry_after_s)}
         stream = None
@@ -228,7 +228,7 @@ class Ingress:
     @app.get("/v1/raydec/stats")
     async def stats(self) -> dict[str, Any]:
         """Per model: engine steps, mean batch size, speculation totals (one replica's view)."""
-        return {name: await handle.stats.remote() for name, handle in self.models.items()}
+        return {name: await deployment.stats.remote() for name, deployment in self.models.items()}
 
     @app.post("/v1/images/generations")
     async def images(self, body: ImageGenerationRequest) -> Any:
@@ -247,7 +247,7 @@ class Ingress:
         info = await self._info(name)
         size = info.size if body.size in (None, "auto") else body.size  # the replica refuses one the model cannot make
         created = int(time.time())
-        events = self._with_timeout(self._image_events(name, ImageJob.from_request(body)))
+        events = self._with_timeout(self._image_events(name, ImageRequest.from_request(body)))
         if body.stream:
             return await self._stream(events, lambda event: self._image_event(event, created, size))
         images: list[Optional[ImageDone]] = [None] * body.n
@@ -325,7 +325,7 @@ class Ingress:
             raise APIError(400, "stop: up to 4 non-empty strings", param="stop", code="invalid_value")
         messages, images = await self._chat_inputs(body)
         created, completion = int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
-        events = self._with_timeout(self._chat_events(name, ChatJob.from_request(body, messages, images)))
+        events = self._with_timeout(self._chat_events(name, ChatRequest.from_request(body, messages, images)))
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             head = {"id": completion, "object": "chat.completion.chunk", "created": created, "model": name}

@@ -1,8 +1,8 @@
 """Model replicas: one target (and draft) on its device, one scheduler in a background loop,
 requests from the ingress streamed back as events (``boundary``).
 
-``ImageReplica`` serves a text-to-image model (``generate_images``: an ``ImageJob``), ``ChatReplica``
-a vision-language model (``chat``: a ``ChatJob``); ``replica_class`` picks one for a task.
+``ImageReplica`` serves a text-to-image model (``generate_images``: an ``ImageRequest``), ``ChatReplica``
+a vision-language model (``chat``: a ``ChatRequest``); ``replica_class`` picks one for a task.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from raydec.api.images import ImageResult
 from raydec.api.schedulers import CaptionScheduler, ImageScheduler, Ticket
 from raydec.config import DType
 from raydec.runtime.planning import describe_plan, plan_replica
-from raydec.serve.boundary import (ChatDone, ChatEvent, ChatJob, Event, Failed, ImageDone, ImageEvent, ImageJob, ModelInfo,
+from raydec.serve.boundary import (ChatDone, ChatEvent, ChatRequest, Event, Failed, ImageDone, ImageEvent, ImageRequest, ModelInfo,
                                    PartialImage, RowStats, TextDelta)
 from raydec.serve.config import LimitsConfig, ServedModel
 from raydec.serve.engine_loop import EngineLoop, Watcher
@@ -196,21 +196,21 @@ class ImageReplica(ModelReplica[ImageScheduler, ImageResult]):
         return ModelInfo(task=self.served.task, method=self.scheduler.base.method, pid=os.getpid(),
                          size=f"{width}x{height}", sizes=self.scheduler.target.sizes)
 
-    async def generate_images(self, job: ImageJob) -> AsyncIterator[ImageEvent]:
+    async def generate_images(self, request: ImageRequest) -> AsyncIterator[ImageEvent]:
         """One image request (n rows): partial images (if asked) and each image as it finishes."""
         self.requests += 1
-        seed = job.seed if job.seed is not None else secrets.randbelow(2**63 - job.n)
-        sampling = job.sampling.per_row()
-        draft_per_step = draft_tokens_per_step(self.scheduler.config_for(job.method, job.cfg_scale, job.sampling.temperature))
+        seed = request.seed if request.seed is not None else secrets.randbelow(2**63 - request.n)
+        sampling = request.sampling.per_row()
+        draft_per_step = draft_tokens_per_step(self.scheduler.config_for(request.method, request.cfg_scale, request.sampling.temperature))
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         watchers: list[Watcher[ImageResult]] = []
-        for index in range(job.n):
-            watcher = ImageWatcher(self.scheduler, loop, events, index, job.partial_images, draft_per_step)
+        for index in range(request.n):
+            watcher = ImageWatcher(self.scheduler, loop, events, index, request.partial_images, draft_per_step)
             row_seed = (seed + index) % 2**63
 
             def submit(row_seed: int = row_seed) -> Ticket:
-                return self.scheduler.submit(job.prompt, row_seed, method=job.method, cfg_scale=job.cfg_scale, sampling=sampling,
-                                           negative_prompt=job.negative_prompt, size=job.size)
+                return self.scheduler.submit(request.prompt, row_seed, method=request.method, cfg_scale=request.cfg_scale, sampling=sampling,
+                                           negative_prompt=request.negative_prompt, size=request.size)
 
             self.loop.submit(submit, watcher)
             watchers.append(watcher)
@@ -226,17 +226,17 @@ class ChatReplica(ModelReplica[CaptionScheduler, CaptionResult]):
     def _open(self, served: ServedModel, dtype: torch.dtype, device: str | None) -> CaptionScheduler:
         return CaptionScheduler(served.model, served.decode, dtype=dtype, device=device, batch_size=served.batch_size)
 
-    async def chat(self, job: ChatJob) -> AsyncIterator[ChatEvent]:
+    async def chat(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
         """One chat: text deltas (when streamed) and the answer."""
         self.requests += 1
-        seed = job.seed if job.seed is not None else secrets.randbelow(2**63)
-        draft_per_step = draft_tokens_per_step(self.scheduler.config_for(job.method, None, job.sampling.temperature))
+        seed = request.seed if request.seed is not None else secrets.randbelow(2**63)
+        draft_per_step = draft_tokens_per_step(self.scheduler.config_for(request.method, None, request.sampling.temperature))
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        watcher = ChatWatcher(self.scheduler, loop, events, job.stream, job.stop, draft_per_step)
-        messages, images = list(job.messages), list(job.images)
+        watcher = ChatWatcher(self.scheduler, loop, events, request.stream, request.stop, draft_per_step)
+        messages, images = list(request.messages), list(request.images)
         limit, positions = self.limits.max_prompt_tokens, self.scheduler.max_positions
         # unset max_tokens: the model's decode config as caption_images resolves it (128 unless set), within the limit
-        max_new_tokens = job.max_tokens or min(self.scheduler.base.max_new_tokens, self.limits.max_tokens)
+        max_new_tokens = request.max_tokens or min(self.scheduler.base.max_new_tokens, self.limits.max_tokens)
 
         def submit() -> Ticket:
             tokens = self.scheduler.prompt_tokens(messages, images)
@@ -245,8 +245,8 @@ class ChatReplica(ModelReplica[CaptionScheduler, CaptionResult]):
             if positions is not None and tokens >= positions:
                 raise ValueError(f"messages: the prompt is {tokens} tokens, the model has {positions} positions")
             watcher.prompt_tokens = tokens
-            return self.scheduler.submit(messages, images, seed, method=job.method, sampling=job.sampling.per_row(),
-                                       max_new_tokens=max_new_tokens, stop=job.stop)
+            return self.scheduler.submit(messages, images, seed, method=request.method, sampling=request.sampling.per_row(),
+                                       max_new_tokens=max_new_tokens, stop=request.stop)
 
         self.loop.submit(submit, watcher)
         async for event in self._follow(events, [watcher]):

@@ -1,4 +1,4 @@
-"""MODEL_CARD.md of a trained draft: what it is, how it was trained, what it accepts."""
+"""MODEL_CARD.md of a trained draft model: what it is, how it was trained, what it accepts."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _table(acceptance: dict[str, dict[str, Any]]) -> list[str]:
 
 def _usage(target: str, method: str, output_dir: Path) -> tuple[str, str, str]:
     """(model argument, the target's name in prose, draft_model argument) of the card's snippet:
-    the shipped drafts of the reference VLM need no draft_model, any other draft does."""
+    the shipped draft models of the reference VLM need no draft_model, any other draft model does."""
     from raydec.models.registry import REFERENCE_DRAFT_DIRS, REFERENCE_VLM_DIR
 
     if Path(target).resolve() != REFERENCE_VLM_DIR.resolve():
@@ -44,9 +44,9 @@ def _answers(manifest: dict[str, Any]) -> str:
     return f"with answers cycling over {named} (one temperature per sample, in seed order)"
 
 
-def _objective(draft: DraftTrainConfig) -> str:
+def _objective(config: DraftTrainConfig) -> str:
     """The card's objective line: the losses in the order the steps use them, then rollout and noise."""
-    loss = draft.loss
+    loss = config.loss
     stage1 = (
         f"stage 1 (EAGLE): {loss.feature_weight:g}·SmoothL1(feature) + "
         f"{loss.ce_weight:g}·(CE + {loss.listmle_weight:g}·ListMLE_top{loss.listmle_top})"
@@ -55,28 +55,28 @@ def _objective(draft: DraftTrainConfig) -> str:
         f"stage 2: {loss.l1_weight:g}·L1(softmax(draft logits) − target probs) + "
         f"{loss.listmle_weight:g}·ListMLE_top{loss.listmle_top}"
     )
-    if draft.stage1_steps >= draft.steps:
+    if config.stage1_steps >= config.steps:
         stages = f"{stage1}, every step (no stage 2)"
-    elif draft.stage1_steps:
-        stages = f"{stage1} for the first {draft.stage1_steps} steps, then {stage2}"
+    elif config.stage1_steps:
+        stages = f"{stage1} for the first {config.stage1_steps} steps, then {stage2}"
     else:
         stages = stage2
-    rollout = f"self-rollout mtp_steps={draft.mtp_steps}" if draft.mtp_steps else "no self-rollout"
-    return f"{stages}; {rollout}, uniform feature noise width {draft.feature_noise:g}."
+    rollout = f"self-rollout mtp_steps={config.mtp_steps}" if config.mtp_steps else "no self-rollout"
+    return f"{stages}; {rollout}, uniform feature noise width {config.feature_noise:g}."
 
 
 def write_model_card(
-    draft: DraftTrainConfig, summary: dict[str, Any], manifest: dict[str, Any], acceptance: dict[str, dict[str, Any]],
+    config: DraftTrainConfig, summary: dict[str, Any], manifest: dict[str, Any], acceptance: dict[str, dict[str, Any]],
     evaluation: EvalConfig, command: str, parallel: bool = False, notes: str = "",
 ) -> Path:
-    """Write ``draft.output_dir/MODEL_CARD.md``."""
-    method = "vispec" if draft.vision else "eagle"
+    """Write ``config.output_dir/MODEL_CARD.md`` for the draft model ``config`` trained."""
+    method = "vispec" if config.vision else "eagle"
     kind = (
-        f"ViSpec draft (EAGLE-2 layer + vision adaptor with num_q={draft.num_q} + global feature through img_fc)"
-        if draft.vision else "text-only EAGLE-2 draft (no vision modules; the ablation)"
+        f"ViSpec draft (EAGLE-2 layer + vision adaptor with num_q={config.num_q} + global feature through img_fc)"
+        if config.vision else "text-only EAGLE-2 draft (no vision modules; the ablation)"
     )
     tree = evaluation.draft_tree
-    model, model_name, draft_arg = _usage(manifest["target"], method, Path(draft.output_dir))
+    model, model_name, draft_arg = _usage(manifest["target"], method, Path(config.output_dir))
     lines = [
         f"# raydec VLM draft: {method}",
         "",
@@ -99,11 +99,11 @@ def write_model_card(
         f"shapes-world seeds {manifest['seeds'][0]}..{manifest['seeds'][1] - 1}), {manifest['num_tokens']} tokens of which "
         f"{manifest['num_generated_tokens']} generated; data generation {manifest.get('wall_s', '?')} s. The same data and budget "
         "train the vispec and eagle drafts.",
-        f"- Objective: {_objective(draft)}",
-        f"- AdamW betas {draft.betas}, lr {draft.lr:g} (warm-up {draft.warmup_steps}, cosine to {draft.min_lr_ratio:g}× over "
-        f"{draft.steps} steps{' or %g minutes, whichever comes first' % draft.max_minutes if draft.anneal_on_time and draft.max_minutes else ''}), "
-        f"weight decay {draft.weight_decay:g}, clip {draft.grad_clip:g}, global batch {draft.batch_size}, "
-        f"{draft.num_workers} Ray Train worker(s) × {draft.threads_per_worker} thread(s), seed {draft.seed}.",
+        f"- Objective: {_objective(config)}",
+        f"- AdamW betas {config.betas}, lr {config.lr:g} (warm-up {config.warmup_steps}, cosine to {config.min_lr_ratio:g}× over "
+        f"{config.steps} steps{' or %g minutes, whichever comes first' % config.max_minutes if config.anneal_on_time and config.max_minutes else ''}), "
+        f"weight decay {config.weight_decay:g}, clip {config.grad_clip:g}, global batch {config.batch_size}, "
+        f"{config.num_workers} Ray Train worker(s) × {config.threads_per_worker} thread(s), seed {config.seed}.",
         f"- Steps: {summary['steps']}; training wall time {summary['train_s'] / 60:.1f} min "
         f"({summary['wall_s'] / 60:.1f} min with Ray Train start-up){'; trained at the same time as the other draft' if parallel else ''}.",
         f"- Losses: first step {summary['first_loss']:.3f}, final (mean of the last 10% of steps) {summary['final_loss']:.4f}; "
@@ -122,6 +122,6 @@ def write_model_card(
     ]
     if notes:
         lines += ["", notes.strip()]
-    path = Path(draft.output_dir) / CARD_NAME
+    path = Path(config.output_dir) / CARD_NAME
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -1,6 +1,6 @@
-"""Typed configs of ViSpec / EAGLE draft training: data generation, training, evaluation.
+"""Typed configs of ViSpec / EAGLE draft model training: data generation, training, evaluation.
 
-``DraftJobConfig.from_yaml(path)`` validates a job file (``jobs/configs/train_vispec_*.yaml``);
+``DraftTrainingConfig.from_yaml(path)`` validates a training run's file (``jobs/configs/train_vispec_*.yaml``);
 unknown keys are errors that name the key.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import ClassVar, Literal, Sequence
 
 from pydantic import Field, field_validator, model_validator
 
@@ -20,7 +20,7 @@ HELD_OUT_SEED_START = 1_000_000
 #: the reference VLM's captioning prompt; it knows only its training prompts, so no "answer at
 #: length" instruction is appended (it has never seen one and would answer worse)
 DEFAULT_PROMPT = "describe the image ."
-#: the decode method a draft serves
+#: the decode method a draft model serves
 METHOD_OF_VISION = {True: "vispec", False: "eagle"}
 
 
@@ -62,7 +62,7 @@ class DataGenConfig(StrictModel):
     temperatures: list[float] = Field(
         default_factory=lambda: [0.0], min_length=1, max_length=16,
         description="Answer sampling temperatures, cycled over the samples (seed_start + i uses temperatures[i % n]); "
-        "0 is greedy. A draft that serves sampling needs sampled answers: greedy answers never show it the phrasings "
+        "0 is greedy. A draft model that serves sampling needs sampled answers: greedy answers never show it the phrasings "
         "a sampled caption takes.",
     )
     batch_size: int = Field(32, ge=1, le=1024, description="Images captioned together (one engine batch).")
@@ -110,14 +110,14 @@ class LossConfig(StrictModel):
 
 
 class DraftTrainConfig(StrictModel):
-    """One draft's training run (Ray Train ``TorchTrainer``, data parallel)."""
+    """One draft model's training (Ray Train ``TorchTrainer``, data parallel)."""
 
     name: str = Field("vispec", min_length=1, description="Run name (logs, Ray Train run folder).")
-    data_dir: Path | None = Field(None, description="Dataset folder (manifest.json); None: the job's data.output_dir.")
+    data_dir: Path | None = Field(None, description="Dataset folder (manifest.json); None: the training run's data.output_dir.")
     target: str | None = Field(None, description="Target VLM for lm_head; None: the one named in the manifest.")
-    output_dir: Path = Field(Path("out/drafts/vispec"), description="Where the trained draft is saved (from_pretrained layout).")
+    output_dir: Path = Field(Path("out/drafts/vispec"), description="Where the trained draft model is saved (from_pretrained layout).")
     work_dir: Path | None = Field(None, description="Ray Train storage (checkpoints); None: output_dir/../_ray_train.")
-    vision: bool = Field(True, description="ViSpec vision modules (False: the text-only EAGLE-2 draft).")
+    vision: bool = Field(True, description="ViSpec vision modules (False: the text-only EAGLE-2 draft model).")
     num_q: int = Field(2, ge=1, le=64, description="Adaptor queries (num_q - 1 compressed tokens + a global feature).")
     stage1_steps: int = Field(0, ge=0, description="First steps on the stage-1 (EAGLE) loss, the rest on stage 2.")
     loss: LossConfig = Field(default_factory=LossConfig, description="Loss terms and their weights.")
@@ -129,7 +129,7 @@ class DraftTrainConfig(StrictModel):
     weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas.")
     grad_clip: float = Field(1.0, ge=0, description="Gradient norm clip (0: off).")
-    mtp_steps: int = Field(2, ge=0, le=16, description="Self-rollout passes on the draft's own features after the first.")
+    mtp_steps: int = Field(2, ge=0, le=16, description="Self-rollout passes on the draft model's own features after the first.")
     feature_noise: float = Field(0.2, ge=0, le=10, description="Width of uniform noise added to input features.")
     seed: int = Field(0, ge=0, description="Initialisation, data order and noise seed.")
     num_workers: int = Field(1, ge=1, le=1024, description="Ray Train workers (data parallel).")
@@ -168,7 +168,7 @@ class DraftTrainConfig(StrictModel):
 class EvalConfig(StrictModel):
     """Acceptance on held-out images: ``caption_images`` greedy, tokens per target forward."""
 
-    num_images: int = Field(50, ge=1, le=100_000, description="Held-out images the drafts are measured on.")
+    num_images: int = Field(50, ge=1, le=100_000, description="Held-out images the draft models are measured on.")
     images: InputConfig | None = Field(
         None, description="Your held-out images (a dataset as data.images takes); its first num_images readable rows. "
         "None: shapes-world seeds from seed_start.",
@@ -184,29 +184,32 @@ class EvalConfig(StrictModel):
     threads: int = Field(1, ge=1, le=256, description="torch CPU threads for the measurement.")
 
 
-class DraftJobConfig(StrictModel):
-    """A whole job: generate data (unless present), train each draft, optionally evaluate and write cards."""
+class DraftTrainingConfig(StrictModel):
+    """A whole training run: generate data (unless present), train each draft model, optionally evaluate and write cards."""
 
     data: DataGenConfig = Field(default_factory=DataGenConfig, description="The training data the target generates.")
-    drafts: list[DraftTrainConfig] = Field(
-        default_factory=lambda: [DraftTrainConfig()], min_length=1, description="Drafts to train on that data (ViSpec, EAGLE).",
+    draft_models: list[DraftTrainConfig] = Field(
+        default_factory=lambda: [DraftTrainConfig()], min_length=1, description="Draft models to train on that data (ViSpec, EAGLE).",
     )
-    parallel: bool = Field(False, description="Train the drafts concurrently (each on its own workers).")
+    parallel: bool = Field(False, description="Train the draft models concurrently (each on its own workers).")
     evaluate: EvalConfig | None = Field(None, description="Measure acceptance and write MODEL_CARD.md files.")
 
+    renamed_keys: ClassVar[dict[str, str]] = {"drafts": "draft_models"}
+
     @model_validator(mode="after")
-    def _distinct_drafts(self) -> "DraftJobConfig":
-        outputs = [Path(d.output_dir).expanduser().resolve() for d in self.drafts]
+    def _distinct_draft_models(self) -> "DraftTrainingConfig":
+        outputs = [Path(d.output_dir).expanduser().resolve() for d in self.draft_models]
         for index, output in enumerate(outputs):
             if output in outputs[:index]:
-                raise ValueError(f"drafts[{index}].output_dir: {str(self.drafts[index].output_dir)!r} is another draft's too")
-        if self.evaluate is not None:  # the evaluation measures one draft per method
-            kinds = [METHOD_OF_VISION[d.vision] for d in self.drafts]
+                raise ValueError(f"draft_models[{index}].output_dir: {str(self.draft_models[index].output_dir)!r} "
+                                 "is another draft model's too")
+        if self.evaluate is not None:  # the evaluation measures one draft model per method
+            kinds = [METHOD_OF_VISION[d.vision] for d in self.draft_models]
             for index, kind in enumerate(kinds):
                 if kind in kinds[:index]:
-                    raise ValueError(f"drafts[{index}]: a second {kind} draft; evaluate measures one per method")
+                    raise ValueError(f"draft_models[{index}]: a second {kind} draft model; evaluate measures one per method")
         return self
 
-    def resolved_drafts(self) -> list[DraftTrainConfig]:
-        """Drafts with ``data_dir`` defaulting to the generated dataset."""
-        return [d if d.data_dir is not None else d.model_copy(update={"data_dir": self.data.output_dir}) for d in self.drafts]
+    def resolved_draft_models(self) -> list[DraftTrainConfig]:
+        """The draft models to train, ``data_dir`` defaulting to the generated dataset."""
+        return [d if d.data_dir is not None else d.model_copy(update={"data_dir": self.data.output_dir}) for d in self.draft_models]

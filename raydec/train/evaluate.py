@@ -1,4 +1,4 @@
-"""Acceptance of trained drafts: ``caption_images`` greedy on held-out images (shapes-world
+"""Acceptance of trained draft models: ``caption_images`` greedy on held-out images (shapes-world
 seeds, or the first rows of ``evaluate.images``).
 
 Per method: tokens per target forward (all generated tokens over all target forwards, the
@@ -46,9 +46,9 @@ def evaluation_images(config: EvalConfig, image_source: ImageSource) -> tuple[li
 
 
 def measure_acceptance(
-    target: Any, drafts: dict[str, str | Path], config: EvalConfig, image_source: ImageSource
+    target: Any, draft_folders: dict[str, str | Path], config: EvalConfig, image_source: ImageSource
 ) -> dict[str, dict[str, Any]]:
-    """drafts: method (vispec | eagle) -> draft folder. Methods without a draft are skipped
+    """draft_folders: method (vispec | eagle) -> draft model folder. Methods without one are skipped
     (except ar). image_source: the evaluation seeds' images. Returns method -> statistics."""
     from raydec.api import caption_images, load_target
     from raydec.config import DecodeConfig, SamplingConfig
@@ -59,11 +59,11 @@ def measure_acceptance(
     report: dict[str, dict[str, Any]] = {}
     reference_tokens = None
     for method in config.methods:
-        if method != "ar" and method not in drafts:
+        if method != "ar" and method not in draft_folders:
             continue
         decode = DecodeConfig(
             method=method, max_new_tokens=config.max_new_tokens, sampling=SamplingConfig(temperature=0.0),
-            draft_tree=config.draft_tree, draft_model=str(drafts[method]) if method != "ar" else None,
+            draft_tree=config.draft_tree, draft_model=str(draft_folders[method]) if method != "ar" else None,
         )
         start = time.time()
         results = caption_images(images, prompt=prompts, model=target, decode=decode, seeds=seeds,

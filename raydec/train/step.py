@@ -58,7 +58,7 @@ def noise_generator(seed: int, step: int, sample_seed: int) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + step) * 2_000_003 + sample_seed)
 
 
-def build_pairs(draft: torch.nn.Module, samples: list[DraftSample], step: int, config: DraftTrainConfig, device: torch.device) -> PairBatch:
+def build_pairs(draft_model: torch.nn.Module, samples: list[DraftSample], step: int, config: DraftTrainConfig, device: torch.device) -> PairBatch:
     """Draft input sequences of ``samples`` (the adaptor runs here, with gradients)."""
     rows = []
     for sample in samples:
@@ -70,7 +70,7 @@ def build_pairs(draft: torch.nn.Module, samples: list[DraftSample], step: int, c
             noise = torch.rand(features.shape, generator=noise_generator(config.seed, step, sample.seed))
             features = features + (noise.to(device) - 0.5) * config.feature_noise
         pair_index = torch.arange(length - 1, device=device)
-        seq = draft.build_sequence(embeds[1:], features, sample.image_index[1:].to(device), pair_index)
+        seq = draft_model.build_sequence(embeds[1:], features, sample.image_index[1:].to(device), pair_index)
         t = seq.positions  # original pair index of each kept pair
         target_at = (t + 2).clamp(max=length - 1)
         supervised = sample.loss_mask.to(device)[target_at] & (t + 2 < length)
@@ -91,11 +91,11 @@ def build_pairs(draft: torch.nn.Module, samples: list[DraftSample], step: int, c
 
 
 def rollout_losses(
-    draft: torch.nn.Module, lm_head: torch.nn.Module, pairs: PairBatch, config: DraftTrainConfig, stage1: bool
+    draft_model: torch.nn.Module, lm_head: torch.nn.Module, pairs: PairBatch, config: DraftTrainConfig, stage1: bool
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss per sample, averaged over supervised pairs and the 1 + mtp_steps passes. -> [B], stats
 
-    ``draft`` is the (possibly wrapped) network whose forward is ``VispecDraft.forward``.
+    ``draft_model`` is the (possibly wrapped) network whose forward is ``VispecDraft.forward``.
     """
     mask = pairs.attention_mask()
     with torch.no_grad():
@@ -107,7 +107,7 @@ def rollout_losses(
     stats: dict[str, float] = {}
     passes = 1 + config.mtp_steps
     for k in range(passes):
-        hidden = draft(pairs.token_embeds, features, pairs.positions, mask, None, pairs.globals_, pairs.use_global)
+        hidden = draft_model(pairs.token_embeds, features, pairs.positions, mask, None, pairs.globals_, pairs.use_global)
         logits = lm_head(hidden)
         if stage1:
             loss = eagle_loss(logits, target_probs, hidden, pairs.target_hidden, config.loss)

@@ -1,12 +1,12 @@
-"""Data-parallel draft training with Ray Train's ``TorchTrainer`` (gloo on CPU, NCCL on GPU).
+"""Data-parallel draft model training with Ray Train's ``TorchTrainer`` (gloo on CPU, NCCL on GPU).
 
 Every worker loads the whole (small) dataset and the target's frozen ``lm_head``; global step
 s uses the sample indices ``batch_indices(s)``, of which rank r takes ``[r::world]``. The loss
 is the mean of per-sample losses, and gradients are all-reduced and averaged by hand, so a step
 is the same computation for any worker count (up to float summation order). Rank 0 logs
 progress and reports checkpoints (``VispecDraft.save_pretrained`` + ``train_log.json``);
-``train_draft`` copies the last one to ``output_dir`` and draws the loss curve.
-``train_draft_in_process`` runs the same loop as one worker in the calling process, without Ray Train.
+``train_draft_model`` copies the last one to ``output_dir`` and draws the loss curve.
+``train_draft_model_in_process`` runs the same loop as one worker in the calling process, without Ray Train.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 LOG_NAME = "train_log.json"
 CURVE_NAME = "loss_curve.png"
 _SEED_LOCK = threading.Lock()
-_PLOT_LOCK = threading.Lock()  # pyplot (and its mathtext parser) is not thread-safe; drafts train in threads
+_PLOT_LOCK = threading.Lock()  # pyplot (and its mathtext parser) is not thread-safe; draft models train in threads
 
 
 def learning_rate(step: int, config: DraftTrainConfig, time_fraction: float = 0.0) -> float:
@@ -45,11 +45,11 @@ def learning_rate(step: int, config: DraftTrainConfig, time_fraction: float = 0.
     return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def build_draft(target_text_config: Any, lm_head: torch.nn.Module, config: DraftTrainConfig) -> Any:
-    """A fresh draft for the target (seeded), attached to a frozen copy of its lm_head."""
+def build_draft_model(target_text_config: Any, lm_head: torch.nn.Module, config: DraftTrainConfig) -> Any:
+    """A fresh draft model for the target (seeded), attached to a frozen copy of its lm_head."""
     from raydec.models.vispec_draft import DraftConfig, VispecDraft
 
-    with _SEED_LOCK:  # torch's global generator: drafts built in threads of one process get their seed's weights
+    with _SEED_LOCK:  # torch's global generator: draft models built in threads of one process get their seed's weights
         torch.manual_seed(config.seed)
         draft_config = DraftConfig.for_target(target_text_config, vision=config.vision, num_q=config.num_q)
         return VispecDraft(draft_config, embed=torch.nn.Identity(), lm_head=lm_head)
@@ -92,7 +92,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
 def _train_loop(config: DraftTrainConfig, target_path: str, data_dir: str, rank: int, world: int, device: torch.device,
                 report: Callable[[Any, list[dict[str, Any]], DraftTrainConfig, int, bool], None]) -> None:
-    """The training steps of worker ``rank`` of ``world``; ``report(draft, log, config, rank, last)``
+    """The training steps of worker ``rank`` of ``world``; ``report(draft_model, log, config, rank, last)``
     hands over a checkpoint (the last one with ``last``)."""
     from raydec.models.registry import load_vlm_target
     from raydec.train.dataset import batch_indices, load_samples
@@ -100,10 +100,10 @@ def _train_loop(config: DraftTrainConfig, target_path: str, data_dir: str, rank:
 
     target = load_vlm_target(target_path)
     head = _frozen_head(target, device)
-    draft = build_draft(target.text_config, head, config).to(device)
+    draft_model = build_draft_model(target.text_config, head, config).to(device)
     del target
     samples = load_samples(data_dir)
-    params = [p for p in draft.parameters() if p.requires_grad]
+    params = [p for p in draft_model.parameters() if p.requires_grad]
     if world > 1:  # identical start on every worker (already equal by seed; made certain)
         import torch.distributed as dist
 
@@ -124,9 +124,9 @@ def _train_loop(config: DraftTrainConfig, target_path: str, data_dir: str, rank:
             group["lr"] = lr
         indices = batch_indices(len(samples), config.batch_size, step, config.seed)[rank::world][:per_worker]
         batch = [samples[i] for i in indices]
-        draft.train()
-        pairs = build_pairs(draft, batch, step, config, device)
-        per_sample, stats = rollout_losses(draft, head, pairs, config, stage1=step < config.stage1_steps)
+        draft_model.train()
+        pairs = build_pairs(draft_model, batch, step, config, device)
+        per_sample, stats = rollout_losses(draft_model, head, pairs, config, stage1=step < config.stage1_steps)
         loss = per_sample.sum() / config.batch_size * world  # mean over this worker's share
         optimizer.zero_grad(set_to_none=False)
         loss.backward()
@@ -157,12 +157,12 @@ def _train_loop(config: DraftTrainConfig, target_path: str, data_dir: str, rank:
                         record["loss"], record.get("acc0", 0.0), lr, record["elapsed_s"])
         last = stop or step == config.steps
         if last or (config.checkpoint_every and step % config.checkpoint_every == 0):
-            report(draft, log, config, rank, last)
+            report(draft_model, log, config, rank, last)
         if stop:
             break
 
 
-def _report(draft: Any, log: list[dict[str, Any]], config: DraftTrainConfig, rank: int, last: bool) -> None:
+def _report(draft_model: Any, log: list[dict[str, Any]], config: DraftTrainConfig, rank: int, last: bool) -> None:
     import ray.train
 
     metrics = dict(log[-1], done=last)
@@ -170,13 +170,13 @@ def _report(draft: Any, log: list[dict[str, Any]], config: DraftTrainConfig, ran
         ray.train.report(metrics)
         return
     with tempfile.TemporaryDirectory() as folder:
-        draft.save_pretrained(folder)
+        draft_model.save_pretrained(folder)
         (Path(folder) / LOG_NAME).write_text(json.dumps({"config": json.loads(config.model_dump_json()), "steps": log}) + "\n")
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
 
 
-def check_draft_inputs(config: DraftTrainConfig) -> str:
-    """Check a draft's data and target before Ray starts; returns the target to train against.
+def check_training_inputs(config: DraftTrainConfig) -> str:
+    """Check a draft model's training data and target before Ray starts; returns the target to train against.
 
     The dataset must be a raydec draft dataset with samples, of the target's width and, where the
     manifest records them, made by the target's current weights.
@@ -207,8 +207,8 @@ def check_draft_inputs(config: DraftTrainConfig) -> str:
     return target
 
 
-def train_draft(config: DraftTrainConfig) -> dict[str, Any]:
-    """Train one draft with a ``TorchTrainer`` and save it to ``config.output_dir``.
+def train_draft_model(config: DraftTrainConfig) -> dict[str, Any]:
+    """Train one draft model with a ``TorchTrainer`` and save it to ``config.output_dir``.
 
     Returns a summary: steps, wall_s, final losses (mean of the last 10% of steps), output path.
     """
@@ -217,7 +217,7 @@ def train_draft(config: DraftTrainConfig) -> dict[str, Any]:
 
     from raydec.runtime.cluster import connect_ray
 
-    target = check_draft_inputs(config)
+    target = check_training_inputs(config)
     out = Path(config.output_dir)
     work = Path(config.work_dir) if config.work_dir else out.parent / "_ray_train"
     connect_ray()
@@ -243,18 +243,18 @@ def train_draft(config: DraftTrainConfig) -> dict[str, Any]:
     return summarize_trained(config, wall)
 
 
-def train_draft_in_process(config: DraftTrainConfig) -> dict[str, Any]:
-    """Train one draft here, in this process, without Ray Train, and save it to ``config.output_dir``
-    as ``train_draft`` does: the steps of a one-worker run (same seed, batches, noise and losses;
-    ``num_workers`` and ``cpus_per_worker`` are not used). For small drafts, where starting Ray
-    Train's workers takes longer than the training. Returns ``train_draft``'s summary."""
-    target = check_draft_inputs(config)
+def train_draft_model_in_process(config: DraftTrainConfig) -> dict[str, Any]:
+    """Train one draft model here, in this process, without Ray Train, and save it to ``config.output_dir``
+    as ``train_draft_model`` does: the steps of a one-worker run (same seed, batches, noise and losses;
+    ``num_workers`` and ``cpus_per_worker`` are not used). For small draft models, where starting Ray
+    Train's workers takes longer than the training. Returns ``train_draft_model``'s summary."""
+    target = check_training_inputs(config)
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / CARD_NAME).unlink(missing_ok=True)  # a card of earlier weights would describe these
 
-    def save(draft: Any, log: list[dict[str, Any]], config: DraftTrainConfig, rank: int, last: bool) -> None:
-        draft.save_pretrained(out)
+    def save(draft_model: Any, log: list[dict[str, Any]], config: DraftTrainConfig, rank: int, last: bool) -> None:
+        draft_model.save_pretrained(out)
         (out / LOG_NAME).write_text(json.dumps({"config": json.loads(config.model_dump_json()), "steps": log}) + "\n")
 
     device = torch.device("cuda") if config.use_gpu else torch.device("cpu")
@@ -264,7 +264,7 @@ def train_draft_in_process(config: DraftTrainConfig) -> dict[str, Any]:
 
 
 def summarize_trained(config: DraftTrainConfig, wall: float) -> dict[str, Any]:
-    """Plot the loss curve of the draft saved in ``config.output_dir`` and summarise its training log."""
+    """Plot the loss curve of the draft model saved in ``config.output_dir`` and summarise its training log."""
     out = Path(config.output_dir)
     history = json.loads((out / LOG_NAME).read_text())["steps"]
     plot_losses(history, out / CURVE_NAME, title=f"{config.name} draft")

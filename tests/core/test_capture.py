@@ -154,7 +154,7 @@ def test_one_process_decodes_every_shape_it_meets_captured_as_the_eager_step_doe
     ``shape: auto`` tuning run over its full candidate list (screened eagerly, its finalists
     captured). More variants than dynamo's recompile limit (8) of one function; no decode raises or
     falls back to the eager step, and each decodes token for token what the eager step decodes."""
-    from raydec.api.frontier import candidate_configs
+    from raydec.api.draft_shapes import candidate_configs
     from raydec.api.plan import CallCalibration, plan_decode
     from raydec.api.tuner import shape_label
     from raydec.speculative.capture import captured_variants

@@ -260,6 +260,23 @@ def test_keys_of_earlier_releases_load_with_a_warning_and_not_beside_their_new_n
     assert (served.batch_size, served.gpus_per_worker, served.cpus_per_worker) == (4, 1.0, 2.0)
 
 
+def test_python_names_of_earlier_releases_still_import_with_a_warning():
+    """`raydec.api.load_draft` is `load_draft_model` now: the old name still imports (from
+    raydec.api and raydec), with a warning naming the new one."""
+    import raydec
+    import raydec.api
+    from raydec.api import RENAMED_NAMES
+
+    assert RENAMED_NAMES == {"raydec.api.load_draft": "raydec.api.load_draft_model"}
+    with pytest.warns(FutureWarning, match="raydec.api.load_draft is now load_draft_model; load_draft stops loading in raydec 0.2.0"):
+        from raydec.api import load_draft
+    assert load_draft is raydec.api.load_draft_model and "load_draft" not in raydec.api.__all__
+    with pytest.warns(FutureWarning, match="load_draft is now load_draft_model"):
+        assert raydec.load_draft is raydec.load_draft_model
+    with pytest.raises(AttributeError):
+        raydec.api.no_such_name
+
+
 def test_gpu_decoding_excludes_cudnn_attention_and_restores_the_flags():
     """cuDNN's attention builds a graph per new sequence length: a decode loop on a GPU must
     not use it. The policy is scoped: flags come back on exit, and the CPU is left alone."""

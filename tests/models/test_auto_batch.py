@@ -30,7 +30,7 @@ def test_the_largest_batch_that_fits_on_hand_made_numbers():
 
 
 def test_the_fastest_batch_the_shape_cache_knows_for_the_same_key(tmp_path):
-    from raydec.api.frontier import ShapeCache, apply_shape
+    from raydec.api.draft_shapes import ShapeCache, apply_shape
     from raydec.api.tuner import ShapeTrial
     from raydec.config import DecodeConfig
 

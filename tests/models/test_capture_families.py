@@ -77,12 +77,12 @@ def test_captured_steps_decode_the_eager_tokens_on_the_reference_models():
     from raydec.api import load_target
     from raydec.api.inputs import caption_decode_config, image_decode_config
     from raydec.models.hf_vlm import VlmPrompt
-    from raydec.models.loading import load_draft
+    from raydec.models.loading import load_draft_model
     from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
 
     janus = load_target("reference", task="t2i")
     vlm = load_target("reference", task="caption")
-    draft = load_draft(vlm, "vispec", "reference")
+    draft_model = load_draft_model(vlm, "vispec", "reference")
     samples = [make_sample(HELD_OUT_SEED_START + i) for i in range(3)]
     cases = {
         "t2i": (janus, image_decode_config(DecodeConfig(method="sjd_pac"), janus),
@@ -94,7 +94,7 @@ def test_captured_steps_decode_the_eager_tokens_on_the_reference_models():
     for task, (target, config, requests) in cases.items():
         tokens = {}
         for mode in ("off", "on"):
-            proposer = make_proposer(config, target, draft if task == "caption" else None)
+            proposer = make_proposer(config, target, draft_model if task == "caption" else None)
             constraint = target.vocab_constraint() if task == "t2i" else None
             engine = Engine(target, proposer, config.sampling, config.max_new_tokens, compile=mode, constraint=constraint,
                             eos_token_ids=target.eos_token_ids)

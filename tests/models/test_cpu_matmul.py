@@ -56,13 +56,13 @@ def test_policy_follows_device_dtype_and_the_environment(monkeypatch):
         cpu_matmul_precision("cpu", torch.bfloat16)
 
 
-def test_load_target_and_load_draft_route_the_reference_models_on_this_cpu(monkeypatch):
-    from raydec.api import load_draft, load_target
+def test_load_target_and_load_draft_model_route_the_reference_models_on_this_cpu(monkeypatch):
+    from raydec.api import load_draft_model, load_target
 
     monkeypatch.setenv(ENV_VAR, "fp32")
     monkeypatch.setattr("raydec.models.loading._LOADED", {})  # a fresh load, not the shared one
     target = load_target("reference", "caption", dtype=torch.bfloat16)
     linears = [m for m in target.model.modules() if isinstance(m, nn.Linear)]
     assert target.cpu_matmul and linears and all("forward" in vars(m) for m in linears)
-    draft = load_draft(target, "vispec", dtype=torch.float32)
-    assert all("forward" in vars(m) for m in draft.modules() if isinstance(m, nn.Linear))
+    draft_model = load_draft_model(target, "vispec", dtype=torch.float32)
+    assert all("forward" in vars(m) for m in draft_model.modules() if isinstance(m, nn.Linear))

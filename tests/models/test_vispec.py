@@ -11,7 +11,8 @@ from raydec.models.hf_vlm import VisionLanguageTarget, VlmPrompt
 from raydec.models.vispec_draft import DraftConfig, VispecDraft
 from raydec.speculative.engine import Engine
 from raydec.speculative.requests import RowRequest
-from raydec.speculative.proposers.draft_tree import DraftTreeProposer, _select_on_tensors, _SearchConstants, _TreeLayout, select_tree_nodes
+from raydec.speculative.proposers.draft_tree import DraftTreeProposer, _select_on_tensors, _TreeLayout, select_tree_nodes
+from raydec.speculative.proposers.tree_search import SearchConstants
 from tests.lawtest import compare_to_law, sample_engine
 from tests.toys import lm_law, tiny_llama
 from tests.vlm_toys import build_tiny_llava, draft_for, hf_greedy_vlm, successor_draft, vlm_prompts
@@ -89,7 +90,7 @@ def test_tree_selection_equals_a_selection_on_lists():
         scores, tokens, parents, depths = _random_candidates(batch, k, depth, gen)
         count = min(scores.shape[1], 1 + trial % 17)
         layout = _TreeLayout(key=(batch, k, depth), cand_depth=depths.expand(batch, -1),
-                             search=_SearchConstants.make(batch, k, torch.device("cpu"), torch.float32))
+                             search=SearchConstants.make(batch, k, torch.device("cpu"), torch.float32))
         roots = torch.randint(0, 50, (batch,), generator=gen)
         on_tensors = _select_on_tensors(roots, layout, scores, tokens, parents, count)
         on_lists = _select_on_lists(roots.tolist(), scores.tolist(), tokens.tolist(), parents.tolist(), depths.tolist(), count)

@@ -644,7 +644,7 @@ def test_draft_auto_is_tuned_once_recorded_in_the_manifest_and_reused_by_a_rerun
     from tests.t2i_toys import tiny_janus as toy_janus
 
     from raydec.api import generate_images, load_target
-    from raydec.api.frontier import apply_shape
+    from raydec.api.draft_shapes import apply_shape
     from raydec.config import DecodeConfig
     from raydec.io import encode_png
     from raydec.io.validation import derive_seed

@@ -145,7 +145,7 @@ def test_caption_configs_fail_fast(tiny_llava, images_file, tmp_path):
     import json
     import shutil
 
-    from raydec.api import load_draft, load_target
+    from raydec.api import load_draft_model, load_target
 
     with pytest.raises(ValueError, match=r"^decode.draft_model: .* holds a ViSpec \(vision\) draft; decode.method='eagle' needs a text-only"):
         preflight(caption_job(tiny_llava["model"], str(images_file), str(tmp_path / "o"), method="eagle", draft=tiny_llava["draft"]))
@@ -158,12 +158,12 @@ def test_caption_configs_fail_fast(tiny_llava, images_file, tmp_path):
     with pytest.raises(ValueError, match=message):
         preflight(caption_job(tiny_llava["model"], str(images_file), str(tmp_path / "o"), method="vispec", draft=str(narrow)))
     assert not (tmp_path / "o").exists()
-    # ... and by load_draft before any weight loads (not deep inside the network)
+    # ... and by load_draft_model before any weight loads (not deep inside the network)
     target = load_target(tiny_llava["model"], task="caption")
     with pytest.raises(ValueError, match=message):
-        load_draft(target, "vispec", tiny_llava["model"], str(narrow))
+        load_draft_model(target, "vispec", tiny_llava["model"], str(narrow))
     with pytest.raises(ValueError, match="needs a text-only"):
-        load_draft(target, "eagle", tiny_llava["model"], tiny_llava["draft"])
+        load_draft_model(target, "eagle", tiny_llava["model"], tiny_llava["draft"])
     no_images = tmp_path / "no_images.parquet"
     pq.write_table(pa.table({"id": ["x"], "text": ["hello"]}), no_images)
     with pytest.raises(Exception, match="image"):

@@ -70,7 +70,7 @@ def _seed_shape_cache(config_path: Path, cache_dir: Path) -> None:
     import torch
 
     from raydec.api import load_target, sized
-    from raydec.api.frontier import ShapeCache, apply_shape
+    from raydec.api.draft_shapes import ShapeCache, apply_shape
     from raydec.api.tuner import ShapeTrial
     from raydec.config import DecodeConfig
     from raydec.runtime.config import JobConfig

@@ -2,7 +2,7 @@
 checkpoints of the real classes, saved and loaded by path; draft data from the target's own
 multimodal positions (the Ray Data job), drafts trained, then decoding with the trained drafts.
 One family goes through ``raydec train --config`` end to end (Ray Train workers); the other two
-run the same job's steps from this process: the data job, then ``train_draft_in_process`` (the
+run the same job's steps from this process: the data job, then ``train_draft_model_in_process`` (the
 training loop of a one-worker run, without Ray Train's start-up).
 
 Per family: the stored hidden states are the target's own (Hugging Face's forward over prompt
@@ -78,7 +78,7 @@ def _train_job(name: str, root: Path, images: dict | None) -> tuple[Path, Path, 
         "data": {"target": str(folder), "output_dir": str(root / "data"), "num_samples": TRAIN_SEEDS, "prompt": PROMPT,
                  "max_new_tokens": NEW_TOKENS, "batch_size": 12, "workers": 1, "cpus_per_worker": 0.5, "storage_dtype": "float32",
                  **({"images": images} if images else {})},
-        "drafts": [{"name": "vispec", "vision": True, "num_q": 2, "output_dir": str(drafts["vispec"]), **train},
+        "draft_models": [{"name": "vispec", "vision": True, "num_q": 2, "output_dir": str(drafts["vispec"]), **train},
                    {"name": "eagle", "vision": False, "output_dir": str(drafts["eagle"]), **train}],
         "parallel": True,
     }
@@ -89,18 +89,18 @@ def _train_job(name: str, root: Path, images: dict | None) -> tuple[Path, Path, 
 
 def _train_in_process(config: Path) -> int:
     """The job's data (the Ray Data job ``raydec train`` runs), then its drafts trained here by
-    ``train_draft_in_process``."""
+    ``train_draft_model_in_process``."""
     from raydec.reference.shapes import sample_images
-    from raydec.train.config import DraftJobConfig
+    from raydec.train.config import DraftTrainingConfig
     from raydec.train.datagen import generate_dataset
-    from raydec.train.job import preflight_draft_job
-    from raydec.train.trainer import train_draft_in_process
+    from raydec.train.run import preflight_draft_training
+    from raydec.train.trainer import train_draft_model_in_process
 
-    job = DraftJobConfig.from_yaml(config)
-    drafts = preflight_draft_job(job)
-    generate_dataset(job.data, sample_images)
-    for draft in drafts:
-        train_draft_in_process(draft)
+    training = DraftTrainingConfig.from_yaml(config)
+    draft_models = preflight_draft_training(training)
+    generate_dataset(training.data, sample_images)
+    for draft_model in draft_models:
+        train_draft_model_in_process(draft_model)
     return 0
 
 
@@ -178,15 +178,15 @@ def test_trained_drafts_decode_ar_and_hf_generate_tokens_at_batch_1_and_3(family
 def test_vispec_samples_follow_the_targets_law_at_temperature_1(family) -> None:
     """2,500 rows (a budget: the suite's other law tests take 20,000), top-k 3 so the exact law
     over 3 tokens is enumerable from Hugging Face's forward."""
-    from raydec.models.loading import load_draft
+    from raydec.models.loading import load_draft_model
     from raydec.speculative.proposers.draft_tree import DraftTreeProposer
 
     target = family["target"]
     sampling = SamplingConfig(temperature=1.0, top_k=3)
     config = DecodeConfig(method="vispec", max_new_tokens=3, sampling=sampling, draft_tree=DraftTreeConfig(depth=3, top_k=3, total_tokens=8))
-    draft = load_draft(target, "vispec", family["folder"], str(family["drafts"]["vispec"]))
+    draft_model = load_draft_model(target, "vispec", family["folder"], str(family["drafts"]["vispec"]))
     (prompt,) = _prompts(target, [5])
-    samples = sample_engine(target, DraftTreeProposer(draft, config.tree), config, [prompt], list(range(2500)), 1250)
+    samples = sample_engine(target, DraftTreeProposer(draft_model, config.tree), config, [prompt], list(range(2500)), 1250)
     report = compare_to_law(samples, vlm_law(target, prompt, 3, sampling))
     assert report.passed, str(report)
 

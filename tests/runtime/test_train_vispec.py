@@ -194,18 +194,18 @@ def test_training_pairs_match_the_proposer(dataset: Path, target) -> None:
     from raydec.speculative.proposers.draft_tree import DraftTreeProposer
     from raydec.train.dataset import load_samples
     from raydec.train.step import build_pairs
-    from raydec.train.trainer import _frozen_head, build_draft
+    from raydec.train.trainer import _frozen_head, build_draft_model
 
     config = _train_config(dataset, dataset / "unused", 1, feature_noise=0.0, num_q=3)
-    draft = build_draft(target.text_config, _frozen_head(target, torch.device("cpu")), config)
-    draft.attach_target(target.model.get_input_embeddings(), target.head)
+    draft_model = build_draft_model(target.text_config, _frozen_head(target, torch.device("cpu")), config)
+    draft_model.attach_target(target.model.get_input_embeddings(), target.head)
     with torch.no_grad():  # a non-trivial global feature path
-        draft.img_fc.weight.add_(0.05 * torch.randn_like(draft.img_fc.weight))
-    draft.eval()
+        draft_model.img_fc.weight.add_(0.05 * torch.randn_like(draft_model.img_fc.weight))
+    draft_model.eval()
     sample = load_samples(dataset)[1]
     with torch.no_grad():
-        pairs = build_pairs(draft, [sample], 0, config, torch.device("cpu"))
-        hidden = draft(pairs.token_embeds, pairs.features, pairs.positions, pairs.attention_mask(), None, pairs.globals_, pairs.use_global)
+        pairs = build_pairs(draft_model, [sample], 0, config, torch.device("cpu"))
+        hidden = draft_model(pairs.token_embeds, pairs.features, pairs.positions, pairs.attention_mask(), None, pairs.globals_, pairs.use_global)
     at = int((pairs.positions[0] == sample.prompt_len - 1).nonzero())
 
     captured = {}
@@ -218,7 +218,7 @@ def test_training_pairs_match_the_proposer(dataset: Path, target) -> None:
     image = to_pil(make_sample(sample.seed).image)
     prompt = VlmPrompt(target.format_prompt("describe the image .", 1), [image])
     decode = DecodeConfig(method="vispec", max_new_tokens=2, sampling=SamplingConfig(temperature=0.0))
-    Engine(target, Recording(draft), decode.sampling, decode.max_new_tokens, eos_token_ids=target.eos_token_ids).generate([RowRequest(prompt, seed=0)])
+    Engine(target, Recording(draft_model), decode.sampling, decode.max_new_tokens, eos_token_ids=target.eos_token_ids).generate([RowRequest(prompt, seed=0)])
     assert torch.allclose(captured["root"][0], hidden[0, at], atol=1e-4)
     assert int(pairs.valid.sum()) == sample.length - 1 - IMAGE_TOKENS + (config.num_q - 1)
 
@@ -232,11 +232,11 @@ def trained(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int
     job's drafts train, their start-ups overlap)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from raydec.train.trainer import train_draft
+    from raydec.train.trainer import train_draft_model
 
     root = tmp_path_factory.mktemp("drafts")
     with ThreadPoolExecutor(2) as pool:
-        summaries = pool.map(lambda w: train_draft(_train_config(dataset, root / f"w{w}", w)), (1, 2))
+        summaries = pool.map(lambda w: train_draft_model(_train_config(dataset, root / f"w{w}", w)), (1, 2))
         return dict(zip((1, 2), summaries))
 
 
@@ -248,9 +248,9 @@ def test_raydec_train_command_trains_a_draft(dataset: Path, tiny_folder: Path, t
 
     data = DataGenConfig(target=str(tiny_folder), output_dir=dataset, num_samples=6, max_new_tokens=NEW_TOKENS, batch_size=3,
                          workers=2, cpus_per_worker=0.5, storage_dtype="float32")
-    draft = _train_config(dataset, tmp_path / "eagle", 1, name="eagle", vision=False, steps=2, data_dir=None)
+    draft_model = _train_config(dataset, tmp_path / "eagle", 1, name="eagle", vision=False, steps=2, data_dir=None)
     config = tmp_path / "draft.yaml"
-    config.write_text(yaml.safe_dump({"data": data.model_dump(mode="json"), "drafts": [draft.model_dump(mode="json")]}))
+    config.write_text(yaml.safe_dump({"data": data.model_dump(mode="json"), "draft_models": [draft_model.model_dump(mode="json")]}))
     generated = (dataset / "manifest.json").stat().st_mtime_ns
     assert main(["train", "--config", str(config)]) == 0
     assert (dataset / "manifest.json").stat().st_mtime_ns == generated  # the data was reused, not generated again
@@ -294,22 +294,24 @@ def test_trained_draft_loads_and_decodes(trained: dict[int, dict], target) -> No
 def test_train_configs_refuse_nonsense_by_name(tmp_path: Path) -> None:
     from pydantic import ValidationError
 
-    from raydec.train.config import DraftJobConfig, EvalConfig
+    from raydec.train.config import DraftTrainingConfig, EvalConfig
 
     for betas, message in (((1.5, 0.9), r"betas\[0\]: 1.5 must be a number in \[0, 1\)"),
                            ((True, 0.9), r"betas\[0\]: True must be a number"),
                            ((0.9, -0.1), r"betas\[1\]: -0.1")):
         with pytest.raises(ValidationError, match=message):
             DraftTrainConfig(betas=betas)
-    with pytest.raises(ValidationError, match="drafts"):
-        DraftJobConfig(drafts=[])
+    with pytest.raises(ValidationError, match="draft_models"):
+        DraftTrainingConfig(draft_models=[])
     same_folder = [DraftTrainConfig(name="a", output_dir=tmp_path / "x"), DraftTrainConfig(name="b", output_dir=tmp_path / "x")]
-    with pytest.raises(ValidationError, match=r"drafts\[1\].output_dir: .* is another draft's too"):
-        DraftJobConfig(drafts=same_folder)
+    with pytest.raises(ValidationError, match=r"draft_models\[1\].output_dir: .* is another draft model's too"):
+        DraftTrainingConfig(draft_models=same_folder)
     two_vispec = [DraftTrainConfig(name="a", output_dir=tmp_path / "a"), DraftTrainConfig(name="b", output_dir=tmp_path / "b")]
-    assert DraftJobConfig(drafts=two_vispec)  # fine to train, but not to evaluate: one draft per method
-    with pytest.raises(ValidationError, match=r"drafts\[1\]: a second vispec draft"):
-        DraftJobConfig(drafts=two_vispec, evaluate=EvalConfig())
+    assert DraftTrainingConfig(draft_models=two_vispec)  # fine to train, but not to evaluate: one draft model per method
+    with pytest.raises(ValidationError, match=r"draft_models\[1\]: a second vispec draft model"):
+        DraftTrainingConfig(draft_models=two_vispec, evaluate=EvalConfig())
+    with pytest.warns(FutureWarning, match="'drafts' is now 'draft_models'"):  # the key of earlier releases still loads
+        assert DraftTrainingConfig.model_validate({"drafts": two_vispec}).draft_models == two_vispec
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -339,10 +341,11 @@ def test_train_job_refuses_a_bad_file_or_target_in_one_line_before_ray(capsys, t
     job = _train_job_module()
     values = yaml.safe_load(REFERENCE_JOB.read_text())
     values["data"]["output_dir"] = str(tmp_path / "data")
-    for index, draft in enumerate(values["drafts"]):
-        draft["output_dir"] = str(tmp_path / f"draft{index}")
+    for index, draft_model in enumerate(values["draft_models"]):
+        draft_model["output_dir"] = str(tmp_path / f"draft{index}")
     cases = {
-        "unknown": ({**values, "drafts": [{**values["drafts"][0], "lrr": 0.1}, *values["drafts"][1:]]}, r"drafts\.0\.lrr: Extra inputs are not permitted"),
+        "unknown": ({**values, "draft_models": [{**values["draft_models"][0], "lrr": 0.1}, *values["draft_models"][1:]]},
+                    r"draft_models\.0\.lrr: Extra inputs are not permitted"),
         "no_target": ({**values, "data": {**values["data"], "target": str(tmp_path / "nowhere")}}, r"data\.target: .*nowhere.*config\.json not found"),
     }
     for name, (config, message) in cases.items():
@@ -360,20 +363,20 @@ def test_draft_inputs_are_checked_before_ray_starts(dataset: Path, tiny_folder: 
     from safetensors.torch import load_file, save_file
 
     from raydec.train.datagen import read_manifest
-    from raydec.train.trainer import check_draft_inputs
+    from raydec.train.trainer import check_training_inputs
 
     config = _train_config(dataset, tmp_path / "draft", 1)
-    assert check_draft_inputs(config) == str(tiny_folder)
+    assert check_training_inputs(config) == str(tiny_folder)
     a_file = tmp_path / "a_file"
     a_file.write_text("")
     with pytest.raises(NotADirectoryError, match=r"output_dir: .*a_file' is a file"):
-        check_draft_inputs(config.model_copy(update={"output_dir": a_file / "draft"}))
+        check_training_inputs(config.model_copy(update={"output_dir": a_file / "draft"}))
     wider = build_tiny_llava(tmp_path / "wider")
     config_json = json.loads((wider / "config.json").read_text())
     config_json["text_config"]["hidden_size"] = 96
     (wider / "config.json").write_text(json.dumps(config_json))
     with pytest.raises(ValueError, match="has hidden_size 96, the data .* hidden_size 64"):
-        check_draft_inputs(config.model_copy(update={"target": str(wider)}))
+        check_training_inputs(config.model_copy(update={"target": str(wider)}))
     retrained = tmp_path / "retrained"
     shutil.copytree(tiny_folder, retrained)
     weights = load_file(str(retrained / "model.safetensors"))
@@ -381,7 +384,7 @@ def test_draft_inputs_are_checked_before_ray_starts(dataset: Path, tiny_folder: 
     weights[name] = weights[name] + 1.0
     save_file(weights, str(retrained / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match="made by other target weights"):
-        check_draft_inputs(config.model_copy(update={"target": str(retrained)}))
+        check_training_inputs(config.model_copy(update={"target": str(retrained)}))
     other = tmp_path / "other"
     other.mkdir()
     (other / "manifest.json").write_text(json.dumps({"config": {}, "counts": {}}))  # e.g. a batch job's output

@@ -31,7 +31,7 @@ def seed_shape_cache(served) -> None:
     import torch
 
     from raydec.api import load_target, sized
-    from raydec.api.frontier import ShapeCache, apply_shape
+    from raydec.api.draft_shapes import ShapeCache, apply_shape
     from raydec.api.tuner import ShapeTrial
     from raydec.config import DecodeConfig
     from raydec.runtime.planning import shape_cache_key

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 from ray import cloudpickle
 
-from raydec.serve.boundary import (ChatDone, ChatJob, Failed, ImageDone, ImageJob, ModelInfo, PartialImage, RowStats, Sampling,
+from raydec.serve.boundary import (ChatDone, ChatRequest, Failed, ImageDone, ImageRequest, ModelInfo, PartialImage, RowStats, Sampling,
                                    TextDelta)
 from raydec.serve.protocol import ChatCompletionRequest, ImageGenerationRequest
 
@@ -19,11 +19,11 @@ STATS = RowStats(target_forwards=3, tokens=5, tokens_per_forward=1.6667, accepte
 def test_image_job_from_a_validated_request():
     body = ImageGenerationRequest.model_validate({"prompt": "a red circle", "n": 2, "seed": 4, "temperature": 0.5, "top_k": 0,
                                                   "partial_images": 2, "size": "auto"})
-    job = ImageJob.from_request(body)
-    assert job == ImageJob(prompt="a red circle", n=2, seed=4, sampling=Sampling(temperature=0.5, top_k=0), size="auto")
-    assert job.partial_images == 0  # not streamed: no partial images
-    assert job.sampling.per_row() == {"temperature": 0.5, "top_k": 0}
-    assert ImageJob.from_request(body.model_copy(update={"stream": True})).partial_images == 2
+    request = ImageRequest.from_request(body)
+    assert request == ImageRequest(prompt="a red circle", n=2, seed=4, sampling=Sampling(temperature=0.5, top_k=0), size="auto")
+    assert request.partial_images == 0  # not streamed: no partial images
+    assert request.sampling.per_row() == {"temperature": 0.5, "top_k": 0}
+    assert ImageRequest.from_request(body.model_copy(update={"stream": True})).partial_images == 2
     assert Sampling().per_row() is None
 
 
@@ -31,8 +31,8 @@ def test_chat_job_from_a_validated_request():
     body = ChatCompletionRequest.model_validate({"model": "vlm", "messages": [{"role": "user", "content": "hi"}], "stop": "\n",
                                                  "max_tokens": 9, "max_completion_tokens": 5, "stream": True})
     messages = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
-    job = ChatJob.from_request(body, messages, [])
-    assert job.stop == ("\n",) and job.max_tokens == 5 and job.stream and job.messages == tuple(messages)
+    request = ChatRequest.from_request(body, messages, [])
+    assert request.stop == ("\n",) and request.max_tokens == 5 and request.stream and request.messages == tuple(messages)
     assert body.model_copy(update={"stop": None, "max_completion_tokens": None}).stop_strings() == ()
     assert body.model_copy(update={"max_completion_tokens": None}).new_tokens() == 9
 
@@ -41,8 +41,8 @@ def test_chat_job_from_a_validated_request():
 def test_jobs_and_events_pickle(dumps):
     image = Image.new("RGB", (4, 3), (10, 20, 30))
     values = [
-        ImageJob(prompt="x", n=3, seed=1, method="sjd", cfg_scale=3.0, sampling=Sampling(top_p=0.9), size="64x64", partial_images=1),
-        ChatJob(messages=({"role": "user", "content": [{"type": "image"}]},), images=(image,), stop=("a", "b"), max_tokens=4),
+        ImageRequest(prompt="x", n=3, seed=1, method="sjd", cfg_scale=3.0, sampling=Sampling(top_p=0.9), size="64x64", partial_images=1),
+        ChatRequest(messages=({"role": "user", "content": [{"type": "image"}]},), images=(image,), stop=("a", "b"), max_tokens=4),
         PartialImage(0, 1, b"png"), ImageDone(1, b"png", STATS), TextDelta("hello"),
         ChatDone("hello", "stop", STATS, prompt_tokens=12, completion_tokens=5), Failed(0, 400, "too long", "invalid_value"),
         ModelInfo(task="t2i", method="sjd_pac", pid=1, size="64x64", sizes="64x64 only"),

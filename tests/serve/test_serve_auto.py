@@ -16,7 +16,7 @@ from tests.serve.helpers import pixels, stats
 def test_a_replica_takes_its_auto_batch_size_and_shape_from_the_shape_cache(client, serve_app):
     """'t2i-auto' leaves both to auto; the cache seeded before the app started knows batch 2 only."""
     from raydec.api import generate_images
-    from raydec.api.frontier import apply_shape
+    from raydec.api.draft_shapes import apply_shape
     from raydec.config import DecodeConfig
 
     now = stats(serve_app, "t2i-auto")

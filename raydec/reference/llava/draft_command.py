@@ -65,8 +65,8 @@ def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def job_from_args(args: argparse.Namespace) -> Any:
-    """A ``DraftJobConfig`` from parsed flags (both drafts share every training setting)."""
-    from raydec.train.config import DataGenConfig, DraftJobConfig, DraftTrainConfig, EvalConfig
+    """A ``DraftTrainingConfig`` from parsed flags (both draft models share every training setting)."""
+    from raydec.train.config import DataGenConfig, DraftTrainConfig, DraftTrainingConfig, EvalConfig
 
     data = DataGenConfig(
         target=args.target, output_dir=args.data_dir, num_samples=args.samples, workers=args.gen_workers,
@@ -83,18 +83,18 @@ def job_from_args(args: argparse.Namespace) -> Any:
         num_workers=args.workers, threads_per_worker=args.threads, cpus_per_worker=args.cpus_per_worker,
         max_minutes=args.max_minutes, anneal_on_time=args.anneal_on_time, seed=args.seed, work_dir=args.data_dir.parent / "_ray_train",
     )
-    drafts = [DraftTrainConfig(name=m, vision=m == "vispec", output_dir=args.out / m, **shared) for m in methods]
+    draft_models = [DraftTrainConfig(name=m, vision=m == "vispec", output_dir=args.out / m, **shared) for m in methods]
     evaluation = None
     if args.eval_images > 0:
         tree = DraftTreeConfig(depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
         evaluation = EvalConfig(num_images=args.eval_images, draft_tree=tree, threads=args.threads, prompt=args.prompt,
                                 max_new_tokens=args.max_new_tokens)
-    return DraftJobConfig(data=data, drafts=drafts, parallel=args.parallel, evaluate=evaluation)
+    return DraftTrainingConfig(data=data, draft_models=draft_models, parallel=args.parallel, evaluate=evaluation)
 
 
 def train_drafts_from_args(args: argparse.Namespace) -> dict[str, Any]:
     from raydec.reference.shapes import sample_images
-    from raydec.train.job import run_draft_job
+    from raydec.train.run import run_draft_training
 
     command = "python -m raydec.reference.train " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    return run_draft_job(job_from_args(args), sample_images, command=command)
+    return run_draft_training(job_from_args(args), sample_images, command=command)

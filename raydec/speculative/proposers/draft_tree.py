@@ -11,10 +11,10 @@ Per step and row:
 
 A draft top-K is a deterministic function of the context, so every node's proposal is one-hot:
 the shared verifier does recursive rejection over siblings (greedy: longest argmax prefix).
-The draft keeps its own ragged KV cache; tree slots are cropped after each step.
+The draft model keeps its own ragged KV cache; tree slots are cropped after each step.
 
 Captured (``Proposer.capture``), the step is one compiled function (``_step_on_tensors``) at
-fixed shapes: the draft attends over its cache's whole buffers (their capacity) under a mask that
+fixed shapes: the draft model attends over its cache's whole buffers (their capacity) under a mask that
 blocks every slot but the row's committed ones, the catch-up always feeds ``depth + 1`` pairs
 (the padding ones masked), and the tree's keys and values stay tensors of the function instead
 of slots of the cache. Only the caught-up pairs' keys and values leave it, to be written into the
@@ -38,12 +38,9 @@ from raydec.speculative.proposers.tree_search import (
 )
 from raydec.speculative.tree import DraftTree, ancestors_within, identity_mask
 
-_SearchConstants = SearchConstants  # the name this module gave the search's constants before tree_search held them
-
-
 @dataclass(frozen=True)
 class _TreeLayout:
-    """A tree shape's index tensors for one batch size (B rows, top-K, C candidates), on the draft's device."""
+    """A tree shape's index tensors for one batch size (B rows, top-K, C candidates), on the draft model's device."""
 
     key: tuple[int, int, int]  # (B, K, depth)
     cand_depth: torch.Tensor  # [B, C] depth of every candidate
@@ -61,37 +58,37 @@ def _select_on_tensors(
 
 
 class DraftTreeProposer(Proposer):
-    """Draft-model proposer (see module docstring). ``draft``: a ``VispecDraft`` (vision or not)."""
+    """Draft-model proposer (see module docstring). ``draft_model``: a ``VispecDraft`` (vision or not)."""
 
     wants_hidden = True
 
-    def __init__(self, draft: Any, tree: DraftTreeConfig | None = None) -> None:
-        self.draft = draft
+    def __init__(self, draft_model: Any, tree: DraftTreeConfig | None = None) -> None:
+        self.draft_model = draft_model
         self.spec = tree or DraftTreeConfig()
         self.cache: RaggedCache | None = None
         self.row_handles: list[int] = []
         self.root_hidden: torch.Tensor | None = None  # [B, H] draft hidden at each root
-        # the pairs (f, x) each row accepted last step, for the draft to read: target features
+        # the pairs (f, x) each row accepted last step, for the draft model to read: target features
         # [B, N, H], tokens [B, N], and how many of the N are real (host ints; 0: nothing to feed)
         self.pending_features: torch.Tensor | None = None
         self.pending_tokens: torch.Tensor | None = None
         self.pending_counts: list[int] = []
-        self.rows: Any = None  # the draft's DecodeRows: g of each row's last image, whether it has one, folded biases
+        self.rows: Any = None  # the draft model's DecodeRows: g of each row's last image, whether it has one, folded biases
         #: set to a list to record each expansion as (frontier candidate ids [B, K], their
         #: draft hidden [B, K, H], candidate tokens [B, C], candidate parents [B, C]), to inspect the search
         self.trace: list | None = None
         self._tree_layout: _TreeLayout | None = None
         self._constants: tuple | None = None  # (key, the tree's constant fields): ``_tree_constants``
-        self._on_device: dict = {}  # the rows' image flags and the vocabulary mask on the draft's device
+        self._on_device: dict = {}  # the rows' image flags and the vocabulary mask on the draft model's device
         self.capture(False, torch.device("cpu"))  # the step eager until an engine says otherwise
 
     @property
     def _device(self) -> torch.device:
-        return next(self.draft.parameters()).device
+        return next(self.draft_model.parameters()).device
 
     @property
     def _dtype(self) -> torch.dtype:
-        return next(self.draft.parameters()).dtype
+        return next(self.draft_model.parameters()).dtype
 
     # -- start: draft prefill ------------------------------------------------------------------
 
@@ -100,7 +97,7 @@ class DraftTreeProposer(Proposer):
     @torch.inference_mode()
     def start(self, state: DecodeState, first_probs: torch.Tensor, prefill: Prefill) -> None:
         self.cache, self.root_hidden, globals_, has_global = self._prefill_rows(state, prefill)
-        self.rows = self.draft.decode_rows(globals_, has_global)
+        self.rows = self.draft_model.decode_rows(globals_, has_global)
         self.row_handles = list(state.row_handles)
         self.pending_features = self.pending_tokens = None
         self.pending_counts = [0] * state.batch_size
@@ -111,7 +108,7 @@ class DraftTreeProposer(Proposer):
         cache, root_hidden, globals_, has_global = self._prefill_rows(state, prefill)
         self.cache.append_rows(cache)
         self.root_hidden = torch.cat([self.root_hidden, root_hidden])
-        self.rows = self.rows.concat(self.draft.decode_rows(globals_, has_global))
+        self.rows = self.rows.concat(self.draft_model.decode_rows(globals_, has_global))
         self.row_handles += list(state.row_handles)
         if self.pending_features is not None:
             new = state.batch_size
@@ -120,7 +117,7 @@ class DraftTreeProposer(Proposer):
         self.pending_counts += [0] * state.batch_size
 
     def _prefill_rows(self, state: DecodeState, prefill: Prefill) -> tuple[RaggedCache, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The draft reads the rows' prompts: -> their draft cache, draft hidden at each root
+        """The draft model reads the rows' prompts: -> their draft cache, draft hidden at each root
         [B, H], g of each row's last image [B, H] and whether the row has one [B]."""
         batch = state.batch_size
         if prefill.inputs_embeds.shape[0] != batch:
@@ -130,14 +127,14 @@ class DraftTreeProposer(Proposer):
         device, dtype = self._device, self._dtype
         hidden = prefill.output.hidden.to(device, dtype)  # [B, L, H]
         embeds = prefill.inputs_embeds.to(device, dtype)
-        first = self.draft.embed_tokens(state.roots().to(device)).to(dtype)  # [B, H]
+        first = self.draft_model.embed_tokens(state.roots().to(device)).to(dtype)  # [B, H]
         sequences = []
         for r in range(batch):
             idx = prefill.valid[r].nonzero().flatten().to(device)
             n = idx.numel()
             token_embeds = torch.cat([embeds[r, idx[1:]], first[r : r + 1]])
             token_image = torch.cat([prefill.image_index[r, idx[1:].cpu()], torch.tensor([-1])])
-            sequences.append(self.draft.build_sequence(token_embeds, hidden[r, idx], token_image.to(device), torch.arange(n, device=device)))
+            sequences.append(self.draft_model.build_sequence(token_embeds, hidden[r, idx], token_image.to(device), torch.arange(n, device=device)))
         width = max(s.length for s in sequences)
         size = hidden.shape[-1]
         tok = torch.zeros(batch, width, size, device=device, dtype=dtype)
@@ -162,7 +159,7 @@ class DraftTreeProposer(Proposer):
         if self.captured:  # a buffer that does not grow while the rows decode: one capacity, one captured shape
             cache.reserve(prefill.room)
         mask = additive_mask(allowed, dtype).to(device)
-        h = self.draft(tok, feat, pos, mask, cache.kv, glob, use)
+        h = self.draft_model(tok, feat, pos, mask, cache.kv, glob, use)
         lengths = torch.tensor([int(prefill.valid[r].sum()) for r in range(batch)])
         cache.start(valid, lengths)
         return cache, h[:, -1].contiguous(), last_global, has_global  # [B, H] as every step leaves it
@@ -200,10 +197,10 @@ class DraftTreeProposer(Proposer):
         valid = torch.arange(width, device=device).unsqueeze(0) < count.unsqueeze(1)  # [B, n]
         causal = torch.ones(width, width, dtype=torch.bool, device=device).tril().unsqueeze(0) & valid.unsqueeze(1)
         window = causal | identity_mask(width).to(device).unsqueeze(0)
-        tok = self.draft.embed_tokens(ids.clamp(min=0)).to(dtype)
+        tok = self.draft_model.embed_tokens(ids.clamp(min=0)).to(dtype)
         mask = self.cache.attention_mask(window, dtype)
         positions = self.cache.window_positions(torch.arange(width, device=device).expand(batch, width))
-        h = self.draft.decode_forward(tok, feat, positions, mask, self.cache.kv, self.rows, self.cache.max_next_position + width - 1)
+        h = self.draft_model.decode_forward(tok, feat, positions, mask, self.cache.kv, self.rows, self.cache.max_next_position + width - 1)
         self.cache.commit(valid, counts, width - 1)
         fed = h[torch.arange(batch, device=device), (count - 1).clamp(min=0)]
         self.root_hidden = torch.where((count > 0).unsqueeze(1), fed, self.root_hidden)
@@ -211,7 +208,7 @@ class DraftTreeProposer(Proposer):
 
     def _log_probs(self, hidden: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """Draft log-probabilities, allowed tokens only. hidden [..., H] -> [..., V] float32"""
-        logits = self.draft.logits(hidden).float()
+        logits = self.draft_model.logits(hidden).float()
         if state.constraint is not None and state.constraint.restricts:
             logits = logits.masked_fill(~state.constraint.allowed.to(logits.device), float("-inf"))
         return torch.log_softmax(logits, dim=-1)
@@ -234,10 +231,10 @@ class DraftTreeProposer(Proposer):
         return (self._step_graph,)
 
     def _runs_captured(self) -> bool:
-        """The captured step needs the draft's inference form (with its rows' folded biases) and
+        """The captured step needs the draft model's inference form (with its rows' folded biases) and
         its one cache layer written in place; a trace runs eagerly."""
         return (
-            self.captured and self.trace is None and self.draft.captures and self.rows.bias is not None
+            self.captured and self.trace is None and self.draft_model.captures and self.rows.bias is not None
             and self.cache.layout == "slots" and len(self.cache.kv.layers) == 1
         )
 
@@ -255,8 +252,8 @@ class DraftTreeProposer(Proposer):
         max_position = self.cache.max_next_position  # the host's bound: no read-back
 
         def forward(tokens: torch.Tensor, features: torch.Tensor, step: int, mask: torch.Tensor) -> torch.Tensor:
-            embeds = self.draft.embed_tokens(tokens).to(dtype)  # the frontier's keys and values join the cache
-            return self.draft.decode_forward(embeds, features, next_position + step, mask, self.cache.kv, self.rows, max_position + step)
+            embeds = self.draft_model.embed_tokens(tokens).to(dtype)  # the frontier's keys and values join the cache
+            return self.draft_model.decode_forward(embeds, features, next_position + step, mask, self.cache.kv, self.rows, max_position + step)
 
         scores, tokens, parents = search_tree(forward, lambda h: self._log_probs(h, state), self.root_hidden,
                                               self.cache.valid.to(self._device), k, spec.depth, dtype, layout.search, self.trace)
@@ -277,7 +274,7 @@ class DraftTreeProposer(Proposer):
     # -- the captured step ------------------------------------------------------------------------
 
     def _propose_captured(self, state: DecodeState) -> DraftTree:
-        """``propose`` as one captured function (``_step_on_tensors``): the draft reads the cache's
+        """``propose`` as one captured function (``_step_on_tensors``): the draft model reads the cache's
         buffers whole, under a mask that blocks every slot but the rows' committed ones; the pairs
         it catches up on join the cache after it, as ``_catch_up``'s do."""
         spec, device, dtype = self.spec, self._device, self._dtype
@@ -291,14 +288,14 @@ class DraftTreeProposer(Proposer):
         layer = cache.kv.layers[0]
         past_valid = torch.nn.functional.pad(cache.valid, (0, layer.capacity - cache.length))  # [B, C]: committed slots
         # every position the step reads (the padding pairs' included) is in the rotary table already
-        self.draft.reserve_positions(max(cache.max_next_position + width + spec.depth, self.draft.config.max_position_embeddings), dtype)
+        self.draft_model.reserve_positions(max(cache.max_next_position + width + spec.depth, self.draft_model.config.max_position_embeddings), dtype)
         has_global, allowed = self._device_inputs(state)
         batch_inputs = (feats, ids, torch.tensor(counts, device=device), self.root_hidden, layer.buffer_keys, layer.buffer_values,
                         past_valid, cache.next_position, state.roots().to(device), self.rows.bias, has_global)
-        with self.draft.attention_scope(device):
+        with self.draft_model.attention_scope(device):
             node_tokens, node_parents, depth, ancestors, self.root_hidden, window, fed = self._step_graph(
-                batch, batch_inputs, (allowed, self.draft.routed_head(dtype)), width=width, top_k=k, depth=spec.depth, count=nodes - 1,
-                head_dtype=self.draft.head_dtype, dtype=dtype,
+                batch, batch_inputs, (allowed, self.draft_model.routed_head(dtype)), width=width, top_k=k, depth=spec.depth, count=nodes - 1,
+                head_dtype=self.draft_model.head_dtype, dtype=dtype,
             )
         last = max(counts, default=0)
         if last:  # the real pairs join the cache; the padding ones after the last real one are cropped
@@ -317,7 +314,7 @@ class DraftTreeProposer(Proposer):
         return self.pending_features.to(device, dtype), self.pending_tokens.to(device)
 
     def _device_inputs(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The rows' image flags [B] and the allowed tokens [V] (None: all) on the draft's device,
+        """The rows' image flags [B] and the allowed tokens [V] (None: all) on the draft model's device,
         copied once per batch of rows and constraint."""
         device = self._device
         rows, constraint = self.rows, state.constraint
@@ -339,19 +336,19 @@ class DraftTreeProposer(Proposer):
         feats [B, n, H], ids [B, n]: the pending pairs, counts [B] of them real, at most ``width``;
         root_hidden [B, H]; past_keys, past_values [B, kv, C, d]: the draft cache's buffers,
         past_valid [B, C] their committed slots; next_position, roots [B]; bias [B, H], has_global [B]: the rows'
-        ``DecodeRows``; allowed [V] bool or None; head: the draft's ``routed_head``
+        ``DecodeRows``; allowed [V] bool or None; head: the draft model's ``routed_head``
         -> tokens, parents, depth of the tree [B, n]; its ancestor mask [B, n, n]; the new root
            hidden [B, H]; the pairs' keys and values [B, 2, kv, W, d]; real pairs [B, W] bool
         """
-        draft = self.draft
+        draft_model = self.draft_model
 
         def forward(tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor,
                     values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            embeds = draft.embed_tokens(tokens).to(dtype)
-            return draft.window_forward(embeds, features, positions, mask, keys, values, bias, has_global)
+            embeds = draft_model.embed_tokens(tokens).to(dtype)
+            return draft_model.window_forward(embeds, features, positions, mask, keys, values, bias, has_global)
 
         def log_probs(hidden: torch.Tensor) -> torch.Tensor:  # ``_log_probs``
-            logits = draft.head_logits(hidden, head, head_dtype).float()
+            logits = draft_model.head_logits(hidden, head, head_dtype).float()
             if allowed is not None:
                 logits = logits.masked_fill(~allowed, float("-inf"))
             return torch.log_softmax(logits, dim=-1)

@@ -21,25 +21,25 @@ def layout_grid(target: Any) -> tuple[int, int] | None:
     return (int(grid[0]), int(grid[1])) if grid is not None else None
 
 
-def make_proposer(decode: DecodeConfig, target: Any, draft: Any = None) -> Proposer:
+def make_proposer(decode: DecodeConfig, target: Any, draft_model: Any = None) -> Proposer:
     """A fresh proposer for ``decode.method``.
 
     ar -> ARProposer; sjd / sjd_ac / sjd_pac -> JacobiProposer, fresh drafts from ``decode.jacobi.init``
     and the layout's row stride for the "above" prior; vispec / eagle -> DraftTreeProposer over
-    ``draft``, a loaded draft model (``raydec.models.loading.load_draft``: the core loads nothing).
+    ``draft_model``, a loaded draft model (``raydec.models.loading.load_draft_model``: the core loads nothing).
     """
     method = decode.method
     if decode.auto_shape:
         field = "jacobi" if method in JACOBI_METHODS else "draft_tree"
         raise ValueError(f"decode.{field}='auto': the shape is chosen for a batch size before an engine is built "
-                         f"(raydec.api.frontier.resolve_shape; the public functions, jobs and sessions do it)")
+                         f"(raydec.api.plan.plan_decode; the public functions, jobs and sessions do it)")
     if method == "ar":
         return ARProposer()
     if method in JACOBI_METHODS:
         grid = layout_grid(target)
         return JacobiProposer(decode.jacobi, variant=method, init=decode.jacobi.init, grid_width=grid[1] if grid else None)
     if method in DRAFT_METHODS:
-        if draft is None:
-            raise ValueError(f"decode.method={method!r} needs its draft model (load it with raydec.models.loading.load_draft)")
-        return DraftTreeProposer(draft, decode.tree)
+        if draft_model is None:
+            raise ValueError(f"decode.method={method!r} needs its draft model (load it with raydec.models.loading.load_draft_model)")
+        return DraftTreeProposer(draft_model, decode.tree)
     raise ValueError(f"decode.method={method!r} has no proposer here")

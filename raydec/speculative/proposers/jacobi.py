@@ -110,36 +110,36 @@ def build_layout(spine_slots: int, branching: int, tree_depth: int) -> TreeLayou
 class JacobiProposer(Proposer):
     """SJD family proposer (see module docstring).
 
-    draft.window:     L - 1 draft nodes per step (tree included)
-    draft.branching:  K candidates per tree level (sjd_pac)
-    draft.tree_depth: number of tree levels after the root (D - 1 in the paper; sjd_pac)
-    grid_width:       tokens per image row in generation order (for the "above" prior)
+    jacobi.window:     L - 1 draft nodes per step (tree included)
+    jacobi.branching:  K candidates per tree level (sjd_pac)
+    jacobi.tree_depth: number of tree levels after the root (D - 1 in the paper; sjd_pac)
+    grid_width:        tokens per image row in generation order (for the "above" prior)
     """
 
-    def __init__(self, draft: JacobiDraftConfig, variant: Variant = "sjd_pac", init: FreshInit = "uniform", grid_width: int | None = None) -> None:
+    def __init__(self, jacobi: JacobiDraftConfig, variant: Variant = "sjd_pac", init: FreshInit = "uniform", grid_width: int | None = None) -> None:
         if init == "above" and not grid_width:
             raise ValueError("init='above' needs grid_width (tokens per image row)")
-        self.draft = draft
+        self.jacobi = jacobi
         self.variant = variant
         self.init = init
         self.grid_width = grid_width
-        self.depth = draft.tree_depth if variant == "sjd_pac" else 0
-        self.branching = draft.branching if self.depth else 1
+        self.depth = jacobi.tree_depth if variant == "sjd_pac" else 0
+        self.branching = jacobi.branching if self.depth else 1
         if variant == "sjd_pac" and (self.depth == 0 or self.branching == 1):
             # a chain on purpose (the tuner tries them: SJD-PAC's search holds SJD-AC's) or half a tree
-            chosen = draft.branching == 1 and draft.tree_depth == 0
+            chosen = jacobi.branching == 1 and jacobi.tree_depth == 0
             logger.log(
                 logging.DEBUG if chosen else logging.WARNING,
                 "sjd_pac with draft.branching=%d, draft.tree_depth=%d has no proactive tree: it runs as sjd_ac "
                 "(set both, e.g. branching=3, tree_depth=1, or tune them with the bench's cost-model tuner, "
                 "raydec.bench.cost_tuner.tune_draft)",
-                draft.branching, draft.tree_depth,
+                jacobi.branching, jacobi.tree_depth,
             )
         extra = full_tree_nodes(self.branching, self.depth) - self.depth
-        self.spine_slots = draft.window - extra
+        self.spine_slots = jacobi.window - extra
         if self.spine_slots < max(1, self.depth):
             raise ValueError(
-                f"draft: window={draft.window} cannot hold a {self.branching}-ary tree of depth "
+                f"draft: window={jacobi.window} cannot hold a {self.branching}-ary tree of depth "
                 f"{self.depth} ({extra + self.depth} nodes) plus its spine"
             )
         self.layout = build_layout(self.spine_slots, self.branching, self.depth)

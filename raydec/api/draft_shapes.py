@@ -43,8 +43,8 @@ def candidate_configs(
         for init, window, (branching, depth) in itertools.product(inits, windows, trees):
             if branching > 1 and full_tree_nodes(branching, depth) >= window:
                 continue  # the tree does not fit the window
-            draft = JacobiDraftConfig(**{**template.model_dump(), "window": window, "branching": branching, "tree_depth": depth, "init": init})
-            shapes.append(base.model_copy(update={"jacobi": draft}))
+            jacobi = JacobiDraftConfig(**{**template.model_dump(), "window": window, "branching": branching, "tree_depth": depth, "init": init})
+            shapes.append(base.model_copy(update={"jacobi": jacobi}))
     elif base.method in DRAFT_METHODS:
         for depth, top_k, total in draft_trees:
             shapes.append(base.model_copy(update={"draft_tree": DraftTreeConfig(depth=depth, top_k=top_k, total_tokens=total)}))
@@ -165,9 +165,9 @@ def shape_key(base: DecodeConfig, weights: str, device: str, dtype: str, batch: 
     return {"weights": weights, "device": device, "dtype": dtype, "batch": batch, "config": config}
 
 
-def weights_id(target: Any, draft: str | Path | None = None) -> str | None:
+def weights_id(target: Any, draft_folder: str | Path | None = None) -> str | None:
     """The weights a tuned shape belongs to, ``model:<fingerprint>`` (and ``+draft:<fingerprint>``
-    of a draft's folder, first: roles sorted); None when the target was not loaded from a folder
+    of the draft model's folder, first: roles sorted); None when the target was not loaded from a folder
     (nothing identifies its weights)."""
     from raydec.models.registry import weights_fingerprint
 
@@ -175,15 +175,15 @@ def weights_id(target: Any, draft: str | Path | None = None) -> str | None:
     if not folder or not Path(folder).is_dir():
         return None
     parts = {"model": weights_fingerprint(folder)}
-    if draft is not None and Path(draft).is_dir():
-        parts["draft"] = weights_fingerprint(draft)
+    if draft_folder is not None and Path(draft_folder).is_dir():
+        parts["draft"] = weights_fingerprint(draft_folder)
     return "+".join(f"{role}:{fingerprint}" for role, fingerprint in sorted(parts.items()))
 
 
-def target_shape_key(config: DecodeConfig, target: Any, batch: int, draft: str | Path | None = None) -> dict | None:
+def target_shape_key(config: DecodeConfig, target: Any, batch: int, draft_folder: str | Path | None = None) -> dict | None:
     """The shape cache's key for decoding ``config`` (as resolved for ``target``: its sampling and
     length filled in) on ``target`` at ``batch``, the same for a public function, a job and a Serve
     replica; None when nothing identifies the weights (:func:`weights_id`)."""
-    weights = weights_id(target, draft)
+    weights = weights_id(target, draft_folder)
     dtype = str(target.dtype).removeprefix("torch.")
     return shape_key(config, weights, device_name(target.device), dtype, batch) if weights else None

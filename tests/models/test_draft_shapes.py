@@ -1,4 +1,4 @@
-"""The shape for a batch (raydec.frontier): plain AR is a candidate, and it wins where a draft
+"""The shape for a batch (raydec.api.draft_shapes): plain AR is a candidate, and it wins where a draft
 window's forward costs far more than a one-token forward."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from raydec.api import generate_images, load_target
 from raydec.config import DecodeConfig, JacobiDraftConfig
-from raydec.api.frontier import ShapeCache, candidate_configs
+from raydec.api.draft_shapes import ShapeCache, candidate_configs
 from raydec.api.inputs import image_decode_config
 from raydec.api.plan import CallCalibration, plan_decode
 from raydec.api.tuner import (
@@ -38,7 +38,7 @@ class CostlyWindows:
 
 @pytest.fixture(scope="module")
 def janus(tmp_path_factory):
-    return load_target(str(tiny_janus(tmp_path_factory.mktemp("frontier") / "janus")), task="t2i", dtype=torch.float32)
+    return load_target(str(tiny_janus(tmp_path_factory.mktemp("draft_shapes") / "janus")), task="t2i", dtype=torch.float32)
 
 
 def test_candidates_start_with_ar_and_keep_the_methods_prior_and_sampling():
