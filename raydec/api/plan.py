@@ -110,8 +110,10 @@ def plan_decode(
     then the shape for that batch, from the shape cache, else tuned now (:func:`tune_for_batch` over
     ``candidate_configs``, plain AR among them) and cached."""
     recorded = dict(recorded or {})
-    needs = (batch_size == "auto" and "batch_size" not in recorded) or (decode.auto_shape and "method" not in recorded)
-    if needs and calibration is None:
+    settled = settled_plan(decode, batch_size, recorded)
+    if settled is not None:
+        return settled
+    if calibration is None:
         raise ValueError("plan_decode: the config leaves the batch size or the draft shape to 'auto' and no calibration was given")
     batch_record: dict = {}
     if batch_size == "auto" and "batch_size" in recorded:
@@ -123,13 +125,29 @@ def plan_decode(
     else:
         batch, batch_from = int(batch_size), "config"
     if not decode.auto_shape:
-        named = decode.method == "ar" or ("jacobi" if decode.method in JACOBI_METHODS else "draft_tree") in decode.model_fields_set
-        return DecodePlan(decode, batch, "config" if named else "default", batch_from, batch=batch_record)
+        return DecodePlan(decode, batch, _named_or_default(decode), batch_from, batch=batch_record)
     if "method" in recorded:
         return DecodePlan(apply_shape(decode, recorded), batch, "manifest", batch_from, batch=batch_record)
-    assert calibration is not None
     chosen, source, key, shape = _choose_shape(decode, batch, calibration, cache or ShapeCache(), rounds)
     return DecodePlan(chosen, batch, source, batch_from, key=key, shape=shape, batch=batch_record)
+
+
+def settled_plan(decode: DecodeConfig, batch_size: int | Literal["auto"], recorded: Mapping[str, Any]) -> DecodePlan | None:
+    """``plan_decode``'s plan when nothing is left to measure (the config fixes it, or ``recorded`` keeps
+    what it leaves to "auto"), else None: a job's driver makes it so, and measures nothing."""
+    batch_open = batch_size == "auto" and "batch_size" not in recorded
+    if batch_open or (decode.auto_shape and "method" not in recorded):
+        return None
+    batch, batch_from = (int(recorded["batch_size"]), "manifest") if batch_size == "auto" else (int(batch_size), "config")
+    if decode.auto_shape:
+        return DecodePlan(apply_shape(decode, recorded), batch, "manifest", batch_from)
+    return DecodePlan(decode, batch, _named_or_default(decode), batch_from)
+
+
+def _named_or_default(decode: DecodeConfig) -> ShapeSource:
+    """Whether a fixed shape is the config's own or the method's default (the config names none)."""
+    field = "jacobi" if decode.method in JACOBI_METHODS else "draft_tree"
+    return "config" if decode.method == "ar" or field in decode.model_fields_set else "default"
 
 
 def _choose_shape(

@@ -29,7 +29,7 @@ from raydec.api import DEFAULT_CAPTION_PROMPT, draft_dtype, load_draft_model, si
 from raydec.api.draft_shapes import ShapeCache, target_shape_key
 from raydec.api.inputs import caption_decode_config, image_decode_config
 from raydec.api.memory import kv_bytes_per_row, largest_batch, module_bytes, worker_memory_bytes
-from raydec.api.plan import DecodePlan, plan_decode
+from raydec.api.plan import DecodePlan, plan_decode, settled_plan
 from raydec.api.schedulers import CaptionScheduler, ImageScheduler
 from raydec.api.tuner import CALIBRATION_ROWS, calibration_pool_size, round_size
 from raydec.config import DRAFT_METHODS, DecodeConfig, JacobiDraftConfig
@@ -210,11 +210,10 @@ def plan_job(
 
     recorded = recorded_plan(job, output)
     config = job.processor_config()
-    if (job.pool.batch_size == "auto" and "batch_size" not in recorded) or (job.decode.auto_shape and "method" not in recorded):
+    plan = settled_plan(config.decode, config.batch_size, recorded)  # the driver measures nothing
+    if plan is None:  # something left to "auto": measured where a worker runs
         task = remote_tuning(plan_job_in_worker, remote_args.get("num_cpus", 1), remote_args.get("num_gpus", 0))
         plan = ray.get(task.remote(job, fragments, recorded))
-    else:
-        plan = plan_decode(config.decode, config.batch_size, None, recorded)
     log_plan(plan)
     pool = job.pool.model_copy(update={"batch_size": plan.batch_size})
     return job.model_copy(update={"decode": plan.decode, "pool": pool}), plan
