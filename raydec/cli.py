@@ -18,7 +18,7 @@ COMMANDS = {
     "caption": ("raydec.commands.caption", "images to captions, in this process"),
     "run": ("raydec.commands.run", "a batch job from its YAML config, on a Ray cluster (RAY_ADDRESS) or a local one"),
     "serve": ("raydec.commands.serve", "the OpenAI-compatible app on Ray Serve"),
-    "train": ("raydec.commands.train", "train ViSpec / EAGLE drafts for a target"),
+    "train": ("raydec.commands.train", "train ViSpec / EAGLE draft models for a target"),
     "bench": ("raydec.bench.cli", "side-by-side measurements (engine, step, t2i, caption, pipeline, serve)"),
     "demo": ("raydec.demo", "the quickstart: a local Ray cluster, the reference models, a batch into out/"),
 }
