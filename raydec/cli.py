@@ -57,7 +57,7 @@ def user_message(error: BaseException) -> str:
     their lines), with the exception's name where the message alone would not say what it is."""
     from pydantic import ValidationError
 
-    from raydec.validation import validation_problems
+    from raydec.validation import validation_problems  # lazy: keeps raydec --help light
 
     if isinstance(error, ValidationError):
         return f"{error.title}: " + "; ".join(validation_problems(error))

@@ -30,6 +30,10 @@ from typing import List, Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raydec.bench.common import non_negative_int, positive_int
+from raydec.models.registry import REFERENCE_DRAFT_DIRS, resolve_t2i_path
+from raydec.validation import validation_problems
+
 logger = logging.getLogger(__name__)
 
 EXAMPLE_PROMPTS = Path("examples/prompts.parquet")
@@ -39,7 +43,7 @@ TRAIN_HINT = "python -m raydec.reference.train t2i   (see specs/reference-models
 
 def write_example_prompts(path: Path, rows: int = DEMO_ROWS) -> Path:
     """Write `rows` held-out shapes prompts (ids heldout-000, ...) as Parquet."""
-    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
+    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample  # lazy: keeps raydec demo --help light
 
     prompts = [make_sample(HELD_OUT_SEED_START + index).prompt for index in range(rows)]
     ids = [f"heldout-{index:03d}" for index in range(rows)]
@@ -65,21 +69,15 @@ def demo_decode(method: str) -> dict:
 
 def caption_method() -> str:
     """ViSpec when the reference VLM's draft is shipped, else plain AR."""
-    from raydec.models.registry import REFERENCE_DRAFT_DIRS
-
     return "vispec" if (REFERENCE_DRAFT_DIRS["vispec"] / "draft_config.json").is_file() else "ar"
 
 
 def reference_ready(model: str) -> bool:
     """Whether `model` ("reference" or a folder) has a config.json to load."""
-    from raydec.models.registry import resolve_t2i_path
-
     return (resolve_t2i_path(model) / "config.json").is_file()
 
 
 def _parse(argv: List[str]) -> argparse.Namespace:
-    from raydec.bench.common import non_negative_int, positive_int
-
     parser = argparse.ArgumentParser(prog="raydec demo", description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=Path, default=EXAMPLE_PROMPTS, help="input Parquet (created if missing)")
     parser.add_argument("--out", type=Path, default=Path("out"), help="output folder")
@@ -107,7 +105,7 @@ def _clear(out: Path) -> None:
 
 def _job_lines(job, report, what: str) -> List[str]:
     """Summary lines of one job's results."""
-    from raydec.io import read_results
+    from raydec.io import read_results  # lazy: keeps raydec demo --help light
 
     rows = read_results(job.output).to_pylist()
     good = [r for r in rows if r["error"] is None]
@@ -128,8 +126,8 @@ def measure_speedups(t2i_job, caption_job, rows: int) -> List[str]:
     import torch
     from PIL import Image
 
-    from raydec.api import caption_images, generate_images, load_target
-    from raydec.io import read_results
+    from raydec.api import caption_images, generate_images, load_target  # lazy: keeps raydec demo --help light
+    from raydec.io import read_results  # lazy: keeps raydec demo --help light
 
     torch.set_num_threads(1)
     done = sorted((r for r in read_results(t2i_job.output).to_pylist() if r["error"] is None), key=lambda r: r["id"])[:rows]
@@ -166,7 +164,7 @@ def measure_speedups(t2i_job, caption_job, rows: int) -> List[str]:
 
 def _demo_jobs(args: argparse.Namespace):
     """The demo's text-to-image job and (unless --no-captions) its captioning job, validated."""
-    from raydec.runtime import JobConfig
+    from raydec.runtime import JobConfig  # lazy: keeps raydec demo --help light
 
     job = JobConfig.model_validate(dict(
         task="t2i", model=args.model, dtype="float32", seed=0,
@@ -189,7 +187,7 @@ def _demo_jobs(args: argparse.Namespace):
 def resume_or_replace(check, clear, where: Path, replace_stale_weights: bool):
     """``check()`` (a resume check); if it fails only because the weights changed and
     ``replace_stale_weights``, ``clear()`` the out-of-date results and check again."""
-    from raydec.runtime import ResumeMismatchError
+    from raydec.runtime import ResumeMismatchError  # lazy: keeps raydec demo --help light
 
     try:
         return check()
@@ -208,8 +206,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.prompts.exists():
         write_example_prompts(args.prompts, args.rows)
     if not reference_ready(args.model):
-        from raydec.models.registry import resolve_t2i_path
-
         print(
             f"raydec demo: no text-to-image model at {resolve_t2i_path(args.model)}.\n"
             f"The reference Janus is trained, not downloaded. Train it (CPU, offline) with:\n  {TRAIN_HINT}\n"
@@ -221,15 +217,14 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from pydantic import ValidationError
 
-    from raydec.runtime import (
+    from raydec.runtime import (  # lazy: keeps raydec demo --help light
         ResumeMismatchError,
         check_resume_compatible,
         init_local_ray,
         preflight,
         run_job,
     )
-    from raydec.validation import validation_problems
-    from raydec.runtime.contact_sheet import contact_sheet
+    from raydec.runtime.contact_sheet import contact_sheet  # lazy: keeps raydec demo --help light
 
     try:
         job, caption_job = _demo_jobs(args)
@@ -275,7 +270,7 @@ def _write_sheet(job, caption_job, contact_sheet) -> Path:
     """Write out/contact_sheet.png of every result, in id order: image, prompt, caption."""
     from PIL import Image
 
-    from raydec.io import read_results
+    from raydec.io import read_results  # lazy: keeps raydec demo --help light
 
     captions_by_id = {}
     if caption_job is not None:

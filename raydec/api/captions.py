@@ -16,6 +16,7 @@ from raydec.api.inputs import (
 from raydec.api.plan import CallCalibration, plan_decode
 from raydec.config import DRAFT_METHODS, DecodeConfig
 from raydec.models.loading import draft_dtype, load_draft_model, load_target
+from raydec.models.registry import resolve_draft_path
 from raydec.speculative.engine import Engine
 from raydec.speculative.requests import RowOutput, RowRequest
 from raydec.speculative.proposers.factory import make_proposer
@@ -52,7 +53,6 @@ def draft_folder(model: Any, target: Any, config: DecodeConfig) -> str | None:
         return None
     if config.draft_model is not None:
         return config.draft_model
-    from raydec.models.registry import resolve_draft_path
 
     source = model if isinstance(model, (str, Path)) else getattr(getattr(target, "model", None), "name_or_path", None)
     try:
@@ -108,7 +108,7 @@ def caption_images(
     override it one by one), max_new_tokens (unset: 128). seeds: one per image,
     integers in [0, 2**63). A row's caption depends only on its inputs, seed and config.
     """
-    from raydec.models.hf_vlm import VlmPrompt
+    from raydec.models.hf_vlm import VlmPrompt  # lazy: VLM model code (transformers, ~2 s) loads only for captioning
 
     if isinstance(images, (str, bytes, Image.Image)):
         raise TypeError("images must be a list (one entry per row)")

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from raydec.api.tuner import ShapeTrial, shape_label
 from raydec.config import DRAFT_METHODS, JACOBI_METHODS, DecodeConfig, DraftTreeConfig, JacobiDraftConfig, full_tree_nodes
+from raydec.models.registry import weights_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -169,8 +170,6 @@ def weights_id(target: Any, draft_folder: str | Path | None = None) -> str | Non
     """The weights a tuned shape belongs to, ``model:<fingerprint>`` (and ``+draft:<fingerprint>``
     of the draft model's folder, first: roles sorted); None when the target was not loaded from a folder
     (nothing identifies its weights)."""
-    from raydec.models.registry import weights_fingerprint
-
     folder = getattr(getattr(target, "model", None), "name_or_path", None)
     if not folder or not Path(folder).is_dir():
         return None

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from PIL import Image
 
 from raydec.config import CAPTION_METHODS, DecodeConfig, SamplingConfig, parse_image_size
+from raydec.models.generation_config import sampling_from_generation_config
 from raydec.speculative.requests import RowRequest
 from raydec.validation import text_problem
 
@@ -149,7 +150,7 @@ def as_image_list(item: Any, index: int) -> list[Image.Image]:
     """One row's images: a PIL image, a path, bytes, or a list of those."""
     from io import BytesIO
 
-    from raydec.io.images import ImageError, to_rgb
+    from raydec.io.images import ImageError, to_rgb  # lazy: keeps pyarrow (the raydec.io package) out of import raydec.api
 
     items = list(item) if isinstance(item, (list, tuple)) else [item]
     if not items:
@@ -180,8 +181,6 @@ def as_image_list(item: Any, index: int) -> list[Image.Image]:
 def caption_decode_config(decode: DecodeConfig | None, target: Any) -> DecodeConfig:
     """Unset sampling follows the checkpoint's generation_config as its HF ``generate`` does
     (greedy unless it samples; unset fields at HF's defaults; its repetition penalty kept)."""
-    from raydec.models.generation_config import sampling_from_generation_config
-
     def default_sampling(explicit: SamplingConfig | None = None) -> SamplingConfig:  # it warns about settings it cannot apply
         generation = getattr(target.model, "generation_config", None)
         checkpoint = sampling_from_generation_config(generation, "logits", repetition_penalty=True)

@@ -27,6 +27,7 @@ from raydec.api.captions import caption_result, caption_text
 from raydec.api.images import decode_image, image_result
 from raydec.api.inputs import as_decode_config, caption_decode_config, check_positions, image_decode_config, max_positions, over_checkpoint
 from raydec.config import DRAFT_METHODS, IMAGE_METHODS, CAPTION_METHODS, DecodeConfig, SamplingConfig, parse_image_size
+from raydec.models.image_gen import ImagePrompt
 from raydec.models.loading import draft_dtype, load_draft_model, load_target
 from raydec.speculative.engine import DecodeSession, Engine
 from raydec.speculative.proposers.factory import make_proposer
@@ -191,8 +192,6 @@ class ImageScheduler(Scheduler):
         """Queue one image. method / cfg_scale: the engine's unless set; sampling: per-row
         temperature, top_k, top_p over the config's; size: ``"WIDTHxHEIGHT"`` (None, "auto":
         the model's own), a ValueError naming the sizes the model makes when it cannot."""
-        from raydec.models.image_gen import ImagePrompt
-
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
         if method is not None and method not in IMAGE_METHODS:
@@ -272,7 +271,7 @@ class CaptionScheduler(Scheduler):
     ) -> Ticket:
         """Queue one chat: Hugging Face messages whose ``{"type": "image"}`` parts take
         ``images`` in order. stop: strings that end the answer (not included in it)."""
-        from raydec.models.hf_vlm import VlmPrompt
+        from raydec.models.hf_vlm import VlmPrompt  # lazy: VLM model code (transformers, ~2 s) loads only for captioning
 
         if method is not None and method not in CAPTION_METHODS:
             raise ValueError(f"method={method!r} is not a captioning method (use {', '.join(CAPTION_METHODS)})")
@@ -288,7 +287,7 @@ class CaptionScheduler(Scheduler):
 
     def prompt_tokens(self, messages: list[dict[str, Any]], images: Sequence[Image.Image]) -> int:
         """The prompt's length in tokens, image tokens included (as the model will see it)."""
-        from raydec.models.hf_vlm import VlmPrompt
+        from raydec.models.hf_vlm import VlmPrompt  # lazy: VLM model code (transformers, ~2 s) loads only for captioning
 
         inputs = self.target.processor_inputs(VlmPrompt(self.target.format_messages(messages), list(images)))
         return int(inputs["input_ids"].shape[-1])

@@ -22,11 +22,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from raydec.api import caption_images, continuous_batching, draft_dtype, load_target
 from raydec.bench.common import (
     json_path_arg, non_negative_int, parse_methods, positive_int, positive_float, print_table, ratio_cell, resolve_device,
 )
+from raydec.bench.cost_tuner import window_cost
 from raydec.config import DecodeConfig, DraftTreeConfig, SamplingConfig
 from raydec.models.base import decoding_attention, synchronize
+from raydec.models.cpu_matmul import route_if_cpu
+from raydec.models.registry import REFERENCE_DRAFT_DIRS, resolve_draft_path
+from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
 
 logger = logging.getLogger(__name__)
 
@@ -142,8 +147,6 @@ def _load_assistant(path: Path, target: Any, dtype: torch.dtype) -> Any:
     """The HF assistant, in the precision and with the CPU GEMMs our drafts use (like for like)."""
     from transformers import AutoModelForImageTextToText
 
-    from raydec.models.cpu_matmul import route_if_cpu
-
     if not (path / "config.json").is_file():
         raise SystemExit(f"--methods hf_assisted: no assistant model at {path} (train one: python -m raydec.reference.train assistant)")
     model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype, local_files_only=True)
@@ -154,8 +157,6 @@ def _load_assistant(path: Path, target: Any, dtype: torch.dtype) -> Any:
 
 def _draft_path(args: argparse.Namespace, method: str) -> str:
     """--vispec-draft / --eagle-draft, else the draft shipped with --model."""
-    from raydec.models.registry import resolve_draft_path
-
     explicit = getattr(args, f"{method}_draft")
     return str(resolve_draft_path(args.model, method, explicit))
 
@@ -176,11 +177,8 @@ def method_configs(args: argparse.Namespace, methods: list[str], sampling: Sampl
 
 
 def bench_caption(args: argparse.Namespace) -> dict:
-    from raydec.api import caption_images, continuous_batching, draft_dtype, load_target
-    from raydec.models.hf_vlm import VlmPrompt
-    from raydec.models.registry import REFERENCE_DRAFT_DIRS
-    from raydec.reference.judge import score_caption
-    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
+    from raydec.models.hf_vlm import VlmPrompt  # lazy: keeps raydec bench --help light
+    from raydec.reference.judge import score_caption  # lazy: keeps raydec bench --help light
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -224,7 +222,6 @@ def bench_caption(args: argparse.Namespace) -> dict:
     summary = caption_summary(records)
     ar = records["ar"]
     identical = {m: sum(a == b for a, b in zip(ar.captions, r.captions)) for m, r in records.items()}
-    from raydec.bench.cost_tuner import window_cost
 
     cost = window_cost(target, VlmPrompt(target.format_prompt(args.prompt, 1), [images[0]]), sorted({1, 4, 8, 16, tree.total_tokens}))
     batching = "continuous" if continuous_batching(device, args.batching) else "consecutive"
@@ -257,7 +254,7 @@ def _hf_batch(record: MethodRecord, target: Any, args: argparse.Namespace, sampl
               assistant: Any) -> float:
     """One batch through Hugging Face ``generate``, one image per call (assisted when ``assistant``
     is given), added to ``record`` -> its seconds."""
-    from raydec.models.hf_vlm import VlmPrompt
+    from raydec.models.hf_vlm import VlmPrompt  # lazy: keeps raydec bench --help light
 
     seconds = 0.0
     for image, seed in zip(images, seeds):
@@ -277,8 +274,6 @@ def _engine_batch(record: MethodRecord, target: Any, args: argparse.Namespace, c
                   device: str) -> float:
     """One batch through ``caption_images`` with ``config``, its target forwards timed apart from
     the rest of each step, added to ``record`` -> its seconds."""
-    from raydec.api import caption_images
-
     with _Timed(target, "forward", device) as target_timer:
         synchronize(device)
         begin = time.perf_counter()

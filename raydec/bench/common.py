@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from raydec.models.base import CheckpointError
 from raydec.validation import file_in_the_way
 
 logger = logging.getLogger(__name__)
@@ -117,8 +118,6 @@ def folder_path_arg(text: str) -> Path:
 def run_bench(args: argparse.Namespace) -> int:
     """Run the chosen bench; bad option values that only its configs can judge exit with their names."""
     from pydantic import ValidationError
-
-    from raydec.models.base import CheckpointError
 
     try:
         result = args.bench(args)

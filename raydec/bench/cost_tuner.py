@@ -54,8 +54,10 @@ import numpy as np
 import torch
 
 
+from raydec.api import continuous_batching, generate_images
 from raydec.config import JACOBI_METHODS, DecodeConfig, JacobiDraftConfig, SamplingConfig, full_tree_nodes
 from raydec.models.base import decoding_attention, synchronize
+from raydec.speculative.cache import RaggedCache
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +95,6 @@ def relative_costs(seconds: dict[int, float], unit: int = 1) -> dict[int, float]
 def forward_seconds(target: Any, prompt: Any, sizes: Sequence[int], batch: int = 1, repeats: int = 9) -> dict[int, float]:
     """Median seconds of one target forward over ``n`` new tokens per row (``n`` in ``sizes``)
     after a prefilled prompt, for ``batch`` rows (sizes measured in turn, ``repeats`` rounds)."""
-    from raydec.speculative.cache import RaggedCache
-
     with decoding_attention(target.device):  # the kernels the engine decodes with
         prefix = target.prompt_inputs(prompt)
         embeds = prefix.inputs_embeds if prefix.inputs_embeds is not None else target.embed_prompt_tokens(prefix.input_ids.view(1, -1))[0]
@@ -198,8 +198,6 @@ def choose_fresh_drafts(
 
 def calibration_rows(target: Any, config: DecodeConfig, prompts: Sequence[str], seeds: Sequence[int], batch: int) -> list:
     """Decode the calibration prompts with ``config`` at ``batch``: one result per image."""
-    from raydec.api import generate_images
-
     return generate_images(prompts, model=target, decode=config, seeds=seeds, batch_size=batch)
 
 
@@ -223,8 +221,6 @@ def calibration_counts(
     ``batch`` images take their rows' mean forwards; the slowest row of a calibration run says
     little about a long queue.
     """
-    from raydec.api import continuous_batching
-
     results = calibration_rows(target, config, prompts, seeds, batch)
     forwards = [r.target_forwards for r in results]
     if batch > 1 and continuous_batching(target.device, config.batching):  # latency_s: from the row's admission

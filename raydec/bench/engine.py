@@ -13,7 +13,12 @@ from typing import Any, Callable
 import torch
 
 from raydec.bench.common import MethodTimes, json_path_arg, non_negative_int, positive_int, print_table, resolve_device
-from raydec.models.base import synchronize
+from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
+from raydec.models.base import cache_keyword, decoding_attention, synchronize
+from raydec.speculative.engine import Engine
+from raydec.speculative.proposers.ar import ARProposer
+from raydec.speculative.proposers.oracle import OracleProposer
+from raydec.speculative.requests import RowRequest
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +61,6 @@ def forward_cost_ratio(model: Any, device: str, tokens: int, context: int, repea
     forward's (median of ``repeats``): the window cost a speculative step pays for its forward."""
     from transformers import DynamicCache
 
-    from raydec.models.base import cache_keyword, decoding_attention
-
     def timed_forward(n: int, cache: Any) -> float:
         ids = torch.zeros((1, n), dtype=torch.long, device=device)
         positions = torch.arange(context, context + n, device=device).unsqueeze(0)
@@ -87,10 +90,6 @@ def _self_consistent_reference(target, window: int, config, prompt: list[int], a
     keeps drafting the AR tokens after that point measures nothing. Re-run with the last
     output as the reference until it reproduces itself (not timed).
     """
-    from raydec.speculative.engine import Engine
-    from raydec.speculative.requests import RowRequest
-    from raydec.speculative.proposers.oracle import OracleProposer
-
     reference = ar_tokens
     for _ in range(passes):
         out = Engine(target, OracleProposer(window, {0: reference}), config.sampling, config.max_new_tokens, compile=compile).generate(
@@ -103,13 +102,7 @@ def _self_consistent_reference(target, window: int, config, prompt: list[int], a
 
 def bench_engine(args: argparse.Namespace) -> dict:
     """Our AR vs Hugging Face generate(); an oracle proposer (window 16, T=0) vs our AR."""
-    from raydec.config import DecodeConfig, JacobiDraftConfig, SamplingConfig
-    from raydec.models.base import decoding_attention
-    from raydec.models.causal_lm import CausalLMTarget
-    from raydec.speculative.engine import Engine
-    from raydec.speculative.requests import RowRequest
-    from raydec.speculative.proposers.ar import ARProposer
-    from raydec.speculative.proposers.oracle import OracleProposer
+    from raydec.models.causal_lm import CausalLMTarget  # lazy: keeps raydec bench --help light
 
     torch.set_num_threads(args.threads) if args.threads else None
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]

@@ -49,8 +49,10 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from raydec.api import generate_images, load_target
 from raydec.bench.common import folder_path_arg, json_path_arg, non_negative_int, positive_float, positive_int, print_table
-from raydec.config import IMAGE_METHODS
+from raydec.config import IMAGE_METHODS, DecodeConfig, JacobiDraftConfig
+from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +75,6 @@ def _shard_marks(output: Path) -> List[tuple[float, int]]:
 
 
 def _decode_config(args: argparse.Namespace) -> Any:
-    from raydec.config import DecodeConfig, JacobiDraftConfig
-
     if args.method == "ar":
         return DecodeConfig(method="ar")
     tree = dict(branching=args.branching, tree_depth=args.tree_depth) if args.method == "sjd_pac" else {}
@@ -85,8 +85,6 @@ def _write_prompts(path: Path, rows: int, seed: int) -> None:
     """`rows` held-out shapes prompts with explicit ids and seeds."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
 
     prompts = [make_sample(HELD_OUT_SEED_START + index).prompt for index in range(rows)]
     pq.write_table(
@@ -175,8 +173,6 @@ class _CpuSampler:
 
 def _run_direct(job: Any, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Load (cached after the first round) and generate in this process, batch by batch."""
-    from raydec.api import generate_images, load_target
-
     started = time.time()
     target = load_target(job.model, "t2i", dtype=getattr(torch, job.dtype), device="cpu")
     loaded = time.time()
@@ -207,7 +203,7 @@ def _run_direct(job: Any, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 def _run_pipeline(job: Any, output: Path) -> Dict[str, Any]:
     """run_job with 1 actor on the running Ray cluster; batch completion times from the actor's shards."""
-    from raydec.runtime import preflight, run_job
+    from raydec.runtime import preflight, run_job  # lazy: keeps raydec bench --help light
 
     with _CpuSampler() as sampler:
         started = time.time()  # wall clock: compared with the shard files' mtimes
@@ -262,8 +258,8 @@ def bench_pipeline(args: argparse.Namespace) -> dict:
     """Direct engine vs 1-worker Ray pipeline on the same rows, in alternating rounds."""
     import ray
 
-    from raydec.io import load_rows
-    from raydec.runtime import JobConfig, connect_ray
+    from raydec.io import load_rows  # lazy: keeps raydec bench --help light
+    from raydec.runtime import JobConfig, connect_ray  # lazy: keeps raydec bench --help light
 
     if args.rows <= args.batch_size:
         raise SystemExit(

@@ -23,14 +23,16 @@ import time
 import urllib.request
 from typing import Any, Optional
 
+from raydec.api import caption_images, generate_images
 from raydec.bench.common import json_path_arg, positive_float, positive_int, print_table
+from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, sample_images
 
 logger = logging.getLogger(__name__)
 DEFAULT_MODELS = {"images": "raydec-reference-t2i", "chat": "raydec-reference-vlm"}
 
 
 def _reference_config(port: int, concurrency: int, threads: int) -> Any:
-    from raydec.serve import ServeConfig
+    from raydec.serve import ServeConfig  # lazy: keeps raydec bench --help light
 
     batch = max(1, concurrency)
     return ServeConfig.model_validate({
@@ -46,14 +48,10 @@ def _reference_config(port: int, concurrency: int, threads: int) -> Any:
 
 
 def _prompts(count: int) -> list[str]:
-    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
-
     return [make_sample(HELD_OUT_SEED_START + i).prompt for i in range(count)]
 
 
 def _images(count: int) -> list[Any]:
-    from raydec.reference.shapes import HELD_OUT_SEED_START, sample_images
-
     return sample_images([HELD_OUT_SEED_START + i for i in range(count)])
 
 
@@ -67,8 +65,6 @@ def in_process_rate(task: str, method: str, batch: int, seconds: float, threads:
     """Rows per second of the public function at ``batch`` rows per call, for at least ``seconds``
     (whole batches; the first batch, which loads the model, is not timed)."""
     import torch
-
-    from raydec.api import caption_images, generate_images
 
     torch.set_num_threads(threads)
     prompts, images = _prompts(batch), _images(batch) if task == "chat" else None
@@ -165,8 +161,8 @@ def bench_serve(args: argparse.Namespace) -> dict:
     if args.url is None:  # our own app on loopback, started before the baseline so the model is cached nowhere else
         import ray
 
-        from raydec.commands.serve import start
-        from raydec.runtime.cluster import init_local_ray
+        from raydec.commands.serve import start  # lazy: keeps raydec bench --help light
+        from raydec.runtime.cluster import init_local_ray  # lazy: keeps raydec bench --help light
 
         if not ray.is_initialized():  # the app's logs stay in Ray's files: printing them here would load this 2-core machine
             init_local_ray(log_to_driver=False)

@@ -48,7 +48,15 @@ import torch
 from raydec.bench.common import (
     json_path_arg, non_negative_int, non_negative_int_list, positive_int, positive_int_list, print_table, resolve_device,
 )
+from raydec.config import DecodeConfig, DraftTreeConfig, JacobiDraftConfig, SamplingConfig
 from raydec.models.base import synchronize
+from raydec.models.image_gen import ImagePrompt
+from raydec.models.registry import load_t2i_target
+from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, vocabulary
+from raydec.speculative.engine import Engine
+from raydec.speculative.proposers.draft_tree import DraftTreeProposer
+from raydec.speculative.proposers.factory import make_proposer
+from raydec.speculative.requests import RowRequest
 
 logger = logging.getLogger(__name__)
 
@@ -225,8 +233,7 @@ def measure_session(session: Any, timed: TimedTarget, steps: int, warmup: int) -
 
 def build_janus(folder: Path, codebook: int, max_positions: int = 1024) -> Path:
     """A random Janus with a ``codebook``-code VQ book (2 layers, 64 wide), saved by path."""
-    from raydec.reference.janus import model as jt
-    from raydec.reference.shapes import vocabulary
+    from raydec.reference.janus import model as jt  # lazy: keeps raydec bench --help light
 
     tokenizer = jt.build_tokenizer(vocabulary())
     arch = jt.T2IArchitecture(
@@ -258,14 +265,6 @@ def jacobi_runs(
     codebook: int, methods: list[str], batches: list[int], windows: list[int], steps: int, device: str = "cpu",
     contexts: list[int] = (0,), layouts: list[str] = ("slots",), compiles: list[str] = ("off",),
 ) -> list[dict]:
-    from raydec.speculative.proposers.factory import make_proposer
-    from raydec.config import DecodeConfig, JacobiDraftConfig
-    from raydec.models.image_gen import ImagePrompt
-    from raydec.models.registry import load_t2i_target
-    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
-    from raydec.speculative.engine import Engine
-    from raydec.speculative.requests import RowRequest
-
     with tempfile.TemporaryDirectory() as tmp:
         target = load_t2i_target(build_janus(Path(tmp) / "janus", codebook, 2048 + max(contexts)), dtype=torch.float32)
     target.model.to(device)
@@ -311,8 +310,8 @@ def tree_target(name: str, vocab: int, max_positions: int, device: str) -> tuple
     the tiny Llama gets a text-only EAGLE draft model), built on ``device`` in the shape's dtype."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from raydec.models.causal_lm import CausalLMTarget
-    from raydec.models.vispec_draft import DraftConfig, VispecDraft
+    from raydec.models.causal_lm import CausalLMTarget  # lazy: keeps raydec bench --help light
+    from raydec.models.vispec_draft import DraftConfig, VispecDraft  # lazy: keeps raydec bench --help light
 
     shape = dict(TREE_TARGETS[name])
     family = shape.pop("family")
@@ -338,11 +337,6 @@ def draft_tree_runs(
     contexts: list[int] = (0,), layouts: list[str] = ("slots",), compiles: list[str] = ("off",), target_name: str = "tiny",
 ) -> list[dict]:
     """A random EAGLE / ViSpec draft model (the draft-tree path) over a random target (``TREE_TARGETS``)."""
-    from raydec.config import DecodeConfig, DraftTreeConfig, SamplingConfig
-    from raydec.speculative.engine import Engine
-    from raydec.speculative.requests import RowRequest
-    from raydec.speculative.proposers.draft_tree import DraftTreeProposer
-
     target, draft_model = tree_target(target_name, vocab, 2048 + max(contexts), device)
     timed = TimedTarget(target)
     runs = []

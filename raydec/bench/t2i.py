@@ -19,14 +19,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from raydec.api import continuous_batching, generate_images, load_target
 from raydec.bench.common import (
     folder_path_arg, json_path_arg, non_negative_int, parse_methods, positive_int, positive_float, print_table, resolve_device,
 )
-from raydec.bench.cost_tuner import window_cost
+from raydec.bench.cost_tuner import (
+    DEFAULT_WINDOWS, candidate_shapes, choose_fresh_drafts, forward_seconds, probe_shape, relative_costs, tune_draft, window_cost,
+)
 from raydec.bench.t2i_report import MethodRecord, plots, print_tuning, summary_table, t2i_summary, tuning_json
 from raydec.bench.t2i_report import score_agreement as score_agreement  # re-exported from this module, its earlier home
 from raydec.config import JACOBI_METHODS, DecodeConfig, JacobiDraftConfig
 from raydec.models.base import decoding_attention, synchronize
+from raydec.models.registry import T2I_LOADERS, checkpoint_model_type, resolve_t2i_path
+from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +75,6 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
     :func:`choose_fresh_drafts`, then its draft shape by :func:`tune_draft`, on ``--tune-prompts``
     calibration prompts (held-out seeds far from the benchmark's).
     -> (configs, shapes tried, [(method, probe shape, forwards per image of each prior, chosen)])"""
-    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
-    from raydec.bench.cost_tuner import (
-        DEFAULT_WINDOWS, candidate_shapes, choose_fresh_drafts, forward_seconds, probe_shape,
-        relative_costs, tune_draft,
-    )
-
     jacobi = [m for m in methods if m in JACOBI_METHODS]
     tuned = [what for what, auto in (("draft shapes", args.window == "auto"), ("fresh-draft priors", args.init == "auto")) if auto]
     logger.info("bench t2i: tuning %s on %d calibration prompts first (%s); a fixed --window, --branching, --tree-depth "
@@ -117,9 +116,6 @@ def tuned_configs(target: Any, methods: list[str], args: argparse.Namespace, sam
 
 def _check_before_loading(methods: list[str], args: argparse.Namespace) -> None:
     """Options that cannot run, refused before any model loads."""
-    from raydec.models.registry import T2I_LOADERS, checkpoint_model_type, resolve_t2i_path
-    from raydec.bench.cost_tuner import DEFAULT_WINDOWS, candidate_shapes
-
     if args.seed + args.prompts > 2**63:
         raise SystemExit(f"--seed {args.seed}: prompts take seeds {args.seed}..{args.seed + args.prompts - 1}, past 2**63 - 1")
     if args.window == "auto" and "sjd_pac" in methods:
@@ -185,9 +181,7 @@ def _hf_chunk(target: Any, prompts: list[str], seeds: list[int], batch: int, sam
 
 
 def bench_t2i(args: argparse.Namespace) -> dict:
-    from raydec.api import continuous_batching, generate_images, load_target
-    from raydec.reference.judge import score_image
-    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
+    from raydec.reference.judge import score_image  # lazy: keeps raydec bench --help light
 
     if args.threads:
         torch.set_num_threads(args.threads)

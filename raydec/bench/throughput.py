@@ -39,16 +39,24 @@ from typing import Any, Callable
 
 import torch
 
+from raydec.api.inputs import caption_decode_config, image_decode_config, max_positions
 from raydec.bench.common import (
     folder_path_arg, json_path_arg, non_negative_int, parse_methods, positive_float, positive_int, positive_int_list, print_table,
     resolve_device,
 )
-from raydec.api import continuous_batching
+from raydec.api import continuous_batching, draft_dtype, load_target
 from raydec.api.draft_shapes import candidate_configs
 from raydec.api.plan import plan_decode
 from raydec.api.tuner import shape_label
+from raydec.config import DRAFT_METHODS, DecodeConfig, JacobiDraftConfig
 from raydec.models.base import synchronize
+from raydec.models.image_gen import ImagePrompt
+from raydec.models.loading import load_draft_model
+from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
 from raydec.speculative.capture import resolve_compile
+from raydec.speculative.engine import Engine
+from raydec.speculative.proposers.factory import make_proposer
+from raydec.speculative.requests import RowRequest
 
 logger = logging.getLogger(__name__)
 
@@ -83,15 +91,6 @@ class Measured:
 
 
 def _t2i_workload(args: argparse.Namespace, dtype: torch.dtype, device: str) -> Workload:
-    from raydec.api import load_target
-    from raydec.api.inputs import image_decode_config
-    from raydec.config import DecodeConfig, JacobiDraftConfig
-    from raydec.models.image_gen import ImagePrompt
-    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample
-    from raydec.speculative.engine import Engine
-    from raydec.speculative.proposers.factory import make_proposer
-    from raydec.speculative.requests import RowRequest
-
     target = load_target(args.model, task="t2i", dtype=dtype, device=None if device == "cpu" else device)
     base = {m: image_decode_config(DecodeConfig(method=m, batching=args.batching, jacobi=JacobiDraftConfig(init=args.init)), target)
             for m in args.methods}
@@ -107,15 +106,7 @@ def _t2i_workload(args: argparse.Namespace, dtype: torch.dtype, device: str) -> 
 
 
 def _caption_workload(args: argparse.Namespace, dtype: torch.dtype, device: str) -> Workload:
-    from raydec.api import draft_dtype, load_target
-    from raydec.api.inputs import caption_decode_config, max_positions
-    from raydec.config import DRAFT_METHODS, DecodeConfig
-    from raydec.models.hf_vlm import VlmPrompt
-    from raydec.models.loading import load_draft_model
-    from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
-    from raydec.speculative.engine import Engine
-    from raydec.speculative.proposers.factory import make_proposer
-    from raydec.speculative.requests import RowRequest
+    from raydec.models.hf_vlm import VlmPrompt  # lazy: keeps raydec bench --help light
 
     target = load_target(args.model, task="caption", dtype=dtype, device=None if device == "cpu" else device)
     base = {m: caption_decode_config(DecodeConfig(method=m, batching=args.batching, max_new_tokens=args.max_new_tokens), target)

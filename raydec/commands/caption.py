@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         check_folder(args.json.parent, "--json")
     import torch
 
-    from raydec.api import DEFAULT_CAPTION_PROMPT, caption_images, load_target
+    from raydec.api import DEFAULT_CAPTION_PROMPT, caption_images, load_target  # lazy: keeps raydec caption --help light
 
     target = load_target(args.model, task="caption", dtype=getattr(torch, args.dtype), device=args.device)
     results = caption_images(images, prompt=args.prompt or DEFAULT_CAPTION_PROMPT, model=target, decode=decode,

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     check_folder(args.out, "--out")
     import torch
 
-    from raydec.api import generate_images, load_target
+    from raydec.api import generate_images, load_target  # lazy: keeps raydec generate --help light
 
     target = load_target(args.model, task="t2i", dtype=getattr(torch, args.dtype), device=args.device, vqgan_path=args.vqgan)
     results = generate_images(prompts, model=target, decode=decode, seeds=[args.seed + i for i in range(len(prompts))],

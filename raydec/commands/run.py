@@ -32,15 +32,15 @@ def main(argv: list[str] | None = None) -> int:
     task = raw.get("task", "t2i") if isinstance(raw, dict) else "t2i"
     overrides = [f for name in ("input", "output", "max_rows") if getattr(args, name) is not None
                  for f in (f"--{name.replace('_', '-')}", getattr(args, name))]
-    from raydec.runtime.submit import in_working_dir, is_dashboard_address, submit_command
+    from raydec.runtime.submit import in_working_dir, is_dashboard_address, submit_command  # lazy: keeps raydec run --help light
 
     address = os.environ.get("RAY_ADDRESS")
     if is_dashboard_address(address):  # its schema checked here; its paths are the cluster's, checked there
-        from raydec.runtime.config import JobConfig
+        from raydec.runtime.config import JobConfig  # lazy: keeps raydec run --help light
 
         JobConfig.from_yaml(args.config)
         return submit_command(address, ["run", in_working_dir(args.config, "config"), *overrides])
-    from raydec.runtime.entrypoint import job_main
+    from raydec.runtime.entrypoint import job_main  # lazy: keeps raydec run --help light
 
     rest = ["--config", args.config] + overrides
     return job_main(task if task in ("t2i", "caption") else "t2i", f"raydec run: a {task} batch job", rest)

@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 
-from raydec.serve import ServeConfig, build_app
+from raydec.serve import ServeConfig
 from raydec.serve.http_guard import proxy_environment
 
 logger = logging.getLogger("raydec.serve")
@@ -32,7 +32,8 @@ def start(config: ServeConfig, app_name: str = APP_NAME, ready_timeout_s: float 
     import ray
     from ray import serve
 
-    from raydec.runtime.cluster import connect_ray
+    from raydec.runtime.cluster import connect_ray  # lazy, as the app: keeps raydec serve --help light
+    from raydec.serve import build_app  # lazy: keeps raydec serve --help light
 
     connect_ray()
     # the proxies inherit the controller's environment: it gives them the head deadline (http_guard)
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(json.dumps(config.model_dump(mode="json"), indent=2))
         return 0
-    from raydec.runtime.submit import in_working_dir, is_dashboard_address, submit_command
+    from raydec.runtime.submit import in_working_dir, is_dashboard_address, submit_command  # lazy: keeps --help light
 
     address = os.environ.get("RAY_ADDRESS")
     if is_dashboard_address(address):  # the dashboard takes jobs: this command runs there as one, until stopped

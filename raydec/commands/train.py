@@ -18,7 +18,6 @@ import sys
 from pydantic import ValidationError
 
 from raydec.train.config import DraftTrainingConfig
-from raydec.train.run import preflight_draft_training, run_draft_training
 from raydec.validation import config_error_line, validation_problems
 
 
@@ -31,6 +30,8 @@ def main(argv: list[str] | None = None, prog: str = "raydec train") -> int:
     parser.add_argument("--samples", type=int, help="override data.num_samples")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from raydec.train.run import preflight_draft_training, run_draft_training  # lazy: keeps raydec train --help light
+
     try:  # a bad config, target or output folder: one clear message, before Ray starts
         training = DraftTrainingConfig.from_yaml(args.config)
         values = training.model_dump(exclude_unset=True)  # what the file set stays what was set (checks read it)

@@ -13,6 +13,10 @@ from typing import Any
 
 import torch
 
+from raydec.models import registry
+from raydec.models.cpu_matmul import route_if_cpu
+from raydec.models.registry import resolve_draft_path
+
 _LOADED: dict[tuple, Any] = {}
 # task -> (an attribute every loaded target for that task has, its name in errors)
 _TASK_MARKERS = {"t2i": ("num_image_tokens", "text-to-image"), "caption": ("format_prompt", "vision-language")}
@@ -38,8 +42,6 @@ def load_target(
         if not hasattr(model, marker):
             raise ValueError(f"model: a loaded {type(model).__name__} is not a {what} target (load one with task={task!r})")
         return model
-    from raydec.models import registry
-    from raydec.models.cpu_matmul import route_if_cpu
 
     if task == "t2i":
         vqgan = str(Path(vqgan_path).expanduser().resolve()) if vqgan_path is not None else None
@@ -89,9 +91,7 @@ def load_draft_model(
 ) -> Any:
     """Load (once) the ViSpec / EAGLE draft model for ``target``; see ``registry.resolve_draft_path``.
     dtype: the draft model's precision (None: the target's)."""
-    from raydec.models.cpu_matmul import route_if_cpu
-    from raydec.models.registry import resolve_draft_path
-    from raydec.models.vispec_draft import CONFIG_NAME, VispecDraft, check_draft_fits
+    from raydec.models.vispec_draft import CONFIG_NAME, VispecDraft, check_draft_fits  # lazy: draft model code (~2 s) loads with one
 
     if not isinstance(model, (str, Path)):  # a loaded target: draft models shipped next to its checkpoint
         model = getattr(target, "checkpoint_path", None)

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 
 from raydec.models.base import CheckpointError
+from raydec.models.vqgan import CONFIG_NAME, VQGanConfig
 
 logger = logging.getLogger(__name__)
 
@@ -24,19 +25,19 @@ REFERENCE_T2I_DIR = Path(__file__).resolve().parent.parent / "reference" / "weig
 
 
 def _load_janus(path: Path, dtype: torch.dtype, **kwargs: Any) -> Any:
-    from raydec.models.janus import JanusT2ITarget
+    from raydec.models.janus import JanusT2ITarget  # lazy: a family's model code loads only for its checkpoints
 
     return JanusT2ITarget.from_pretrained(path, dtype=dtype, **kwargs)
 
 
 def _load_emu3(path: Path, dtype: torch.dtype, **kwargs: Any) -> Any:
-    from raydec.models.emu3 import Emu3T2ITarget
+    from raydec.models.emu3 import Emu3T2ITarget  # lazy: a family's model code loads only for its checkpoints
 
     return Emu3T2ITarget.from_pretrained(path, dtype=dtype, **kwargs)
 
 
 def _load_chameleon(path: Path, dtype: torch.dtype, **kwargs: Any) -> Any:
-    from raydec.models.chameleon import ChameleonT2ITarget
+    from raydec.models.chameleon import ChameleonT2ITarget  # lazy: a family's model code loads only for its checkpoints
 
     return ChameleonT2ITarget.from_pretrained(path, dtype=dtype, **kwargs)
 
@@ -46,20 +47,19 @@ T2I_LOADERS: dict[str, Callable[..., Any]] = {"janus": _load_janus, "emu3": _loa
 
 
 def _janus_size_problem(path: Path, config: Any, width: int, height: int) -> str | None:
-    from raydec.models.janus import janus_size_problem
+    from raydec.models.janus import janus_size_problem  # lazy: a family's model code loads only for its checkpoints
 
     return janus_size_problem(config, width, height)
 
 
 def _emu3_size_problem(path: Path, config: Any, width: int, height: int) -> str | None:
-    from raydec.models.emu3 import emu3_size_problem
+    from raydec.models.emu3 import emu3_size_problem  # lazy: a family's model code loads only for its checkpoints
 
     return emu3_size_problem(config, width, height)
 
 
 def _chameleon_size_problem(path: Path, config: Any, width: int, height: int, vqgan_path: Path | None = None) -> str | None:
-    from raydec.models.chameleon import chameleon_size_problem
-    from raydec.models.vqgan import CONFIG_NAME, VQGanConfig
+    from raydec.models.chameleon import chameleon_size_problem  # lazy: a family's model code loads only for its checkpoints
 
     vqgan = (vqgan_path or path / "vqgan") / CONFIG_NAME  # the decoder: its own folder, else the one beside the checkpoint
     pixels = VQGanConfig.from_yaml(vqgan).pixels_per_code if vqgan.is_file() else VQGanConfig().pixels_per_code
@@ -91,7 +91,6 @@ def check_vqgan_path(model: str | Path, vqgan_path: str | Path | None) -> None:
     Lumina-mGPT), naming a folder that holds one (a ValueError naming the field otherwise)."""
     if vqgan_path is None:
         return
-    from raydec.models.vqgan import CONFIG_NAME
 
     path = resolve_t2i_path(model)
     model_type = checkpoint_model_type(path)
@@ -201,7 +200,7 @@ def resolve_vlm_path(model: str | Path) -> Path:
 
 def load_vlm_target(model: str | Path, dtype: torch.dtype = torch.float32, device: str | None = None) -> Any:
     """Load a ``VisionLanguageTarget`` ("reference" or a local LLaVA / LLaVA-NeXT / Qwen2(.5)-VL folder)."""
-    from raydec.models.hf_vlm import VisionLanguageTarget
+    from raydec.models.hf_vlm import VisionLanguageTarget  # lazy: VLM model code (transformers, ~2 s) loads only for captioning
 
     path = resolve_vlm_path(model)
     logger.info("loading vision-language target from %s", path)

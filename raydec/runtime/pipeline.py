@@ -23,11 +23,16 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from raydec.config import parse_image_size
 from raydec.io import InputFile, IOConfigError, check_dataset, check_output_writable, write_manifest
 from raydec.io.filesystem import is_s3_uri
 from raydec.io.fragments import Fragment, plan_fragments
 from raydec.io.id_index import IdScan, scan_ids
 from raydec.io.writers import EarlierOutput, earlier_output
+from raydec.models.registry import (
+    REFERENCE_NAME, T2I_LOADERS, check_vqgan_path, checkpoint_model_type, resolve_draft_path, resolve_t2i_path, resolve_vlm_path,
+    t2i_size_problem,
+)
 from raydec.runtime.cluster import connect_ray
 from raydec.runtime.config import JobConfig
 from raydec.runtime.row_decoders import ROW_DECODERS
@@ -88,10 +93,6 @@ def check_model(job: JobConfig) -> None:
     if job.task == "caption":
         _check_caption_model(job)
         return
-    from raydec.config import parse_image_size
-    from raydec.models.registry import (
-        REFERENCE_NAME, T2I_LOADERS, check_vqgan_path, checkpoint_model_type, resolve_t2i_path, t2i_size_problem,
-    )
 
     path = resolve_t2i_path(job.model)
     try:
@@ -118,9 +119,8 @@ def check_model(job: JobConfig) -> None:
 
 def _check_caption_model(job: JobConfig) -> None:
     """The VLM folder (and, for vispec / eagle, its draft folder) exist; nothing is loaded."""
-    from raydec.models.hf_vlm import SUPPORTED_VLMS
-    from raydec.models.registry import checkpoint_model_type, resolve_draft_path, resolve_vlm_path
-    from raydec.models.vispec_draft import CONFIG_NAME, check_draft_fits
+    from raydec.models.hf_vlm import SUPPORTED_VLMS  # lazy: VLM model code loads only for captioning jobs
+    from raydec.models.vispec_draft import CONFIG_NAME, check_draft_fits  # lazy: VLM model code loads only for captioning jobs
 
     path = resolve_vlm_path(job.model)
     try:

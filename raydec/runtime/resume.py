@@ -9,6 +9,7 @@ from typing import Any, Dict
 
 from raydec.config import DRAFT_METHODS, JACOBI_METHODS, DraftTreeConfig, SamplingConfig
 from raydec.io.writers import EarlierOutput, earlier_output
+from raydec.models.registry import resolve_draft_path, resolve_t2i_path, resolve_vlm_path, weights_fingerprint
 from raydec.runtime.config import JobConfig
 
 logger = logging.getLogger("raydec.runtime.pipeline")
@@ -89,8 +90,6 @@ def job_weights(job: JobConfig) -> Dict[str, str]:
 
 def weights_of(task: str, model: str, decode: Any) -> Dict[str, str]:
     """Fingerprints of the model's weights (and the draft's for vispec / eagle) a ``task`` decodes with."""
-    from raydec.models.registry import resolve_draft_path, resolve_t2i_path, resolve_vlm_path, weights_fingerprint
-
     if task != "caption":
         return {"model": weights_fingerprint(resolve_t2i_path(model))}
     weights = {"model": weights_fingerprint(resolve_vlm_path(model))}

@@ -11,6 +11,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict, List, Protocol, runtime_checkable
 
+from raydec.api import DEFAULT_CAPTION_PROMPT, caption_images, draft_dtype, generate_images, load_draft_model, load_target, sized
+from raydec.config import DRAFT_METHODS
+from raydec.io import attach_caption_images, error_result
 from raydec.runtime.config import ProcessorConfig
 
 logger = logging.getLogger(__name__)
@@ -74,8 +77,6 @@ class ImageRowDecoder:
     def setup(self) -> None:
         import torch
 
-        from raydec.api import load_target, sized  # in the actor: the driver never imports the models
-
         torch.set_num_threads(self.config.threads)
         target = load_target(model=self.config.model, task="t2i", dtype=_torch_dtype(self.config.dtype), device=worker_device(self.config),
                              vqgan_path=self.config.vqgan_path)
@@ -83,8 +84,6 @@ class ImageRowDecoder:
         logger.info("t2i row decoder: loaded %s (%s, method %s)", self.config.model, self.config.dtype, self.method)
 
     def _generate(self, rows: List[Dict[str, Any]]) -> List[Any]:
-        from raydec.api import generate_images
-
         negatives = [row.get("negative_prompt") for row in rows]
         return generate_images(
             [row["prompt"] for row in rows],
@@ -132,8 +131,6 @@ def run_rows(
 
 def failed_result(row: Dict[str, Any], method: str, error: str) -> Dict[str, Any]:
     """A result row for `row` that failed with `error` (no model output)."""
-    from raydec.io import error_result
-
     return error_result(row, method, error)
 
 
@@ -152,9 +149,6 @@ class CaptionRowDecoder:
     def setup(self) -> None:
         import torch
 
-        from raydec.api import draft_dtype, load_draft_model, load_target
-        from raydec.config import DRAFT_METHODS
-
         torch.set_num_threads(self.config.threads)
         self.target = load_target(model=self.config.model, task="caption", dtype=_torch_dtype(self.config.dtype), device=worker_device(self.config))
         if self.method in DRAFT_METHODS:  # load the draft model once, now, so a bad path fails here
@@ -163,8 +157,6 @@ class CaptionRowDecoder:
         logger.info("caption row decoder: loaded %s (%s, method %s)", self.config.model, self.config.dtype, self.method)
 
     def _caption(self, rows: List[Dict[str, Any]]) -> List[Any]:
-        from raydec.api import DEFAULT_CAPTION_PROMPT, caption_images
-
         return caption_images(
             [row["pil_image"] for row in rows],
             prompt=[row.get("prompt") or DEFAULT_CAPTION_PROMPT for row in rows],
@@ -183,8 +175,6 @@ class CaptionRowDecoder:
         )
 
     def __call__(self, batch: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-        from raydec.io import attach_caption_images
-
         rows = attach_caption_images(batch, self.config.rows.s3, max_pixels=self.config.rows.max_image_pixels)
         results = [failed_result(row, self.method, row["error"]) for row in rows if row.get("error")]
         good = [row for row in rows if not row.get("error")]

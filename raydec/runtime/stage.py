@@ -26,7 +26,11 @@ from typing import Any, Dict, List
 
 import pyarrow as pa
 
+from raydec.io import ResultWriter, encode_png, error_result, validate_caption_rows, validate_t2i_rows
 from raydec.runtime.config import ProcessorConfig
+from raydec.runtime.planning import plan_stage
+from raydec.runtime.row_decoders import make_row_decoder
+from raydec.runtime.worker import worker_id
 
 logger = logging.getLogger(__name__)
 
@@ -59,22 +63,15 @@ class StageWorker:
     each batch of the user's rows."""
 
     def __init__(self, config: ProcessorConfig) -> None:
-        from raydec.runtime.row_decoders import make_row_decoder
-
         self.config = config
         self.decoder = make_row_decoder(config)
         self.decoder.setup()
         self.writer = None
         if config.images_to is not None:
-            from raydec.io import ResultWriter
-            from raydec.runtime.worker import worker_id
-
             self.writer = ResultWriter(config.images_to, worker_id=worker_id())
         self.batches = 0
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from raydec.io import encode_png, error_result, validate_caption_rows, validate_t2i_rows
-
         config, rows = self.config, batch.to_pylist()
         validate = validate_t2i_rows if config.task == "t2i" else validate_caption_rows
         self.batches += 1
@@ -117,8 +114,6 @@ class DatasetProcessor:
 
     def __call__(self, dataset: Any) -> Any:
         import ray.data
-
-        from raydec.runtime.planning import plan_stage
 
         config, self.plan = plan_stage(self.config, dataset)  # once, for every actor
         self.config = config

@@ -73,7 +73,7 @@ class ServedModel(StrictModel):
     def processor_config(self) -> Any:
         """The stage config a job with this model, decoding and worker would run (what the plan's
         calibration and the shape cache's key take)."""
-        from raydec.runtime.config import ProcessorConfig
+        from raydec.runtime.config import ProcessorConfig  # lazy: keeps the ingress and Serve's proxies torch-free
 
         return ProcessorConfig(
             task=self.task, model=self.model, dtype=self.dtype, decode=self.decode, batch_size=self.batch_size,

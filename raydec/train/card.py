@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from raydec.models.registry import REFERENCE_DRAFT_DIRS, REFERENCE_VLM_DIR
 from raydec.train.config import DraftTrainConfig, EvalConfig
 
 CARD_NAME = "MODEL_CARD.md"
@@ -27,8 +28,6 @@ def _table(acceptance: dict[str, dict[str, Any]]) -> list[str]:
 def _usage(target: str, method: str, output_dir: Path) -> tuple[str, str, str]:
     """(model argument, the target's name in prose, draft_model argument) of the card's snippet:
     the shipped draft models of the reference VLM need no draft_model, any other draft model does."""
-    from raydec.models.registry import REFERENCE_DRAFT_DIRS, REFERENCE_VLM_DIR
-
     if Path(target).resolve() != REFERENCE_VLM_DIR.resolve():
         return target, f"the VLM at `{target}`", f", draft_model={str(output_dir)!r}"
     shipped = output_dir.resolve() == REFERENCE_DRAFT_DIRS[method].resolve()

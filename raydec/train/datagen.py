@@ -39,7 +39,17 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from raydec.api import caption_images, load_target
+from raydec.config import DecodeConfig, SamplingConfig
+from raydec.io.datasets import check_dataset
+from raydec.io.fragments import fragment_items, fragment_tables, plan_fragments
+from raydec.io.images import attach_caption_images
+from raydec.io.writers import redact_secrets
+from raydec.models.hf_vlm import VlmPrompt
+from raydec.models.registry import resolve_vlm_path, weights_fingerprint
+from raydec.runtime.cluster import connect_ray
 from raydec.train.config import DataGenConfig
+from raydec.validation import check_folder
 
 #: seeds -> one image per seed; where a draft's training and evaluation images come from
 ImageSource = Callable[[Sequence[int]], list[Any]]
@@ -128,9 +138,6 @@ def answers_at_temperatures(
     A sampled answer draws from a generator seeded by its image's seed: the same answer on any
     machine and in any batch. This is the rule of every answer a draft or assistant trains on.
     """
-    from raydec.api import caption_images
-    from raydec.config import DecodeConfig, SamplingConfig
-
     rows = [prompts] * len(images) if isinstance(prompts, str) else list(prompts)
     results: list[Any] = [None] * len(seeds)
     for temperature in sorted({temperature_of(int(s)) for s in seeds}):
@@ -154,8 +161,6 @@ def caption_seeds(target: Any, seeds: Sequence[int], images: Sequence[Any], conf
 def generate_rows(target: Any, seeds: Sequence[int], images: Sequence[Any], prompts: Sequence[str],
                   config: DataGenConfig) -> list[dict[str, Any]]:
     """The target's answers to ``prompts`` about ``images`` (:func:`caption_seeds`), one storage row each."""
-    from raydec.models.hf_vlm import VlmPrompt
-
     results = caption_seeds(target, seeds, images, config, prompts)
     store = np.float16 if config.storage_dtype == "float16" else np.float32
     rows = []
@@ -182,8 +187,6 @@ class _TargetWorker:
     is skipped and logged)."""
 
     def __init__(self, config_json: str, image_source: ImageSource | None) -> None:
-        from raydec.api import load_target
-
         self.image_source = image_source
         self.config = DataGenConfig.model_validate_json(config_json)
         torch.set_num_threads(self.config.threads_per_worker)
@@ -204,8 +207,6 @@ class _TargetWorker:
 def image_samples(rows: list[dict[str, Any]], config: DataGenConfig) -> tuple[list[int], list[Any], list[str]]:
     """Validated image rows (``raydec.io`` caption rows) -> the seeds, decoded images and prompts
     of those that can be read (the rest are logged and skipped)."""
-    from raydec.io.images import attach_caption_images
-
     seeds, images, prompts = [], [], []
     for row in attach_caption_images(rows, config.images.s3.resolved()):
         if row["error"]:
@@ -219,8 +220,6 @@ def image_samples(rows: list[dict[str, Any]], config: DataGenConfig) -> tuple[li
 
 def _read_image_rows(batch: Any, *, config_json: str) -> Any:
     """map_batches UDF: the validated rows of the image fragments in ``batch``."""
-    from raydec.io.fragments import fragment_tables
-
     config = DataGenConfig.model_validate_json(config_json)
     for item in batch.to_pylist():
         yield from fragment_tables(item, config.images, "caption")
@@ -236,8 +235,6 @@ def samples_dataset(config: DataGenConfig) -> Any:
     if config.images is None:
         seeds = [{"seed": config.seed_start + i} for i in range(config.num_samples)]
         return ray.data.from_items(seeds, override_num_blocks=blocks)
-    from raydec.io.datasets import check_dataset
-    from raydec.io.fragments import fragment_items, plan_fragments
 
     fragments = plan_fragments(check_dataset(config.images, "caption"), config.images)
     items = fragment_items(fragments, list(range(len(fragments))))
@@ -288,12 +285,6 @@ def generate_dataset(config: DataGenConfig, image_source: ImageSource) -> dict[s
     the same target weights is reused unless ``overwrite``; otherwise an error.
     """
     import ray
-
-    from raydec.io.writers import redact_secrets
-    from raydec.models.registry import resolve_vlm_path, weights_fingerprint
-    from raydec.runtime.cluster import connect_ray
-
-    from raydec.validation import check_folder
 
     out = Path(config.output_dir)
     check_folder(out, "data.output_dir")

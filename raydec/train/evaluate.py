@@ -15,6 +15,10 @@ from typing import Any
 
 import torch
 
+from raydec.api import caption_images, load_target
+from raydec.config import DecodeConfig, SamplingConfig
+from raydec.io.datasets import iter_validated_batches
+from raydec.io.images import attach_caption_images
 from raydec.train.config import EvalConfig
 from raydec.train.datagen import ImageSource
 
@@ -27,8 +31,6 @@ def evaluation_images(config: EvalConfig, image_source: ImageSource) -> tuple[li
     if config.images is None:
         seeds = list(range(config.seed_start, config.seed_start + config.num_images))
         return seeds, image_source(seeds), [config.prompt] * len(seeds)
-    from raydec.io.datasets import iter_validated_batches
-    from raydec.io.images import attach_caption_images
 
     s3 = config.images.s3.resolved()
     seeds, images, prompts = [], [], []
@@ -50,9 +52,6 @@ def measure_acceptance(
 ) -> dict[str, dict[str, Any]]:
     """draft_folders: method (vispec | eagle) -> draft model folder. Methods without one are skipped
     (except ar). image_source: the evaluation seeds' images. Returns method -> statistics."""
-    from raydec.api import caption_images, load_target
-    from raydec.config import DecodeConfig, SamplingConfig
-
     torch.set_num_threads(config.threads)
     target = load_target(target, task="caption")
     seeds, images, prompts = evaluation_images(config, image_source)

@@ -9,8 +9,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from raydec.io.datasets import check_dataset
+from raydec.models.base import CheckpointError
+from raydec.models.hf_vlm import SUPPORTED_VLMS
+from raydec.models.registry import checkpoint_model_type, resolve_vlm_path
+from raydec.runtime.cluster import connect_ray
+from raydec.train.card import write_model_card
 from raydec.train.config import METHOD_OF_VISION, DraftTrainConfig, DraftTrainingConfig
-from raydec.train.datagen import ImageSource
+from raydec.train.datagen import ImageSource, generate_dataset, read_manifest
+from raydec.train.evaluate import measure_acceptance
+from raydec.train.trainer import train_draft_model
+from raydec.validation import check_folder
 
 logger = logging.getLogger(__name__)
 
@@ -19,11 +28,6 @@ def preflight_draft_training(training: DraftTrainingConfig) -> list[DraftTrainCo
     """Fail before Ray starts and before hours of data generation, naming the field: a target
     that is no supported VLM checkpoint, an image dataset that is missing or lacks its columns,
     or an output folder a file stands in. -> the draft models to train, their data_dir resolved."""
-    from raydec.models.base import CheckpointError
-    from raydec.models.hf_vlm import SUPPORTED_VLMS
-    from raydec.models.registry import checkpoint_model_type, resolve_vlm_path
-    from raydec.validation import check_folder
-
     draft_models = training.resolved_draft_models()
     if any(d.data_dir == training.data.output_dir for d in draft_models):  # this run generates the data
         try:
@@ -32,7 +36,6 @@ def preflight_draft_training(training: DraftTrainingConfig) -> list[DraftTrainCo
             raise CheckpointError(f"data.target: {training.data.target!r}: {exc}") from None
         if model_type not in SUPPORTED_VLMS:
             raise CheckpointError(f"data.target: {training.data.target!r} is a {model_type!r} checkpoint; drafts train for {sorted(SUPPORTED_VLMS)}")
-    from raydec.io.datasets import check_dataset
 
     for field, images in (("data.images", training.data.images), ("evaluate.images", training.evaluate and training.evaluate.images)):
         if images is not None:  # listed and its columns checked (file footers and headers only)
@@ -50,15 +53,9 @@ def run_draft_training(training: DraftTrainingConfig, image_source: ImageSource,
     """Run ``training``; returns {"data": manifest summary, "drafts": [summaries], "acceptance": {...}}.
     image_source: seeds -> images, for the generated data and the evaluation (see
     ``raydec.train.datagen.generate_dataset``)."""
-    from raydec.train.card import write_model_card
-    from raydec.train.datagen import generate_dataset, read_manifest
-    from raydec.train.evaluate import measure_acceptance
-    from raydec.train.trainer import train_draft_model
-
     draft_models = preflight_draft_training(training)
     uses_run_data = any(d.data_dir == training.data.output_dir for d in draft_models)
     manifest = generate_dataset(training.data, image_source) if uses_run_data else read_manifest(draft_models[0].data_dir)
-    from raydec.runtime.cluster import connect_ray
 
     connect_ray()  # once, here: trainers started from several threads must not each start a cluster
     start = time.time()

@@ -23,7 +23,13 @@ from typing import Any, Callable
 
 import torch
 
+from raydec.models.registry import load_vlm_target, resolve_vlm_path, weights_fingerprint
+from raydec.models.vispec_draft import DraftConfig, VispecDraft
+from raydec.runtime.cluster import connect_ray
 from raydec.train.card import CARD_NAME
+from raydec.train.datagen import read_manifest
+from raydec.train.dataset import batch_indices, load_samples
+from raydec.train.step import build_pairs, rollout_losses
 from raydec.validation import check_folder
 from raydec.train.config import DraftTrainConfig
 
@@ -47,8 +53,6 @@ def learning_rate(step: int, config: DraftTrainConfig, time_fraction: float = 0.
 
 def build_draft_model(target_text_config: Any, lm_head: torch.nn.Module, config: DraftTrainConfig) -> Any:
     """A fresh draft model for the target (seeded), attached to a frozen copy of its lm_head."""
-    from raydec.models.vispec_draft import DraftConfig, VispecDraft
-
     with _SEED_LOCK:  # torch's global generator: draft models built in threads of one process get their seed's weights
         torch.manual_seed(config.seed)
         draft_config = DraftConfig.for_target(target_text_config, vision=config.vision, num_q=config.num_q)
@@ -94,10 +98,6 @@ def _train_loop(config: DraftTrainConfig, target_path: str, data_dir: str, rank:
                 report: Callable[[Any, list[dict[str, Any]], DraftTrainConfig, int, bool], None]) -> None:
     """The training steps of worker ``rank`` of ``world``; ``report(draft_model, log, config, rank, last)``
     hands over a checkpoint (the last one with ``last``)."""
-    from raydec.models.registry import load_vlm_target
-    from raydec.train.dataset import batch_indices, load_samples
-    from raydec.train.step import build_pairs, rollout_losses
-
     target = load_vlm_target(target_path)
     head = _frozen_head(target, device)
     draft_model = build_draft_model(target.text_config, head, config).to(device)
@@ -181,9 +181,6 @@ def check_training_inputs(config: DraftTrainConfig) -> str:
     The dataset must be a raydec draft dataset with samples, of the target's width and, where the
     manifest records them, made by the target's current weights.
     """
-    from raydec.models.registry import resolve_vlm_path, weights_fingerprint
-    from raydec.train.datagen import read_manifest
-
     if config.data_dir is None:
         raise ValueError(f"draft {config.name!r}: data_dir is not set")
     check_folder(config.output_dir, f"draft {config.name!r}: output_dir")
@@ -214,8 +211,6 @@ def train_draft_model(config: DraftTrainConfig) -> dict[str, Any]:
     """
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
-
-    from raydec.runtime.cluster import connect_ray
 
     target = check_training_inputs(config)
     out = Path(config.output_dir)
