@@ -24,7 +24,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Protocol
+from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
 
 from raydec.api.draft_shapes import ShapeCache, apply_shape, candidate_configs, key_digest, shape_record, target_shape_key
 from raydec.api.tuner import ROUNDS, round_parts, round_rows, round_size, shape_label, tune_for_batch
@@ -103,12 +103,13 @@ def plan_decode(
     recorded: Mapping[str, Any] | None = None,
     cache: ShapeCache | None = None,
     rounds: int = ROUNDS,
+    candidates: Sequence[DecodeConfig] | None = None,
 ) -> DecodePlan:
     """The plan for ``decode`` at ``batch_size``. ``recorded``: the plan a resumed job's manifest keeps
     (its batch size and shape are taken as they are). What is left to "auto" is chosen with
     ``calibration``: the batch size first (the most rows that fit, ``Calibration.measure_batch``),
     then the shape for that batch, from the shape cache, else tuned now (:func:`tune_for_batch` over
-    ``candidate_configs``, plain AR among them) and cached."""
+    ``candidates``, by default ``candidate_configs``, plain AR among them) and cached."""
     recorded = dict(recorded or {})
     settled = settled_plan(decode, batch_size, recorded)
     if settled is not None:
@@ -128,7 +129,7 @@ def plan_decode(
         return DecodePlan(decode, batch, _named_or_default(decode), batch_from, batch=batch_record)
     if "method" in recorded:
         return DecodePlan(apply_shape(decode, recorded), batch, "manifest", batch_from, batch=batch_record)
-    chosen, source, key, shape = _choose_shape(decode, batch, calibration, cache or ShapeCache(), rounds)
+    chosen, source, key, shape = _choose_shape(decode, batch, calibration, cache or ShapeCache(), rounds, candidates)
     return DecodePlan(chosen, batch, source, batch_from, key=key, shape=shape, batch=batch_record)
 
 
@@ -152,6 +153,7 @@ def _named_or_default(decode: DecodeConfig) -> ShapeSource:
 
 def _choose_shape(
     decode: DecodeConfig, batch: int, calibration: Calibration, cache: ShapeCache, rounds: int,
+    candidates: Sequence[DecodeConfig] | None,
 ) -> tuple[DecodeConfig, ShapeSource, dict | None, dict]:
     """(the config with its "auto" shape chosen for ``batch``, where from, the cache key, the tuning record)."""
     started = time.perf_counter()
@@ -162,7 +164,7 @@ def _choose_shape(
         return apply_shape(decode, cached), "cache", key, {}
     rows = calibration.available(batch)
     parts, per_part = round_parts(batch, max(1, min(rows, round_size(batch))))
-    candidates = candidate_configs(decode)
+    candidates = list(candidates) if candidates is not None else candidate_configs(decode)
     logger.info("%s at batch %d: tuning the draft shape over %d candidates (plain AR among them) on %d calibration row(s)",
                 decode.method, batch, len(candidates), per_part * parts)
 

@@ -48,7 +48,7 @@ from raydec.api import continuous_batching, draft_dtype, load_target
 from raydec.api.draft_shapes import candidate_configs
 from raydec.api.plan import plan_decode
 from raydec.api.tuner import shape_label
-from raydec.config import DRAFT_METHODS, DecodeConfig, JacobiDraftConfig
+from raydec.config import DRAFT_METHODS, JACOBI_METHODS, DecodeConfig, JacobiDraftConfig
 from raydec.models.base import synchronize
 from raydec.models.image_gen import ImagePrompt
 from raydec.models.loading import load_draft_model
@@ -215,7 +215,8 @@ def bench_throughput(args: argparse.Namespace) -> dict:
                 continue
             candidates = candidate_configs(workload.base[method])
             calibration = BenchCalibration(workload, continuous, calibration_rows, compile_mode=workload.base[method].compile, device=device)
-            plan = plan_decode(workload.base[method], batch, calibration, rounds=args.rounds)  # the product's choice, never cached here
+            auto = workload.base[method].model_copy(update={"jacobi" if method in JACOBI_METHODS else "draft_tree": "auto"})
+            plan = plan_decode(auto, batch, calibration, rounds=args.rounds, candidates=candidates)  # the product's tuning, never cached
             chosen[method] = shape_label(plan.decode)
             best = next((c for c in candidates if shape_label(c) == chosen[method]), plan.decode)
             for config in candidates if args.shapes == "all" else [candidates[0], best]:
