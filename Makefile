@@ -20,8 +20,12 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
+# two workers: the suite's processes run torch on one thread each (tests/conftest.py), so a second
+# worker keeps the second core busy; a module's tests (and the Serve app's) stay on one worker
+TEST_WORKERS ?= 2
+
 test: lint
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 
 demo: setup
 	$(BIN)/python -m raydec.cli demo

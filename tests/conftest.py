@@ -14,6 +14,7 @@ import tempfile
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by every process the tests start
 os.environ["RAYDEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="raydec-test-cache-")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
@@ -23,8 +24,15 @@ from tests.ray_fixture import _ray_session, ray_cluster, stop_shared_cluster  # 
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Note the modules with a test that uses the shared Ray cluster (`ray_cluster`)."""
+    """Note the modules with a test that uses the shared Ray cluster (`ray_cluster`). Under
+    pytest-xdist (`make test` runs two workers, `--dist loadgroup`), a module's tests stay on one
+    worker (its module-scoped models and clusters are built once), and so do the Serve app's
+    (tests/serve/ shares one app per worker)."""
     config._ray_cluster_modules = {item.module.__name__ for item in items if "ray_cluster" in getattr(item, "fixturenames", ())}
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            parts = item.path.relative_to(config.rootpath).parts
+            item.add_marker(pytest.mark.xdist_group("serve" if parts[:2] == ("tests", "serve") else "/".join(parts)))
 
 
 def pytest_runtest_setup(item):
