@@ -44,7 +44,8 @@ def put_bytes(output: OutputConfig, relative: str, data: bytes, content_type: st
 
 
 def _put_local(path: str, data: bytes) -> None:
-    """Write to `.name.tmp-XXXX` beside the target, fsync, then rename over the target."""
+    """Write to a hidden temporary file beside the target (`.NAME` + TEMP_MARKER + 12 random hex digits),
+    fsync, then rename over the target."""
     path = os.path.abspath(os.path.expanduser(path[len("file://"):] if path.startswith("file://") else path))
     folder, name = os.path.split(path)
     os.makedirs(folder, exist_ok=True)

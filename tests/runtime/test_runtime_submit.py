@@ -137,38 +137,13 @@ def test_raydec_serve_joins_by_the_gcs_address_and_runs_as_a_job_by_the_dashboar
     from here and stops on SIGTERM; with the dashboard's http address it runs there as a Ray job (this folder,
     holding its config, the job's working directory) and prints its logs until Ctrl-C stops it. Each
     answers /v1/models and an image request on the config's port."""
-    import json
     import signal
-    import urllib.request
 
-    import yaml
+    from tests.serve_process import serve_until_stopped, write_serve_config
 
-    from tests.ray_fixture import _free_ports
-
-    (port,) = _free_ports(1)
-    (tmp_path / "serve.yaml").write_text(yaml.safe_dump({"port": port, "api_keys_env": None,
-                                                         "models": [{"name": "t2i", "task": "t2i", "decode": {"method": "ar"}}]}))
+    config, port = write_serve_config(tmp_path)
     for address, stop in ((ray_head["gcs"], signal.SIGTERM), (ray_head["address"], signal.SIGINT)):
         log_path = tmp_path / f"serve-{stop.name}.log"
-        with log_path.open("w") as log:
-            process = subprocess.Popen([sys.executable, "-m", "raydec.cli", "serve", "--config", "serve.yaml"], stdout=log,
-                                       stderr=subprocess.STDOUT, env={**ray_head["env"], "RAY_ADDRESS": address}, cwd=tmp_path)
-            try:
-                deadline = time.monotonic() + 300
-                while "raydec: serving at" not in log_path.read_text():
-                    assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
-                    time.sleep(0.5)
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as response:
-                    assert [m["id"] for m in json.load(response)["data"]] == ["t2i"]
-                body = json.dumps({"prompt": "a red circle", "model": "t2i", "seed": 1}).encode()
-                request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/images/generations", data=body,
-                                                 headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(request, timeout=120) as response:
-                    assert json.load(response)["data"][0]["b64_json"]
-                process.send_signal(stop)
-                assert process.wait(timeout=90) in (0, 130), log_path.read_text()[-3000:]
-            finally:
-                if process.poll() is None:
-                    process.kill()
+        serve_until_stopped(config, port, {**ray_head["env"], "RAY_ADDRESS": address}, log_path, stop, exits=(0, 130))
         if stop == signal.SIGINT:
             assert "submitted `raydec serve --config serve.yaml`" in log_path.read_text() and "stopped job" in log_path.read_text()
