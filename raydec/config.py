@@ -158,6 +158,14 @@ class DecodeConfig(StrictModel):
         "job's manifest.",
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Target sampling distribution.")
+    coupling: Literal["rejection", "gumbel"] = Field(
+        "rejection",
+        description="How a sampled row's tokens follow from its seed; both give exactly the target's distribution. "
+        "rejection: recursive rejection sampling, so a seed's tokens depend on the method and draft shape. gumbel: "
+        "each generated position has its own Gumbel noise, fixed by the seed, and the target's token there is "
+        "argmax(log P + noise): a seed gives the same tokens whatever the method, draft shape, batch or load "
+        "(see docs/engine.md, coupling).",
+    )
     compaction: Literal["auto", "always", "never"] = Field(
         "auto", description="When the ragged KV cache drops rejected slots physically."
     )

@@ -150,7 +150,7 @@ def caption_images(
         draft_model = None
         if config.method in DRAFT_METHODS:
             draft_model = load_draft_model(target, config.method, model, config.draft_model, dtype=draft_dtype(target, config.draft_dtype))
-        engine = Engine(target, make_proposer(config, target, draft_model), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, eos_token_ids=target.eos_token_ids,
+        engine = Engine(target, make_proposer(config, target, draft_model), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, coupling=config.coupling, eos_token_ids=target.eos_token_ids,
                         max_positions=max_positions(target))
         continuous = continuous_batching(target.device, config.batching)
         outputs = decode_batches(engine, requests, batch_size, continuous, progress_callback(bar, len(requests), f"caption_images ({config.method})"))

@@ -122,7 +122,7 @@ def generate_images(
         bar = tqdm(total=len(requests), desc=f"generate_images ({config.method})", unit="image")
     try:
         engine = Engine(
-            target, make_proposer(config, target), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile,
+            target, make_proposer(config, target), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, coupling=config.coupling,
             constraint=target.vocab_constraint(), eos_token_ids=target.eos_token_ids,
         )
         continuous = continuous_batching(target.device, config.batching)

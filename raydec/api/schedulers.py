@@ -170,7 +170,7 @@ class ImageScheduler(Scheduler):
     def make_engine(self, config: DecodeConfig, variant: Any = None) -> Engine:
         target = self.target_of_size(variant)
         config = config.model_copy(update={"max_new_tokens": target.num_image_tokens})
-        return Engine(target, make_proposer(config, target), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, constraint=target.vocab_constraint(),
+        return Engine(target, make_proposer(config, target), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, coupling=config.coupling, constraint=target.vocab_constraint(),
                       eos_token_ids=target.eos_token_ids)
 
     def target_of_size(self, size: tuple[int, int] | None) -> Any:
@@ -262,7 +262,7 @@ class CaptionScheduler(Scheduler):
         draft_model = None
         if config.method in DRAFT_METHODS:
             draft_model = load_draft_model(target, config.method, self.model, config.draft_model, dtype=draft_dtype(target, config.draft_dtype))
-        return Engine(target, make_proposer(config, target, draft_model), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, eos_token_ids=target.eos_token_ids,
+        return Engine(target, make_proposer(config, target, draft_model), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, coupling=config.coupling, eos_token_ids=target.eos_token_ids,
                       max_positions=self.max_positions)
 
     def submit(

@@ -46,12 +46,12 @@ from raydec.speculative.refill import RefillPolicy
 from raydec.speculative.prefill import left_pad, pad_layer_residuals, prefill_mask
 from raydec.speculative.proposers.base import DecodeState, Prefill, Proposer
 from raydec.speculative.random import RowRandom
-from raydec.speculative.requests import RowOutput, RowRequest, RowState
+from raydec.speculative.requests import COUPLINGS, Coupling, RowOutput, RowRequest, RowState
 from raydec.speculative.sampling import VocabConstraint, process_logits, sample_with_uniform
 from raydec.speculative.session import SessionRows, fill_from_the_end
 from raydec.speculative.target import DecodingTarget, ForwardOutput, PromptInputs, stack_prompts
 from raydec.speculative.tree import DraftTree
-from raydec.speculative.verify import VerifyResult, verify_tree
+from raydec.speculative.verify import VerifyResult, coupled_tokens, verify_tree
 from raydec.speculative.verify_step import Verifier, tree_facts, tree_tensors, verify_step
 
 logger = logging.getLogger(__name__)
@@ -72,6 +72,9 @@ class Engine:
                     appended by concatenation, a copy of the whole cache per forward)
     compile:        capture the step's tensor work per batch bucket (``resolve_compile``: auto is
                     on for CUDA); a verifier other than ``verify_tree`` always runs eagerly
+    coupling:       how a row's samples follow from its seed, unless its request says
+                    (``RowRequest.coupling``): "rejection", or "gumbel" (drafter-invariant:
+                    ``verify_coupled``)
     """
 
     def __init__(
@@ -88,9 +91,13 @@ class Engine:
         compaction: Literal["auto", "always", "never"] = "auto",
         cache_layout: CacheLayout = DEFAULT_LAYOUT,
         compile: CompileMode = "auto",
+        coupling: Coupling = "rejection",
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: {max_new_tokens} must be >= 1")
+        if coupling not in COUPLINGS:
+            raise ValueError(f"coupling: {coupling!r} is not one of {', '.join(COUPLINGS)}")
+        self.coupling = coupling
         self.target = target
         self.proposer = proposer
         self.sampling = sampling
@@ -248,8 +255,9 @@ class DecodeSession(SessionRows):
             output.logits[:, -1:], self._sampling_of(list(handles), output.logits.device), batch, engine.constraint,
             torch.zeros(batch, 1, dtype=torch.long, device=output.logits.device), self._context(handles, output.logits.shape[-1]),
         )[:, 0]  # [B, V]
-        random = RowRandom.for_seeds([row.request.seed for row in rows], device=first_probs.device)
-        first = sample_with_uniform(first_probs, random.uniforms(streams.FIRST_TOKEN, 1)[:, 0]).tolist()  # the prefill's read-back
+        coupled = [self._coupling(row) == "gumbel" for row in rows]
+        random = RowRandom.for_seeds([row.request.seed for row in rows], first_probs.device, coupled)
+        first = first_tokens(first_probs, random, coupled).tolist()  # the prefill's read-back
         random = random.advanced()
         for row, token in zip(rows, first):
             row.generated.append(int(token))
@@ -282,13 +290,23 @@ class DecodeSession(SessionRows):
 
     # -- one decode step -------------------------------------------------------------------------
 
+    def _coupling(self, row: RowState) -> Coupling:
+        return row.request.coupling or self.engine.coupling
+
+    def _couplings(self) -> str:
+        """The active rows' coupling: "rejection", "gumbel", or "mixed" (host facts, no read-back)."""
+        modes = {self._coupling(self.rows[h]) for h in self.active}
+        return modes.pop() if len(modes) == 1 else "mixed"
+
     @torch.inference_mode()  # the step writes into tensors it made in inference mode (its buffers)
     def _decode_step(self) -> None:
         engine = self.engine
-        state = DecodeState(
-            list(self.active), [self.rows[h].generated for h in self.active], self.random,
-            engine.target.vocab_size, engine.constraint, self.prob_dtype,
-        )
+        generated = [self.rows[h].generated for h in self.active]
+        coupling = self._couplings()
+        if coupling != "rejection":  # the noise is indexed by generated position: one host-to-device copy
+            self.random = self.random.at_positions(torch.tensor([len(tokens) for tokens in generated], dtype=torch.long))
+        state = DecodeState(list(self.active), generated, self.random, engine.target.vocab_size, engine.constraint, self.prob_dtype,
+                            coupling)
         tree = engine.proposer.propose(state)
         target_probs, output = self._score(tree)
         tree = tree.to(target_probs.device)
@@ -359,10 +377,12 @@ class DecodeSession(SessionRows):
     def _verify(self, tree: DraftTree, target_probs: torch.Tensor) -> tuple[VerifyResult, torch.Tensor, torch.Tensor]:
         """The verification (``verify_step``; captured when the engine captures its step) ->
         the result, keep [B, N] and the packed read-back [B, N + 2]."""
-        engine = self.engine
+        engine, random = self.engine, self.random
+        coupling = self._couplings()
+        positions = random.positions if random.positions is not None else torch.zeros_like(random.steps)
         path, num_accepted, next_token, stop_node, rejected, keep, packed = engine.verify_graph(
-            tree.batch_size, (*tree_tensors(tree), target_probs, self.random.seeds, self.random.steps),
-            verifier=engine.verifier, **tree_facts(tree),
+            tree.batch_size, (*tree_tensors(tree), target_probs, random.seeds, random.steps, positions, random.flags()),
+            verifier=engine.verifier, coupling=coupling, **tree_facts(tree),
         )
         return VerifyResult(path, num_accepted, next_token, stop_node, rejected), keep, packed
 
@@ -409,6 +429,18 @@ class DecodeSession(SessionRows):
             self.random = self.random.select(torch.tensor(index, dtype=torch.long))
             self.active = [self.active[i] for i in index]
         return finished
+
+
+def first_tokens(first_probs: torch.Tensor, random: RowRandom, coupled: list[bool]) -> torch.Tensor:
+    """Each row's first token from the prefill's P ([B, V]): Gumbel-max with the noise of
+    position 0 where coupled, inverse CDF with its first-token uniform elsewhere. -> [B]"""
+    if not any(coupled):
+        return sample_with_uniform(first_probs, random.uniforms(streams.FIRST_TOKEN, 1)[:, 0])
+    gumbel = coupled_tokens(first_probs.unsqueeze(1), random.at_positions(torch.zeros_like(random.seeds)).gumbels(
+        torch.zeros(1, dtype=torch.long), first_probs.shape[-1]))[:, 0]
+    if all(coupled):
+        return gumbel
+    return torch.where(random.flags(), gumbel, sample_with_uniform(first_probs, random.uniforms(streams.FIRST_TOKEN, 1)[:, 0]))
 
 
 def _read_commit(packed: torch.Tensor) -> list[tuple[int, int, list[int]]]:

@@ -79,7 +79,27 @@ VERIFY = 0         # column 0: the final token (residual or bonus); column n: no
 FIRST_TOKEN = 1    # the token sampled from the prefill's P
 JACOBI_FILL = 2    # fresh drafts and extra tree candidates of a Jacobi window
 JACOBI_CARRY = 3   # the maximal coupling that carries untested drafts to the next window
-FIRST_FREE_STREAM = 4  # streams from here up are free for proposers defined outside raydec
+GUMBEL = 4         # coupled decoding's public noise: indexed by generated position, not by step
+FIRST_FREE_STREAM = 5  # streams from here up are free for proposers defined outside raydec
+
+_LOWEST_EXPONENTIAL = 2.0**-60  # an Exp(1) draw of exactly 0 (u == 0) would make its Gumbel +inf
+
+
+def position_gumbels(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The public Gumbel noise of coupled decoding: one standard Gumbel per (row, generated
+    position, token), a pure function of (seed, position, token).
+
+    seeds: [B] int64; positions: [B, M] int64, the generated-token index each entry is for
+    (the first generated token is 0)  -> [B, M, V] float64
+
+    The noise never depends on the step, the window, the batch or the method: a row's sampled
+    token at position j is ``argmax(log P_j + G_j)`` (Gumbel-max, a sample of P_j), fixed once
+    the prefix is, whoever drafted it.
+    """
+    batch, count = positions.shape
+    u = counter_uniforms(seeds.long().repeat_interleave(count), positions.reshape(-1), GUMBEL, vocab)  # [B * M, V]
+    exponential = torch.neg(torch.log1p(-u)).clamp_min_(_LOWEST_EXPONENTIAL)
+    return torch.neg(torch.log(exponential)).view(batch, count, vocab)
 
 
 @dataclass
@@ -88,10 +108,24 @@ class RowRandom:
 
     seeds: [B] int64  the rows' seeds
     steps: [B] int64  each row's decode-step count (the prefill is step 0)
+    positions: [B] int64  each row's generated tokens so far (its root's P predicts generated
+               token ``positions``); None until the session sets it for a step
     """
 
     seeds: torch.Tensor
     steps: torch.Tensor
+    positions: torch.Tensor | None = None
+    coupled: torch.Tensor | None = None  # [B] bool: the row samples by Gumbel coupling (None: none does)
+
+    def gumbels(self, offsets: torch.Tensor, vocab: int) -> torch.Tensor:
+        """``position_gumbels`` at ``positions + offsets``. offsets: [B, M] or [M] long -> [B, M, V] float64"""
+        if self.positions is None:
+            raise ValueError("coupled noise needs the rows' generated positions (RowRandom.positions)")
+        return position_gumbels(self.seeds, self.positions.unsqueeze(1) + offsets.to(self.positions.device), vocab)
+
+    def at_positions(self, positions: torch.Tensor) -> "RowRandom":
+        """The same rows with their generated positions ([B] long) for this step."""
+        return RowRandom(self.seeds, self.steps, positions.to(self.seeds.device), self.coupled)
 
     def uniforms(self, stream: int, count: int) -> torch.Tensor:
         """[B, count] float64 in [0, 1)."""
@@ -102,20 +136,27 @@ class RowRandom:
         return counter_normals(self.seeds, self.steps, stream, count)
 
     @classmethod
-    def for_seeds(cls, seeds: list[int], device: torch.device | str = "cpu") -> "RowRandom":
-        """Rows at step 0. Seeds are taken modulo 2**64 (as int64 bits)."""
+    def for_seeds(cls, seeds: list[int], device: torch.device | str = "cpu", coupled: list[bool] | None = None) -> "RowRandom":
+        """Rows at step 0. Seeds are taken modulo 2**64 (as int64 bits); ``coupled``: which rows
+        sample by Gumbel coupling (None: none)."""
         words = [_signed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF) for seed in seeds]
         seeds_t = torch.tensor(words, dtype=torch.long, device=device)
-        return cls(seeds_t, torch.zeros_like(seeds_t))
+        flags = torch.tensor(coupled, dtype=torch.bool, device=device) if coupled is not None else torch.zeros_like(seeds_t, dtype=torch.bool)
+        return cls(seeds_t, torch.zeros_like(seeds_t), None, flags)
 
     def select(self, index: torch.Tensor) -> "RowRandom":
         """The rows at ``index`` ([B'] long)."""
         index = index.to(self.seeds.device)
-        return RowRandom(self.seeds[index], self.steps[index])
+        return RowRandom(self.seeds[index], self.steps[index], None, None if self.coupled is None else self.coupled[index])
 
     def cat(self, other: "RowRandom") -> "RowRandom":
-        return RowRandom(torch.cat([self.seeds, other.seeds]), torch.cat([self.steps, other.steps]))
+        return RowRandom(torch.cat([self.seeds, other.seeds]), torch.cat([self.steps, other.steps]), None,
+                         torch.cat([self.flags(), other.flags()]))
+
+    def flags(self) -> torch.Tensor:
+        """[B] bool ``coupled``, all False when unset."""
+        return self.coupled if self.coupled is not None else torch.zeros_like(self.seeds, dtype=torch.bool)
 
     def advanced(self) -> "RowRandom":
         """Every row one step on."""
-        return RowRandom(self.seeds, self.steps + 1)
+        return RowRandom(self.seeds, self.steps + 1, None, self.coupled)

@@ -4,24 +4,32 @@ output, and the session's host-side record of a row."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 
 from raydec.config import SamplingConfig
+
+# How a row's sampled tokens follow from its seed: "rejection" (recursive rejection sampling: the
+# target's law, tokens that depend on the drafts) or "gumbel" (Gumbel-max with noise fixed per
+# generated position: the target's law, the same tokens whatever was drafted)
+Coupling = Literal["rejection", "gumbel"]
+COUPLINGS: tuple[str, ...] = ("rejection", "gumbel")
 
 
 @dataclass
 class RowRequest:
     """One generation request: an adapter-specific prompt, a seed, and optionally its own
     length cap, sampling (temperature, top-k, top-p, repetition penalty; CFG is the engine's)
-    and stop tokens (besides the model's EOS)."""
+    and stop tokens (besides the model's EOS), and how its samples are coupled to the seed
+    ("rejection" or "gumbel"; the engine's when None)."""
 
     prompt: Any
     seed: int
     max_new_tokens: int | None = None
     sampling: SamplingConfig | None = None
     stop_token_ids: Sequence[int] = ()
+    coupling: Coupling | None = None
 
 
 @dataclass

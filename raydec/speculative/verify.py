@@ -213,18 +213,68 @@ def verify_tree(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Ten
     # a draft the target accepts with certainty
     accepted = is_child & (uniforms[:, :width].to(torch.float64) < accept_prob.to(torch.float64))
 
-    # every node's first accepted child (itself if none), then the walk from the root
-    first_child = torch.full((batch, width + 1), width, dtype=torch.long, device=device)
-    first_child.scatter_reduce_(1, torch.where(accepted, parent, width), torch.where(accepted, nodes, width), "amin")
-    step = torch.where(first_child[:, :width] < width, first_child[:, :width], nodes)  # [B, N]
-    for _ in range(max(1, (width - 1).bit_length())):  # 2**k >= N - 1 hops: the longest path
-        step = step.gather(1, step)
-    stop_node = step[:, :1]                                                      # [B, 1]
+    stop_node = _first_accepted_walk(tree, accepted).unsqueeze(1)               # [B, 1]
     _, final = _sibling_tests(tree, target_probs[rows, stop_node], children[rows, stop_node])
     next_token = sample_with_uniform(final[:, 0], uniforms[:, 0])
     stop_node = stop_node.squeeze(1)
     num_accepted = tree.depth().gather(1, stop_node.unsqueeze(1)).squeeze(1)
     rejected = children[rows.squeeze(1), stop_node, 0] >= 0
+    return VerifyResult(_path_to(tree, stop_node, num_accepted), num_accepted, next_token, stop_node, rejected)
+
+
+def _first_accepted_walk(tree: DraftTree, accepted: torch.Tensor) -> torch.Tensor:
+    """The walk from the root that goes to each node's first accepted child, to its end.
+    accepted: [B, N] bool (a child passed its test)  -> stop node [B]"""
+    batch, width = tree.tokens.shape
+    nodes = torch.arange(width, device=accepted.device)
+    parent = tree.parents.clamp(min=0)
+    # every node's first accepted child (itself if none), then the walk from the root
+    first_child = torch.full((batch, width + 1), width, dtype=torch.long, device=accepted.device)
+    first_child.scatter_reduce_(1, torch.where(accepted, parent, width), torch.where(accepted, nodes, width), "amin")
+    step = torch.where(first_child[:, :width] < width, first_child[:, :width], nodes)  # [B, N]
+    for _ in range(max(1, (width - 1).bit_length())):  # 2**k >= N - 1 hops: the longest path
+        step = step.gather(1, step)
+    return step[:, 0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The coupled verifier: drafter-invariant (Gumbel coupling)
+
+
+def coupled_tokens(target_probs: torch.Tensor, gumbels: torch.Tensor) -> torch.Tensor:
+    """The target's own sample after every node: ``argmax(log P + G)`` (Gumbel-max, exactly a
+    sample of P; zero-mass tokens never win). target_probs: [B, N, V]; gumbels: [B, N, V]
+    float64, each node's noise at its generated position  -> [B, N] long"""
+    scores = torch.log(target_probs.to(torch.float64)).add_(gumbels)
+    return scores.argmax(dim=-1)
+
+
+def verify_coupled(tree: DraftTree, target_probs: torch.Tensor, gumbels: torch.Tensor) -> VerifyResult:
+    """Drafter-invariant verification: a match test against the target's Gumbel-max sample.
+
+    tree:         DraftTree with B rows, N nodes (on P's device)
+    target_probs: [B, N, V] processed target distribution *after* each node
+    gumbels:      [B, N, V] float64, the row's public noise at the position each node's P predicts
+                  (``random.position_gumbels``: a function of seed and position only)
+
+    The token after node n is t_n = argmax(log P_n + G_pos(n)). A child is accepted iff its
+    token equals t at its parent; the walk follows the accepted children from the root and
+    commits t at the node where it stops. Every committed token is the target's own sample for
+    that prefix, so a row's output is the one plain decoding with the same noise gives, whatever
+    was drafted; only how many tokens a step commits depends on the drafts. Proposals are not
+    read: drafts need not be samples of anything.
+    """
+    batch, width = tree.tokens.shape
+    target = coupled_tokens(target_probs, gumbels)                              # [B, N]
+    is_child = tree.valid & (tree.parents >= 0)
+    parent = tree.parents.clamp(min=0)
+    accepted = is_child & (tree.tokens == target.gather(1, parent))
+    stop_node = _first_accepted_walk(tree, accepted)                            # [B]
+    next_token = target.gather(1, stop_node.unsqueeze(1)).squeeze(1)
+    num_accepted = tree.depth().gather(1, stop_node.unsqueeze(1)).squeeze(1)
+    has_child = torch.zeros(batch, width + 1, dtype=torch.bool, device=target.device)
+    has_child.scatter_(1, torch.where(is_child, parent, width), True)
+    rejected = has_child[:, :width].gather(1, stop_node.unsqueeze(1)).squeeze(1)
     return VerifyResult(_path_to(tree, stop_node, num_accepted), num_accepted, next_token, stop_node, rejected)
 
 

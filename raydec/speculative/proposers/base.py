@@ -51,6 +51,9 @@ class DecodeState:
     row_handles: the session handles of the active rows, in batch order
     generated:  per active row, the committed output tokens so far (last one = the root)
     random:     the active rows' counter-based streams at this step (on the target's device)
+    coupling:   "rejection", "gumbel" or "mixed" (``random.coupled`` says which rows): a
+                coupled row is verified by a match with the target's Gumbel-max sample, and its
+                drafts pay most when made with the same noise (``random.gumbels``)
     """
 
     row_handles: list[int]
@@ -59,6 +62,7 @@ class DecodeState:
     vocab_size: int
     constraint: VocabConstraint | None
     prob_dtype: torch.dtype
+    coupling: str = "rejection"
 
     @property
     def batch_size(self) -> int:

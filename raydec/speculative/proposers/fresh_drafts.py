@@ -16,7 +16,7 @@ import torch
 def fill_window(
     pending_tokens: torch.Tensor, pending_q: torch.Tensor, have: torch.Tensor, lengths: torch.Tensor, tail: torch.Tensor,
     uniforms: torch.Tensor, allowed: torch.Tensor, allowed_ids: torch.Tensor, uniform_q: torch.Tensor, *, forced: Callable | None,
-    in_place: bool = True,
+    in_place: bool = True, draws: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pending drafts, then fresh ones, for slots 1..S (module docstring).
 
@@ -24,7 +24,8 @@ def fill_window(
     pending drafts and how many are real; lengths [B]: committed tokens per row; tail [B, offset]:
     the last ``offset`` committed tokens for a spatial prior (offset 0: uniform draws); uniforms
     [B, S]; allowed [V] bool, allowed_ids [A], uniform_q [V]; forced: the constraint's forced
-    tokens (None: none)  -> tokens [B, S], Q [B, S, V]
+    tokens (None: none); draws: [B, S] allowed ids to take instead of the uniforms' draws (the
+    coupled rows' Gumbel-max draws from the uniform Q)  -> tokens [B, S], Q [B, S, V]
     """
     batch, slots = pending_tokens.shape
     device = pending_tokens.device
@@ -38,6 +39,8 @@ def fill_window(
     forced_tokens = forced(gen_index).to(device) if forced is not None else None
     # a uniform allowed id: the floor(u * n)-th of the n allowed ids
     random_tokens = allowed_ids[(uniforms * len(allowed_ids)).long().clamp(max=len(allowed_ids) - 1)]  # [B, S]
+    if draws is not None:
+        random_tokens = draws
     is_forced = fresh & (forced_tokens >= 0) if forced_tokens is not None else torch.zeros_like(fresh)
     window = torch.where(is_forced, forced_tokens, tokens) if forced_tokens is not None else tokens   # [B, S]
     if not offset:  # no slot copies another: every fresh slot at once
