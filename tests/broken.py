@@ -6,6 +6,8 @@
    proposal (its group's q before the earlier siblings were removed).
 3. ``batch_minimum_verifier``: every row commits the batch-minimum number of drafts and then a
    residual token, even rows that accepted the next draft (spec pitfall 5).
+4. ``near_match_coupled_verifier``: Gumbel coupling that accepts a draft close to the target's
+   Gumbel-max sample, not equal to it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 
 from raydec.speculative.sampling import sample_with_uniform
 from raydec.speculative.tree import DraftTree
-from raydec.speculative.verify import VerifyResult, proposal_rows, residual, verify_tree
+from raydec.speculative.verify import VerifyResult, proposal_rows, residual, verify_coupled, verify_tree
 
 
 def longest_path_verifier(tree: DraftTree, target_probs: torch.Tensor, uniforms: torch.Tensor) -> VerifyResult:
@@ -91,3 +93,22 @@ def batch_minimum_verifier(tree: DraftTree, target_probs: torch.Tensor, uniforms
         result.stop_node[row] = parent
         result.rejected[row] = True
     return result
+
+
+def near_match_coupled_verifier(tree: DraftTree, target_probs: torch.Tensor, gumbels: torch.Tensor) -> VerifyResult:
+    """Gumbel coupling that also accepts a draft whose perturbed score log P + G comes within 3
+    of the target's best (a near-match): the first such child of each node wins as if it were
+    the target's own sample."""
+    scores = torch.log(target_probs.to(torch.float64)) + gumbels  # [B, N, V]
+    best = scores.max(dim=-1).values
+    gumbels = gumbels.clone()
+    for row in range(tree.batch_size):
+        bumped: set[int] = set()
+        for node in range(1, tree.num_nodes):
+            parent, token = int(tree.parents[row, node]), int(tree.tokens[row, node])
+            if parent < 0 or not bool(tree.valid[row, node]) or parent in bumped:
+                continue
+            if float(scores[row, parent, token]) >= float(best[row, parent]) - 3.0:
+                gumbels[row, parent, token] += 4.0  # now the parent's argmax
+                bumped.add(parent)
+    return verify_coupled(tree, target_probs, gumbels)

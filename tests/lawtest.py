@@ -85,9 +85,9 @@ SAMPLES = 20_000  # draws per law test: every exactness test samples this many r
 PATH_SAMPLES = 5_000
 
 
-def sample_engine(target, proposer, config, prompts, seeds, batch_size, verifier=None, constraint=None) -> torch.Tensor:
+def sample_engine(target, proposer, config, prompts, seeds, batch_size, verifier=None, constraint=None, coupling="rejection") -> torch.Tensor:
     """Run the engine over (prompt, seed) rows in batches; returns [n, max_new_tokens] tokens."""
-    kwargs = {"constraint": constraint}
+    kwargs = {"constraint": constraint, "coupling": coupling}
     if verifier is not None:
         kwargs["verifier"] = verifier
     engine = Engine(target, proposer, config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, **kwargs)

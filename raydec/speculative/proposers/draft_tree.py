@@ -256,7 +256,8 @@ class DraftTreeProposer(Proposer):
             return self.draft_model.decode_forward(embeds, features, next_position + step, mask, self.cache.kv, self.rows, max_position + step)
 
         scores, tokens, parents = search_tree(forward, lambda h: self._log_probs(h, state), self.root_hidden,
-                                              self.cache.valid.to(self._device), k, spec.depth, dtype, layout.search, self.trace)
+                                              self.cache.valid.to(self._device), k, spec.depth, dtype, layout.search, self.trace,
+                                              self._noise(state))
         grown = self.cache.kv.get_seq_length() - committed
         if grown:
             self.cache.kv.crop(-grown)
@@ -270,6 +271,14 @@ class DraftTreeProposer(Proposer):
         count = self._node_count(layout.key[1])
         node_tokens, node_parents, depth, _ = _select_on_tensors(state.roots().to(scores.device), layout, scores, tokens, parents, count)
         return self._tree(state, node_tokens, node_parents, depth)
+
+    def _noise(self, state: DecodeState) -> torch.Tensor | None:
+        """[B, depth, V] float32: each tree level's Gumbel noise at its generated position, zero
+        for the rows that are not coupled (None: no row is). Level 1 drafts position ``positions``."""
+        if state.coupling == "rejection":
+            return None
+        noise = state.random.gumbels(torch.arange(self.spec.depth), state.vocab_size).to(device=self._device, dtype=torch.float32)
+        return noise if state.coupling == "gumbel" else noise * state.random.flags().to(noise.device).view(-1, 1, 1)
 
     # -- the captured step ------------------------------------------------------------------------
 
@@ -290,12 +299,15 @@ class DraftTreeProposer(Proposer):
         # every position the step reads (the padding pairs' included) is in the rotary table already
         self.draft_model.reserve_positions(max(cache.max_next_position + width + spec.depth, self.draft_model.config.max_position_embeddings), dtype)
         has_global, allowed = self._device_inputs(state)
+        noise = self._noise(state)
+        coupled = noise is not None
         batch_inputs = (feats, ids, torch.tensor(counts, device=device), self.root_hidden, layer.buffer_keys, layer.buffer_values,
-                        past_valid, cache.next_position, state.roots().to(device), self.rows.bias, has_global)
+                        past_valid, cache.next_position, state.roots().to(device), self.rows.bias, has_global,
+                        noise if coupled else torch.zeros(batch, 0, 0, device=device))
         with self.draft_model.attention_scope(device):
             node_tokens, node_parents, depth, ancestors, self.root_hidden, window, fed = self._step_graph(
                 batch, batch_inputs, (allowed, self.draft_model.routed_head(dtype)), width=width, top_k=k, depth=spec.depth, count=nodes - 1,
-                head_dtype=self.draft_model.head_dtype, dtype=dtype,
+                head_dtype=self.draft_model.head_dtype, dtype=dtype, coupled=coupled,
             )
         last = max(counts, default=0)
         if last:  # the real pairs join the cache; the padding ones after the last real one are cropped
@@ -328,15 +340,16 @@ class DraftTreeProposer(Proposer):
     def _step_on_tensors(
         self, feats: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor, root_hidden: torch.Tensor, past_keys: torch.Tensor,
         past_values: torch.Tensor, past_valid: torch.Tensor, next_position: torch.Tensor, roots: torch.Tensor, bias: torch.Tensor,
-        has_global: torch.Tensor, allowed: torch.Tensor | None, head: tuple | None,
-        *, width: int, top_k: int, depth: int, count: int, head_dtype: torch.dtype, dtype: torch.dtype,
+        has_global: torch.Tensor, noise: torch.Tensor, allowed: torch.Tensor | None, head: tuple | None,
+        *, width: int, top_k: int, depth: int, count: int, head_dtype: torch.dtype, dtype: torch.dtype, coupled: bool = False,
     ) -> tuple[torch.Tensor, ...]:
         """One ``propose`` on tensors alone (the captured function): catch up, search, select.
 
         feats [B, n, H], ids [B, n]: the pending pairs, counts [B] of them real, at most ``width``;
         root_hidden [B, H]; past_keys, past_values [B, kv, C, d]: the draft cache's buffers,
         past_valid [B, C] their committed slots; next_position, roots [B]; bias [B, H], has_global [B]: the rows'
-        ``DecodeRows``; allowed [V] bool or None; head: the draft model's ``routed_head``
+        ``DecodeRows``; noise [B, depth, V]: ``_noise`` when ``coupled``; allowed [V] bool or None;
+        head: the draft model's ``routed_head``
         -> tokens, parents, depth of the tree [B, n]; its ancestor mask [B, n, n]; the new root
            hidden [B, H]; the pairs' keys and values [B, 2, kv, W, d]; real pairs [B, W] bool
         """
@@ -369,7 +382,8 @@ class DraftTreeProposer(Proposer):
                 tree_values[:, :, end : end + top_k] = new_values
             return h
 
-        scores, tokens, parents = search_tree(level_forward, log_probs, root_hidden, torch.cat([past_valid, fed], dim=1), top_k, depth, dtype)
+        scores, tokens, parents = search_tree(level_forward, log_probs, root_hidden, torch.cat([past_valid, fed], dim=1), top_k, depth, dtype,
+                                              noise=noise if coupled else None)
         batch, device = roots.shape[0], roots.device
         root_parent = torch.full((batch, 1), -1, dtype=torch.long, device=device)
         node_tokens, node_parents, node_depth, _ = select_nodes(

@@ -23,11 +23,24 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask.unsqueeze(1)
 
 
-def top_children(logp: torch.Tensor, frontier_score: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every frontier node's top-K children, scored by cumulative log-probability.
-    logp [B, K, V]; frontier_score [B, K] -> child scores, tokens [B, K*K] (child c of node i at i*K + c)"""
+def top_tokens(logp: torch.Tensor, k: int, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K candidates of each distribution and their log-probabilities: the K most likely, or
+    with ``noise`` (the level's Gumbel noise, zero for rows that are not coupled) the K best by
+    ``log q + G``, a Gumbel top-K list whose head is q's Gumbel-max sample under the noise the
+    target samples with. logp: [B, ..., V]; noise: [B, V]  -> log q, tokens [B, ..., K]"""
+    if noise is None:
+        return logp.topk(k, dim=-1)
+    noise = noise[:, : logp.shape[-1]].to(logp.dtype).view(logp.shape[0], *([1] * (logp.dim() - 2)), logp.shape[-1])
+    token = (logp + noise).topk(k, dim=-1).indices
+    return logp.gather(-1, token), token
+
+
+def top_children(logp: torch.Tensor, frontier_score: torch.Tensor, k: int, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every frontier node's top-K children (``top_tokens``), scored by cumulative log-probability.
+    logp [B, K, V]; frontier_score [B, K]; noise [B, V] or None -> child scores, tokens [B, K*K]
+    (child c of node i at i*K + c)"""
     batch = logp.shape[0]
-    child_score, child_token = logp.topk(k, dim=-1)  # [B, K, K]
+    child_score, child_token = top_tokens(logp, k, noise)  # [B, K, K]
     return (child_score + frontier_score.unsqueeze(-1)).view(batch, k * k), child_token.view(batch, k * k)
 
 
@@ -123,6 +136,7 @@ class SearchConstants:
 def search_tree(
     forward: LevelForward, log_probs: Callable[[torch.Tensor], torch.Tensor], root_hidden: torch.Tensor, seen: torch.Tensor,
     k: int, depth: int, dtype: torch.dtype, constants: SearchConstants | None = None, trace: list | None = None,
+    noise: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The tree search of ``DraftTreeProposer.propose``: from the root, expand each level's K best
     candidates (by cumulative log-probability) with one draft forward, every child of each a
@@ -130,14 +144,17 @@ def search_tree(
     -> candidate scores, tokens, parents (candidate ids, -1 = root) [B, C], C = K + (depth - 1) K^2.
     The frontier at level l attends the P slots and, among the tree slots (K per expanded level),
     what its parent attended and itself. constants: ``SearchConstants`` for these B and K (made
-    here when None). trace: gets (frontier ids, hidden, tokens, parents so far) per expansion."""
+    here when None). trace: gets (frontier ids, hidden, tokens, parents so far) per expansion.
+    noise: [B, depth, V] the Gumbel noise of each level's position (zero where a row is not
+    coupled; None: no row is): a level's candidates are then its Gumbel top-K (``top_tokens``)."""
     batch, size = root_hidden.shape
     device, past = root_hidden.device, seen.shape[1]
     c = constants or SearchConstants.make(batch, k, device, dtype)
     mask = torch.full((batch, 1, k, past + k * (depth - 1)), torch.finfo(dtype).min, dtype=dtype, device=device)
     mask[:, 0, :, :past].masked_fill_(seen.unsqueeze(1), 0.0)
     tree_mask = mask[:, 0, :, past:]  # [B, K, tree slots], a view
-    score, token = log_probs(root_hidden).topk(k, dim=-1)  # [B, K]: level 1, the root's children
+    level_noise = (lambda level: None) if noise is None else (lambda level: noise[:, level - 1])  # noqa: E731
+    score, token = top_tokens(log_probs(root_hidden), k, level_noise(1))  # [B, K]: level 1, the root's children
     cand_score, cand_token, cand_parent = [score], [token], [c.root_children]
     frontier, frontier_score, frontier_token = c.index.expand(batch, k), score, token
     frontier_feat = root_hidden.unsqueeze(1).expand(batch, k, size)  # parent hidden of each
@@ -148,7 +165,7 @@ def search_tree(
         h = forward(frontier_token, frontier_feat, level - 2, mask[..., : past + slots])
         if trace is not None:
             trace.append((frontier.clone(), h.detach().clone(), torch.cat(cand_token, 1), torch.cat(cand_parent, 1)))
-        child_score, child_token = top_children(log_probs(h), frontier_score, k)
+        child_score, child_token = top_children(log_probs(h), frontier_score, k, level_noise(level))
         cand_score.append(child_score)
         cand_token.append(child_token)
         cand_parent.append(frontier.gather(1, c.child_parent))
