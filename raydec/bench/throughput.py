@@ -56,7 +56,7 @@ from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, to_pil
 from raydec.speculative.capture import resolve_compile
 from raydec.speculative.engine import Engine
 from raydec.speculative.proposers.factory import make_proposer
-from raydec.speculative.requests import RowRequest
+from raydec.speculative.requests import COUPLINGS, RowRequest
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def _t2i_workload(args: argparse.Namespace, dtype: torch.dtype, device: str) -> 
             for m in args.methods}
 
     def engine(config: Any) -> Any:
-        return Engine(target, make_proposer(config, target), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, constraint=target.vocab_constraint(), eos_token_ids=target.eos_token_ids)
+        return Engine(target, make_proposer(config, target), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, coupling=config.coupling, constraint=target.vocab_constraint(), eos_token_ids=target.eos_token_ids)
 
     def requests(config: Any, first: int, count: int) -> list:
         return [RowRequest(ImagePrompt(make_sample(HELD_OUT_SEED_START + first + i).prompt, None), seed=args.seed + first + i,
@@ -116,7 +116,7 @@ def _caption_workload(args: argparse.Namespace, dtype: torch.dtype, device: str)
 
     def engine(config: Any) -> Any:
         draft_model = draft_models.get(config.method)
-        return Engine(target, make_proposer(config, target, draft_model), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, eos_token_ids=target.eos_token_ids,
+        return Engine(target, make_proposer(config, target, draft_model), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, coupling=config.coupling, eos_token_ids=target.eos_token_ids,
                       max_positions=max_positions(target))
 
     def requests(config: Any, first: int, count: int) -> list:
@@ -194,6 +194,7 @@ def bench_throughput(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     args.methods = parse_methods(args.methods or DEFAULT_METHODS[args.task], TASK_METHODS[args.task])
+    args.couplings = _couplings(args.couplings)
     device = resolve_device(args.device)
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     workload = (_t2i_workload if args.task == "t2i" else _caption_workload)(args, dtype, device)
@@ -207,23 +208,7 @@ def bench_throughput(args: argparse.Namespace) -> dict:
         calibration_rows = max(args.calibration or DEFAULT_CALIBRATION[args.task], CALIBRATION_BATCHES * batch)
         turns = 1 if continuous else items // batch  # a repeat's measured rows, one batch per turn
         items = items // turns * turns
-        configs: dict[str, Any] = {}  # shape label -> config, AR first
-        chosen: dict[str, str] = {}
-        for method in args.methods:
-            if method == "ar":
-                configs.setdefault("ar", workload.base["ar"])
-                continue
-            candidates = candidate_configs(workload.base[method])
-            calibration = BenchCalibration(workload, continuous, calibration_rows, compile_mode=workload.base[method].compile, device=device)
-            auto = workload.base[method].model_copy(update={"jacobi" if method in JACOBI_METHODS else "draft_tree": "auto"})
-            plan = plan_decode(auto, batch, calibration, rounds=args.rounds, candidates=candidates)  # the product's tuning, never cached
-            chosen[method] = shape_label(plan.decode)
-            best = next((c for c in candidates if shape_label(c) == chosen[method]), plan.decode)
-            for config in candidates if args.shapes == "all" else [candidates[0], best]:
-                configs.setdefault(f"{method}:{shape_label(config)}" if config.method != "ar" else "ar", config)
-            tuned.append({"method": method, "batch": batch, "chosen": chosen[method], "tune_seconds": plan.shape["seconds"],
-                          "trials": plan.shape["trials"]})
-            logger.info("bench throughput: batch %d, %s tuned to %s in %.0f s", batch, method, chosen[method], tuned[-1]["tune_seconds"])
+        configs, chosen = _tuned_configs(args, workload, batch, calibration_rows, continuous, device, tuned)
         samples: dict[str, list[Measured]] = {label: [] for label in configs}
         labels, size = list(configs), items // turns
         for repeat in range(args.repeats):  # every config on each of the repeat's turns, the same rows, the order rotated
@@ -238,14 +223,13 @@ def bench_throughput(args: argparse.Namespace) -> dict:
         measured = {label: _total(runs) for label, runs in samples.items()}
         total = items * args.repeats
         for label, config in configs.items():  # AR's one row is its own choice
-            method = "ar" if label == "ar" else label.split(":")[0]
-            rows.append(_row(method, batch, shape_label(config), label == "ar", total, measured[label]))
-        for method, label in chosen.items():  # each method's tuned choice, as decoded in this run (it may be AR)
-            rows.append(_row(method, batch, label, True, total, measured["ar" if label == "ar" else f"{method}:{label}"]))
+            rows.append(_row(config.method, batch, shape_label(config), config.method == "ar", total, measured[label], config.coupling))
+        for (method, coupling), label in chosen.items():  # each method's tuned choice, as decoded in this run (it may be AR)
+            rows.append(_row(method, batch, label, True, total, measured[_label("ar" if label == "ar" else method, label, coupling)], coupling))
     result = {
         "bench": "throughput", "task": args.task, "model": str(args.model), "device": device, "dtype": args.dtype,
         "threads": torch.get_num_threads(), "batching": "continuous" if continuous else "consecutive",
-        "batches": args.batches, "methods": args.methods, "rows": rows, "tuning": tuned,
+        "batches": args.batches, "methods": args.methods, "couplings": args.couplings, "rows": rows, "tuning": tuned,
         "frontier": frontier(rows, args.memory_budget),
     }
     result["frontier_ratio"] = result["frontier"]["frontier_ratio"]
@@ -255,6 +239,44 @@ def bench_throughput(args: argparse.Namespace) -> dict:
     return result
 
 
+def _couplings(text: str) -> list[str]:
+    """``--couplings``: a non-empty comma-separated list of couplings, each once."""
+    couplings = [c.strip() for c in text.split(",") if c.strip()]
+    if not couplings or any(c not in COUPLINGS for c in couplings) or len(set(couplings)) < len(couplings):
+        raise SystemExit(f"--couplings: {text!r} is not a comma-separated list of distinct {', '.join(COUPLINGS)}")
+    return couplings
+
+
+def _label(method: str, shape: str, coupling: str) -> str:
+    return f"{method}:{shape}:{coupling}" if method != "ar" else f"ar:{coupling}"
+
+
+def _tuned_configs(args: argparse.Namespace, workload: Workload, batch: int, calibration_rows: int, continuous: bool, device: str,
+                   tuned: list[dict]) -> tuple[dict[str, Any], dict[tuple[str, str], str]]:
+    """The configs one batch measures (label -> config, AR first), each method's shape tuned for the
+    batch under each coupling (``plan_decode``), and the tuned choice per (method, coupling)."""
+    configs: dict[str, Any] = {}
+    chosen: dict[tuple[str, str], str] = {}
+    for coupling in args.couplings:
+        for method in args.methods:
+            base = workload.base[method].model_copy(update={"coupling": coupling})
+            if method == "ar":
+                configs.setdefault(_label("ar", "ar", coupling), base)
+                continue
+            candidates = candidate_configs(base)
+            calibration = BenchCalibration(workload, continuous, calibration_rows, compile_mode=base.compile, device=device)
+            auto = base.model_copy(update={"jacobi" if method in JACOBI_METHODS else "draft_tree": "auto"})
+            plan = plan_decode(auto, batch, calibration, rounds=args.rounds, candidates=candidates)  # the product's tuning, never cached
+            label = chosen[(method, coupling)] = shape_label(plan.decode)
+            best = next((c for c in candidates if shape_label(c) == label), plan.decode)
+            for config in candidates if args.shapes == "all" else [candidates[0], best]:
+                configs.setdefault(_label(config.method, shape_label(config), coupling), config)
+            tuned.append({"method": method, "coupling": coupling, "batch": batch, "chosen": label,
+                          "tune_seconds": plan.shape["seconds"], "trials": plan.shape["trials"]})
+            logger.info("bench throughput: batch %d, %s (%s) tuned to %s in %.0f s", batch, method, coupling, label, tuned[-1]["tune_seconds"])
+    return configs, chosen
+
+
 def _total(runs: list[Measured]) -> Measured:
     """One config's runs together (each repeat's turns, each turn rows of its own): every measured row once."""
     occupancy = [m.occupancy for m in runs if m.occupancy is not None]
@@ -262,8 +284,8 @@ def _total(runs: list[Measured]) -> Measured:
                     max(m.kv_bytes for m in runs), sum(occupancy) / len(occupancy) if occupancy else None)
 
 
-def _row(method: str, batch: int, shape: str, auto: bool, items: int, m: Measured) -> dict:
-    return {"method": method, "batch": batch, "shape": shape, "auto": auto, "items": items,
+def _row(method: str, batch: int, shape: str, auto: bool, items: int, m: Measured, coupling: str) -> dict:
+    return {"method": method, "coupling": coupling, "batch": batch, "shape": shape, "auto": auto, "items": items,
             "items_per_s": items / m.seconds, "tokens_per_forward": m.tokens / max(1, m.forwards),
             "kv_bytes": m.kv_bytes, "occupancy": m.occupancy}
 
@@ -272,13 +294,14 @@ def _print(result: dict) -> None:
     best = {}
     for r in result["rows"]:
         best[r["batch"]] = max(best.get(r["batch"], 0.0), r["items_per_s"])
-    table = [[r["batch"], r["method"], r["shape"], "yes" if r["auto"] else "", f"{r['items_per_s']:.2f}",
+    table = [[r["batch"], r["method"], r["coupling"], r["shape"], "yes" if r["auto"] else "", f"{r['items_per_s']:.2f}",
               f"{r['items_per_s'] / best[r['batch']]:.2f}", f"{r['tokens_per_forward']:.2f}", f"{r['kv_bytes'] / 2**20:.1f}",
               "-" if r["occupancy"] is None else f"{r['occupancy']:.3f}"]
-             for r in sorted(result["rows"], key=lambda r: (r["batch"], r["method"] != "ar", not r["auto"], -r["items_per_s"]))]
+             for r in sorted(result["rows"], key=lambda r: (r["batch"], r["method"] != "ar", r["method"], not r["auto"], r["coupling"],
+                                                               -r["items_per_s"]))]
     print_table(f"raydec bench throughput --task {result['task']} ({result['device']}, {result['dtype']}, {result['threads']} thread(s), "
                 f"{result['batching']} batching)",
-                ["batch", "method", "shape", "auto", "items/s", "x best", "tokens/fwd", "KV MiB", "occupancy"], table)
+                ["batch", "method", "coupling", "shape", "auto", "items/s", "x best", "tokens/fwd", "KV MiB", "occupancy"], table)
     f = result["frontier"]
     if f["frontier_ratio"] is None:
         print("\nfrontier: needs ar and a speculative method within the memory budget")
@@ -296,9 +319,11 @@ def _plot(result: dict, out_dir: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for method in result["methods"]:
-        points = sorted((r["batch"], r["items_per_s"]) for r in result["rows"] if r["method"] == method and r["auto"])
-        ax.plot([b for b, _ in points], [v for _, v in points], marker="o", label=f"{method} (auto)" if method != "ar" else "ar")
+    for coupling in result["couplings"]:
+        for method in result["methods"]:
+            points = sorted((r["batch"], r["items_per_s"]) for r in result["rows"] if r["method"] == method and r["auto"] and r["coupling"] == coupling)
+            name = f"{method} (auto)" if method != "ar" else "ar"
+            ax.plot([b for b, _ in points], [v for _, v in points], marker="o", label=name if len(result["couplings"]) == 1 else f"{name}, {coupling}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
     ax.set_ylabel("items per second")
@@ -319,6 +344,8 @@ def add_throughput_parser(subparsers: Any) -> None:
     parser.add_argument("--task", choices=("t2i", "caption"), default="t2i")
     parser.add_argument("--model", default="reference", help='"reference" or a local checkpoint folder of the task')
     parser.add_argument("--methods", default=None, help="comma-separated, ar included (t2i: ar,sjd,sjd_ac,sjd_pac; caption: ar,vispec,eagle)")
+    parser.add_argument("--couplings", default="rejection",
+                        help="comma-separated: rejection, gumbel (each method tuned and measured under each, side by side)")
     parser.add_argument("--batches", type=positive_int_list, default=[1, 8, 32], help="batch sizes (comma-separated)")
     parser.add_argument("--items", type=positive_int, default=None,
                         help="measured rows per (shape, batch) and repeat, at least four batches (default: t2i 16, caption 128)")

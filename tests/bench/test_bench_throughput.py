@@ -19,18 +19,20 @@ def test_bench_throughput_rows_auto_choices_and_frontier(tmp_path, batching):
 
     model = tiny_janus(tmp_path / "janus")
     out = tmp_path / "throughput.json"
+    couplings = ["rejection", "gumbel"] if batching == "continuous" else ["rejection"]  # side by side, each tuned
     assert bench_main(["throughput", "--task", "t2i", "--model", str(model), "--batches", "1,2", "--items", "2", "--calibration", "2",
                        "--rounds", "1", "--repeats", "1", "--dtype", "float32", "--batching", batching, "--plots", str(tmp_path / "plots"),
-                       "--json", str(out)]) == 0
+                       "--couplings", ",".join(couplings), "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     rows = result["rows"]
     for batch in (1, 2):
         at = [r for r in rows if r["batch"] == batch]
         assert {r["shape"] for r in at if r["method"] == "ar"} == {"ar"}
-        auto = [r for r in at if r["method"] == "sjd_pac" and r["auto"]]
-        assert len(auto) == 1  # the tuned choice, which may be plain AR
-        chosen = next(t["chosen"] for t in result["tuning"] if t["batch"] == batch)
-        assert auto[0]["shape"] == chosen
+        for coupling in couplings:
+            auto = [r for r in at if r["method"] == "sjd_pac" and r["auto"] and r["coupling"] == coupling]
+            assert len(auto) == 1  # the tuned choice, which may be plain AR
+            chosen = next(t["chosen"] for t in result["tuning"] if t["batch"] == batch and t["coupling"] == coupling)
+            assert auto[0]["shape"] == chosen
         assert all(r["items_per_s"] > 0 and r["kv_bytes"] > 0 and r["tokens_per_forward"] >= 1.0 for r in at)
         assert all(r["items"] == max(2, MIN_BATCHES * batch) for r in at)  # every config decoded every measured row
     assert all(0 < r["occupancy"] <= 1 if batching == "continuous" else r["occupancy"] is None for r in rows)
