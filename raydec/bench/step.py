@@ -23,7 +23,8 @@ over a random Llama with a 32,000-token vocabulary runs the draft-tree path. For
                          (``--compile on``; 0 when eager, or when an earlier shape of the run
                          compiled the same variants: on a CPU the batch is a dynamic size)
 
-``--context N,...`` gives every row about N cached tokens before the measured steps (a long
+``--coupling rejection,gumbel`` puts a shape's step under both couplings side by side: the
+difference is what gumbel's per-position noise and match test cost. ``--context N,...`` gives every row about N cached tokens before the measured steps (a long
 prompt), ``--cache-layout slots,concat`` compares the cache written in place with Hugging Face's
 concatenation.
 
@@ -36,12 +37,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import logging
 import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -56,7 +58,7 @@ from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, vocabulary
 from raydec.speculative.engine import Engine
 from raydec.speculative.proposers.draft_tree import DraftTreeProposer
 from raydec.speculative.proposers.factory import make_proposer
-from raydec.speculative.requests import RowRequest
+from raydec.speculative.requests import COUPLINGS, RowRequest
 
 logger = logging.getLogger(__name__)
 
@@ -263,7 +265,7 @@ def long_prompt(target: Any, text: str, tokens: int) -> str:
 
 def jacobi_runs(
     codebook: int, methods: list[str], batches: list[int], windows: list[int], steps: int, device: str = "cpu",
-    contexts: list[int] = (0,), layouts: list[str] = ("slots",), compiles: list[str] = ("off",),
+    contexts: list[int] = (0,), layouts: list[str] = ("slots",), compiles: list[str] = ("off",), couplings: list[str] = ("rejection",),
 ) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         target = load_t2i_target(build_janus(Path(tmp) / "janus", codebook, 2048 + max(contexts)), dtype=torch.float32)
@@ -273,19 +275,19 @@ def jacobi_runs(
     runs = []
     for context in contexts:
         prompts = [long_prompt(target, text, context) for text in samples]
-        for method, window, layout, compile in ((m, w, lay, c) for m in methods for w in windows for lay in layouts for c in compiles):
+        for method, window, layout, compile, coupling in itertools.product(methods, windows, layouts, compiles, couplings):
             branching, depth = (3, 1) if method == "sjd_pac" else (1, 0)
             jacobi = JacobiDraftConfig(window=window, branching=branching, tree_depth=depth, init="left")
             config = DecodeConfig(method=method, max_new_tokens=target.num_image_tokens, sampling=target.default_sampling(), jacobi=jacobi)
             for batch in batches:
                 engine = Engine(timed, make_proposer(config, target), config.sampling, config.max_new_tokens, constraint=target.vocab_constraint(),
-                                eos_token_ids=target.eos_token_ids, cache_layout=layout, compile=compile)
+                                eos_token_ids=target.eos_token_ids, cache_layout=layout, compile=compile, coupling=coupling)
                 session = engine.session(batch_size=batch)
                 for i in range(batch):
                     session.submit(RowRequest(ImagePrompt(prompts[i], None), seed=i))
                 measured = measure_session(session, timed, steps, warmup=1)
                 runs.append({"method": method, "batch": batch, "window": window, "vocab": codebook, "cfg": True, "context": context,
-                             "cache_layout": layout, "compile": compile, **measured, "compile_s": compile_seconds(engine)})
+                             "cache_layout": layout, "compile": compile, "coupling": coupling, **measured, "compile_s": compile_seconds(engine)})
                 logger.info("bench step: %s", runs[-1])
     return runs
 
@@ -335,24 +337,26 @@ def tree_target(name: str, vocab: int, max_positions: int, device: str) -> tuple
 def draft_tree_runs(
     vocab: int, batches: list[int], windows: list[int], steps: int, device: str = "cpu",
     contexts: list[int] = (0,), layouts: list[str] = ("slots",), compiles: list[str] = ("off",), target_name: str = "tiny",
+    couplings: list[str] = ("rejection",),
 ) -> list[dict]:
     """A random EAGLE / ViSpec draft model (the draft-tree path) over a random target (``TREE_TARGETS``)."""
     target, draft_model = tree_target(target_name, vocab, 2048 + max(contexts), device)
     timed = TimedTarget(target)
     runs = []
-    for context, window, layout, compile in ((c, w, lay, cm) for c in contexts for w in windows for lay in layouts for cm in compiles):
+    for context, window, layout, compile, coupling in itertools.product(contexts, windows, layouts, compiles, couplings):
         depth, top_k = (4, 3) if window <= 16 else (6, 4)
         tree = DraftTreeConfig(depth=depth, top_k=top_k, total_tokens=min(window, top_k + (depth - 1) * top_k * top_k))
         decode = DecodeConfig(method="eagle", max_new_tokens=256, sampling=SamplingConfig(temperature=1.0), draft_tree=tree)
         for batch in batches:
-            engine = Engine(timed, DraftTreeProposer(draft_model, tree), decode.sampling, decode.max_new_tokens, cache_layout=layout, compile=compile)
+            engine = Engine(timed, DraftTreeProposer(draft_model, tree), decode.sampling, decode.max_new_tokens, cache_layout=layout, compile=compile,
+                            coupling=coupling)
             session = engine.session(batch_size=batch)
             for i in range(batch):
                 prompt = [1 + i % 7, 2, 3 + i % 5]
                 session.submit(RowRequest((prompt * (context // 3 + 1))[: max(context, 3)], seed=i))
             measured = measure_session(session, timed, steps, warmup=1)
             runs.append({"method": "eagle", "batch": batch, "window": tree.total_tokens, "vocab": target.vocab_size, "cfg": False,
-                         "context": context, "cache_layout": layout, "compile": compile, "target": target_name, **measured,
+                         "context": context, "cache_layout": layout, "compile": compile, "coupling": coupling, "target": target_name, **measured,
                          "compile_s": compile_seconds(engine), "step_over_forward": _step_over_forward(measured)})
             logger.info("bench step: %s", runs[-1])
     return runs
@@ -370,18 +374,14 @@ def _step_over_forward(measured: dict) -> float | None:
     return (forward + measured["host_ms_per_step"]) / forward if forward else None
 
 
-def _layouts(text: str) -> list[str]:
-    layouts = [m.strip() for m in text.split(",") if m.strip()]
-    if not layouts or any(m not in ("slots", "concat") for m in layouts):
-        raise argparse.ArgumentTypeError(f"cache layouts: {text!r}; choose from slots, concat")
-    return layouts
-
-
-def _compiles(text: str) -> list[str]:
-    modes = [m.strip() for m in text.split(",") if m.strip()]
-    if not modes or any(m not in ("on", "off", "auto") for m in modes):
-        raise argparse.ArgumentTypeError(f"compile: {text!r}; choose from on, off, auto (comma-separated)")
-    return modes
+def _choices(what: str, known: tuple[str, ...]) -> Callable[[str], list[str]]:
+    """An argparse type: a non-empty comma-separated list of ``known`` values."""
+    def parse(text: str) -> list[str]:
+        values = [m.strip() for m in text.split(",") if m.strip()]
+        if not values or any(m not in known for m in values):
+            raise argparse.ArgumentTypeError(f"{what}: {text!r}; choose from {', '.join(known)} (comma-separated)")
+        return values
+    return parse
 
 
 def _methods(text: str) -> list[str]:
@@ -399,17 +399,18 @@ def bench_step(args: argparse.Namespace) -> dict:
     runs: list[dict] = []
     jacobi = [m for m in args.methods if m in JACOBI]
     for codebook in args.vocab if jacobi else []:
-        runs += jacobi_runs(codebook, jacobi, args.batch, args.window, args.steps, device, args.context, args.cache_layout, args.compile)
+        runs += jacobi_runs(codebook, jacobi, args.batch, args.window, args.steps, device, args.context, args.cache_layout, args.compile,
+                            args.coupling)
     if "eagle" in args.methods:
         runs += draft_tree_runs(args.draft_vocab, args.batch, args.window, args.steps, device, args.context, args.cache_layout, args.compile,
-                                args.tree_target)
-    rows = [[r["method"], r["vocab"], r["batch"], r["window"], r["cached_tokens"], r["cache_layout"], r["compile"],
+                                args.tree_target, args.coupling)
+    rows = [[r["method"], r["vocab"], r["batch"], r["window"], r["cached_tokens"], r["cache_layout"], r["compile"], r["coupling"],
              f"{r['syncs_per_step']:.1f}", f"{r['host_bytes_per_step']:.0f}", f"{r['ops_per_step']:.0f}", f"{r['launches_per_step']:.0f}",
              f"{r['host_ms_per_step']:.2f}",
              f"{r['cache_bytes_per_step'] / 1e3:.1f}", f"{r['forward_ms_per_step']:.2f}", f"{r['compile_s']:.1f}"] for r in runs]
     print_table(f"raydec bench step: per decode step outside the target forward ({torch.get_num_threads()} thread(s), "
                 f"{device})",
-                ["method", "vocab", "batch", "window", "cached", "cache", "compile", "syncs", "bytes to host", "ops", "launches", "host ms",
+                ["method", "vocab", "batch", "window", "cached", "cache", "compile", "coupling", "syncs", "bytes to host", "ops", "launches", "host ms",
                  "cache KB", "forward ms", "compile s"], rows)
     return {"bench": "step", "device": device, "threads": torch.get_num_threads(), "runs": runs}
 
@@ -427,8 +428,11 @@ def add_step_parser(subparsers: Any) -> None:
     parser.add_argument("--window", type=positive_int_list, default=[16, 64, 96], help="draft windows / tree sizes (comma-separated)")
     parser.add_argument("--context", type=non_negative_int_list, default=[0],
                         help="about this many cached tokens per row before the measured steps (a long prompt; comma-separated)")
-    parser.add_argument("--cache-layout", type=_layouts, default=["slots"], help="slots (written in place), concat (comma-separated)")
-    parser.add_argument("--compile", type=_compiles, default=["off"],
+    parser.add_argument("--cache-layout", type=_choices("cache layouts", ("slots", "concat")), default=["slots"],
+                        help="slots (written in place), concat (comma-separated)")
+    parser.add_argument("--coupling", type=_choices("coupling", COUPLINGS), default=["rejection"],
+                        help="rejection, gumbel (comma-separated): gumbel's noise and match test cost per step, side by side")
+    parser.add_argument("--compile", type=_choices("compile", ("on", "off", "auto")), default=["off"],
                         help="on (the step's tensor work captured per batch bucket), off, auto (comma-separated)")
     parser.add_argument("--steps", type=positive_int, default=3, help="timed decode steps per shape (each followed by a profiled one)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (cuda when torch sees a GPU)")

@@ -38,20 +38,19 @@ from typing import Callable, ContextManager, Literal, Sequence
 import torch
 
 from raydec.config import SamplingConfig
-from raydec.speculative import random as streams
 from raydec.speculative.buffers import KeptBuffer
 from raydec.speculative.capture import CompileMode, StepGraph, resolve_compile
 from raydec.speculative.cache import DEFAULT_LAYOUT, CacheLayout, RaggedCache
 from raydec.speculative.refill import RefillPolicy
-from raydec.speculative.prefill import left_pad, pad_layer_residuals, prefill_mask
+from raydec.speculative.prefill import first_tokens, left_pad, pad_layer_residuals, prefill_mask
 from raydec.speculative.proposers.base import DecodeState, Prefill, Proposer
 from raydec.speculative.random import RowRandom
 from raydec.speculative.requests import COUPLINGS, Coupling, RowOutput, RowRequest, RowState
-from raydec.speculative.sampling import VocabConstraint, process_logits, sample_with_uniform
+from raydec.speculative.sampling import VocabConstraint, process_logits
 from raydec.speculative.session import SessionRows, fill_from_the_end
 from raydec.speculative.target import DecodingTarget, ForwardOutput, PromptInputs, stack_prompts
 from raydec.speculative.tree import DraftTree
-from raydec.speculative.verify import VerifyResult, coupled_tokens, verify_tree
+from raydec.speculative.verify import VerifyResult, verify_tree
 from raydec.speculative.verify_step import Verifier, tree_facts, tree_tensors, verify_step
 
 logger = logging.getLogger(__name__)
@@ -429,18 +428,6 @@ class DecodeSession(SessionRows):
             self.random = self.random.select(torch.tensor(index, dtype=torch.long))
             self.active = [self.active[i] for i in index]
         return finished
-
-
-def first_tokens(first_probs: torch.Tensor, random: RowRandom, coupled: list[bool]) -> torch.Tensor:
-    """Each row's first token from the prefill's P ([B, V]): Gumbel-max with the noise of
-    position 0 where coupled, inverse CDF with its first-token uniform elsewhere. -> [B]"""
-    if not any(coupled):
-        return sample_with_uniform(first_probs, random.uniforms(streams.FIRST_TOKEN, 1)[:, 0])
-    gumbel = coupled_tokens(first_probs.unsqueeze(1), random.at_positions(torch.zeros_like(random.seeds)).gumbels(
-        torch.zeros(1, dtype=torch.long), first_probs.shape[-1]))[:, 0]
-    if all(coupled):
-        return gumbel
-    return torch.where(random.flags(), gumbel, sample_with_uniform(first_probs, random.uniforms(streams.FIRST_TOKEN, 1)[:, 0]))
 
 
 def _read_commit(packed: torch.Tensor) -> list[tuple[int, int, list[int]]]:

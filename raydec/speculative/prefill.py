@@ -1,4 +1,5 @@
-"""The prefill window: per-row prompts left-padded into one batch, and its attention mask."""
+"""The prefill window: per-row prompts left-padded into one batch, its attention mask, and the
+first token each row samples from the prefill's P."""
 
 from __future__ import annotations
 
@@ -6,8 +7,12 @@ from typing import Sequence
 
 import torch
 
+from raydec.speculative import random as streams
+from raydec.speculative.random import RowRandom
+from raydec.speculative.sampling import sample_with_uniform
 from raydec.speculative.target import DecodingTarget, PromptInputs
 from raydec.speculative.tree import identity_mask
+from raydec.speculative.verify import coupled_tokens
 
 
 def left_pad(prompts: Sequence[PromptInputs], target: DecodingTarget) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -65,3 +70,15 @@ def prefill_mask(valid: torch.Tensor) -> torch.Tensor:
     causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
     allowed = causal.unsqueeze(0) & valid.unsqueeze(1)
     return allowed | identity_mask(width).unsqueeze(0)
+
+
+def first_tokens(first_probs: torch.Tensor, random: RowRandom, coupled: list[bool]) -> torch.Tensor:
+    """Each row's first token from the prefill's P ([B, V]): Gumbel-max with the noise of
+    position 0 where coupled, inverse CDF with its first-token uniform elsewhere. -> [B]"""
+    if not any(coupled):
+        return sample_with_uniform(first_probs, random.uniforms(streams.FIRST_TOKEN, 1)[:, 0])
+    gumbel = coupled_tokens(first_probs.unsqueeze(1), random.at_positions(torch.zeros_like(random.seeds)).gumbels(
+        torch.zeros(1, dtype=torch.long), first_probs.shape[-1]))[:, 0]
+    if all(coupled):
+        return gumbel
+    return torch.where(random.flags(), gumbel, sample_with_uniform(first_probs, random.uniforms(streams.FIRST_TOKEN, 1)[:, 0]))

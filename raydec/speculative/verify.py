@@ -1,4 +1,8 @@
-"""The lossless verifier: one function for every method.
+"""The lossless verifier: one function for every method, in two couplings.
+
+``verify_tree`` (coupling "rejection") and ``verify_coupled`` (coupling "gumbel", below: a match
+against the target's Gumbel-max sample under noise fixed per generated position, so the
+committed tokens do not depend on the drafts).
 
 Level-by-level recursive rejection sampling over a draft tree (Chen et al. 2023 speculative
 sampling; recursive / multi-draft form as in SpecInfer and Jeon et al. 2024):

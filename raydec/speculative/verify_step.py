@@ -1,11 +1,12 @@
 """A step's verification as one pure tensor function (the unit the engine captures).
 
-    verify_step(tree tensors, P, seeds, steps) -> the verifier's result, the cache slots to keep,
-                                                  and the step's one read-back, packed
+    verify_step(tree tensors, P, seeds, steps, positions, coupled)
+        -> the verifier's result, the cache slots to keep, and the step's one read-back, packed
 
 Inputs and outputs are tensors whose first dimension is the batch, so ``StepGraph`` can pad a
 batch to its bucket and capture the whole function as one graph: the uniforms (counter-based,
-from each row's seed and step), the verifier, the keep mask and the packed outcome.
+from each row's seed and step) or the Gumbel noise (from its seed and each node's generated
+position), the verifier, the keep mask and the packed outcome.
 """
 
 from __future__ import annotations

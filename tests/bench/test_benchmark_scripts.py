@@ -45,18 +45,21 @@ def test_bench_step_reports_every_shape(tmp_path, capsys):
 
     out = tmp_path / "step.json"
     code = bench_main(["step", "--methods", "sjd_pac,eagle", "--vocab", "512", "--draft-vocab", "512", "--batch", "1,2",
-                       "--window", "8", "--steps", "1", "--threads", "1", "--tree-target", "qwen2.5-vl-small", "--json", str(out)])
+                       "--window", "8", "--steps", "1", "--threads", "1", "--tree-target", "qwen2.5-vl-small", "--coupling", "rejection,gumbel",
+                       "--json", str(out)])
     assert code == 0
     runs = json.loads(out.read_text())["runs"]
-    assert {(r["method"], r["batch"]) for r in runs} == {(m, b) for m in ("sjd_pac", "eagle") for b in (1, 2)}
+    assert {(r["method"], r["batch"], r["coupling"]) for r in runs} == {
+        (m, b, c) for m in ("sjd_pac", "eagle") for b in (1, 2) for c in ("rejection", "gumbel")}
     for run in runs:
         assert run["syncs_per_step"] <= 2 and run["ops_per_step"] > 0 and run["host_ms_per_step"] >= 0
         assert set(run) >= {"method", "batch", "window", "vocab", "syncs_per_step", "host_bytes_per_step", "ops_per_step", "host_ms_per_step",
                             "launches_per_step", "compile"}
         assert 0 < run["launches_per_step"] < run["ops_per_step"]  # views and allocations launch nothing
     assert all(r["target"] == "qwen2.5-vl-small" and r["step_over_forward"] > 1 for r in runs if r["method"] == "eagle")
-    jacobi = {r["batch"]: r for r in runs if r["method"] == "sjd_pac"}
-    assert jacobi[2]["ops_per_step"] <= 1.25 * jacobi[1]["ops_per_step"]  # ops do not grow with the batch
+    for coupling in ("rejection", "gumbel"):
+        jacobi = {r["batch"]: r for r in runs if r["method"] == "sjd_pac" and r["coupling"] == coupling}
+        assert jacobi[2]["ops_per_step"] <= 1.25 * jacobi[1]["ops_per_step"]  # ops do not grow with the batch
     assert "sjd_pac" in capsys.readouterr().out  # the table
 
 

@@ -13,6 +13,11 @@ it is distributed as (dense ``[V]``; one-hot for deterministic spatial-prior dra
       sjd     draft_j ~ P_{j-1}                       Q_j := P_{j-1}
       ac/pac  keep draft_j with prob min(1, P_{j-1}(d)/Q_j(d)), else ~ norm(max(0, P_{j-1} - Q_j))
               (maximal coupling: marginally P_{j-1})  Q_j := P_{j-1}   (always the new P)
+      gumbel  (a row in coupling "gumbel", any variant) draft_j = argmax(log P_{j-1} + G_j), Q_j := P_{j-1},
+              with G_j the row's noise at slot j's generated position (``RowRandom.gumbels``): the
+              target's own sample there whenever P_j = P_{j-1}; a tree level's K candidates are the
+              Gumbel top-K list of log Q_j + G_j (``gumbel_list``), a fresh slot the Gumbel-max of the
+              uniform Q
 
 Fresh drafts (``fresh_drafts``): a uniform random allowed token with Q = uniform over the
 allowed ids, or a spatial prior (the token to the left / above in the image grid) with Q one-hot;
