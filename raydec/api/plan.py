@@ -14,8 +14,9 @@ on disk (``raydec.api.draft_shapes.ShapeCache``) and kept in a job's manifest; a
 plan its manifest records (``recorded``). ``batch_size: auto`` (jobs, stages, Serve) is measured
 first: the most rows whose KV cache fits the worker's memory (``raydec.api.memory``).
 
-Every candidate shape decodes losslessly: the plan moves speed, never the output law, though with
-sampling a row's particular sample depends on the shape it was decoded with.
+Every candidate shape decodes losslessly: the plan moves speed, never the output law. With sampling,
+a row's particular sample depends on the shape it was decoded with under ``coupling: rejection``, and
+on its seed alone under ``coupling: gumbel`` (the plan records which).
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ logger = logging.getLogger(__name__)
 ShapeSource = Literal["config", "default", "cache", "tuned", "manifest"]
 #: where its batch size came from: the config, measured now ("auto"), or the resumed job's manifest
 BatchSource = Literal["config", "measured", "manifest"]
-#: how verification accepts a drafted token: "residual" is speculative sampling's accept test with a
-#: draw from the residual law on rejection (lossless; a sample depends on the draft shape)
-Coupling = Literal["residual"]
+#: how a sampled row's tokens follow from its seed (``DecodeConfig.coupling``): "rejection" (speculative
+#: sampling's accept test, a draw from the residual law on rejection: a sample depends on the draft
+#: shape) or "gumbel" (Gumbel-max with noise fixed per generated position: the same tokens whatever the
+#: method, shape or batch)
+Coupling = Literal["rejection", "gumbel"]
 
 
 class Calibration(Protocol):
@@ -72,10 +75,14 @@ class DecodePlan:
     batch_size: int
     shape_from: ShapeSource
     batch_from: BatchSource
-    coupling: Coupling = "residual"
     key: dict | None = None  # the shape cache's key (None: a shape not tuned, or weights nothing identifies)
     shape: dict = field(default_factory=dict)  # the tuning's record: label, trials' rates, seconds, calibration rows
     batch: dict = field(default_factory=dict)  # batch_size auto's record: a row's KV bytes, the memory, ...
+
+    @property
+    def coupling(self) -> Coupling:
+        """How a sampled row's tokens follow from its seed: the decode config's (a request may bring its own)."""
+        return self.decode.coupling
 
     @property
     def label(self) -> str:

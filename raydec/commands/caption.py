@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     ids, images = read_images(args.images, args.parquet, args.column)
     extra = {k: v for k, v in (("max_new_tokens", args.max_new_tokens), ("draft_model", args.draft_model)) if v is not None}
     decode = decode_config(args, "vispec", extra)
-    DecodeConfig.model_validate(decode)  # before the model loads (a user error ends the command in one message: raydec.cli)
+    # before the model loads (a user error ends the command in one message: raydec.cli)
+    coupling = DecodeConfig.model_validate(decode).coupling
     if args.json is not None:
         check_folder(args.json.parent, "--json")
     import torch
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         with args.json.open("w") as log:
             for row_id, result in zip(ids, results):
                 log.write(json.dumps({"id": row_id, "caption": result.caption, "seed": result.seed, "method": result.method, "plan": result.plan,
-                                      "target_forwards": result.target_forwards, "tokens_per_forward": result.tokens_per_forward,
-                                      "latency_s": result.latency_s, "finish_reason": result.finish_reason}) + "\n")
+                                      "coupling": coupling, "target_forwards": result.target_forwards,
+                                      "tokens_per_forward": result.tokens_per_forward, "latency_s": result.latency_s,
+                                      "finish_reason": result.finish_reason}) + "\n")
     return 0

@@ -5,7 +5,7 @@
     raydec generate --parquet prompts.parquet --column prompt --out pngs/
     raydec generate "a red circle" --model /models/emu3-gen --size 512x768 --out pngs/
 
-Writes OUT/<id>.png per prompt and OUT/results.jsonl (prompt, seed, decoding statistics).
+Writes OUT/<id>.png per prompt and OUT/results.jsonl (prompt, seed, method, coupling, decoding statistics).
 For many prompts on a cluster, use a batch job (``raydec run``).
 """
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cfg_scale is not None:
         decode.setdefault("sampling", {})["cfg_scale"] = args.cfg_scale
     # what can be checked before the model loads (a user error ends the command in one message: raydec.cli)
-    DecodeConfig.model_validate(decode)
+    coupling = DecodeConfig.model_validate(decode).coupling
     parse_image_size(args.size, "--size")
     check_folder(args.out, "--out")
     import torch
@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
             path = args.out / f"{row_id}.png"
             result.image.save(path)
             log.write(json.dumps({"id": row_id, "prompt": prompt, "seed": result.seed, "image": str(path), "method": result.method, "plan": result.plan,
-                                  "target_forwards": result.target_forwards, "tokens_per_forward": result.tokens_per_forward,
-                                  "latency_s": result.latency_s}) + "\n")
+                                  "coupling": coupling, "target_forwards": result.target_forwards,
+                                  "tokens_per_forward": result.tokens_per_forward, "latency_s": result.latency_s}) + "\n")
     mean = sum(r.tokens_per_forward for r in results) / max(1, len(results))
     print(f"raydec generate: {len(results)} image(s) in {args.out} ({decoded_method(decode['method'], results)}, "
           f"{mean:.2f} tokens per target forward)")

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, get_args
 
 import yaml
 
-from raydec.config import DRAFT_METHODS, JACOBI_METHODS
+from raydec.config import DRAFT_METHODS, JACOBI_METHODS, DecodeConfig
+
+#: the values of DecodeConfig.coupling (how a sampled row's tokens follow from its seed)
+COUPLINGS: tuple[str, ...] = get_args(DecodeConfig.model_fields["coupling"].annotation)
 
 #: flags of earlier releases, still read until raydec.validation.RENAMES_REMOVED_IN (old -> new)
 RENAMED_FLAGS = {"--draft": "--shape"}
@@ -23,6 +26,11 @@ def add_decode_flags(parser: argparse.ArgumentParser, methods: tuple[str, ...], 
     parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (0: greedy); default: the checkpoint's")
     parser.add_argument("--top-k", type=int, default=None, help="top-k (0 disables); default: the checkpoint's")
     parser.add_argument("--top-p", type=float, default=None, help="nucleus mass; default: the checkpoint's")
+    parser.add_argument("--coupling", choices=COUPLINGS, default=None,
+                        help="how a sampled row's tokens follow from its seed (both sample the target's law): rejection "
+                        "(rejection sampling: a seed's tokens depend on the method and draft shape) or gumbel (Gumbel-max "
+                        "noise fixed per position: a seed gives the same tokens whatever the method, draft shape or batch); "
+                        "default: --decode-config's, else rejection")
     parser.add_argument("--shape", "--draft", dest="shape", choices=["default", "auto"], default="default",
                         help="the draft shape (sjd*: the Jacobi window / tree; vispec / eagle: the draft tree): default (the "
                         "default) is the method's default shape, or the one --decode-config names, as in a job or Serve; "
@@ -52,8 +60,9 @@ def decode_config(args: argparse.Namespace, default_method: str, extra: Optional
             sampling[name] = getattr(args, name)
     if sampling:
         values["sampling"] = sampling
-    if args.compile is not None:
-        values["compile"] = args.compile
+    for name in ("compile", "coupling"):
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
     values.update(extra or {})
     shape_field = "jacobi" if values["method"] in JACOBI_METHODS else "draft_tree" if values["method"] in DRAFT_METHODS else None
     if args.shape == "auto" and shape_field is not None:

@@ -54,6 +54,38 @@ def test_generate_writes_the_images_generate_images_gives(tmp_path):
         main(["generate", "a cat", "--parquet", str(table), "--out", str(tmp_path / "x")])
 
 
+def test_generate_and_caption_take_the_coupling(tmp_path, capsys):
+    """--coupling gumbel reaches the decode: a seed's image (caption) is the one generate_images
+    (caption_images) gives under the Gumbel coupling with plain AR, though the command drafts (sjd,
+    vispec), and results.jsonl records the coupling; a value that is none ends in one message."""
+    from raydec.api import caption_images, generate_images
+    from raydec.reference.shapes import sample_images
+
+    prompts = ["a red circle on the left", "a blue square at the top"]
+    assert main(["generate", *prompts, "--method", "sjd", "--coupling", "gumbel", "--seed", "31", "--out", str(tmp_path / "png")]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "png" / "results.jsonl").read_text().splitlines()]
+    assert [(row["method"], row["coupling"]) for row in rows] == [("sjd", "gumbel")] * 2
+    expected = generate_images(prompts, decode={"method": "ar", "coupling": "gumbel"}, seeds=[31, 32])
+    for row, result in zip(rows, expected):
+        assert np.array_equal(np.asarray(Image.open(row["image"]).convert("RGB")), np.asarray(result.image))
+
+    image = sample_images([3])[0]
+    image.save(tmp_path / "shape.png")
+    capsys.readouterr()
+    assert main(["caption", str(tmp_path / "shape.png"), "--method", "vispec", "--temperature", "1", "--coupling", "gumbel",
+                 "--json", str(tmp_path / "c.jsonl")]) == 0
+    expected = caption_images([image], decode={"method": "ar", "coupling": "gumbel", "sampling": {"temperature": 1.0}}, seeds=[0])[0]
+    assert capsys.readouterr().out.strip() == f"shape: {expected.caption}"
+    row = json.loads((tmp_path / "c.jsonl").read_text())
+    assert (row["coupling"], row["method"]) == ("gumbel", "vispec") and row["tokens_per_forward"] > 1
+
+    with pytest.raises(SystemExit) as done:
+        main(["generate", "x", "--coupling", "maximal", "--out", str(tmp_path / "bad")])
+    assert done.value.code == 2
+    said = capsys.readouterr().err.splitlines()[-1]  # argparse's usage, then the one line that says what was wrong
+    assert said.startswith("raydec generate: error: argument --coupling: invalid choice: 'maximal'") and "gumbel" in said
+
+
 def test_generate_makes_an_emu3_at_two_sizes_and_names_the_sizes_it_can(tmp_path, capsys):
     """`--size WIDTHxHEIGHT` reaches the model: a tiny Emu3 (one token per 8x8 pixels) makes 32x32
     and 16x24 images, each equal to generate_images at that size; 20x20 is refused, naming the sizes."""

@@ -18,6 +18,7 @@ def _bad_inputs(tmp: str) -> list[list[str]]:
         ["generate", "--model", f"{tmp}/not_a_checkpoint", "--out", f"{tmp}/o", "x"],  # config.json without model_type
         ["generate", "--size", "13", "--out", f"{tmp}/o", "x"],
         ["generate", "--decode-config", f"{tmp}/bad_decode.yaml", "--out", f"{tmp}/o", "x"],
+        ["generate", "--decode-config", f"{tmp}/bad_coupling.yaml", "--out", f"{tmp}/o", "x"],
         ["generate", "--prompts-file", f"{tmp}/missing.txt", "--out", f"{tmp}/o"],
         ["generate", "--out", f"{tmp}/a_file", "x"],  # refused before the model loads
         ["caption", "--model", "/nonexistent", f"{tmp}/image.png"],
@@ -39,6 +40,7 @@ def bad_files(tmp_path):
     (tmp_path / "not_a_checkpoint").mkdir()
     (tmp_path / "not_a_checkpoint" / "config.json").write_text(json.dumps({"hidden_size": 8}))
     (tmp_path / "bad_decode.yaml").write_text("method: sjd_pac\nwindoww: 3\n")
+    (tmp_path / "bad_coupling.yaml").write_text("method: sjd_pac\ncoupling: maximal\n")
     (tmp_path / "bad_job.yaml").write_text("task: t2i\nmodel: reference\ninput:\n  path: in.parquet\noutput:\n  path: out\npool:\n  workerz: 2\n")
     (tmp_path / "bad_serve.yaml").write_text("models:\n  - name: m\n    task: t2i\n    gpus_per_worker: 2\n")
     (tmp_path / "a_file").write_text("in the way of a folder")

@@ -35,3 +35,16 @@ def test_the_default_config_has_one_plan_and_one_output_at_every_entry_point(cli
     for prompt, seed, image in zip(PROMPTS, SEEDS, expected):
         response = client.images.generate(prompt=prompt, model="t2i", response_format="b64_json", extra_body={"seed": seed})
         assert np.array_equal(pixels(response.data[0].b64_json), image)
+
+
+def test_the_plan_records_the_decode_configs_coupling():
+    """A plan's coupling is its decode config's, a resumed job's plan (a recorded shape) included: what a
+    manifest, a result and /v1/raydec/stats keep (the app's: tests/serve/test_coupling.py)."""
+    from raydec.api.plan import plan_decode
+    from raydec.config import DecodeConfig
+
+    assert plan_decode(DecodeConfig(method="sjd"), 4).record()["coupling"] == "rejection"
+    plan = plan_decode(DecodeConfig(method="sjd", coupling="gumbel"), 4)
+    assert plan.coupling == plan.record()["coupling"] == "gumbel"
+    resumed = plan_decode(DecodeConfig(method="sjd_pac", jacobi="auto", coupling="gumbel"), 4, recorded={"method": "ar"})
+    assert (resumed.decode.method, resumed.shape_from, resumed.record()["coupling"]) == ("ar", "manifest", "gumbel")
