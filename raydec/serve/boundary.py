@@ -56,12 +56,13 @@ class ImageRequest:
     negative_prompt: Optional[str] = None
     size: Optional[str] = None  # "WIDTHxHEIGHT"; None or "auto": the model's own
     partial_images: int = 0
+    coupling: Optional[str] = None  # "rejection" or "gumbel"; None: the model's
 
     @classmethod
     def from_request(cls, body: ImageGenerationRequest) -> "ImageRequest":
         return cls(prompt=body.prompt, n=body.n, seed=body.seed, method=body.method, cfg_scale=body.cfg_scale,
                    sampling=Sampling(body.temperature, body.top_k, body.top_p), negative_prompt=body.negative_prompt,
-                   size=body.size, partial_images=body.partial_images if body.stream else 0)
+                   size=body.size, partial_images=body.partial_images if body.stream else 0, coupling=body.coupling)
 
 
 @dataclass(frozen=True)
@@ -77,13 +78,14 @@ class ChatRequest:
     max_tokens: Optional[int] = None
     stop: tuple[str, ...] = ()
     stream: bool = False
+    coupling: Optional[str] = None  # "rejection" or "gumbel"; None: the model's
 
     @classmethod
     def from_request(cls, body: ChatCompletionRequest, messages: list[dict[str, Any]], images: list["Image.Image"]) -> "ChatRequest":
         """``body``'s settings with its messages and images as the ingress read them."""
         return cls(messages=tuple(messages), images=tuple(images), seed=body.seed, method=body.method,
                    sampling=Sampling(body.temperature, body.top_k, body.top_p), max_tokens=body.new_tokens(),
-                   stop=body.stop_strings(), stream=body.stream)
+                   stop=body.stop_strings(), stream=body.stream, coupling=body.coupling)
 
 
 # -- events ------------------------------------------------------------------------------------------

@@ -40,7 +40,8 @@ class ServedModel(StrictModel):
         description="Method and sampling; unset sampling takes the checkpoint's; an unset draft shape is the method's "
         "default, as everywhere. A draft shape 'auto' (jacobi: auto, draft_tree: auto): each replica takes the shape tuned "
         "for its batch size on its device from the shape cache, or tunes it at start on a few built-in calibration rows "
-        "and caches it. Requests may change the method (within the task), cfg_scale and per-row temperature / top_k / top_p.",
+        "and caches it. Requests may change the method (within the task), cfg_scale and per-row temperature / top_k / top_p "
+        "and coupling.",
     )
     batch_size: batch_size_type(1024) = Field(
         8, description="Rows one replica decodes together (continuous batching); auto: chosen at the replica's start, the "

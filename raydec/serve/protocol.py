@@ -26,6 +26,10 @@ def _valid_text(value: str) -> str:
 Text = Annotated[str, AfterValidator(_valid_text)]
 
 SEED = Field(None, ge=0, lt=2**63, description="raydec: the row's seed (a request's n images take seed, seed+1, ...); unset: random.")
+COUPLING = Field(
+    None, description="raydec: how a sampled row's tokens follow from its seed: 'rejection' (they depend on the method and "
+    "draft shape) or 'gumbel' (the same tokens for a seed whatever the method, draft shape, batch or load); unset: the model's.",
+)
 
 
 class _Body(BaseModel):
@@ -61,6 +65,7 @@ class ImageGenerationRequest(_Body):
     temperature: Optional[float] = Field(None, ge=0.0, le=10.0, description="raydec: sampling temperature (0: greedy).")
     top_k: Optional[int] = Field(None, ge=0, le=1_000_000, description="raydec: top-k (0 disables).")
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0, description="raydec: nucleus mass.")
+    coupling: Optional[Literal["rejection", "gumbel"]] = COUPLING
     negative_prompt: Optional[Text] = Field(None, description="raydec: the CFG unconditional text.")
 
 
@@ -110,6 +115,7 @@ class ChatCompletionRequest(_Body):
     # raydec
     method: Optional[Literal["ar", "vispec", "eagle"]] = Field(None, description="raydec: decoding method; unset: the model's.")
     top_k: Optional[int] = Field(None, ge=0, le=1_000_000, description="raydec: top-k (0 disables).")
+    coupling: Optional[Literal["rejection", "gumbel"]] = COUPLING
 
     def new_tokens(self) -> Optional[int]:
         """The most tokens to generate: max_completion_tokens, else max_tokens (None: neither set)."""

@@ -2,9 +2,9 @@
 the reference text-to-image model and the reference VLM in float32 (so a row's output does
 not depend on which rows share its batch), with an API key, an https allow-list that names
 loopback hosts (so the private-address refusal after DNS is what stops them) and small limits.
-The reference models decode with their methods' default shapes; a tiny Janus ("t2i-auto") leaves
-its batch size and draft shape to "auto" and finds both in a shape cache seeded before the app
-starts."""
+The reference models decode with their methods' default shapes ("t2i-gumbel": sjd under the
+Gumbel coupling); a tiny Janus ("t2i-auto") leaves its batch size and draft shape to "auto" and finds
+both in a shape cache seeded before the app starts."""
 
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ API_KEY = "rk-test-7Hq2vX9pLm4Zt8Wc"  # the tests search every log line for it
 #: the shape the seeded cache holds for "t2i-auto" at batch 2 (not a method default, so a decode shows it)
 SEEDED_SHAPE = {"method": "sjd_pac", "jacobi": {"window": 8, "branching": 1, "tree_depth": 0, "init": "left"}, "draft_tree": None,
                 "label": "window=8,init=left"}
+#: the reference model decoding with sjd under the Gumbel coupling: a seed's image is generate_images' with plain AR
+GUMBEL_MODEL = {"name": "t2i-gumbel", "task": "t2i", "decode": {"method": "sjd", "coupling": "gumbel", "sampling": {"temperature": 1.0}},
+                "batch_size": 4, "cpus_per_worker": 0.25}
 AUTO_MODEL = {"name": "t2i-auto", "task": "t2i", "decode": {"method": "sjd_pac", "jacobi": "auto"}, "batch_size": "auto",
               "cpus_per_worker": 0.25}
 
@@ -74,6 +77,7 @@ def serve_app(tmp_path_factory) -> Iterator[dict]:
             {"name": "emu3", "task": "t2i", "model": str(emu3), "decode": {"method": "sjd_pac"}, "batch_size": 4,
              "cpus_per_worker": 0.25},
             {**AUTO_MODEL, "model": str(janus)},
+            GUMBEL_MODEL,
         ],
         "media": {"allowed_domains": ["localhost", "127.0.0.1"], "max_images_per_request": 2},
         "limits": {"max_request_bytes": 2 * 2**20, "max_n": 4, "request_timeout_s": 120, "header_timeout_s": 3.0,

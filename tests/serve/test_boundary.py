@@ -24,6 +24,7 @@ def test_image_job_from_a_validated_request():
     assert request.partial_images == 0  # not streamed: no partial images
     assert request.sampling.per_row() == {"temperature": 0.5, "top_k": 0}
     assert ImageRequest.from_request(body.model_copy(update={"stream": True})).partial_images == 2
+    assert request.coupling is None and ImageRequest.from_request(body.model_copy(update={"coupling": "gumbel"})).coupling == "gumbel"
     assert Sampling().per_row() is None
 
 
@@ -33,6 +34,8 @@ def test_chat_job_from_a_validated_request():
     messages = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
     request = ChatRequest.from_request(body, messages, [])
     assert request.stop == ("\n",) and request.max_tokens == 5 and request.stream and request.messages == tuple(messages)
+    assert request.coupling is None
+    assert ChatRequest.from_request(body.model_copy(update={"coupling": "rejection"}), messages, []).coupling == "rejection"
     assert body.model_copy(update={"stop": None, "max_completion_tokens": None}).stop_strings() == ()
     assert body.model_copy(update={"max_completion_tokens": None}).new_tokens() == 9
 

@@ -104,7 +104,7 @@ def test_keys_are_required_and_never_logged(serve_app):
     status, body, _ = call(url, "/v1/models", headers={"Authorization": f"Basic {base64.b64encode(key.encode()).decode()}"})
     assert status == 401
     status, body, _ = call(url, "/v1/models", key=key)
-    assert status == 200 and {m["id"] for m in body["data"]} == {"t2i", "vlm", "emu3", "t2i-auto"}
+    assert status == 200 and {m["id"] for m in body["data"]} == {"t2i", "vlm", "emu3", "t2i-auto", "t2i-gumbel"}
     assert call(url, "/health")[0] == 200  # health needs no key
     import ray
 
