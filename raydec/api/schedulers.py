@@ -31,10 +31,17 @@ from raydec.models.image_gen import ImagePrompt
 from raydec.models.loading import draft_dtype, load_draft_model, load_target
 from raydec.speculative.engine import DecodeSession, Engine
 from raydec.speculative.proposers.factory import make_proposer
-from raydec.speculative.requests import RowRequest, RowState
+from raydec.speculative.requests import COUPLINGS, Coupling, RowRequest, RowState
 
 # what a request may set per row (CFG is the engine's: a separate key)
 ROW_SAMPLING = ("temperature", "top_k", "top_p", "repetition_penalty")
+
+
+def check_coupling(coupling: str | None) -> Coupling | None:
+    """A request's coupling, or a ValueError naming the field and value."""
+    if coupling is not None and coupling not in COUPLINGS:
+        raise ValueError(f"coupling={coupling!r} is not one of {', '.join(COUPLINGS)}")
+    return coupling
 
 
 @dataclass(frozen=True)
@@ -188,10 +195,12 @@ class ImageScheduler(Scheduler):
     def submit(
         self, prompt: str, seed: int, method: str | None = None, cfg_scale: float | None = None,
         sampling: dict[str, Any] | None = None, negative_prompt: str | None = None, size: str | None = None,
+        coupling: Coupling | None = None,
     ) -> Ticket:
         """Queue one image. method / cfg_scale: the engine's unless set; sampling: per-row
         temperature, top_k, top_p over the config's; size: ``"WIDTHxHEIGHT"`` (None, "auto":
-        the model's own), a ValueError naming the sizes the model makes when it cannot."""
+        the model's own), a ValueError naming the sizes the model makes when it cannot;
+        coupling: "rejection" or "gumbel" (None: the config's)."""
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
         if method is not None and method not in IMAGE_METHODS:
@@ -201,7 +210,7 @@ class ImageScheduler(Scheduler):
         dims = None if target is self.target else dims
         config = self.config_for(method, cfg_scale, (sampling or {}).get("temperature"))
         request = RowRequest(ImagePrompt(prompt, negative_prompt), seed=int(seed), max_new_tokens=target.num_image_tokens,
-                             sampling=self.row_sampling(config, sampling))
+                             sampling=self.row_sampling(config, sampling), coupling=check_coupling(coupling))
         check_positions(target, [request], 2 if config.sampling.uses_cfg else 1)
         key, session = self.session(config, dims)
         return Ticket(key, session.submit(request))
@@ -268,9 +277,11 @@ class CaptionScheduler(Scheduler):
     def submit(
         self, messages: list[dict[str, Any]], images: Sequence[Image.Image], seed: int, method: str | None = None,
         sampling: dict[str, Any] | None = None, max_new_tokens: int | None = None, stop: Sequence[str] = (),
+        coupling: Coupling | None = None,
     ) -> Ticket:
         """Queue one chat: Hugging Face messages whose ``{"type": "image"}`` parts take
-        ``images`` in order. stop: strings that end the answer (not included in it)."""
+        ``images`` in order. stop: strings that end the answer (not included in it); coupling:
+        "rejection" or "gumbel" (None: the config's)."""
         from raydec.models.hf_vlm import VlmPrompt  # lazy: VLM model code (transformers, ~2 s) loads only for captioning
 
         if method is not None and method not in CAPTION_METHODS:
@@ -278,7 +289,8 @@ class CaptionScheduler(Scheduler):
         config = self.config_for(method, None, (sampling or {}).get("temperature"))
         text = self.target.format_messages(messages)
         request = RowRequest(VlmPrompt(text, list(images)), seed=int(seed),
-                             max_new_tokens=max_new_tokens or config.max_new_tokens, sampling=self.row_sampling(config, sampling))
+                             max_new_tokens=max_new_tokens or config.max_new_tokens, sampling=self.row_sampling(config, sampling),
+                             coupling=check_coupling(coupling))
         key, session = self.session(config)
         ticket = Ticket(key, session.submit(request))
         if stop:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 import asyncio
-import dataclasses
 import logging
 import os
 import secrets
@@ -37,16 +36,6 @@ logger = logging.getLogger("raydec.serve")
 TORCH_DTYPES: dict[DType, torch.dtype] = {
     "float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16,
 }
-
-
-def with_coupling(scheduler: ImageScheduler | CaptionScheduler, ticket: Ticket, coupling: str | None) -> Ticket:
-    """``ticket``, its row decoded with ``coupling`` ("rejection", "gumbel"; None: the engine's). Runs on
-    the engine thread right after ``submit``, while the row is queued: its engine reads the coupling
-    when it admits the row."""
-    if coupling is not None:
-        row = scheduler.row(ticket)
-        row.request = dataclasses.replace(row.request, coupling=coupling)
-    return ticket
 
 
 def png_bytes(image: Image.Image) -> bytes:
@@ -220,9 +209,9 @@ class ImageReplica(ModelReplica[ImageScheduler, ImageResult]):
             row_seed = (seed + index) % 2**63
 
             def submit(row_seed: int = row_seed) -> Ticket:
-                ticket = self.scheduler.submit(request.prompt, row_seed, method=request.method, cfg_scale=request.cfg_scale,
-                                               sampling=sampling, negative_prompt=request.negative_prompt, size=request.size)
-                return with_coupling(self.scheduler, ticket, request.coupling)
+                return self.scheduler.submit(request.prompt, row_seed, method=request.method, cfg_scale=request.cfg_scale,
+                                             sampling=sampling, negative_prompt=request.negative_prompt, size=request.size,
+                                             coupling=request.coupling)
 
             self.loop.submit(submit, watcher)
             watchers.append(watcher)
@@ -257,9 +246,8 @@ class ChatReplica(ModelReplica[CaptionScheduler, CaptionResult]):
             if positions is not None and tokens >= positions:
                 raise ValueError(f"messages: the prompt is {tokens} tokens, the model has {positions} positions")
             watcher.prompt_tokens = tokens
-            ticket = self.scheduler.submit(messages, images, seed, method=request.method, sampling=request.sampling.per_row(),
-                                           max_new_tokens=max_new_tokens, stop=request.stop)
-            return with_coupling(self.scheduler, ticket, request.coupling)
+            return self.scheduler.submit(messages, images, seed, method=request.method, sampling=request.sampling.per_row(),
+                                         max_new_tokens=max_new_tokens, stop=request.stop, coupling=request.coupling)
 
         self.loop.submit(submit, watcher)
         async for event in self._follow(events, [watcher]):
