@@ -102,14 +102,16 @@ def test_every_method_shape_and_batch_commits_the_tokens_ar_does(llama, eagle_dr
             assert got == reference, f"{name}, batch {batch}"
 
 
-def test_refills_cancels_and_a_captured_step_keep_each_rows_tokens(llama):
+def test_refills_cancels_and_captured_steps_keep_each_rows_tokens(llama, eagle_draft):
     requests = _requests(7)
     reference = _alone(llama, requests)
     got = _decode(_engine(llama, JacobiProposer(JacobiDraftConfig(window=7, branching=2, tree_depth=2), "sjd_pac")), requests, 3, cancel_after=2)
     assert got[1] == reference[1][: len(got[1])] and len(got[1]) < len(reference[1])
     assert got[:1] + got[2:] == reference[:1] + reference[2:]
-    captured = _decode(_engine(llama, JacobiProposer(JacobiDraftConfig(window=4), "sjd"), compile="on"), requests, 3)
-    assert captured == reference
+    for proposer in (JacobiProposer(JacobiDraftConfig(window=4), "sjd"), DraftTreeProposer(eagle_draft, TREE)):
+        engine = _engine(llama, proposer, compile="on")
+        assert _decode(engine, requests, 3) == reference, type(proposer).__name__
+        assert not any(graph.eager_calls for graph in engine.step_graphs())
 
 
 def test_guidance_with_a_vocabulary_constraint_commits_the_tokens_ar_does(llama):
