@@ -38,14 +38,6 @@ def split_s3_uri(uri: str) -> Tuple[str, str]:
     return bucket, key
 
 
-def join_uri(base: str, *parts: str) -> str:
-    """Join path parts onto a local path or s3:// URI with '/' (no normalisation of '..')."""
-    joined = base.rstrip("/")
-    for part in parts:
-        joined = f"{joined}/{part.strip('/')}"
-    return joined
-
-
 def to_uri(fs: pafs.FileSystem, path: str) -> str:
     """Inverse of `resolve_filesystem`: the user-facing URI of a filesystem path."""
     if isinstance(fs, pafs.S3FileSystem):

@@ -1,10 +1,6 @@
-"""Job outputs: PNG images, Parquet result shards, restart bookkeeping and the run manifest.
-
-Layout under OUTPUT (a local folder or s3://bucket/prefix):
-
-    images/{image_key(id)}.png
-    results/part-{worker}-{seq:05d}.parquet    one row per finished input row
-    manifest.json
+"""Job results: PNG images and Parquet result shards, written and read back under an output
+location (``storage.OutputLocation``, which also keeps the layout and the manifest); the manifest
+read and written by an output's config or path.
 
 Shards appear atomically (see `storage`), so on restart `completed_ids` sees only whole
 shards, and `read_results` returns exactly one row per id even if a crash-retry wrote a
@@ -15,15 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import logging
 import os
-import platform
 import re
-import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from importlib import metadata
 from typing import Any, Dict, List, Mapping, Optional, Set, Union
 
 import pyarrow as pa
@@ -32,22 +23,16 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel
 
 from raydec.io.config import OutputConfig
-from raydec.io.filesystem import join_uri, resolve_filesystem
 from raydec.io.images import ImageLike, encode_png
-from raydec.io.storage import check_output_writable, list_files, put_bytes, uri_of
+from raydec.io.storage import IMAGES_DIR, RESULTS_DIR, SHARD_NAME, OutputLocation, as_output
+from raydec.io.storage import redact_secrets  # noqa: F401  (raydec.train.datagen imports it from here)
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "RESULT_SCHEMA", "ResultWriter", "check_output_writable", "completed_ids", "error_result",
-    "image_key", "normalise_result", "package_versions", "read_manifest", "read_results",
-    "shard_uris", "write_manifest",
+    "RESULT_SCHEMA", "ResultWriter", "completed_ids", "error_result", "image_key", "normalise_result", "read_manifest",
+    "read_results", "read_shards", "write_manifest",
 ]
-
-IMAGES_DIR = "images"
-RESULTS_DIR = "results"
-MANIFEST_NAME = "manifest.json"
-SHARD_NAME = re.compile(r"^part-(?P<worker>.+)-(?P<seq>\d{5,})\.parquet$")
 
 RESULT_SCHEMA = pa.schema([
     pa.field("id", pa.string(), nullable=False),
@@ -70,9 +55,6 @@ _DEFAULTS: Dict[str, Any] = dict(
     prompt=None, output_uri=None, caption=None, target_forwards=0, tokens=0,
     tokens_per_forward=0.0, latency_s=0.0, error=None,
 )
-_SECRET_KEYS = {"secret_access_key", "session_token", "access_key_id", "aws_secret_access_key",
-                "aws_session_token", "aws_access_key_id", "password", "token"}
-_VERSIONED_PACKAGES = ("raydec", "torch", "transformers", "ray", "pyarrow", "boto3", "pydantic", "numpy", "pillow")
 
 
 def image_key(row_id: str) -> str:
@@ -113,6 +95,7 @@ class ResultWriter:
 
     def __init__(self, output: OutputConfig, worker_id: Union[str, int] = "0") -> None:
         self.output = output
+        self.location = OutputLocation(output)
         self.worker_id = re.sub(r"[^A-Za-z0-9_.]+", "_", str(worker_id))
         self._buffer: List[Dict[str, Any]] = []
         self._next_seq = self._first_free_seq()
@@ -120,19 +103,18 @@ class ResultWriter:
         self.shards_written: List[str] = []
 
     def _first_free_seq(self) -> int:
-        seqs = [int(m["seq"]) for m in map(SHARD_NAME.match, list_files(self.output, RESULTS_DIR))
+        seqs = [int(m["seq"]) for m in map(SHARD_NAME.match, self.location.shard_names())
                 if m and m["worker"] == self.worker_id]
         return max(seqs, default=-1) + 1
 
     def image_uri(self, row_id: str) -> str:
         """Where the image of `row_id` goes."""
-        return uri_of(self.output, f"{IMAGES_DIR}/{image_key(row_id)}.{self.output.image_format}")
+        return self.location.uri_of(f"{IMAGES_DIR}/{image_key(row_id)}.{self.output.image_format}")
 
     def write_image(self, row_id: str, image: Union[ImageLike, bytes]) -> str:
         """Encode (unless already bytes) and write the image of `row_id`; returns its URI."""
         data = bytes(image) if isinstance(image, (bytes, bytearray)) else encode_png(image)
-        put_bytes(self.output, f"{IMAGES_DIR}/{image_key(row_id)}.{self.output.image_format}", data, "image/png")
-        return self.image_uri(row_id)
+        return self.location.put(f"{IMAGES_DIR}/{image_key(row_id)}.{self.output.image_format}", data, "image/png")
 
     def add(self, row: Mapping[str, Any]) -> None:
         """Buffer one result row (see RESULT_SCHEMA); flushes a shard when the buffer is full."""
@@ -151,7 +133,7 @@ class ResultWriter:
         sink = io.BytesIO()
         pq.write_table(table, sink, compression="zstd")
         name = f"part-{self.worker_id}-{self._next_seq:05d}.parquet"
-        uri = put_bytes(self.output, f"{RESULTS_DIR}/{name}", sink.getvalue())
+        uri = self.location.put(f"{RESULTS_DIR}/{name}", sink.getvalue())
         logger.info("wrote %d result row(s) to %s", table.num_rows, uri)
         self._next_seq += 1
         self.rows_written += table.num_rows
@@ -170,12 +152,6 @@ class ResultWriter:
         self.close()
 
 
-def shard_uris(output: OutputConfig) -> List[str]:
-    """URIs of the finished result shards, in name order (temp and stray files ignored)."""
-    names = [n for n in list_files(output, RESULTS_DIR) if SHARD_NAME.match(n)]
-    return [uri_of(output, f"{RESULTS_DIR}/{name}") for name in names]
-
-
 LEGACY_COLUMNS = {"tokens_per_forward": "mean_accepted"}
 """Result columns renamed since: current name -> the name shards written before carry."""
 
@@ -183,12 +159,13 @@ LEGACY_COLUMNS = {"tokens_per_forward": "mean_accepted"}
 def read_shards(output: OutputConfig, columns: Optional[List[str]] = None) -> pa.Table:
     """Concatenate the finished result shards (only ``columns``; None: all), each row tagged with its
     shard and row order (columns ``_shard``, ``_row``); unreadable shards are skipped with a warning."""
-    uris = shard_uris(output)
+    location = OutputLocation(output)
+    names = location.shard_names()
     columns = columns or RESULT_SCHEMA.names
     schema = pa.schema([RESULT_SCHEMA.field(c) for c in columns])
 
-    def read_one(uri: str) -> Optional[pa.Table]:
-        fs, path = resolve_filesystem(uri, output.s3)
+    def read_one(name: str) -> Optional[pa.Table]:
+        fs, path = location.fs, location.path_of(f"{RESULTS_DIR}/{name}")
         try:
             stored = pq.read_schema(path, filesystem=fs).names
             renamed = {old: new for new, old in LEGACY_COLUMNS.items() if new in columns and new not in stored and old in stored}
@@ -196,11 +173,11 @@ def read_shards(output: OutputConfig, columns: Optional[List[str]] = None) -> pa
             table = pq.read_table(path, filesystem=fs, columns=wanted).select(wanted).rename_columns(columns)
             return table.cast(schema)
         except (OSError, pa.ArrowInvalid, KeyError) as exc:
-            logger.warning("skipping unreadable result shard %s: %s", uri, exc)
+            logger.warning("skipping unreadable result shard %s: %s", location.uri_of(f"{RESULTS_DIR}/{name}"), exc)
             return None
 
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(uris)))) as pool:
-        tables = list(pool.map(read_one, uris))
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(names)))) as pool:
+        tables = list(pool.map(read_one, names))
     parts = []
     for shard_index, table in enumerate(tables):
         if table is None:
@@ -225,11 +202,6 @@ def completed_ids(output: OutputConfig, include_errors: bool = True) -> Set[str]
     return set(table["id"].to_pylist())
 
 
-def as_output(output: Union[OutputConfig, str, "os.PathLike[str]"]) -> OutputConfig:
-    """An OutputConfig, or a job's output folder / s3:// prefix (S3 settings from the environment)."""
-    return output if isinstance(output, OutputConfig) else OutputConfig(path=os.fspath(output))
-
-
 def read_results(output: Union[OutputConfig, str, "os.PathLike[str]"]) -> pa.Table:
     """All results of a job's output (its OutputConfig or path), one row per id, sorted by id.
 
@@ -250,26 +222,6 @@ def read_results(output: Union[OutputConfig, str, "os.PathLike[str]"]) -> pa.Tab
     return deduped
 
 
-def redact_secrets(value: Any) -> Any:
-    """Replace credential values with '***' anywhere in a nested config."""
-    if isinstance(value, Mapping):
-        return {k: ("***" if k in _SECRET_KEYS and v is not None else redact_secrets(v)) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [redact_secrets(v) for v in value]
-    return value
-
-
-def package_versions() -> Dict[str, Optional[str]]:
-    """Versions of Python and the packages that shape results (None when not installed)."""
-    versions: Dict[str, Optional[str]] = {"python": platform.python_version()}
-    for name in _VERSIONED_PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
-
-
 def write_manifest(
     output: OutputConfig,
     config: Union[BaseModel, Mapping[str, Any]],
@@ -277,42 +229,10 @@ def write_manifest(
     timings: Mapping[str, float],
     extra: Optional[Mapping[str, Any]] = None,
 ) -> str:
-    """Write OUTPUT/manifest.json (config with credentials redacted, versions, counts, timings)."""
-    config_data = config.model_dump(mode="json") if isinstance(config, BaseModel) else dict(config)
-    manifest = {
-        "config": redact_secrets(config_data),
-        "versions": package_versions(),
-        "platform": platform.platform(),
-        "counts": dict(counts),
-        "timings": dict(timings),
-        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        **(dict(extra) if extra else {}),
-    }
-    data = json.dumps(manifest, indent=2, sort_keys=True, default=str).encode("utf-8")
-    return put_bytes(output, MANIFEST_NAME, data, "application/json")
+    """Write OUTPUT/manifest.json (``OutputLocation.write_manifest``); returns its URI."""
+    return OutputLocation(output).write_manifest(config, counts, timings, extra)
 
 
 def read_manifest(output: Union[OutputConfig, str, "os.PathLike[str]"]) -> Dict[str, Any]:
     """The parsed OUTPUT/manifest.json (of an OutputConfig or a path)."""
-    output = as_output(output)
-    fs, path = resolve_filesystem(join_uri(output.path, MANIFEST_NAME), output.s3)
-    with fs.open_input_stream(path) as stream:
-        return json.loads(stream.read())
-
-
-@dataclass(frozen=True)
-class EarlierOutput:
-    """What an output holds from earlier runs, read once: its manifest (None: none readable) and
-    whether any result shard is finished (rows were written: they fix the job and its plan)."""
-
-    manifest: Optional[Dict[str, Any]]
-    has_results: bool
-
-
-def earlier_output(output: OutputConfig) -> EarlierOutput:
-    """The manifest and whether finished result shards sit beside it (only looked for when there is one)."""
-    try:
-        manifest = read_manifest(output)
-    except (OSError, KeyError, ValueError):  # no manifest yet (OSError covers missing files)
-        return EarlierOutput(None, False)
-    return EarlierOutput(manifest, bool(shard_uris(output)))
+    return OutputLocation(as_output(output)).read_manifest()

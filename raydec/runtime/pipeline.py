@@ -1,6 +1,6 @@
 """The batch job driver: preflight, resume, a Ray Data pipeline read -> decode -> write, verification, manifest.
 
-    files = preflight(job)                     # schema + output checks, before any model loads
+    files = preflight(job)                     # schema, model and output checks, before any model loads
     report = run_job(job, files)               # skips ids already written, writes the rest
 
 The driver never holds rows. It lists the input's fragments (Parquet row groups from the
@@ -24,11 +24,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from raydec.config import parse_image_size
-from raydec.io import InputFile, IOConfigError, check_dataset, check_output_writable, write_manifest
-from raydec.io.filesystem import is_s3_uri
+from raydec.io import InputFile, IOConfigError, check_dataset
 from raydec.io.fragments import Fragment, plan_fragments
 from raydec.io.id_index import IdScan, scan_ids
-from raydec.io.writers import EarlierOutput, earlier_output
+from raydec.io.storage import OutputLocation
 from raydec.models.registry import (
     REFERENCE_NAME, T2I_LOADERS, check_vqgan_path, checkpoint_model_type, resolve_draft_path, resolve_t2i_path, resolve_vlm_path,
     t2i_size_problem,
@@ -37,7 +36,7 @@ from raydec.runtime.cluster import connect_ray
 from raydec.runtime.config import JobConfig
 from raydec.runtime.row_decoders import ROW_DECODERS
 from raydec.runtime.reading import READ_TASK_CPUS, read_dataset
-from raydec.runtime.resume import check_resume_compatible, job_weights
+from raydec.runtime.resume import check_output
 from raydec.runtime.planning import plan_job
 from raydec.runtime.worker import GenerationWorker
 
@@ -85,40 +84,15 @@ class ModelNotFoundError(ValueError):
 
 
 def check_model(job: JobConfig) -> None:
-    """The checkpoint folder exists with a config.json of a supported family (nothing is loaded).
+    """The checkpoint folder exists with a config.json of a supported family (nothing is loaded);
+    for captioning with vispec / eagle, its draft folder too.
 
     The path is checked where the driver runs; on a multi-node cluster it must also exist on
     the workers (a shared filesystem, or inside the job's working directory).
     """
-    if job.task == "caption":
-        _check_caption_model(job)
+    if job.task != "caption":
+        _check_t2i_model(job)
         return
-
-    path = resolve_t2i_path(job.model)
-    try:
-        model_type = checkpoint_model_type(path)
-    except (FileNotFoundError, ValueError) as exc:
-        hint = " (train it: python -m raydec.reference.train t2i)" if job.model == REFERENCE_NAME else ""
-        raise ModelNotFoundError(f"model: {job.model!r}: {exc}{hint}") from None
-    if model_type not in T2I_LOADERS:
-        raise ModelNotFoundError(
-            f"model: {job.model!r} is a {model_type!r} checkpoint; text-to-image supports {sorted(T2I_LOADERS)}"
-        )
-    check_vqgan_path(path, job.vqgan_path)
-    size = parse_image_size(job.size)
-    if size is not None:
-        problem = t2i_size_problem(path, *size, job.vqgan_path)
-        if problem is not None:
-            raise ValueError(f"{problem} (model {job.model!r})")
-    if "max_new_tokens" in job.decode.model_fields_set:
-        raise ValueError(
-            f"decode.max_new_tokens: {job.decode.max_new_tokens} set, but an image's length is the model's image layout; "
-            "leave it unset in text-to-image jobs"
-        )
-
-
-def _check_caption_model(job: JobConfig) -> None:
-    """The VLM folder (and, for vispec / eagle, its draft folder) exist; nothing is loaded."""
     from raydec.models.hf_vlm import SUPPORTED_VLMS  # lazy: VLM model code loads only for captioning jobs
     from raydec.models.vispec_draft import CONFIG_NAME, check_draft_fits  # lazy: VLM model code loads only for captioning jobs
 
@@ -149,27 +123,49 @@ def _check_caption_model(job: JobConfig) -> None:
         check_draft_fits(draft_path, draft_config, text_config, method)
 
 
-def preflight(job: JobConfig, output: Optional[EarlierOutput] = None) -> List[InputFile]:
+def _check_t2i_model(job: JobConfig) -> None:
+    """A text-to-image checkpoint of a supported family, its VQ-GAN and the image size it is asked for."""
+    size = parse_image_size(job.size)
+    path = resolve_t2i_path(job.model)
+    try:
+        model_type = checkpoint_model_type(path)
+    except (FileNotFoundError, ValueError) as exc:
+        hint = " (train it: python -m raydec.reference.train t2i)" if job.model == REFERENCE_NAME else ""
+        raise ModelNotFoundError(f"model: {job.model!r}: {exc}{hint}") from None
+    if model_type not in T2I_LOADERS:
+        raise ModelNotFoundError(
+            f"model: {job.model!r} is a {model_type!r} checkpoint; text-to-image supports {sorted(T2I_LOADERS)}"
+        )
+    check_vqgan_path(path, job.vqgan_path)
+    if size is not None:
+        problem = t2i_size_problem(path, *size, job.vqgan_path)
+        if problem is not None:
+            raise ValueError(f"{problem} (model {job.model!r})")
+    if "max_new_tokens" in job.decode.model_fields_set:
+        raise ValueError(
+            f"decode.max_new_tokens: {job.decode.max_new_tokens} set, but an image's length is the model's image layout; "
+            "leave it unset in text-to-image jobs"
+        )
+
+
+def preflight(job: JobConfig) -> List[InputFile]:
     """Fail fast before any model loads: task supported, input columns present, checkpoint
-    present and fit for the task, output writable, and what it holds from earlier runs made by
-    the same job (``output``: read already by the caller, ``earlier_output``)."""
+    present and fit for the task (``check_inputs``), output writable and what it holds from
+    earlier runs made by the same job (``check_output``). Returns the input files."""
+    files = check_inputs(job)
+    output, _, _ = check_output(job)
+    logger.info("preflight ok: %d input file(s), output %s writable, model %s", len(files), output.uri, job.model)
+    return files
+
+
+def check_inputs(job: JobConfig) -> List[InputFile]:
+    """The input files, once the task is supported, their columns present and the checkpoint
+    present and fit for the task (``check_model``)."""
     if job.task not in ROW_DECODERS:
         raise ValueError(f"task: {job.task!r} is not available in this build (available: {sorted(ROW_DECODERS)})")
     files = check_dataset(job.input, job.task)
     check_model(job)
-    check_output_writable(job.output)
-    check_resume_compatible(job, output)
-    logger.info("preflight ok: %d input file(s), output %s writable, model %s", len(files), output_location(job), job.model)
     return files
-
-
-def output_location(job: JobConfig) -> str:
-    """Where the results go, absolute: a relative path is relative to this process's working
-    directory (for a submitted job, Ray's copy of the working dir)."""
-    import os
-
-    path = job.output.path
-    return path if is_s3_uri(path) else os.path.abspath(os.path.expanduser(path))
 
 
 def storage_for_workers(job: JobConfig) -> JobConfig:
@@ -232,12 +228,12 @@ def _cluster_resources() -> tuple[float, float, float]:
     return float(total.get("GPU", 0.0)), max(per_node, default=0.0), float(total.get("CPU", 0.0))
 
 
-def _warn_if_output_is_node_local(job: JobConfig) -> None:
+def _warn_if_output_is_node_local(job: JobConfig, output: OutputLocation) -> None:
     """A local output on a multi-node cluster is only one output if every node mounts it."""
     import ray
 
     nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
-    if nodes > 1 and not is_s3_uri(job.output.path):
+    if nodes > 1 and not output.is_s3:
         logger.warning(
             "output.path %s is a local path on a %d-node cluster: every node writes where it runs, so unless "
             "that path is a filesystem all nodes share, results end up split (use s3:// or shared storage)",
@@ -345,15 +341,17 @@ def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobRepor
 
     The driver reads Parquet footers and counts; rows, ids and images stay in Ray tasks and the
     object store. Raises JobIncompleteError if some input id has no result at the end (after
-    writing the manifest, so the gap is on record).
+    writing the manifest, so the gap is on record). ``files``: the input files ``preflight`` listed
+    (the input and the model are then not checked again); the output is checked here either way,
+    right before it is used (``check_output``).
     """
     started = time.perf_counter()
-    report = JobReport(output=output_location(job))
-    earlier = earlier_output(job.output)  # the manifest and results of earlier runs, read once
-    files = files if files is not None else preflight(job, earlier)
+    files = files if files is not None else check_inputs(job)
+    output, earlier, weights = check_output(job)  # the manifest and results of earlier runs, read once
+    report = JobReport(output=output.uri)
     fragments = plan_fragments(files, job.input)
     connect_ray()  # no-op when Ray is up; else RAY_ADDRESS, else a local cluster
-    _warn_if_output_is_node_local(job)
+    _warn_if_output_is_node_local(job, output)
     workers_job = storage_for_workers(job)
     scan, partial_ref = _scan(workers_job, fragments, include_errors=not job.retry_errors)
     report.input_rows = scan.input_rows
@@ -363,13 +361,12 @@ def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobRepor
         scan.input_rows, len(fragments), report.skipped_completed, scan.input_rows - report.skipped_completed,
         job.pool.workers, report.output,
     )
-    weights = job_weights(job)
     workers_job, plan = plan_job(workers_job, fragments, _remote_args(job, *_cluster_resources()), earlier)  # once, for every worker
     report.plan = plan.record()
     report.timings["prepare_s"] = time.perf_counter() - started
     # on record before any row is written, so an interrupted job's output still names its job
     # (and the plan it decodes with) and a resume with another config is refused
-    _manifest(job, report, weights, status="running")
+    _manifest(output, job, report, weights, status="running")
     generate_started = time.perf_counter()
     _run_pool(workers_job, fragments, scan, partial_ref, report, started)
     report.timings["generate_s"] = time.perf_counter() - generate_started
@@ -377,7 +374,7 @@ def run_job(job: JobConfig, files: Optional[List[InputFile]] = None) -> JobRepor
     if report.processed and report.processing_errors == report.processed:
         logger.warning("every one of the %d row(s) this run decoded failed: see the worker logs", report.processed)
     report.timings["total_s"] = time.perf_counter() - started
-    _manifest(job, report, weights, status="complete" if report.complete else "incomplete")
+    _manifest(output, job, report, weights, status="complete" if report.complete else "incomplete")
     stopped_by_max_rows = job.max_rows is not None and report.processed + report.validation_errors >= job.max_rows
     if not report.complete and stopped_by_max_rows:
         logger.info("stopped after max_rows=%d row(s); %d row(s) left: re-run without max_rows to finish",
@@ -399,7 +396,7 @@ def _verify(job: JobConfig, fragments: List[Fragment], report: JobReport) -> Non
     report.missing_ids = scan.missing_sample
 
 
-def _manifest(job: JobConfig, report: JobReport, weights: Dict[str, str], status: str) -> str:
+def _manifest(output: OutputLocation, job: JobConfig, report: JobReport, weights: Dict[str, str], status: str) -> str:
     """Write the manifest with `status` (running | complete | incomplete), the weights' fingerprints
     (`job_weights`), counts, timings and speed."""
     generate_s = report.timings.get("generate_s", 0.0)
@@ -417,6 +414,6 @@ def _manifest(job: JobConfig, report: JobReport, weights: Dict[str, str], status
     }
     if report.plan is not None:  # what the rows are decoded with, and where each part came from
         extra["plan"] = report.plan
-    uri = write_manifest(job.output, job, report.counts(), report.timings, extra)
+    uri = output.write_manifest(job, report.counts(), report.timings, extra)
     logger.info("manifest written to %s", uri)
     return uri

@@ -35,7 +35,7 @@ from raydec.api.tuner import CALIBRATION_ROWS, calibration_pool_size, round_size
 from raydec.config import DRAFT_METHODS, DecodeConfig, JacobiDraftConfig
 from raydec.io import attach_caption_images, validate_caption_rows, validate_t2i_rows
 from raydec.io.fragments import Fragment, read_fragment
-from raydec.io.writers import EarlierOutput
+from raydec.io.storage import EarlierOutput
 from raydec.models.registry import resolve_draft_path
 from raydec.runtime.calibration import builtin_calibration_rows
 from raydec.runtime.config import JobConfig, ProcessorConfig
@@ -209,8 +209,7 @@ def plan_job(
     import ray
 
     recorded = recorded_plan(job, output)
-    config = job.processor_config()
-    plan = settled_plan(config.decode, config.batch_size, recorded)  # the driver measures nothing
+    plan = settled_plan(job.decode, job.pool.batch_size, recorded)  # the driver measures nothing
     if plan is None:  # something left to "auto": measured where a worker runs
         task = remote_tuning(plan_job_in_worker, remote_args.get("num_cpus", 1), remote_args.get("num_gpus", 0))
         plan = ray.get(task.remote(job, fragments, recorded))

@@ -1,14 +1,17 @@
 """Whether an output folder may take this job's rows: the resume identity (task, model, dtype,
 decode config, seed, input location and columns, image size) and the weights' fingerprints recorded in its
-manifest must match."""
+manifest must match.
+
+    output, earlier, weights = check_output(job)   # writable, and holding only this job's rows
+"""
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 from raydec.config import DRAFT_METHODS, JACOBI_METHODS, DraftTreeConfig, SamplingConfig
-from raydec.io.writers import EarlierOutput, earlier_output
+from raydec.io.storage import EarlierOutput, OutputLocation
 from raydec.models.registry import resolve_draft_path, resolve_t2i_path, resolve_vlm_path, weights_fingerprint
 from raydec.runtime.config import JobConfig
 
@@ -39,14 +42,33 @@ INPUT_IDENTITY = ("path", "format", "id_column", "seed_column", "prompt_column",
                   "image_uri_column")
 
 
-def check_resume_compatible(job: JobConfig, output: EarlierOutput | None = None) -> None:
-    """Refuse to add rows to an output whose manifest records a different job.
+def check_output(job: JobConfig) -> Tuple[OutputLocation, EarlierOutput, Dict[str, str]]:
+    """(``job``'s output, writable; what earlier runs left there, read once; the fingerprints of
+    the weights ``job`` decodes with), once the output's manifest, if any, records this same job
+    (``check_resume``). A relative output path is relative to this process's working directory
+    (for a submitted job, Ray's copy of the working dir); ``OutputLocation.uri`` is absolute."""
+    weights = job_weights(job)
+    output = OutputLocation(job.output)
+    output.check_writable()
+    earlier = output.earlier()
+    check_resume(job, earlier, weights)
+    return output, earlier, weights
+
+
+def check_resume_compatible(job: JobConfig) -> None:
+    """Refuse to add rows to ``job``'s output when its manifest records a different job
+    (``check_resume`` on what the output holds, read here; the output is not probed)."""
+    check_resume(job, OutputLocation(job.output).earlier(), job_weights(job))
+
+
+def check_resume(job: JobConfig, output: EarlierOutput, weights: Dict[str, str]) -> None:
+    """Refuse to add rows to an output whose manifest records a different job, or other weights
+    than ``weights`` (``job_weights``: what ``job`` decodes with).
 
     A resume skips ids already written; mixing in rows made by another model or decode
     config would give one output two meanings. Outputs without a readable manifest pass.
-    output: what the output holds, when the caller read it already (``earlier_output``).
+    output: what the output holds from earlier runs (``OutputLocation.earlier``).
     """
-    output = output if output is not None else earlier_output(job.output)
     manifest = output.manifest or {}
     earlier = manifest.get("config")
     if not isinstance(earlier, dict):  # no manifest yet
@@ -68,13 +90,11 @@ def check_resume_compatible(job: JobConfig, output: EarlierOutput | None = None)
             "output %s was written by a raydec that did not record its weights: this resume cannot check "
             "that the model (and draft) folders still hold the weights its rows were made with", job.output.path,
         )
-    recorded = manifest.get("weights") or {}
-    current = job_weights(job) if recorded else {}
-    for role, fingerprint in recorded.items():
-        if _differs(fingerprint, current.get(role)):
+    for role, fingerprint in (manifest.get("weights") or {}).items():
+        if _differs(fingerprint, weights.get(role)):
             raise ResumeMismatchError(
                 f"weights: output {job.output.path} holds results of {role} weights {fingerprint}, the {role} "
-                f"folder of this job now holds {current.get(role)} (retrained or replaced since)",
+                f"folder of this job now holds {weights.get(role)} (retrained or replaced since)",
                 field="weights",
             )
 

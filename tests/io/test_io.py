@@ -21,6 +21,7 @@ from raydec.io import (
     InputConfig,
     IOConfigError,
     OutputConfig,
+    OutputLocation,
     OutputNotWritableError,
     ResultWriter,
     S3Config,
@@ -40,7 +41,7 @@ from raydec.io import (
     write_manifest,
 )
 from raydec.io.filesystem import s3_client
-from raydec.io.writers import image_key, shard_uris
+from raydec.io.writers import image_key
 
 PROMPTS = [
     {"id": "a", "prompt": "a red circle", "seed": 7},
@@ -420,7 +421,7 @@ def test_writer_round_trip_local(tmp_path):
     rows = validate_t2i_rows([{"id": f"r{i}", "prompt": f"p {i}"} for i in range(5)] + [{"id": "bad", "prompt": ""}],
                              InputConfig(path="x"))
     assert _run_job(output, rows) == 6
-    assert [os.path.basename(u) for u in shard_uris(output)] == [
+    assert [os.path.basename(u) for u in OutputLocation(output).shard_uris()] == [
         "part-0-00000.parquet", "part-0-00001.parquet", "part-0-00002.parquet"]
     results = read_results(output)
     assert results.schema == RESULT_SCHEMA
@@ -494,7 +495,7 @@ def test_restart_skips_completed_rows_and_ignores_temp_files(tmp_path, where, re
     assert _run_job(output, rows) == 5
     results = read_results(output)
     assert results["id"].to_pylist() == [f"r{i}" for i in range(7)]
-    assert [os.path.basename(u) for u in shard_uris(output)] == [
+    assert [os.path.basename(u) for u in OutputLocation(output).shard_uris()] == [
         f"part-0-0000{i}.parquet" for i in range(4)]
     assert _run_job(output, rows) == 0
 
@@ -538,12 +539,12 @@ def test_shards_written_before_the_column_rename_still_read(tmp_path):
     output = OutputConfig(path=str(tmp_path / "out"), shard_size=100)
     with ResultWriter(output, worker_id="new") as writer:
         writer.add(_result("a"))
-    new_shard = shard_uris(output)[0]
+    new_shard = OutputLocation(output).shard_uris()[0]
     table = pq.read_table(new_shard.removeprefix("file://"))
     old = table.rename_columns(["mean_accepted" if n == "tokens_per_forward" else n for n in table.column_names])
     old = old.set_column(old.column_names.index("id"), "id", pa.array(["b"]))
     pq.write_table(old, new_shard.removeprefix("file://").replace("new", "old"))
-    assert len(shard_uris(output)) == 2
+    assert len(OutputLocation(output).shard_uris()) == 2
     results = read_results(output)
     assert sorted(results["id"].to_pylist()) == ["a", "b"]
     assert results["tokens_per_forward"].to_pylist() == [4.0, 4.0]

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raydec.io import ResultWriter, error_result, read_manifest, read_results
+from raydec.io import OutputLocation, ResultWriter, error_result, read_manifest, read_results
 from raydec.runtime import JobConfig, run_job
 from raydec.runtime.pipeline import preflight
 
@@ -97,7 +97,7 @@ def test_a_rerun_of_a_job_nine_tenths_done_decodes_its_rest_within_30_s(ray_clus
 
     from raydec.runtime.pipeline import JobReport
 
-    _manifest(job, JobReport(output=str(tmp_path / "out")), job_weights(job), status="running")
+    _manifest(OutputLocation(job.output), job, JobReport(output=str(tmp_path / "out")), job_weights(job), status="running")
     done = [f"p{i:07d}" for i in range(0, 20_000) if i % 10 != 7]  # every shard and row group partly done
     with ResultWriter(job.output, worker_id="earlier") as writer:
         for row_id in done:
