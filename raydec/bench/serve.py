@@ -1,13 +1,15 @@
-"""`raydec bench serve`: a bounded load on the Serve app from C concurrent clients for S seconds,
-beside the in-process rate (``generate_images`` / ``caption_images`` at batch C) measured in
-the same run.
+"""`raydec bench serve`: a bounded load on the Serve app beside the in-process rate
+(``generate_images`` / ``caption_images`` at the same batch) measured in the same run.
 
     raydec bench serve --concurrency 8 --seconds 60 --json bench_out/serve.json
+    raydec bench serve --rates 0.5,1,2 --requests 64 --config serve.yaml --models a,b --plots bench_out
 
 Starts the app on 127.0.0.1 (reference models, or ``--config``) unless ``--url`` names a running
-one. Reports request throughput, p50 / p99 end-to-end latency, time to first token (chat, which
-streams), the engine's mean batch size during the load, errors, and ``serve_efficiency`` = the
-app's rate / the in-process rate.
+one. Closed loop (the default): C clients, each sending its next request when the last returns,
+for S seconds; reports request throughput, p50 / p99 end-to-end latency, time to first token
+(chat, which streams), the engine's mean batch size during the load, errors, and
+``serve_efficiency`` = the app's rate / the in-process rate. Open loop (``--rates``): Poisson
+arrivals at each rate against each served model in turn (``raydec.bench.open_loop``).
 """
 
 from __future__ import annotations
@@ -21,14 +23,19 @@ import logging
 import statistics
 import time
 import urllib.request
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
-from raydec.api import caption_images, generate_images
-from raydec.bench.common import json_path_arg, positive_float, positive_int, print_table
+from raydec.api import caption_images, generate_images, load_target
+from raydec.api.draft_shapes import apply_shape
+from raydec.bench.common import folder_path_arg, json_path_arg, positive_float, positive_int, print_table
+from raydec.bench.open_loop import Target, open_loop, percentile, plot, positive_float_list, print_rows, summarise
 from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, sample_images
 
 logger = logging.getLogger(__name__)
 DEFAULT_MODELS = {"images": "raydec-reference-t2i", "chat": "raydec-reference-vlm"}
+SERVED_TASKS = {"images": "t2i", "chat": "caption"}
+REFERENCE_PORT = 8765
 
 
 def _reference_config(port: int, concurrency: int, threads: int) -> Any:
@@ -61,20 +68,23 @@ def _png_url(image: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def in_process_rate(task: str, method: str, batch: int, seconds: float, threads: int) -> dict[str, Any]:
+def in_process_rate(task: str, method: str, batch: int, seconds: float, threads: int, model: Any = "reference",
+                    decode: Any = None) -> dict[str, Any]:
     """Rows per second of the public function at ``batch`` rows per call, for at least ``seconds``
-    (whole batches; the first batch, which loads the model, is not timed)."""
+    (whole batches; the first batch, which loads the model, is not timed). ``decode``: a
+    DecodeConfig (default: ``method`` with its default shape); ``model``: a name, folder or target."""
     import torch
 
     torch.set_num_threads(threads)
     prompts, images = _prompts(batch), _images(batch) if task == "chat" else None
+    decode = decode if decode is not None else {"method": method}
 
     def one_batch(round_: int) -> None:
         seeds = [round_ * batch + i for i in range(batch)]
         if task == "images":
-            generate_images(prompts, decode={"method": method}, seeds=seeds, batch_size=batch)
+            generate_images(prompts, model=model, decode=decode, seeds=seeds, batch_size=batch)
         else:
-            caption_images(images, decode={"method": method}, seeds=seeds, batch_size=batch)
+            caption_images(images, model=model, decode=decode, seeds=seeds, batch_size=batch)
 
     one_batch(0)  # loads and warms the model
     rounds, started = 0, time.perf_counter()
@@ -136,13 +146,6 @@ def _stats(url: str, key: Optional[str], model: str) -> dict[str, Any]:
         return json.load(response)[model]
 
 
-def _percentile(values: list[float], q: float) -> Optional[float]:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 def _model_method(url: str, key: Optional[str], model: str) -> str:
     request = urllib.request.Request(f"{url}/v1/models/{model}")
     if key:
@@ -151,42 +154,86 @@ def _model_method(url: str, key: Optional[str], model: str) -> str:
         return json.load(response)["method"]
 
 
+def _app_config(args: argparse.Namespace) -> Any:
+    """The ServeConfig the bench starts (``--config``, else the reference one), on 127.0.0.1; or the
+    ``--config`` given beside ``--url`` (what the running app serves); None when neither is known."""
+    from raydec.serve import ServeConfig  # lazy: keeps raydec bench --help light
+
+    if args.config is None:
+        return None if args.url else _reference_config(args.port or REFERENCE_PORT, args.concurrency, args.threads)
+    config = ServeConfig.from_yaml(args.config)  # as raydec serve --config loads it
+    return config.model_copy(update={"host": "127.0.0.1", **({"port": args.port} if args.port else {})})
+
+
+@contextmanager
+def _app(args: argparse.Namespace, config: Any) -> Iterator[str]:
+    """The app's base URL: ``--url``, or the app this bench starts from ``config`` (shut down on exit)."""
+    if args.url is not None:
+        yield args.url.rstrip("/")
+        return
+    import ray
+    from ray import serve
+
+    from raydec.commands.serve import start  # lazy: keeps raydec bench --help light
+    from raydec.runtime.cluster import init_local_ray  # lazy: keeps raydec bench --help light
+
+    ray_started = not ray.is_initialized()
+    if ray_started:  # the app's logs stay in Ray's files: printing them here would load this 2-core machine
+        init_local_ray(log_to_driver=False)
+    try:  # started before the baseline, so the model is cached nowhere else
+        yield start(config)
+    finally:
+        serve.shutdown()
+        if ray_started:
+            ray.shutdown()
+
+
+def _model_names(args: argparse.Namespace, config: Any) -> list[str]:
+    """``--models``; by default the task's reference model, or every model of the task in ``--config``."""
+    if args.models:
+        names = [n.strip() for n in args.models.split(",") if n.strip()]
+        if len(set(names)) < len(names):
+            raise SystemExit(f"--models {args.models!r}: a model named more than once")
+        unknown = [n for n in names if config is not None and config.model(n) is None]
+        if unknown:
+            raise SystemExit(f"--models: {', '.join(unknown)} not served (the app serves {', '.join(m.name for m in config.models)})")
+        return names
+    if args.config is not None:
+        names = [m.name for m in config.models if m.task == SERVED_TASKS[args.task]]
+        if not names:
+            raise SystemExit(f"--config {args.config}: no model of task {SERVED_TASKS[args.task]!r} (for --task {args.task})")
+        return names
+    return [DEFAULT_MODELS[args.task]]
+
+
 def bench_serve(args: argparse.Namespace) -> dict:
     logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per request otherwise
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    config = _app_config(args)
+    models = _model_names(args, config)
+    if args.rates is None and len(models) > 1:
+        raise SystemExit(f"--models {args.models!r}: the closed loop loads one model; give --rates to compare several")
+    if args.api_key is None and config is not None and config.keys():
+        args.api_key = sorted(config.keys())[0]
+    with _app(args, config) as url:
+        if args.rates is not None:
+            return _bench_open_loop(args, url, config, models)
+        return _bench_closed_loop(args, url, config, models[0])
+
+
+def _bench_closed_loop(args: argparse.Namespace, url: str, config: Any, model: str) -> dict:
     task = args.task
-    model = args.model or DEFAULT_MODELS[task]
     baseline_seconds = args.baseline_seconds or args.seconds / 3
-    ray_started = False
-    if args.url is None:  # our own app on loopback, started before the baseline so the model is cached nowhere else
-        import ray
-
-        from raydec.commands.serve import start  # lazy: keeps raydec bench --help light
-        from raydec.runtime.cluster import init_local_ray  # lazy: keeps raydec bench --help light
-
-        if not ray.is_initialized():  # the app's logs stay in Ray's files: printing them here would load this 2-core machine
-            init_local_ray(log_to_driver=False)
-            ray_started = True
-        url = start(_reference_config(args.port, args.concurrency, args.threads))
+    method = args.method or _model_method(url, args.api_key, model)
+    logger.info("bench serve: in-process %s rate at batch %d (%s), %.0f s", task, args.concurrency, method, baseline_seconds)
+    if args.config is not None and args.method is None:  # the served checkpoint and decode config, at batch C
+        baseline = _served_baseline(args, config, model, _stats(url, args.api_key, model), baseline_seconds, args.concurrency)
     else:
-        url = args.url.rstrip("/")
-    try:
-        method = args.method or _model_method(url, args.api_key, model)
-        logger.info("bench serve: in-process %s rate at batch %d (%s), %.0f s", task, args.concurrency, method, baseline_seconds)
         baseline = in_process_rate(task, method, args.concurrency, baseline_seconds, args.threads)
-        before = _stats(url, args.api_key, model)
-        logger.info("bench serve: %d clients for %.0f s on %s", args.concurrency, args.seconds, url)
-        load = asyncio.run(_load(url, args.api_key, task, model, method, args.concurrency, args.seconds))
-        after = _stats(url, args.api_key, model)
-    finally:
-        if args.url is None:
-            from ray import serve
-
-            serve.shutdown()
-            if ray_started:
-                import ray
-
-                ray.shutdown()
+    before = _stats(url, args.api_key, model)
+    logger.info("bench serve: %d clients for %.0f s on %s", args.concurrency, args.seconds, url)
+    load = asyncio.run(_load(url, args.api_key, task, model, method, args.concurrency, args.seconds))
+    after = _stats(url, args.api_key, model)
     steps = after["decode_steps"] - before["decode_steps"]
     done = len(load["latencies"])
     rate = done / load["seconds"]
@@ -194,8 +241,8 @@ def bench_serve(args: argparse.Namespace) -> dict:
         "task": task, "model": model, "method": method, "url": url, "concurrency": args.concurrency, "seconds": load["seconds"],
         "requests": done + len(load["errors"]), "succeeded": done, "errors": len(load["errors"]), "error_samples": load["errors"][:5],
         "requests_per_s": rate,
-        "latency_p50_s": _percentile(load["latencies"], 0.5), "latency_p99_s": _percentile(load["latencies"], 0.99),
-        "ttft_p50_s": _percentile(load["ttfts"], 0.5), "ttft_p99_s": _percentile(load["ttfts"], 0.99),
+        "latency_p50_s": percentile(load["latencies"], 0.5), "latency_p99_s": percentile(load["latencies"], 0.99),
+        "ttft_p50_s": percentile(load["ttfts"], 0.5), "ttft_p99_s": percentile(load["ttfts"], 0.99),
         "mean_batch_size": (after["rows_stepped"] - before["rows_stepped"]) / steps if steps else None,
         "tokens_per_forward": ((after["output_tokens"] - before["output_tokens"]) / max(1, after["target_forwards"] - before["target_forwards"])),
         "in_process": baseline,
@@ -203,6 +250,55 @@ def bench_serve(args: argparse.Namespace) -> dict:
         "latency_mean_s": statistics.fmean(load["latencies"]) if load["latencies"] else None,
     }
     _print(result)
+    return result
+
+
+def _served_baseline(args: argparse.Namespace, config: Any, model: str, stats: dict, seconds: float,
+                     batch: Optional[int] = None) -> dict[str, Any]:
+    """The in-process rate of what the served ``model`` decodes with (its plan's method and shape, at
+    ``batch`` or its plan's batch size; its checkpoint and dtype where ``config`` names them, else the
+    reference model)."""
+    import torch
+
+    from raydec.config import DecodeConfig  # lazy: with the served model's config
+
+    served = config.model(model) if config is not None else None
+    plan = stats["plan"]
+    decode = apply_shape(served.decode if served is not None else DecodeConfig(method=plan["method"]), plan)
+    target = "reference"
+    if served is not None:
+        target = load_target(served.model, task=served.task, dtype=getattr(torch, served.dtype), vqgan_path=served.vqgan_path)
+    batch = batch or plan["batch_size"]
+    logger.info("bench serve: in-process rate of %s at batch %d (%s), %.0f s", model, batch, plan["label"], seconds)
+    return {**in_process_rate(args.task, plan["method"], batch, seconds, args.threads, model=target, decode=decode),
+            "batch": batch, "plan": plan["label"]}
+
+
+def _bench_open_loop(args: argparse.Namespace, url: str, config: Any, models: list[str]) -> dict:
+    """Every rate against every model, models interleaved rate by rate (their order rotated each rate),
+    beside each model's in-process rate at its batch."""
+    task = args.task
+    prompts = _prompts(64)
+    image_urls = [_png_url(image) for image in _images(16)] if task == "chat" else []
+    baseline_seconds = args.baseline_seconds or args.seconds / 3
+    in_process = {m: _served_baseline(args, config, m, _stats(url, args.api_key, m), baseline_seconds) for m in models}
+    rows = []
+    for index, rate in enumerate(args.rates):
+        for model in models[index % len(models):] + models[:index % len(models)]:
+            target = Target(url, args.api_key, task, model, args.method, prompts, image_urls)
+            before = _stats(url, args.api_key, model)
+            logger.info("bench serve: %s at %g requests/s (up to %d, %.0f s) on %s", model, rate, args.requests, args.seconds, url)
+            load = asyncio.run(open_loop(target, rate, args.requests, args.seconds, f"{args.seed}/{rate}", args.drain_seconds))
+            after = _stats(url, args.api_key, model)
+            rows.append(summarise(target, rate, load, before, after, in_process[model]["rows_per_s"]))
+    rows.sort(key=lambda r: (models.index(r["model"]), r["rate"]))
+    result = {"mode": "open_loop", "task": task, "url": url, "models": models, "rates": args.rates, "requests": args.requests,
+              "seconds": args.seconds, "drain_seconds": args.drain_seconds, "seed": args.seed, "method": args.method,
+              "in_process": in_process, "rows": rows}
+    print_rows(result)
+    if args.plots:
+        result["plot"] = str(plot(result, args.plots))
+        print(f"wrote {result['plot']}")
     return result
 
 
@@ -229,16 +325,31 @@ def _print(result: dict) -> None:
 
 
 def add_serve_parser(subparsers) -> None:
-    parser = subparsers.add_parser("serve", help="load on the Serve app (C clients, S seconds) vs the in-process rate at batch C")
+    parser = subparsers.add_parser("serve", help="load on the Serve app (C clients, or Poisson arrivals at --rates) vs the "
+                                                 "in-process rate at the same batch")
     parser.add_argument("--task", choices=["images", "chat"], default="images", help="which route to load")
-    parser.add_argument("--concurrency", type=positive_int, default=8, help="clients at once (and the in-process batch size)")
-    parser.add_argument("--seconds", type=positive_float, default=60.0, help="how long the load runs")
+    parser.add_argument("--concurrency", type=positive_int, default=8,
+                        help="closed loop: clients at once (and the in-process batch size); the reference app's batch size")
+    parser.add_argument("--seconds", type=positive_float, default=60.0,
+                        help="how long the load runs (open loop: per rate and model, no request sent after it)")
+    parser.add_argument("--rates", type=positive_float_list, default=None,
+                        help="open loop: comma-separated request rates per second, Poisson arrivals (default: the closed loop)")
+    parser.add_argument("--requests", type=positive_int, default=64, help="open loop: at most this many requests per rate and model")
+    parser.add_argument("--seed", type=int, default=0, help="open loop: seed of the arrival times (the same schedule for every model)")
+    parser.add_argument("--drain-seconds", type=positive_float, default=120.0,
+                        help="open loop: how long requests in flight at the end are awaited (then counted as errors)")
     parser.add_argument("--method", default=None, help="decoding method per request (default: the model's)")
     parser.add_argument("--url", default=None, help="a running app's base URL (default: start one on 127.0.0.1)")
-    parser.add_argument("--model", default=None, help="served model name (default: the reference app's)")
-    parser.add_argument("--api-key", default=None, help="the app's key, if it needs one")
-    parser.add_argument("--port", type=positive_int, default=8765, help="port of the app this bench starts")
-    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads, in-process and in the replica")
+    parser.add_argument("--config", default=None,
+                        help="a ServeConfig YAML (as raydec serve --config) the bench starts instead of the reference app")
+    parser.add_argument("--models", "--model", dest="models", default=None,
+                        help="served model names, comma-separated (open loop: each in turn at every rate; default: the "
+                             "task's reference model, or the task's models in --config)")
+    parser.add_argument("--api-key", default=None, help="the app's key, if it needs one (default: the first of --config's)")
+    parser.add_argument("--port", type=positive_int, default=None,
+                        help=f"port of the app this bench starts (default: {REFERENCE_PORT}, or --config's)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads, in-process and in the reference replicas")
     parser.add_argument("--baseline-seconds", type=positive_float, default=None, help="in-process timing (default: S / 3)")
+    parser.add_argument("--plots", type=folder_path_arg, default=None, help="open loop: write the latency-against-rate plot here")
     parser.add_argument("--json", type=json_path_arg, default=None, help="write results here")
     parser.set_defaults(bench=bench_serve)

@@ -1,0 +1,44 @@
+"""`raydec bench serve --rates`: open-loop Poisson load on an app the bench starts from a ServeConfig
+file (a tiny Janus), its JSON rows and its plot. The bench starts Serve on the shared Ray cluster
+(it starts no Ray of its own when one is up), and the port is picked once that cluster runs, so
+its own processes cannot take it first."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from raydec.bench.cli import main as bench_main
+from tests.ray_fixture import _free_ports
+from tests.t2i_toys import tiny_janus
+
+
+def test_open_loop_reports_a_row_per_rate_with_ordered_percentiles(ray_cluster, tmp_path, capsys):
+    janus = tiny_janus(tmp_path / "janus")
+    (port,) = _free_ports(1)
+    config = tmp_path / "serve.yaml"
+    config.write_text(yaml.safe_dump({
+        "port": port, "api_keys_env": None,
+        "models": [{"name": "tiny", "task": "t2i", "model": str(janus), "decode": {"method": "sjd_pac"}, "batch_size": 4,
+                    "cpus_per_worker": 0.25}],
+    }))
+    path, plots = tmp_path / "open.json", tmp_path / "plots"
+    bench_main(["serve", "--task", "images", "--config", str(config), "--rates", "2,6", "--requests", "4", "--seconds", "10",
+                "--baseline-seconds", "0.5", "--drain-seconds", "30", "--plots", str(plots), "--json", str(path)])
+    result = json.loads(path.read_text())
+    rows = result["rows"]
+    assert [(r["model"], r["rate"]) for r in rows] == [("tiny", 2.0), ("tiny", 6.0)]
+    in_process = result["in_process"]["tiny"]
+    assert in_process["rows_per_s"] > 0 and in_process["batch"] == 4
+    for row in rows:
+        assert row["task"] == "images" and row["plan"] == in_process["plan"] and row["plan"].startswith("sjd_pac")
+        assert row["errors"] == 0 and row["completed"] == row["sent"] == 4
+        assert row["completed_per_s"] > 0 and row["p50_s"] <= row["p90_s"] <= row["p99_s"]
+        assert row["ttft_p50_s"] is None and row["gap_p50_s"] is None  # images do not stream
+        assert 1 <= row["mean_batch"] <= 4
+        assert row["in_process_rate"] == in_process["rows_per_s"]
+        assert row["load_share"] == pytest.approx(row["completed_per_s"] / in_process["rows_per_s"])
+    assert (plots / "serve_open_loop_images.png").is_file() and result["plot"] == str(plots / "serve_open_loop_images.png")
+    assert "open loop" in capsys.readouterr().out
