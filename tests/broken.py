@@ -95,20 +95,21 @@ def batch_minimum_verifier(tree: DraftTree, target_probs: torch.Tensor, uniforms
     return result
 
 
-def near_match_coupled_verifier(tree: DraftTree, target_probs: torch.Tensor, gumbels: torch.Tensor) -> VerifyResult:
-    """Gumbel coupling that also accepts a draft whose perturbed score log P + G comes within 3
-    of the target's best (a near-match): the first such child of each node wins as if it were
-    the target's own sample."""
-    scores = torch.log(target_probs.to(torch.float64)) + gumbels  # [B, N, V]
-    best = scores.max(dim=-1).values
-    gumbels = gumbels.clone()
+def near_match_coupled_verifier(tree: DraftTree, target_probs: torch.Tensor, exponentials: torch.Tensor) -> VerifyResult:
+    """Gumbel coupling that also accepts a draft whose perturbed score log P + G (G = -log E)
+    comes within 3 of the target's best (a near-match): the first such child of each node is
+    made the target's own sample by shrinking its token's noise at the parent's level."""
+    depth = tree.depth().clamp(max=exponentials.shape[1] - 1)
+    noise = exponentials.clone()  # [B, L + 1, V]
     for row in range(tree.batch_size):
         bumped: set[int] = set()
         for node in range(1, tree.num_nodes):
             parent, token = int(tree.parents[row, node]), int(tree.tokens[row, node])
             if parent < 0 or not bool(tree.valid[row, node]) or parent in bumped:
                 continue
-            if float(scores[row, parent, token]) >= float(best[row, parent]) - 3.0:
-                gumbels[row, parent, token] += 4.0  # now the parent's argmax
+            level = int(depth[row, parent])
+            scores = torch.log(target_probs[row, parent].to(torch.float64)) - torch.log(noise[row, level])
+            if float(scores[token]) >= float(scores.max()) - 3.0:
+                noise[row, level, token] *= 1e-3  # now the parent's argmax (its log-score up by 6.9)
                 bumped.add(parent)
-    return verify_coupled(tree, target_probs, gumbels)
+    return verify_coupled(tree, target_probs, noise)

@@ -77,7 +77,7 @@ def first_tokens(first_probs: torch.Tensor, random: RowRandom, coupled: list[boo
     position 0 where coupled, inverse CDF with its first-token uniform elsewhere. -> [B]"""
     if not any(coupled):
         return sample_with_uniform(first_probs, random.uniforms(streams.FIRST_TOKEN, 1)[:, 0])
-    gumbel = coupled_tokens(first_probs.unsqueeze(1), random.at_positions(torch.zeros_like(random.seeds)).gumbels(
+    gumbel = coupled_tokens(first_probs.unsqueeze(1), random.at_positions(torch.zeros_like(random.seeds)).exponentials(
         torch.zeros(1, dtype=torch.long), first_probs.shape[-1]))[:, 0]
     if all(coupled):
         return gumbel

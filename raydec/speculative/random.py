@@ -82,24 +82,23 @@ JACOBI_CARRY = 3   # the maximal coupling that carries untested drafts to the ne
 GUMBEL = 4         # coupled decoding's public noise: indexed by generated position, not by step
 FIRST_FREE_STREAM = 5  # streams from here up are free for proposers defined outside raydec
 
-_LOWEST_EXPONENTIAL = 2.0**-60  # an Exp(1) draw of exactly 0 (u == 0) would make its Gumbel +inf
+_LOWEST_EXPONENTIAL = 2.0**-60  # an Exp(1) draw of exactly 0 (u == 0) would win whatever its token's mass
 
 
-def position_gumbels(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
-    """The public Gumbel noise of coupled decoding: one standard Gumbel per (row, generated
-    position, token), a pure function of (seed, position, token).
+def position_exponentials(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The public noise of coupled decoding: one Exp(1) draw E per (row, generated position,
+    token), a pure function of (seed, position, token). ``-log E`` is a standard Gumbel.
 
     seeds: [B] int64; positions: [B, M] int64, the generated-token index each entry is for
-    (the first generated token is 0)  -> [B, M, V] float64
+    (the first generated token is 0)  -> [B, M, V] float64, > 0
 
     The noise never depends on the step, the window, the batch or the method: a row's sampled
-    token at position j is ``argmax(log P_j + G_j)`` (Gumbel-max, a sample of P_j), fixed once
-    the prefix is, whoever drafted it.
+    token at position j is ``argmax(P_j / E_j)`` = ``argmax(log P_j + G_j)`` (Gumbel-max, a
+    sample of P_j), fixed once the prefix is, whoever drafted it.
     """
     batch, count = positions.shape
     u = counter_uniforms(seeds.long().repeat_interleave(count), positions.reshape(-1), GUMBEL, vocab)  # [B * M, V]
-    exponential = torch.neg(torch.log1p(-u)).clamp_min_(_LOWEST_EXPONENTIAL)
-    return torch.neg(torch.log(exponential)).view(batch, count, vocab)
+    return torch.neg(torch.log1p(-u)).clamp_min_(_LOWEST_EXPONENTIAL).view(batch, count, vocab)
 
 
 @dataclass
@@ -117,11 +116,11 @@ class RowRandom:
     positions: torch.Tensor | None = None
     coupled: torch.Tensor | None = None  # [B] bool: the row samples by Gumbel coupling (None: none does)
 
-    def gumbels(self, offsets: torch.Tensor, vocab: int) -> torch.Tensor:
-        """``position_gumbels`` at ``positions + offsets``. offsets: [B, M] or [M] long -> [B, M, V] float64"""
+    def exponentials(self, offsets: torch.Tensor, vocab: int) -> torch.Tensor:
+        """``position_exponentials`` at ``positions + offsets``. offsets: [B, M] or [M] long -> [B, M, V] float64"""
         if self.positions is None:
             raise ValueError("coupled noise needs the rows' generated positions (RowRandom.positions)")
-        return position_gumbels(self.seeds, self.positions.unsqueeze(1) + offsets.to(self.positions.device), vocab)
+        return position_exponentials(self.seeds, self.positions.unsqueeze(1) + offsets.to(self.positions.device), vocab)
 
     def at_positions(self, positions: torch.Tensor) -> "RowRandom":
         """The same rows with their generated positions ([B] long) for this step."""

@@ -104,6 +104,7 @@ class DraftTree:
     max_children:        most children any node has (the verifier's passes over sibling ranks)
     branch_nodes:        at least as many as the nodes with two or more children, in any row
     any_without_replacement: some node is marked ``without_replacement``
+    levels:              at least the deepest node's depth (None: N - 1, no read-back)
     """
 
     tokens: torch.Tensor
@@ -115,6 +116,7 @@ class DraftTree:
     max_children: int | None = None
     any_without_replacement: bool | None = None
     branch_nodes: int | None = None
+    levels: int | None = None
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # derived masks
 
     @property
@@ -189,9 +191,14 @@ class DraftTree:
             max_children=0,
             any_without_replacement=False,
             branch_nodes=0,
+            levels=0,
         )
         zero = torch.zeros(batch, 1, dtype=torch.long, device=device)
         return tree.with_structure(zero, torch.ones(batch, 1, 1, dtype=torch.bool, device=device), chain=True)
+
+    def level_bound(self) -> int:
+        """``levels``, or N - 1 (no read-back): at least the deepest node's depth."""
+        return self.levels if self.levels is not None else self.num_nodes - 1
 
     def is_chain(self) -> bool:
         """Every real node i >= 1 hangs under node i - 1 (padding only at the end). Reads back."""
@@ -233,7 +240,7 @@ class DraftTree:
         moved = DraftTree(
             self.tokens.to(device), self.parents.to(device), self.valid.to(device), self.proposal_index.to(device),
             self.without_replacement.to(device), self.proposal_probs.to(device), self.max_children, self.any_without_replacement,
-            self.branch_nodes,
+            self.branch_nodes, self.levels,
         )
         moved._memo = {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in self._memo.items()}
         return moved

@@ -245,31 +245,34 @@ def _first_accepted_walk(tree: DraftTree, accepted: torch.Tensor) -> torch.Tenso
 # The coupled verifier: drafter-invariant (Gumbel coupling)
 
 
-def coupled_tokens(target_probs: torch.Tensor, gumbels: torch.Tensor) -> torch.Tensor:
-    """The target's own sample after every node: ``argmax(log P + G)`` (Gumbel-max, exactly a
-    sample of P; zero-mass tokens never win). target_probs: [B, N, V]; gumbels: [B, N, V]
-    float64, each node's noise at its generated position  -> [B, N] long"""
-    scores = torch.log(target_probs.to(torch.float64)).add_(gumbels)
-    return scores.argmax(dim=-1)
+def coupled_tokens(target_probs: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
+    """The target's own sample after every node: ``argmax(P / E)`` = ``argmax(log P + G)`` with
+    ``G = -log E`` (Gumbel-max, exactly a sample of P; zero-mass tokens never win), computed in
+    P's dtype. target_probs: [B, N, V]; exponentials: [B, N, V], each node's noise at its
+    generated position  -> [B, N] long"""
+    return torch.div(target_probs, exponentials.to(target_probs.dtype)).argmax(dim=-1)
 
 
-def verify_coupled(tree: DraftTree, target_probs: torch.Tensor, gumbels: torch.Tensor) -> VerifyResult:
+def verify_coupled(tree: DraftTree, target_probs: torch.Tensor, exponentials: torch.Tensor) -> VerifyResult:
     """Drafter-invariant verification: a match test against the target's Gumbel-max sample.
 
     tree:         DraftTree with B rows, N nodes (on P's device)
     target_probs: [B, N, V] processed target distribution *after* each node
-    gumbels:      [B, N, V] float64, the row's public noise at the position each node's P predicts
-                  (``random.position_gumbels``: a function of seed and position only)
+    exponentials: [B, L + 1, V] the rows' public noise by depth: depth d's is at the generated
+                  position a depth-d node's P predicts (``random.position_exponentials``: a
+                  function of seed and position only); L >= the deepest node's depth
 
-    The token after node n is t_n = argmax(log P_n + G_pos(n)). A child is accepted iff its
-    token equals t at its parent; the walk follows the accepted children from the root and
-    commits t at the node where it stops. Every committed token is the target's own sample for
-    that prefix, so a row's output is the one plain decoding with the same noise gives, whatever
-    was drafted; only how many tokens a step commits depends on the drafts. Proposals are not
-    read: drafts need not be samples of anything.
+    The token after node n is t_n = argmax(P_n / E_depth(n)). A child is accepted iff its token
+    equals t at its parent; the walk follows the accepted children from the root and commits t
+    at the node where it stops. Every committed token is the target's own sample for that
+    prefix, so a row's output is the one plain decoding with the same noise gives, whatever was
+    drafted; only how many tokens a step commits depends on the drafts. Proposals are not read:
+    drafts need not be samples of anything.
     """
     batch, width = tree.tokens.shape
-    target = coupled_tokens(target_probs, gumbels)                              # [B, N]
+    depth = tree.depth().clamp(max=exponentials.shape[1] - 1)
+    noise = exponentials.to(target_probs.dtype).gather(1, depth.unsqueeze(2).expand(batch, width, exponentials.shape[2]))
+    target = torch.div(target_probs, noise, out=noise).argmax(dim=-1)          # [B, N]: coupled_tokens, one [B, N, V] buffer
     is_child = tree.valid & (tree.parents >= 0)
     parent = tree.parents.clamp(min=0)
     accepted = is_child & (tree.tokens == target.gather(1, parent))

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from raydec.speculative import random as streams
-from raydec.speculative.random import counter_uniforms, position_gumbels
+from raydec.speculative.random import counter_uniforms, position_exponentials
 from raydec.speculative.tree import DraftTree
 from raydec.speculative.verify import VerifyResult, verify_coupled
 
@@ -33,14 +33,15 @@ def tree_tensors(tree: DraftTree) -> tuple[torch.Tensor, ...]:
 def tree_facts(tree: DraftTree) -> dict:
     """The host facts a captured verification takes as constants."""
     return {"max_children": tree.children_bound(), "any_without_replacement": tree.without_replacement_anywhere(),
-            "branch_nodes": tree.branch_node_bound()}
+            "branch_nodes": tree.branch_node_bound(), "levels": tree.level_bound()}
 
 
 def verify_step(
     tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor, proposal_index: torch.Tensor,
     without_replacement: torch.Tensor, proposal_probs: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
     target_probs: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, positions: torch.Tensor, coupled: torch.Tensor,
-    *, verifier: Verifier, max_children: int, any_without_replacement: bool, branch_nodes: int, coupling: str = "rejection",
+    *, verifier: Verifier, max_children: int, any_without_replacement: bool, branch_nodes: int, levels: int,
+    coupling: str = "rejection",
 ) -> tuple[torch.Tensor, ...]:
     """Verify every row's tree against P with its own randomness.
 
@@ -54,10 +55,10 @@ def verify_step(
        keeps), packed [B, N + 2] long (accepted count, stop node, committed tokens: -1 after)
     """
     tree = DraftTree(tokens, parents, valid, proposal_index, without_replacement, proposal_probs,
-                     max_children, any_without_replacement, branch_nodes).with_structure(depth, ancestors)
-    if coupling != "rejection":
-        gumbels = position_gumbels(seeds, positions.unsqueeze(1) + depth, target_probs.shape[-1])  # [B, N, V]
-        result = verify_coupled(tree, target_probs, gumbels)
+                     max_children, any_without_replacement, branch_nodes, levels).with_structure(depth, ancestors)
+    if coupling != "rejection":  # the noise of each level's position, levels + 1 of them
+        levels_at = positions.unsqueeze(1) + torch.arange(levels + 1, device=positions.device)
+        result = verify_coupled(tree, target_probs, position_exponentials(seeds, levels_at, target_probs.shape[-1]))
     if coupling != "gumbel":
         uniforms = counter_uniforms(seeds, steps, streams.VERIFY, tokens.shape[1])
         plain = verifier(tree, target_probs, uniforms)

@@ -174,10 +174,10 @@ def test_guided_top_k_coupled_sampling_follows_the_targets_law(llama):
 
 
 def test_noise_reused_across_positions_fails_the_law(llama, monkeypatch):
-    real = streams.position_gumbels
+    real = streams.position_exponentials
     every_position_the_same = lambda seeds, positions, vocab: real(seeds, positions * 0, vocab)  # noqa: E731
-    monkeypatch.setattr(streams, "position_gumbels", every_position_the_same)
-    monkeypatch.setattr(verify_step, "position_gumbels", every_position_the_same)
+    monkeypatch.setattr(streams, "position_exponentials", every_position_the_same)
+    monkeypatch.setattr(verify_step, "position_exponentials", every_position_the_same)
     config = DecodeConfig(max_new_tokens=4, sampling=SAMPLING)
     samples = sample_engine(llama, ARProposer(), config, [[3, 1, 4]], list(range(SAMPLES)), 5000, coupling="gumbel")
     assert not compare_to_law(samples, lm_law(llama, [3, 1, 4], 4, SAMPLING)).passed
@@ -187,14 +187,14 @@ def test_noise_reused_across_positions_fails_the_law(llama, monkeypatch):
 def test_noise_that_follows_the_window_or_the_batch_row_changes_the_tokens(llama, monkeypatch, flaw):
     requests = _requests(6)
     reference = _alone(llama, requests)
-    real = streams.position_gumbels
+    real = streams.position_exponentials
 
     def broken(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
         if flaw == "window offset":  # the offset from the step's root instead of the generated position
             return real(seeds, positions - positions[:, :1], vocab)
         return real(torch.arange(len(seeds), device=seeds.device), positions, vocab)  # the batch row instead of the seed
 
-    monkeypatch.setattr(verify_step, "position_gumbels", broken)
+    monkeypatch.setattr(verify_step, "position_exponentials", broken)
     got = _decode(_engine(llama, JacobiProposer(JacobiDraftConfig(window=5), "sjd")), requests, 3)
     assert got != reference
 

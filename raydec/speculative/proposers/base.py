@@ -53,7 +53,7 @@ class DecodeState:
     random:     the active rows' counter-based streams at this step (on the target's device)
     coupling:   "rejection", "gumbel" or "mixed" (``random.coupled`` says which rows): a
                 coupled row is verified by a match with the target's Gumbel-max sample, and its
-                drafts pay most when made with the same noise (``random.gumbels``)
+                drafts pay most when made with the same noise (``random.exponentials``)
     """
 
     row_handles: list[int]

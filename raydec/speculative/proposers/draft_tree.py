@@ -277,7 +277,8 @@ class DraftTreeProposer(Proposer):
         for the rows that are not coupled (None: no row is). Level 1 drafts position ``positions``."""
         if state.coupling == "rejection":
             return None
-        noise = state.random.gumbels(torch.arange(self.spec.depth), state.vocab_size).to(device=self._device, dtype=torch.float32)
+        exponentials = state.random.exponentials(torch.arange(self.spec.depth), state.vocab_size)
+        noise = torch.neg(torch.log(exponentials)).to(device=self._device, dtype=torch.float32)  # G = -log E
         return noise if state.coupling == "gumbel" else noise * state.random.flags().to(noise.device).view(-1, 1, 1)
 
     # -- the captured step ------------------------------------------------------------------------
@@ -411,6 +412,7 @@ class DraftTreeProposer(Proposer):
             without_replacement=without_replacement,
             proposal_probs=proposal_probs,
             max_children=k,  # a node's children are some of its top-K
+            levels=self.spec.depth,
             any_without_replacement=False,
             # only the root and expanded frontier nodes have children; two or more each
             branch_nodes=min((n - 1) // 2, 1 + (self.spec.depth - 1) * k),

@@ -14,7 +14,7 @@ it is distributed as (dense ``[V]``; one-hot for deterministic spatial-prior dra
       ac/pac  keep draft_j with prob min(1, P_{j-1}(d)/Q_j(d)), else ~ norm(max(0, P_{j-1} - Q_j))
               (maximal coupling: marginally P_{j-1})  Q_j := P_{j-1}   (always the new P)
       gumbel  (a row in coupling "gumbel", any variant) draft_j = argmax(log P_{j-1} + G_j), Q_j := P_{j-1},
-              with G_j the row's noise at slot j's generated position (``RowRandom.gumbels``): the
+              with G_j = -log E_j the row's noise at slot j's generated position (``RowRandom.exponentials``): the
               target's own sample there whenever P_j = P_{j-1}; a tree level's K candidates are the
               Gumbel top-K list of log Q_j + G_j (``gumbel_list``), a fresh slot the Gumbel-max of the
               uniform Q
@@ -200,31 +200,32 @@ class JacobiProposer(Proposer):
         layout, layout_ancestors, eye, _ = self._device_layout(device)
         allowed, allowed_ids, uniform_q = self._allowed(state)
         forced = state.constraint.forced if state.constraint is not None else None
-        gumbels = self._gumbels(state)
+        noise = self._noise(state)
         node_tokens, parents, valid, proposal_index, without_replacement, proposals, node_slot, ancestors, tokens, raw = self._window_graph(
-            batch, (*self._window_inputs(state), state.roots(), state.random.seeds, state.random.steps, gumbels, state.random.flags()),
+            batch, (*self._window_inputs(state), state.roots(), state.random.seeds, state.random.steps, noise, state.random.flags()),
             (allowed, allowed_ids, uniform_q, layout.parents, layout.slot, layout.level_rank, layout.level_path,
              tuple(layout.level_nodes), layout_ancestors, eye),
             forced=forced, dtype=state.prob_dtype, coupling=state.coupling,
         )
-        self._last = {"tokens": tokens, "proposals": raw, "gumbels": gumbels}
+        self._last = {"tokens": tokens, "proposals": raw, "noise": noise}
         tree = DraftTree(
             node_tokens, parents, valid, proposal_index, without_replacement, proposals,
             max_children=self.branching if self.depth else 1, any_without_replacement=bool(self.depth and self.branching > 1),
             branch_nodes=sum(self.branching**level for level in range(self.depth)) if self.branching > 1 else 0,
+            levels=self.spine_slots,
         )
         return tree.with_structure(node_slot, ancestors)
 
-    def _gumbels(self, state: DecodeState) -> torch.Tensor:
-        """The coupled rows' noise at the window's slots: [B, S, V] float64 (slot s + 1 drafts
+    def _noise(self, state: DecodeState) -> torch.Tensor:
+        """The coupled rows' noise E at the window's slots: [B, S, V] float64 (slot s + 1 drafts
         generated position ``positions + s``); [B, 0, 0] when no row is coupled."""
         if state.coupling == "rejection":
             return torch.zeros(state.batch_size, 0, 0, dtype=torch.float64, device=state.device)
-        return state.random.gumbels(torch.arange(self.spine_slots), state.vocab_size)
+        return state.random.exponentials(torch.arange(self.spine_slots), state.vocab_size)
 
     def _window(
         self, pending_tokens: torch.Tensor, pending_q: torch.Tensor, have: torch.Tensor, lengths: torch.Tensor, tail: torch.Tensor,
-        roots: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, gumbels: torch.Tensor, coupled: torch.Tensor,
+        roots: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, noise: torch.Tensor, coupled: torch.Tensor,
         allowed: torch.Tensor, allowed_ids: torch.Tensor, uniform_q: torch.Tensor, layout_parents: torch.Tensor, layout_slot: torch.Tensor,
         level_rank: torch.Tensor, level_path: torch.Tensor, level_nodes: tuple[torch.Tensor, ...], layout_ancestors: torch.Tensor,
         eye: torch.Tensor, *, forced: Callable | None, dtype: torch.dtype, coupling: str = "rejection",
@@ -232,7 +233,7 @@ class JacobiProposer(Proposer):
         """One window from the pending drafts, on tensors alone (the proposer's captured function).
 
         pending_tokens [B, S], pending_q [B, S, V], have [B], lengths [B], tail [B, offset]
-        (``_window_inputs``); roots, seeds, steps [B]; gumbels [B, S, V] (``_gumbels``) and
+        (``_window_inputs``); roots, seeds, steps [B]; noise [B, S, V] (``_noise``) and
         coupled [B] bool: the coupled rows draw fresh drafts and tree candidates by Gumbel-max
         with their noise; the layout's tensors and the allowed ids
         -> the tree's tensors (tokens, parents, valid, proposal index, without replacement,
@@ -241,8 +242,8 @@ class JacobiProposer(Proposer):
         batch, slots = pending_tokens.shape
         uniforms = counter_uniforms(seeds, steps, streams.JACOBI_FILL, slots + self.depth * self.branching)
         draws = None
-        if coupling != "rejection":  # Gumbel-max from the uniform Q over the allowed ids
-            draws = gumbels.masked_fill(~allowed, float("-inf")).argmax(dim=-1)
+        if coupling != "rejection":  # Gumbel-max from the uniform Q over the allowed ids: the least E among them
+            draws = noise.masked_fill(~allowed, float("inf")).argmin(dim=-1)
             if coupling == "mixed":
                 draws = torch.where(coupled.unsqueeze(1), draws, allowed_ids[(uniforms[:, :slots] * len(allowed_ids)).long().clamp(max=len(allowed_ids) - 1)])
         tokens, proposals = fill_window(pending_tokens, pending_q, have, lengths, tail, uniforms[:, :slots], allowed, allowed_ids,
@@ -259,7 +260,7 @@ class JacobiProposer(Proposer):
             draws = uniforms[:, slots + level * self.branching : slots + (level + 1) * self.branching - 1]
             extra, extra_valid = self.extra_candidates(proposals[:, level], tokens[:, level], draws) if coupling != "gumbel" else (None, None)
             if coupling != "rejection":
-                listed, listed_valid = gumbel_list(proposals[:, level], tokens[:, level], gumbels[:, level], self.branching - 1)
+                listed, listed_valid = gumbel_list(proposals[:, level], tokens[:, level], noise[:, level], self.branching - 1)
                 extra = listed if extra is None else torch.where(coupled.unsqueeze(1), listed, extra)
                 extra_valid = listed_valid if extra_valid is None else torch.where(coupled.unsqueeze(1), listed_valid, extra_valid)
             candidates = torch.cat([tokens[:, level : level + 1], extra], dim=1)            # [B, K]
@@ -287,7 +288,7 @@ class JacobiProposer(Proposer):
         spine_range = (spine.start, spine.stop) if isinstance(spine, slice) else None
         self.pending_tokens, self.pending_proposals, self.pending_count = self._carry_graph(
             state.batch_size, (target_probs, self._last["tokens"], self._last["proposals"], result.num_accepted,
-                               state.random.seeds, state.random.steps, self._last["gumbels"], state.random.flags()),
+                               state.random.seeds, state.random.steps, self._last["noise"], state.random.flags()),
             (spine if spine_range is None else None,), spine_range=spine_range, coupling=state.coupling,
         )
         self.pending_rows = list(state.row_handles)
@@ -295,14 +296,14 @@ class JacobiProposer(Proposer):
 
     def _carry(
         self, target_probs: torch.Tensor, last_tokens: torch.Tensor, last_q: torch.Tensor, num_accepted: torch.Tensor,
-        seeds: torch.Tensor, steps: torch.Tensor, gumbels: torch.Tensor, coupled: torch.Tensor, spine: torch.Tensor | None,
+        seeds: torch.Tensor, steps: torch.Tensor, noise: torch.Tensor, coupled: torch.Tensor, spine: torch.Tensor | None,
         *, spine_range: tuple[int, int] | None, coupling: str = "rejection",
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The next window's pending drafts on tensors alone (the proposer's captured function).
 
         target_probs [B, N, V]; the window's drafts [B, S] and their Q [B, S, V] (spent: written
-        over when eager); num_accepted, seeds, steps [B]; gumbels [B, S, V] and coupled [B]: the
-        window's noise (``_gumbels``) and the rows it couples; the spine's parents as a range or
+        over when eager); num_accepted, seeds, steps [B]; noise [B, S, V] and coupled [B]: the
+        window's noise (``_noise``) and the rows it couples; the spine's parents as a range or
         index [S] -> pending tokens [B, S], their Q [B, S, V], how many are real [B]
         """
         batch, slots = last_tokens.shape
@@ -315,11 +316,11 @@ class JacobiProposer(Proposer):
         if self.captured:
             spent = spent.clone()  # a graph's input stays as it was
         if coupling == "gumbel":  # every slot's new draft is P_{j-1}'s Gumbel-max sample: Q := P_{j-1}
-            tokens, recorded = coupled_tokens(p, gumbels), p
+            tokens, recorded = coupled_tokens(p, noise), p
         else:
             tokens, recorded = self.couple(p, last_tokens, spent, uniforms)
             if coupling == "mixed":
-                tokens = torch.where(coupled.unsqueeze(1), coupled_tokens(p, gumbels), tokens)
+                tokens = torch.where(coupled.unsqueeze(1), coupled_tokens(p, noise), tokens)
         # slots after the new root move to the window's front: slot j + shift -> j
         shift = (num_accepted + 1).unsqueeze(1)                                         # [B, 1]
         source = torch.arange(slots, device=p.device).unsqueeze(0) + shift              # [B, S]
@@ -421,15 +422,15 @@ class JacobiProposer(Proposer):
         return fill_window(*self._window_inputs(state), uniforms, allowed, allowed_ids, uniform_q, forced=forced)
 
 
-def gumbel_list(q: torch.Tensor, first: torch.Tensor, gumbels: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+def gumbel_list(q: torch.Tensor, first: torch.Tensor, noise: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A coupled slot's extra candidates: the next ``count`` of its Gumbel top-K list
-    (``argsort(log q + G)``, whose head is ``first``, the slot's own Gumbel-max draft), ``first``
-    excluded. q: [B, V]; first: [B]; gumbels: [B, V] float64  -> tokens [B, count], exists [B, count]
-    (a candidate without mass under q does not exist)"""
-    scores = torch.log(q.to(torch.float64)) + gumbels
-    scores.scatter_(1, first.unsqueeze(1), float("-inf"))
+    (``argsort(q / E)`` = ``argsort(log q + G)``, whose head is ``first``, the slot's own
+    Gumbel-max draft), ``first`` excluded. q: [B, V]; first: [B]; noise: [B, V] float64 E
+    -> tokens [B, count], exists [B, count] (a candidate without mass under q does not exist)"""
+    scores = torch.div(q.to(torch.float64), noise)
+    scores.scatter_(1, first.unsqueeze(1), -1.0)
     top = scores.topk(count, dim=-1)
-    return top.indices, top.values > float("-inf")
+    return top.indices, top.values > 0
 
 
 def _take_slots(rows: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
