@@ -25,7 +25,6 @@ from pydantic import BaseModel
 from raydec.io.config import OutputConfig
 from raydec.io.images import ImageLike, encode_png
 from raydec.io.storage import IMAGES_DIR, RESULTS_DIR, SHARD_NAME, OutputLocation, as_output
-from raydec.io.storage import redact_secrets  # noqa: F401  (raydec.train.datagen imports it from here)
 
 logger = logging.getLogger(__name__)
 

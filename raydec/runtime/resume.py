@@ -55,6 +55,10 @@ def check_output(job: JobConfig) -> Tuple[OutputLocation, EarlierOutput, Dict[st
     return output, earlier, weights
 
 
+# decode fields a gumbel-coupled row does not depend on (the manifest still records them)
+GUMBEL_SPEED_FACTS = ("method", "jacobi", "draft_tree", "draft_model", "draft_dtype")
+
+
 def check_resume_compatible(job: JobConfig) -> None:
     """Refuse to add rows to ``job``'s output when its manifest records a different job
     (``check_resume`` on what the output holds, read here; the output is not probed)."""
@@ -91,6 +95,8 @@ def check_resume(job: JobConfig, output: EarlierOutput, weights: Dict[str, str])
             "that the model (and draft) folders still hold the weights its rows were made with", job.output.path,
         )
     for role, fingerprint in (manifest.get("weights") or {}).items():
+        if role == "draft" and job.decode.coupling == "gumbel":  # the draft decides speed only: the rows are the seeds'
+            continue
         if _differs(fingerprint, weights.get(role)):
             raise ResumeMismatchError(
                 f"weights: output {job.output.path} holds results of {role} weights {fingerprint}, the {role} "
@@ -150,10 +156,16 @@ def _decode_identity(decode: Any) -> Any:
     """A dumped DecodeConfig with the drafts as decoding uses them: the Jacobi draft only for the
     Jacobi methods, the draft tree resolved from the sampling temperature when unset and left out
     for methods that build no draft tree (a new tree default must not block resuming an SJD job,
-    and must block resuming a ViSpec one)."""
+    and must block resuming a ViSpec one). In gumbel coupling the method and its drafts are left
+    out (``GUMBEL_SPEED_FACTS``): they change how fast rows come, not which."""
     if not isinstance(decode, dict):
         return decode
     decode = dict(decode)
+    decode.setdefault("coupling", "rejection")  # a manifest from before couplings decoded in rejection mode
+    if decode["coupling"] == "gumbel":  # a row is the seed's whatever drafted it: the draft is a speed fact, not identity
+        for key in GUMBEL_SPEED_FACTS:
+            decode.pop(key, None)
+        return decode
     if "draft" in decode and "jacobi" not in decode:  # a manifest of an earlier release
         decode["jacobi"] = decode.pop("draft")
     if decode.get("method") not in JACOBI_METHODS:

@@ -44,7 +44,7 @@ from raydec.config import DecodeConfig, SamplingConfig
 from raydec.io.datasets import check_dataset
 from raydec.io.fragments import fragment_items, fragment_tables, plan_fragments
 from raydec.io.images import attach_caption_images
-from raydec.io.writers import redact_secrets
+from raydec.io.storage import redact_secrets
 from raydec.models.hf_vlm import VlmPrompt
 from raydec.models.registry import resolve_vlm_path, weights_fingerprint
 from raydec.runtime.cluster import connect_ray

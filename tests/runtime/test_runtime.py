@@ -615,6 +615,23 @@ def test_resume_identity_resolves_the_draft_tree_only_where_one_is_built():
     assert _differs(jacobi_identity("draft", 8), jacobi_identity("jacobi", 16))
 
 
+def test_a_gumbel_coupled_output_resumes_with_another_method_or_shape_and_not_across_couplings():
+    """In gumbel coupling a row is its seed's whatever drafted it: the method and shape are speed
+    facts (still recorded), not identity; the coupling itself is identity, and a manifest from
+    before couplings counts as rejection."""
+    from raydec.runtime.resume import _differs, _resume_identity
+
+    def identity(method, window, coupling=None):
+        decode = {"method": method, "jacobi": {"window": window}, **({"coupling": coupling} if coupling else {})}
+        return _resume_identity({"decode": decode, "input": {"seed": 1}})["decode"]
+
+    assert not _differs(identity("sjd_pac", 16, "gumbel"), identity("sjd", 48, "gumbel"))
+    assert not _differs(identity("sjd", 16, "gumbel"), identity("ar", 16, "gumbel"))
+    assert _differs(identity("sjd", 16, "rejection"), identity("sjd", 48, "rejection"))
+    assert _differs(identity("sjd", 16), identity("sjd", 16, "gumbel"))  # written before couplings: rejection
+    assert _differs(identity("sjd", 16, "gumbel"), identity("sjd", 16, "rejection"))
+
+
 def test_contact_sheet_fits_whole_captions_and_marks_cut_ones():
     from PIL import Image
 
