@@ -9,7 +9,9 @@
 A request joins the running batch between steps (continuous batching) and can be cancelled.
 Rows of one engine share its method and classifier-free guidance, so a scheduler keeps one engine
 and its DecodeSession per (method, cfg_scale, draft tree) that requests ask for and steps each in turn; temperature,
-top-k and top-p are per row. A row's output depends only on its inputs, seed and config, so it equals
+top-k and top-p are per row. ``follow_plans`` makes the session of the base config (at the model's own size) follow
+its live batch: a plan per batch bucket, switched with hysteresis (``raydec.api.live_plan``); requests that name
+another method, CFG scale or size keep their own sessions, which decode with their config. A row's output depends only on its inputs, seed and config, so it equals
 ``generate_images`` / ``caption_images`` for the same seed (exactly so in float32 and float64).
 """
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from PIL import Image
@@ -26,6 +28,8 @@ from PIL import Image
 from raydec.api.captions import caption_result, caption_text
 from raydec.api.images import decode_image, image_result
 from raydec.api.inputs import as_decode_config, caption_decode_config, check_positions, image_decode_config, max_positions, over_checkpoint
+from raydec.api.live_plan import DEFAULT_PATIENCE, LivePlans
+from raydec.api.plan import DecodePlan
 from raydec.config import DRAFT_METHODS, IMAGE_METHODS, CAPTION_METHODS, DecodeConfig, SamplingConfig, parse_image_size
 from raydec.models.image_gen import ImagePrompt
 from raydec.models.loading import draft_dtype, load_draft_model, load_target
@@ -56,6 +60,8 @@ class Scheduler(ABC):
     """One DecodeSession per (method, cfg_scale, draft tree), stepped in turn; a task's subclass
     says how its engine is built (``make_engine``)."""
 
+    target: Any  # the loaded target (the subclass loads it)
+
     def __init__(self, base: DecodeConfig, batch_size: int) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -65,6 +71,7 @@ class Scheduler(ABC):
         self._turn = 0
         self.rows_stepped = 0  # rows in the batch, summed over decode steps (mean batch = this / decode_steps)
         self.decode_steps = 0
+        self.live: LivePlans | None = None  # the base config's session follows it (``follow_plans``)
 
     def config_for(self, method: str | None, cfg_scale: float | None, temperature: float | None = None) -> DecodeConfig:
         """The engine config for a request: the base with its method and CFG scale. A draft
@@ -85,12 +92,28 @@ class Scheduler(ABC):
 
     def session(self, config: DecodeConfig, variant: Any = None) -> tuple[tuple, DecodeSession]:
         """The engine session for ``config`` (and a task's target ``variant``: an image size)."""
-        tree = config.tree
-        key = (config.method, config.sampling.cfg_scale,
-               (tree.depth, tree.top_k, tree.total_tokens) if config.method in DRAFT_METHODS else None, variant)
+        key = self.session_key(config, variant)
         if key not in self.sessions:
             self.sessions[key] = self.make_engine(config, variant).session(batch_size=self.batch_size)
+            if self.live is not None and key == self.session_key(self.base):
+                self.sessions[key].follow(self.live)
         return key, self.sessions[key]
+
+    @staticmethod
+    def session_key(config: DecodeConfig, variant: Any = None) -> tuple:
+        """The session rows under ``config`` (at ``variant``) share."""
+        tree = config.tree
+        return (config.method, config.sampling.cfg_scale,
+                (tree.depth, tree.top_k, tree.total_tokens) if config.method in DRAFT_METHODS else None, variant)
+
+    def follow_plans(self, plans: Mapping[int, DecodePlan | DecodeConfig] | None, patience: int = DEFAULT_PATIENCE) -> None:
+        """Decode the base config's session with the plan of its live batch: ``plans`` per batch bucket
+        (``raydec.api.live_plan.LivePlans``: methods ar and the Jacobi ones; each plan's proposer built
+        here over the target), switched after ``patience`` steps of a changed bucket. None: stop following."""
+        self.live = LivePlans(plans, patience, make=lambda config: make_proposer(config, self.target)) if plans else None
+        own = self.sessions.get(self.session_key(self.base))
+        if own is not None:
+            own.follow(self.live)
 
     @abstractmethod
     def make_engine(self, config: DecodeConfig, variant: Any = None) -> Engine:

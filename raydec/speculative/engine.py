@@ -41,6 +41,7 @@ from raydec.config import SamplingConfig
 from raydec.speculative.buffers import KeptBuffer
 from raydec.speculative.capture import CompileMode, StepGraph, resolve_compile
 from raydec.speculative.cache import DEFAULT_LAYOUT, CacheLayout, RaggedCache
+from raydec.speculative.live_proposer import FollowsPolicy
 from raydec.speculative.refill import RefillPolicy
 from raydec.speculative.prefill import first_tokens, left_pad, pad_layer_residuals, prefill_mask
 from raydec.speculative.proposers.base import DecodeState, Prefill, Proposer
@@ -154,7 +155,7 @@ class Engine:
         return [session.output(handle) for handle in handles]
 
 
-class DecodeSession(SessionRows):
+class DecodeSession(SessionRows, FollowsPolicy):
     """An engine run that takes requests while it decodes.
 
         handle = session.submit(request)   # queued; joins the batch between steps
@@ -166,6 +167,7 @@ class DecodeSession(SessionRows):
     ``output(handle)`` is final, and ``release(handle)`` drops them. So a loop that releases what
     ``step`` returns holds no row once ``busy`` is False. Handles count from 0 in submission
     order. A session is single-threaded: a scheduler (behind a Serve replica) or a batch worker drives it from one loop.
+    ``follow(policy)`` takes the proposer from a policy before each decode step (``raydec.speculative.live_proposer``).
     The rows' record (``submit``, ``cancel``, ``release``, ``output``, ``busy``) is ``SessionRows``'s
     (``raydec.speculative.session``); this class adds the device work: the cache, admission, the steps.
     """
@@ -306,6 +308,7 @@ class DecodeSession(SessionRows):
             self.random = self.random.at_positions(torch.tensor([len(tokens) for tokens in generated], dtype=torch.long))
         state = DecodeState(list(self.active), generated, self.random, engine.target.vocab_size, engine.constraint, self.prob_dtype,
                             coupling)
+        self._take_proposer(state)  # a session that follows a policy (``follow``) may swap its proposer here
         tree = engine.proposer.propose(state)
         target_probs, output = self._score(tree)
         tree = tree.to(target_probs.device)

@@ -10,8 +10,12 @@ class ARProposer(Proposer):
     """Window = the root only; every step commits exactly one token sampled from P."""
 
     admits_rows = True
+    takes_over = True
 
     def admit(self, state: DecodeState, first_probs, prefill) -> None:
+        pass  # no per-row state
+
+    def take_over(self, state: DecodeState) -> None:
         pass  # no per-row state
 
     def propose(self, state: DecodeState) -> DraftTree:

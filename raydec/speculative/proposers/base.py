@@ -84,6 +84,10 @@ class Proposer(ABC):
     wants_hidden: bool = False
     #: rows may join a running batch (continuous batching): ``admit`` is implemented
     admits_rows: bool = False
+    #: it may take a running batch over from another proposer between two steps (``take_over``):
+    #: its per-row state can start afresh from the rows' committed tokens (a session that follows a
+    #: policy, ``raydec.speculative.live_proposer``, swaps in only such proposers)
+    takes_over: bool = False
 
     #: the engine captures the step (``raydec.speculative.capture``): proposers run their pure
     #: tensor work as ``StepGraph``s when set (``capture``)
@@ -108,6 +112,12 @@ class Proposer(ABC):
         the next ``propose`` sees them after the rows already decoding. Only called when
         ``admits_rows``."""
         raise NotImplementedError(f"{type(self).__name__} cannot take rows into a running batch")
+
+    def take_over(self, state: DecodeState) -> None:
+        """Take the running batch ``state`` (every active row, mid-decode) from another proposer
+        between two steps; whatever this proposer kept of earlier steps is stale. Only called when
+        ``takes_over``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot take over a running batch")
 
     @abstractmethod
     def propose(self, state: DecodeState) -> DraftTree:

@@ -172,9 +172,13 @@ class JacobiProposer(Proposer):
     # -- lifecycle -----------------------------------------------------------------------------
 
     admits_rows = True
+    takes_over = True
 
     def start(self, state: DecodeState, first_probs: torch.Tensor, prefill) -> None:
         self.pending_rows, self.pending_tokens, self.pending_proposals, self.pending_count = [], None, None, None
+
+    def take_over(self, state: DecodeState) -> None:
+        self.start(state, None, None)  # its per-row state is its pending drafts: the rows' next window is all fresh drafts
 
     def admit(self, state: DecodeState, first_probs: torch.Tensor, prefill) -> None:
         pass  # a new row has no pending drafts: its first window is all fresh drafts
