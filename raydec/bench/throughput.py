@@ -254,9 +254,12 @@ def _label(method: str, shape: str, coupling: str) -> str:
 def _tuned_configs(args: argparse.Namespace, workload: Workload, batch: int, calibration_rows: int, continuous: bool, device: str,
                    tuned: list[dict]) -> tuple[dict[str, Any], dict[tuple[str, str], str]]:
     """The configs one batch measures (label -> config, AR first), each method's shape tuned for the
-    batch under each coupling (``plan_decode``), and the tuned choice per (method, coupling)."""
+    batch under each coupling (``plan_decode``), and the tuned choice per (method, coupling). With
+    ``--shapes tuned`` each coupling also decodes the shapes the other couplings chose, so every
+    tuned shape is measured under every coupling: the couplings compared at the same shape."""
     configs: dict[str, Any] = {}
     chosen: dict[tuple[str, str], str] = {}
+    shapes: dict[str, list] = {}  # method -> every coupling's tuned config
     for coupling in args.couplings:
         for method in args.methods:
             base = workload.base[method].model_copy(update={"coupling": coupling})
@@ -271,9 +274,13 @@ def _tuned_configs(args: argparse.Namespace, workload: Workload, batch: int, cal
             best = next((c for c in candidates if shape_label(c) == label), plan.decode)
             for config in candidates if args.shapes == "all" else [candidates[0], best]:
                 configs.setdefault(_label(config.method, shape_label(config), coupling), config)
+            shapes.setdefault(method, []).append(best)
             tuned.append({"method": method, "coupling": coupling, "batch": batch, "chosen": label,
                           "tune_seconds": plan.shape["seconds"], "trials": plan.shape["trials"]})
             logger.info("bench throughput: batch %d, %s (%s) tuned to %s in %.0f s", batch, method, coupling, label, tuned[-1]["tune_seconds"])
+    for coupling in args.couplings:  # each coupling at the shapes the others chose
+        for config in (c.model_copy(update={"coupling": coupling}) for tuned_configs in shapes.values() for c in tuned_configs):
+            configs.setdefault(_label(config.method, shape_label(config), coupling), config)
     return configs, chosen
 
 
