@@ -25,13 +25,16 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def top_tokens(logp: torch.Tensor, k: int, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The K candidates of each distribution and their log-probabilities: the K most likely, or
-    with ``noise`` (the level's Gumbel noise, zero for rows that are not coupled) the K best by
-    ``log q + G``, a Gumbel top-K list whose head is q's Gumbel-max sample under the noise the
-    target samples with. logp: [B, ..., V]; noise: [B, V]  -> log q, tokens [B, ..., K]"""
+    with ``noise`` (the level's Gumbel noise, zero for rows that are not coupled) q's Gumbel-max
+    sample under the noise the target samples with (``argmax log q + G``: the single token most
+    likely to be the target's own sample when q is close to P), then the K - 1 most likely others.
+    logp: [B, ..., V]; noise: [B, V]  -> log q, tokens [B, ..., K]"""
     if noise is None:
         return logp.topk(k, dim=-1)
     noise = noise[:, : logp.shape[-1]].to(logp.dtype).view(logp.shape[0], *([1] * (logp.dim() - 2)), logp.shape[-1])
-    token = (logp + noise).topk(k, dim=-1).indices
+    first = (logp + noise).argmax(dim=-1, keepdim=True)
+    others = logp.scatter(-1, first, float("-inf")).topk(k - 1, dim=-1).indices
+    token = torch.cat([first, others], dim=-1)
     return logp.gather(-1, token), token
 
 
