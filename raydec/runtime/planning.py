@@ -255,6 +255,18 @@ def plan_replica(config: ProcessorConfig) -> DecodePlan:
     return plan
 
 
+def plan_replica_buckets(config: ProcessorConfig, plan: DecodePlan, buckets: List[int]) -> Dict[int, DecodePlan]:
+    """A Serve replica that follows its live batch: a plan per batch bucket in ``buckets``, each as
+    ``plan_replica`` makes one (from the shape cache, else tuned now on rows the replica makes, and
+    cached) for that batch size; ``plan`` (the replica's own, ``plan_replica``'s) is its batch size's."""
+    fetch = lambda count: builtin_calibration_rows(config.task, count, config.rows)  # noqa: E731
+    plans: Dict[int, DecodePlan] = {}
+    for bucket in buckets:
+        plans[bucket] = plan if bucket == plan.batch_size else plan_in_worker(config.model_copy(update={"batch_size": bucket}), fetch, {})
+        logger.info("decode plan of batch bucket %d: %s", bucket, describe_plan(plans[bucket]))
+    return plans
+
+
 def describe_plan(plan: DecodePlan) -> str:
     """One line: the batch size and what rows decode with, and where each came from."""
     batch = f"batch_size {plan.batch_size}"

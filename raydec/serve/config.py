@@ -49,6 +49,13 @@ class ServedModel(StrictModel):
         "cache shows fastest, and 256).",
     )
     max_memory_fraction: float = MEMORY_FRACTION_FIELD
+    follow_batch: bool = Field(
+        True, description="t2i with a Jacobi method (sjd, sjd_ac, sjd_pac) and jacobi: auto: the replica plans a draft shape "
+        "(or plain AR) for every batch bucket 1, 2, 4, ... up to batch_size (each from the shape cache, else tuned at start) "
+        "and decodes each step with the plan of the smallest bucket holding the rows decoding then, switching once a "
+        "changed bucket has held for a few steps; false: one plan, tuned for batch_size. Ignored for other methods and "
+        "fixed shapes.",
+    )
     _batch_size = field_validator("batch_size", mode="before")(classmethod(lambda cls, value: check_batch_size(value, 1024)))
     num_replicas: int = Field(1, ge=1, le=4096, description="Replicas when autoscaling_config is unset.")
     autoscaling_config: Optional[dict[str, Any]] = Field(

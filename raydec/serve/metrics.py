@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from raydec.config import DRAFT_METHODS, JACOBI_METHODS, DecodeConfig
 from raydec.serve.boundary import RowResult
@@ -62,6 +62,9 @@ class ReplicaMetrics:
         self.accepted_tokens_per_pos = counter(
             "spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at each draft position.", ("model", "position"))
         self.output_tokens = counter("generation_tokens", "Tokens generated.")
+        self.plan_steps = counter("decode_steps_per_plan", "Decode steps of a replica that follows its live batch, per plan.",
+                                  ("model", "plan"))
+        self._plan_steps_seen: dict[str, int] = {}
         self.ttft = histogram("time_to_first_token_seconds", "Request arrival at the replica to its first token.", LATENCY_BOUNDARIES)
         self.tpot = histogram("time_per_output_token_seconds", "Decode time per output token after the first.", TOKEN_BOUNDARIES)
         self.e2e = histogram("e2e_request_latency_seconds", "Request arrival at the replica to its result.", LATENCY_BOUNDARIES)
@@ -107,6 +110,14 @@ class ReplicaMetrics:
             totals["output_tokens"] += result.num_tokens
             totals["target_forwards"] += result.target_forwards
             self.accepted_per_pos = [a + b for a, b in zip(self.accepted_per_pos, per_pos)]
+
+    def record_plan_steps(self, steps: Mapping[str, int]) -> None:
+        """Export the decode steps per plan label (totals since start) counted since the last call."""
+        for label, total in dict(steps).items():
+            new = total - self._plan_steps_seen.get(label, 0)
+            if new > 0:
+                self.plan_steps.inc(new, tags={"plan": label})
+                self._plan_steps_seen[label] = total
 
     def record_batch(self, mean_batch_size: float) -> None:
         self.batch_size.set(mean_batch_size)

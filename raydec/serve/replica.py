@@ -20,11 +20,12 @@ import torch
 from PIL import Image
 
 from raydec.api.captions import CaptionResult
+from raydec.api.live_plan import bucket_sizes
 from raydec.api.tuner import shape_label
 from raydec.api.images import ImageResult
 from raydec.api.schedulers import CaptionScheduler, ImageScheduler, Ticket
-from raydec.config import DType
-from raydec.runtime.planning import describe_plan, plan_replica
+from raydec.config import JACOBI_METHODS, DType
+from raydec.runtime.planning import describe_plan, plan_replica, plan_replica_buckets
 from raydec.serve.boundary import (ChatDone, ChatEvent, ChatRequest, Event, Failed, ImageDone, ImageEvent, ImageRequest, ModelInfo,
                                    PartialImage, RowStats, TextDelta)
 from raydec.serve.config import LimitsConfig, ServedModel
@@ -125,9 +126,12 @@ class ModelReplica(ABC, Generic[SchedulerT, ResultT]):
         device = "cuda" if served.gpus_per_worker > 0 else None
         started = time.perf_counter()
         self.plan = plan_replica(served.processor_config())  # "auto" batch size and draft shape: from the shape cache, else measured now
+        self.bucket_plans = plan_replica_buckets(served.processor_config(), self.plan, bucket_sizes(self.plan.batch_size)) \
+            if follows_batch(served) and self.plan.batch_size > 1 else {}
         served = served.model_copy(update={"batch_size": self.plan.batch_size, "decode": self.plan.decode})
         self.served, self.limits = served, limits
         self.scheduler: SchedulerT = self._open(served, TORCH_DTYPES[served.dtype], device)
+        self.scheduler.follow_plans(self.bucket_plans)  # the session of requests that name no method follows its live batch
         self.metrics = ReplicaMetrics(served.name)
         self.loop: EngineLoop[ResultT] = EngineLoop(self.scheduler, on_finish=self._finished)
         self.loop.start()
@@ -142,6 +146,8 @@ class ModelReplica(ABC, Generic[SchedulerT, ResultT]):
     def _finished(self, watcher: Watcher[ResultT], result: ResultT) -> None:
         self.metrics.finished(watcher, result)
         self.metrics.record_batch(self.loop.stats()["mean_batch_size"])
+        if self.scheduler.live is not None:
+            self.metrics.record_plan_steps(self.scheduler.live.steps)
 
     # -- what the ingress calls ------------------------------------------------------------------
 
@@ -155,9 +161,11 @@ class ModelReplica(ABC, Generic[SchedulerT, ResultT]):
     def decoding(self) -> dict[str, Any]:
         """What requests that name no method decode with: the method, its draft shape and the batch size,
         and the plan they come from (``DecodePlan.record``: where each was taken from, the shape cache or
-        measured at start, and the figures)."""
-        base = self.scheduler.base
-        return {"method": base.method, "shape": shape_label(base), "batch_size": self.scheduler.batch_size, "plan": self.plan.record()}
+        measured at start, and the figures); ``live_plan``: for a replica that follows its live batch, the plan
+        in use, decode steps per plan and the plan of each batch bucket (``LivePlans.record``), else None."""
+        base, live = self.scheduler.base, self.scheduler.live
+        return {"method": base.method, "shape": shape_label(base), "batch_size": self.scheduler.batch_size, "plan": self.plan.record(),
+                "live_plan": live.record() if live is not None else None}
 
     def check_health(self) -> None:
         """Serve's health check: fails once the engine loop has died (Serve then replaces the replica)."""
@@ -252,6 +260,13 @@ class ChatReplica(ModelReplica[CaptionScheduler, CaptionResult]):
         self.loop.submit(submit, watcher)
         async for event in self._follow(events, [watcher]):
             yield event
+
+
+def follows_batch(served: ServedModel) -> bool:
+    """Whether a replica of ``served`` plans every batch bucket and follows its live batch: ``follow_batch``
+    set, a Jacobi method and its shape left to "auto" (draft-tree methods keep one plan: their proposer's
+    per-row state, a draft model's cache, cannot be handed over mid-batch)."""
+    return served.follow_batch and served.decode.method in JACOBI_METHODS and served.decode.auto_shape
 
 
 REPLICAS: dict[str, type[ModelReplica[Any, Any]]] = {"t2i": ImageReplica, "caption": ChatReplica}

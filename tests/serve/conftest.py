@@ -2,9 +2,10 @@
 the reference text-to-image model and the reference VLM in float32 (so a row's output does
 not depend on which rows share its batch), with an API key, an https allow-list that names
 loopback hosts (so the private-address refusal after DNS is what stops them) and small limits.
-The reference models decode with their methods' default shapes ("t2i-gumbel": sjd under the
-Gumbel coupling); a tiny Janus ("t2i-auto") leaves its batch size and draft shape to "auto" and finds
-both in a shape cache seeded before the app starts."""
+The reference models decode with their methods' default shapes; a tiny Janus ("t2i-auto") leaves its
+batch size and draft shape to "auto" and finds both in a shape cache seeded before the app starts (with
+one plan: ``follow_batch: false``). "t2i-gumbel" decodes the reference model with sjd under the Gumbel
+coupling and follows its live batch: its shape is "auto", and the cache holds a window per batch bucket."""
 
 from __future__ import annotations
 
@@ -22,15 +23,25 @@ API_KEY = "rk-test-7Hq2vX9pLm4Zt8Wc"  # the tests search every log line for it
 SEEDED_SHAPE = {"method": "sjd_pac", "jacobi": {"window": 8, "branching": 1, "tree_depth": 0, "init": "left"}, "draft_tree": None,
                 "label": "window=8,init=left"}
 #: the reference model decoding with sjd under the Gumbel coupling: a seed's image is generate_images' with plain AR
-GUMBEL_MODEL = {"name": "t2i-gumbel", "task": "t2i", "decode": {"method": "sjd", "coupling": "gumbel", "sampling": {"temperature": 1.0}},
+GUMBEL_MODEL = {"name": "t2i-gumbel", "task": "t2i",
+                "decode": {"method": "sjd", "jacobi": "auto", "coupling": "gumbel", "sampling": {"temperature": 1.0}},
                 "batch_size": 4, "cpus_per_worker": 0.25}
+#: the sjd window the seeded cache holds for "t2i-gumbel" at each batch bucket: wide for one row, narrow for four
+GUMBEL_WINDOWS = {1: 12, 2: 6, 4: 3}
 AUTO_MODEL = {"name": "t2i-auto", "task": "t2i", "decode": {"method": "sjd_pac", "jacobi": "auto"}, "batch_size": "auto",
-              "cpus_per_worker": 0.25}
+              "cpus_per_worker": 0.25, "follow_batch": False}
 
 
-def seed_shape_cache(served) -> None:
-    """Put SEEDED_SHAPE in this process's shape cache under the key ``served``'s replica computes at
-    batch 2 (the only batch the cache then knows, so 'auto' takes it), as a tuning would have left it."""
+def window_shape(window: int) -> dict:
+    """A cache record of sjd with ``window`` (fresh drafts uniform)."""
+    jacobi = {"window": window, "branching": 1, "tree_depth": 0, "init": "uniform"}
+    return {"method": "sjd", "jacobi": jacobi, "draft_tree": None, "label": f"window={window},init=uniform"}
+
+
+def seed_shape_cache(served, shapes: dict | None = None) -> None:
+    """Put ``shapes`` ({batch: shape record}; default SEEDED_SHAPE at batch 2, the only batch the cache then
+    knows for the model, so 'auto' takes it) in this process's shape cache under the keys ``served``'s
+    replica computes at those batches, as a tuning would have left them."""
     import torch
 
     from raydec.api import load_target, sized
@@ -39,11 +50,12 @@ def seed_shape_cache(served) -> None:
     from raydec.config import DecodeConfig
     from raydec.runtime.planning import shape_cache_key
 
-    config = served.model_copy(update={"batch_size": 2}).processor_config()
-    target = sized(load_target(config.model, task="t2i", dtype=getattr(torch, config.dtype)), config.size)
-    key = shape_cache_key(config, target)
-    trials = [ShapeTrial(DecodeConfig(method="ar"), 10.0, 1.0), ShapeTrial(apply_shape(served.decode, SEEDED_SHAPE), 12.0, 1.2)]
-    ShapeCache().put(key, SEEDED_SHAPE, trials)
+    for batch, shape in (shapes or {2: SEEDED_SHAPE}).items():
+        config = served.model_copy(update={"batch_size": batch}).processor_config()
+        target = sized(load_target(config.model, task="t2i", dtype=getattr(torch, config.dtype)), config.size)
+        key = shape_cache_key(config, target)
+        trials = [ShapeTrial(DecodeConfig(method="ar"), 10.0, 1.0), ShapeTrial(apply_shape(served.decode, shape), 12.0, 1.2)]
+        ShapeCache().put(key, shape, trials)
 
 
 @pytest.fixture(scope="package")
@@ -84,6 +96,7 @@ def serve_app(tmp_path_factory) -> Iterator[dict]:
                    "body_timeout_s": 5.0},
     })
     seed_shape_cache(config.model("t2i-auto"))
+    seed_shape_cache(config.model("t2i-gumbel"), {batch: window_shape(window) for batch, window in GUMBEL_WINDOWS.items()})
     env_vars = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
                 "RAYDEC_CACHE_DIR": os.environ["RAYDEC_CACHE_DIR"]}
     init_local_ray(num_cpus=2, env_vars=env_vars, object_store_memory=300 * 2**20)
