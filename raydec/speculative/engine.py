@@ -74,7 +74,8 @@ class Engine:
                     on for CUDA); a verifier other than ``verify_tree`` always runs eagerly
     coupling:       how a row's samples follow from its seed, unless its request says
                     (``RowRequest.coupling``): "rejection", or "gumbel" (drafter-invariant:
-                    ``verify_coupled``)
+                    ``verify_coupled``). The engine's own default is rejection; the entry
+                    points pass ``DecodeConfig.coupling``, whose default is gumbel
     """
 
     def __init__(

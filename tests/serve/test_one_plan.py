@@ -43,7 +43,8 @@ def test_the_plan_records_the_decode_configs_coupling():
     from raydec.api.plan import plan_decode
     from raydec.config import DecodeConfig
 
-    assert plan_decode(DecodeConfig(method="sjd"), 4).record()["coupling"] == "rejection"
+    assert plan_decode(DecodeConfig(method="sjd"), 4).record()["coupling"] == "gumbel"  # the default
+    assert plan_decode(DecodeConfig(method="sjd", coupling="rejection"), 4).record()["coupling"] == "rejection"
     plan = plan_decode(DecodeConfig(method="sjd", coupling="gumbel"), 4)
     assert plan.coupling == plan.record()["coupling"] == "gumbel"
     resumed = plan_decode(DecodeConfig(method="sjd_pac", jacobi="auto", coupling="gumbel"), 4, recorded={"method": "ar"})
