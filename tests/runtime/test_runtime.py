@@ -306,10 +306,12 @@ def test_rerun_after_lost_shards_redoes_only_missing_rows(baseline, tmp_path):
     for image in (output / "images").glob("*.png"):
         image.unlink()
     rerun = job.model_copy(update={"output": job.output.model_copy(update={"path": str(output)})})
-    # a resume with another decode config or seed would mix two jobs' rows in one output
-    other_decode = make_job(job.model, job.input.path, str(output), decode={"method": "sjd"})
-    with pytest.raises(ResumeMismatchError, match=r"^decode\.method: .*decode\.method='ar', this job has decode\.method='sjd'"):
+    # a resume with another coupling or seed would mix two jobs' rows in one output; under the default
+    # gumbel coupling another method is a speed fact: its rows are the same
+    other_decode = make_job(job.model, job.input.path, str(output), decode={"coupling": "rejection"})
+    with pytest.raises(ResumeMismatchError, match=r"^decode\.coupling: .*decode\.coupling='gumbel', this job has decode\.coupling='rejection'"):
         preflight(other_decode)
+    preflight(make_job(job.model, job.input.path, str(output), decode={"method": "sjd"}))
     with pytest.raises(ResumeMismatchError, match=r"^seed: .*seed=7.*seed=8"):
         preflight(make_job(job.model, job.input.path, str(output), seed=8))
     other_input = tmp_path / "other" / "prompts.parquet"  # the same rows elsewhere: another job's input all the same
@@ -358,9 +360,9 @@ def test_a_manifest_without_results_does_not_block_a_corrected_job(tiny_janus, p
     nothing to mix with: the corrected job takes the output over. Once a row is on record,
     the refusal names the nested field that differs."""
     out = str(tmp_path / "out")
-    failed = make_job(tiny_janus, str(prompts_file), out, decode={"method": "sjd"})
+    failed = make_job(tiny_janus, str(prompts_file), out, decode={"method": "sjd", "coupling": "rejection"})
     write_manifest(failed.output, failed, {"results": 0}, {}, {"status": "running"})
-    corrected = make_job(tiny_janus, str(prompts_file), out, decode={"method": "sjd_pac"})
+    corrected = make_job(tiny_janus, str(prompts_file), out, decode={"method": "sjd_pac", "coupling": "rejection"})
     with caplog.at_level("INFO", logger="raydec.runtime.pipeline"):
         preflight(corrected)
     assert any("no results yet" in r.getMessage() for r in caplog.records)

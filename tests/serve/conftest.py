@@ -82,8 +82,7 @@ def serve_app(tmp_path_factory) -> Iterator[dict]:
         "api_keys": [API_KEY],
         "api_keys_env": None,
         "models": [
-            # rejection coupling: a request's own coupling shows (tests/serve/test_coupling.py)
-            {"name": "t2i", "task": "t2i", "decode": {"method": "sjd_pac", "coupling": "rejection"}, "batch_size": 8, "max_ongoing_requests": 48,
+            {"name": "t2i", "task": "t2i", "decode": {"method": "sjd_pac"}, "batch_size": 8, "max_ongoing_requests": 48,
              "max_queued_requests": 64, "health_check_period_s": 2.0},
             {"name": "vlm", "task": "caption", "decode": {"method": "vispec"}, "batch_size": 8,
              "max_ongoing_requests": 2, "max_queued_requests": 2},  # small: the overload test fills it

@@ -27,7 +27,7 @@ def gumbel_images():
 def test_a_gumbel_model_serves_the_images_of_the_seed_whatever_the_method(client, serve_app, gumbel_images):
     plan = stats(serve_app, "t2i-gumbel")["plan"]
     assert (plan["method"], plan["coupling"]) == ("sjd", "gumbel")
-    assert stats(serve_app, "t2i")["plan"]["coupling"] == "rejection"
+    assert stats(serve_app, "t2i")["plan"]["coupling"] == "gumbel"  # the default
     response = client.images.generate(prompt=PROMPT, model="t2i-gumbel", n=2, response_format="b64_json", extra_body={"seed": SEEDS[0]})
     assert [pixels(item.b64_json).tobytes() for item in response.data] == [image.tobytes() for image in gumbel_images]
     rows = response.usage.model_extra["images"]
@@ -37,14 +37,14 @@ def test_a_gumbel_model_serves_the_images_of_the_seed_whatever_the_method(client
 def test_a_request_brings_its_own_coupling(client, gumbel_images):
     from raydec.api import generate_images
 
-    # "t2i" decodes with sjd_pac under rejection sampling: the request's gumbel gives the seed's image
+    # "t2i" decodes with sjd_pac under the default coupling, gumbel: the seed's image
     response = client.images.generate(prompt=PROMPT, model="t2i", response_format="b64_json",
-                                      extra_body={"seed": SEEDS[1], "coupling": "gumbel", "temperature": 1.0})
+                                      extra_body={"seed": SEEDS[1], "temperature": 1.0})
     assert np.array_equal(pixels(response.data[0].b64_json), gumbel_images[1])
-    # and the gumbel model's row under rejection sampling is generate_images' under it
+    # a request under rejection sampling gets generate_images' row under it, not the seed's gumbel image
     response = client.images.generate(prompt=PROMPT, model="t2i-gumbel", response_format="b64_json",
                                       extra_body={"seed": SEEDS[0], "method": "ar", "coupling": "rejection"})
-    (rejection,) = generate_images([PROMPT], decode={"method": "ar", "sampling": SAMPLED}, seeds=SEEDS[:1])
+    (rejection,) = generate_images([PROMPT], decode={"method": "ar", "coupling": "rejection", "sampling": SAMPLED}, seeds=SEEDS[:1])
     assert np.array_equal(pixels(response.data[0].b64_json), np.asarray(rejection.image))
     assert not np.array_equal(np.asarray(rejection.image), gumbel_images[0])
 
