@@ -147,8 +147,15 @@ def summarise(target: Target, rate: float, load: Load, before: dict, after: dict
     done = len(load.latencies)
     rate_done = done / load.seconds if load.seconds > 0 else 0.0
     plan = after.get("plan") or {}
+    live = after.get("live_plan")  # a replica that follows its live batch: decode steps per plan during this load
+    steps_per_plan = None
+    if live is not None:
+        earlier = (before.get("live_plan") or {}).get("steps_per_plan", {})
+        steps_per_plan = {label: count - earlier.get(label, 0) for label, count in live["steps_per_plan"].items()
+                          if count > earlier.get(label, 0)}
     return {
-        "task": target.task, "model": target.model, "plan": plan.get("label"), "method": after.get("method"),
+        "task": target.task, "model": target.model, "plan": plan.get("label"), "follows_batch": live is not None,
+        "steps_per_plan": steps_per_plan, "method": after.get("method"),
         "batch_size": after.get("batch_size"), "rate": rate, "seconds": load.seconds,
         "sent": load.sent, "completed": done, "errors": len(load.errors), "error_samples": load.errors[:5],
         "completed_per_s": rate_done,
@@ -167,12 +174,20 @@ def _fmt(value: Optional[float], spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _plan(row: dict) -> str:
+    """A row's plan in words: its one plan's label, or the plans a replica that follows its batch decoded with."""
+    if not row.get("follows_batch"):
+        return str(row["plan"])
+    steps = row.get("steps_per_plan") or {}
+    return "follows the batch: " + (", ".join(f"{label} {count} steps" for label, count in steps.items()) or "no step")
+
+
 def print_rows(result: dict) -> None:
     """The open-loop table: one line per (model, rate)."""
     unit = "images" if result["task"] == "images" else "answers"
     header = ["model (plan)", "rate/s", f"{unit}/s", "p50 s", "p90 s", "p99 s", "ttft p50 s", "gap p50 s", "mean batch",
               "in process/s", "load share", "sent", "errors"]
-    rows = [[f"{r['model']} ({r['plan']})", _fmt(r["rate"], "g"), _fmt(r["completed_per_s"]), _fmt(r["p50_s"]), _fmt(r["p90_s"]),
+    rows = [[f"{r['model']} ({_plan(r)})", _fmt(r["rate"], "g"), _fmt(r["completed_per_s"]), _fmt(r["p50_s"]), _fmt(r["p90_s"]),
              _fmt(r["p99_s"]), _fmt(r["ttft_p50_s"]), _fmt(r["gap_p50_s"], ".4f"), _fmt(r["mean_batch"], ".2f"),
              _fmt(r["in_process_rate"]), _fmt(r["load_share"], ".2f"), str(r["sent"]), str(r["errors"])]
             for r in result["rows"]]
@@ -193,7 +208,7 @@ def plot(result: dict, out_dir: Path) -> Path:
         rows = sorted((r for r in result["rows"] if r["model"] == model), key=lambda r: r["rate"])
         color = f"C{index}"
         points = [(r["rate"], r["p50_s"], r["p99_s"]) for r in rows if r["p50_s"] is not None]
-        label = f"{model} ({rows[0]['plan']})" if rows else model
+        label = f"{model} ({'follows the batch' if rows[0].get('follows_batch') else rows[0]['plan']})" if rows else model
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=color, label=f"{label} p50")
         ax.plot([p[0] for p in points], [p[2] for p in points], marker="x", color=color, linestyle="--", label=f"{label} p99")
     ax.set_xlabel("offered rate (requests per second)")

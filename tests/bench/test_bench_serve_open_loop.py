@@ -34,6 +34,7 @@ def test_open_loop_reports_a_row_per_rate_with_ordered_percentiles(ray_cluster, 
     assert in_process["rows_per_s"] > 0 and in_process["batch"] == 4
     for row in rows:
         assert row["task"] == "images" and row["plan"] == in_process["plan"] and row["plan"].startswith("sjd_pac")
+        assert row["follows_batch"] is False and row["steps_per_plan"] is None  # one plan: its shape is not "auto"
         assert row["errors"] == 0 and row["completed"] == row["sent"] == 4
         assert row["completed_per_s"] > 0 and row["p50_s"] <= row["p90_s"] <= row["p99_s"]
         assert row["ttft_p50_s"] is None and row["gap_p50_s"] is None  # images do not stream
@@ -42,3 +43,23 @@ def test_open_loop_reports_a_row_per_rate_with_ordered_percentiles(ray_cluster, 
         assert row["load_share"] == pytest.approx(row["completed_per_s"] / in_process["rows_per_s"])
     assert (plots / "serve_open_loop_images.png").is_file() and result["plot"] == str(plots / "serve_open_loop_images.png")
     assert "open loop" in capsys.readouterr().out
+
+
+def test_a_row_counts_the_steps_each_plan_ran_during_its_load():
+    from raydec.bench.open_loop import Load, Target, _plan, summarise
+
+    target = Target("http://127.0.0.1:1", None, "images", "m", None, ["p"], [])
+    plan = {"label": "sjd window=8,init=left"}
+
+    def stats(steps: int, per_plan: dict) -> dict:
+        live = {"steps_per_plan": per_plan, "plan_in_use": None, "switches": 0, "patience": 4, "buckets": {}}
+        return {"decode_steps": steps, "rows_stepped": 2 * steps, "plan": plan, "live_plan": live}
+
+    load = Load(latencies=[1.0, 2.0], seconds=4.0, sent=2)
+    before, after = stats(10, {"sjd window=48,init=left": 10}), stats(25, {"sjd window=48,init=left": 14, "sjd window=8,init=left": 11})
+    row = summarise(target, 0.5, load, before, after, in_process=2.0)
+    assert row["follows_batch"] is True and row["mean_batch"] == 2.0
+    assert row["steps_per_plan"] == {"sjd window=48,init=left": 4, "sjd window=8,init=left": 11}  # only this load's steps
+    assert _plan(row) == "follows the batch: sjd window=48,init=left 4 steps, sjd window=8,init=left 11 steps"
+    fixed = summarise(target, 0.5, load, {**before, "live_plan": None}, {**after, "live_plan": None}, in_process=2.0)
+    assert fixed["follows_batch"] is False and fixed["steps_per_plan"] is None and _plan(fixed) == plan["label"]
