@@ -56,6 +56,13 @@ class ServedModel(StrictModel):
         "changed bucket has held for a few steps; false: one plan, tuned for batch_size. Ignored for other methods and "
         "fixed shapes.",
     )
+    stream_interval_s: float = Field(
+        0.05, ge=0.0, le=10.0,
+        description="caption: a streamed answer's new text goes out at most this often (seconds); its first text at once, "
+        "the rest with the answer. Every event crosses the replica's event loop and two Ray hops while the engine thread "
+        "waits for the same interpreter, so one per decode step costs throughput (docs/benchmarks.md, bench serve). "
+        "0: after every decode step.",
+    )
     _batch_size = field_validator("batch_size", mode="before")(classmethod(lambda cls, value: check_batch_size(value, 1024)))
     num_replicas: int = Field(1, ge=1, le=4096, description="Replicas when autoscaling_config is unset.")
     autoscaling_config: Optional[dict[str, Any]] = Field(

@@ -14,7 +14,7 @@ import os
 import secrets
 import time
 from io import BytesIO
-from typing import Any, AsyncIterator, ClassVar, Generic, TypeVar
+from typing import Any, AsyncIterator, ClassVar, Generic, Optional, TypeVar
 
 import torch
 from PIL import Image
@@ -72,16 +72,19 @@ class ImageWatcher(Watcher[ImageResult]):
 
 
 class ChatWatcher(Watcher[CaptionResult]):
-    """Sends the answer's new text after each step (held back while it may be the start of a
-    stop string or of a multi-byte character), then the whole answer."""
+    """Sends the answer's new text after a step (held back while it may be the start of a stop
+    string or of a multi-byte character), at most once per ``interval`` seconds (the first text at
+    once), then the whole answer."""
 
     def __init__(self, scheduler: CaptionScheduler, loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Event], stream: bool,
-                 stop: tuple[str, ...], draft_per_step: int) -> None:
+                 stop: tuple[str, ...], draft_per_step: int, interval: float = 0.0) -> None:
         super().__init__(loop, events, 0, draft_per_step)
         self.scheduler = scheduler
         self.stream = stream
+        self.interval = interval
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.sent = ""
+        self.sent_at: Optional[float] = None  # perf_counter of the last text sent
         self.prompt_tokens = 0  # set on the engine thread when the row is submitted
 
     def progress(self) -> None:
@@ -91,12 +94,15 @@ class ChatWatcher(Watcher[CaptionResult]):
             self.first_token_at = time.perf_counter()
         if not self.stream:
             return
+        now = time.perf_counter()
+        if self.sent_at is not None and now - self.sent_at < self.interval:
+            return  # the text waits for the next step past the interval, or for the answer
         text = self.scheduler.text(self.ticket)
         ready = text[: len(text) - self.hold] if self.hold else text
         ready = ready.rstrip("\ufffd")  # an incomplete character
         if ready.startswith(self.sent) and len(ready) > len(self.sent):
             self.emit(TextDelta(ready[len(self.sent):]))
-            self.sent = ready
+            self.sent, self.sent_at = ready, now
 
     def finish(self, result: CaptionResult) -> None:
         if self.first_token_at is None:
@@ -241,7 +247,7 @@ class ChatReplica(ModelReplica[CaptionScheduler, CaptionResult]):
         seed = request.seed if request.seed is not None else secrets.randbelow(2**63)
         draft_per_step = draft_tokens_per_step(self.scheduler.config_for(request.method, None, request.sampling.temperature))
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        watcher = ChatWatcher(self.scheduler, loop, events, request.stream, request.stop, draft_per_step)
+        watcher = ChatWatcher(self.scheduler, loop, events, request.stream, request.stop, draft_per_step, self.served.stream_interval_s)
         messages, images = list(request.messages), list(request.images)
         limit, positions = self.limits.max_prompt_tokens, self.scheduler.max_positions
         # unset max_tokens: the model's decode config as caption_images resolves it (128 unless set), within the limit

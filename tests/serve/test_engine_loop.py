@@ -122,3 +122,40 @@ def test_a_request_past_its_deadline_gets_408_and_is_closed():
 
     assert asyncio.run(run()) == [partial]
     assert closed == [True]
+
+
+def test_a_streamed_answer_sends_its_text_at_most_once_per_interval():
+    """The same seeded chat through the engine loop, its text sent after every step (interval 0) and
+    at most once per 60 s (its first text at once, the rest with the answer): the same answer, one
+    text event before the answer instead of one per step."""
+    from raydec.api.schedulers import CaptionScheduler
+    from raydec.reference.shapes import sample_images
+    from raydec.serve.boundary import ChatDone, TextDelta
+    from raydec.serve.engine_loop import EngineLoop
+    from raydec.serve.replica import ChatWatcher
+
+    scheduler = CaptionScheduler("reference", {"method": "ar"}, batch_size=2)
+    loop_ = EngineLoop(scheduler)
+    loop_.start()
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "describe the image ."}]}]
+    image = sample_images([3])[0]
+
+    async def chat(interval: float) -> list:
+        events: asyncio.Queue = asyncio.Queue()
+        watcher = ChatWatcher(scheduler, asyncio.get_running_loop(), events, True, (), 0, interval)
+        loop_.submit(lambda: scheduler.submit(messages, [image], seed=5), watcher)
+        seen = [await events.get()]
+        while not isinstance(seen[-1], ChatDone):
+            seen.append(await asyncio.wait_for(events.get(), 60))
+        return seen
+
+    try:
+        every_step, sparse = asyncio.run(chat(0.0)), asyncio.run(chat(60.0))
+    finally:
+        loop_.stop()
+    for events in (every_step, sparse):
+        deltas = [e.text for e in events if isinstance(e, TextDelta)]
+        assert "".join(deltas) == events[-1].text and events[-1].completion_tokens > 4
+    assert every_step[-1].text == sparse[-1].text
+    assert len(every_step) >= every_step[-1].completion_tokens // 2  # AR: about a text event per token
+    assert [type(e) for e in sparse] == [TextDelta, TextDelta, ChatDone]  # the first text, the rest, the answer
