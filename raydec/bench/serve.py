@@ -69,30 +69,39 @@ def _png_url(image: Any) -> str:
 
 
 def in_process_rate(task: str, method: str, batch: int, seconds: float, threads: int, model: Any = "reference",
-                    decode: Any = None) -> dict[str, Any]:
-    """Rows per second of the public function at ``batch`` rows per call, for at least ``seconds``
-    (whole batches; the first batch, which loads the model, is not timed). ``decode``: a
-    DecodeConfig (default: ``method`` with its default shape); ``model``: a name, folder or target."""
+                    decode: Any = None, batching: Optional[str] = None) -> dict[str, Any]:
+    """Rows per second of the public function at ``batch_size=batch``, for at least ``seconds`` (whole
+    calls; a first call of ``batch`` rows, which loads the model, is not timed). ``decode``: a
+    DecodeConfig (default: ``method`` with its default shape); ``model``: a name, folder or target;
+    ``batching``: the decode config's ``batching`` instead of its own (on a CPU "auto" is consecutive).
+    A call holds ``batch`` rows, or four times as many with ``batching`` "continuous", so that
+    finished rows' places are refilled (the last ones drain as in any call)."""
     import torch
 
+    from raydec.api.inputs import as_decode_config  # lazy: keeps raydec bench --help light
+
     torch.set_num_threads(threads)
-    prompts, images = _prompts(batch), _images(batch) if task == "chat" else None
-    decode = decode if decode is not None else {"method": method}
+    rows = batch if batching != "continuous" else 4 * batch
+    prompts, images = _prompts(rows), _images(rows) if task == "chat" else None
+    decode = as_decode_config(decode if decode is not None else {"method": method})
+    if batching is not None:
+        decode = decode.model_copy(update={"batching": batching})
 
-    def one_batch(round_: int) -> None:
-        seeds = [round_ * batch + i for i in range(batch)]
+    def one_call(round_: int, count: int) -> None:
+        seeds = [round_ * rows + i for i in range(count)]
         if task == "images":
-            generate_images(prompts, model=model, decode=decode, seeds=seeds, batch_size=batch)
+            generate_images(prompts[:count], model=model, decode=decode, seeds=seeds, batch_size=batch)
         else:
-            caption_images(images, model=model, decode=decode, seeds=seeds, batch_size=batch)
+            caption_images(images[:count], model=model, decode=decode, seeds=seeds, batch_size=batch)
 
-    one_batch(0)  # loads and warms the model
+    one_call(0, batch)  # loads and warms the model
     rounds, started = 0, time.perf_counter()
     while rounds == 0 or time.perf_counter() - started < seconds:
         rounds += 1
-        one_batch(rounds)
+        one_call(rounds, rows)
     elapsed = time.perf_counter() - started
-    return {"rows": rounds * batch, "seconds": elapsed, "rows_per_s": rounds * batch / elapsed}
+    return {"rows": rounds * rows, "seconds": elapsed, "rows_per_s": rounds * rows / elapsed,
+            "batching": decode.batching}
 
 
 async def _load(url: str, key: Optional[str], task: str, model: str, method: Optional[str], concurrency: int,
@@ -226,10 +235,14 @@ def _bench_closed_loop(args: argparse.Namespace, url: str, config: Any, model: s
     baseline_seconds = args.baseline_seconds or args.seconds / 3
     method = args.method or _model_method(url, args.api_key, model)
     logger.info("bench serve: in-process %s rate at batch %d (%s), %.0f s", task, args.concurrency, method, baseline_seconds)
-    if args.config is not None and args.method is None:  # the served checkpoint and decode config, at batch C
-        baseline = _served_baseline(args, config, model, _stats(url, args.api_key, model), baseline_seconds, args.concurrency)
-    else:
-        baseline = in_process_rate(task, method, args.concurrency, baseline_seconds, args.threads)
+    baselines = {}
+    for batching in (None, "continuous"):  # the public function's own batching, then a finished row's place refilled at once
+        if args.config is not None and args.method is None:  # the served checkpoint and decode config, at batch C
+            baselines[batching] = _served_baseline(args, config, model, _stats(url, args.api_key, model), baseline_seconds,
+                                                   args.concurrency, batching)
+        else:
+            baselines[batching] = in_process_rate(task, method, args.concurrency, baseline_seconds, args.threads, batching=batching)
+    baseline, continuous = baselines[None], baselines["continuous"]
     before = _stats(url, args.api_key, model)
     logger.info("bench serve: %d clients for %.0f s on %s", args.concurrency, args.seconds, url)
     load = asyncio.run(_load(url, args.api_key, task, model, method, args.concurrency, args.seconds))
@@ -247,6 +260,8 @@ def _bench_closed_loop(args: argparse.Namespace, url: str, config: Any, model: s
         "tokens_per_forward": ((after["output_tokens"] - before["output_tokens"]) / max(1, after["target_forwards"] - before["target_forwards"])),
         "in_process": baseline,
         "serve_efficiency": rate / baseline["rows_per_s"] if baseline["rows_per_s"] else None,
+        "in_process_continuous": continuous,
+        "serve_efficiency_continuous": rate / continuous["rows_per_s"] if continuous["rows_per_s"] else None,
         "latency_mean_s": statistics.fmean(load["latencies"]) if load["latencies"] else None,
     }
     _print(result)
@@ -254,7 +269,7 @@ def _bench_closed_loop(args: argparse.Namespace, url: str, config: Any, model: s
 
 
 def _served_baseline(args: argparse.Namespace, config: Any, model: str, stats: dict, seconds: float,
-                     batch: Optional[int] = None) -> dict[str, Any]:
+                     batch: Optional[int] = None, batching: Optional[str] = None) -> dict[str, Any]:
     """The in-process rate of what the served ``model`` decodes with (its plan's method and shape, at
     ``batch`` or its plan's batch size; its checkpoint and dtype where ``config`` names them, else the
     reference model)."""
@@ -270,7 +285,7 @@ def _served_baseline(args: argparse.Namespace, config: Any, model: str, stats: d
         target = load_target(served.model, task=served.task, dtype=getattr(torch, served.dtype), vqgan_path=served.vqgan_path)
     batch = batch or plan["batch_size"]
     logger.info("bench serve: in-process rate of %s at batch %d (%s), %.0f s", model, batch, plan["label"], seconds)
-    return {**in_process_rate(args.task, plan["method"], batch, seconds, args.threads, model=target, decode=decode),
+    return {**in_process_rate(args.task, plan["method"], batch, seconds, args.threads, model=target, decode=decode, batching=batching),
             "batch": batch, "plan": plan["label"]}
 
 
@@ -318,9 +333,12 @@ def _print(result: dict) -> None:
              _fmt(result["mean_batch_size"], ".2f"), str(result["errors"])],
             [f"in process, batch {result['concurrency']}", _fmt(result["in_process"]["rows_per_s"]), "-", "-", "-", "-",
              str(result["concurrency"]), "0"],
+            [f"in process, batch {result['concurrency']}, continuous batching", _fmt(result["in_process_continuous"]["rows_per_s"]),
+             "-", "-", "-", "-", str(result["concurrency"]), "0"],
         ],
     )
     print(f"serve_efficiency = {_fmt(result['serve_efficiency'])} (app rate / in-process rate)   "
+          f"against continuous batching = {_fmt(result['serve_efficiency_continuous'])}   "
           f"tokens per forward = {_fmt(result['tokens_per_forward'], '.2f')}")
 
 

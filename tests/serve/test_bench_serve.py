@@ -15,6 +15,8 @@ def test_bench_serve_reports_the_app_beside_the_in_process_rate(serve_app, tmp_p
     assert result["errors"] == 0 and result["succeeded"] >= 2
     assert result["requests_per_s"] > 0 and result["in_process"]["rows_per_s"] > 0
     assert result["serve_efficiency"] == result["requests_per_s"] / result["in_process"]["rows_per_s"]
+    continuous = result["in_process_continuous"]["rows_per_s"]  # the same function with a finished row's place refilled at once
+    assert continuous > 0 and result["serve_efficiency_continuous"] == result["requests_per_s"] / continuous
     assert result["latency_p50_s"] <= result["latency_p99_s"]
     assert 1 <= result["mean_batch_size"] <= 2
     assert "serve_efficiency" in capsys.readouterr().out
