@@ -22,6 +22,9 @@ def batch_size_type(maximum: int) -> Any:
     the worker's memory); a field of this type checks its values with :func:`check_batch_size`."""
     return Annotated[int, Field(ge=1, le=maximum)] | Literal["auto"]
 
+MODEL_NAME_DESCRIPTION = ("'reference', a local folder saved with save_pretrained, a Hugging Face hub id (org/name, "
+                          "org/name@revision) or s3://bucket/prefix; a remote model is fetched once per node, where it runs.")
+
 MEMORY_FRACTION_FIELD: Any = Field(
     0.9, gt=0.0, le=1.0,
     description="batch_size 'auto': the share of the worker's memory (a GPU's, or the host's available memory on a CPU) "
@@ -191,8 +194,8 @@ class DecodeConfig(StrictModel):
     )
     draft_model: str | None = Field(
         None, min_length=1,
-        description="Draft checkpoint folder for vispec / eagle; None: the reference VLM's shipped draft "
-        "(other targets must set it).",
+        description="Draft checkpoint for vispec / eagle, named as a model is (a folder, org/name[@revision] or "
+        "s3://bucket/prefix); None: the reference VLM's shipped draft (other targets must set it).",
     )
     draft_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",

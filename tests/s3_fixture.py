@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +30,20 @@ DUMMY_CREDENTIALS = {
     "AWS_DEFAULT_REGION": "us-east-1",
 }
 STARTUP_TIMEOUT_S = 30.0
+MOTO_LOG = os.path.join(tempfile.mkdtemp(prefix="raydec-moto-"), "requests.log")
+
+
+def moto_requests(method: str, path_prefix: str) -> list[str]:
+    """The paths of the requests with ``method`` whose path starts with ``path_prefix`` (``/bucket/key``)
+    that the session's moto server has answered so far, from its request log."""
+    pattern = re.compile(r'"(?:\x1b\[[0-9;]*m)*([A-Z]+) (\S+) HTTP/')
+    paths = []
+    with open(MOTO_LOG, errors="replace") as log:
+        for line in log:
+            found = pattern.search(line)
+            if found and found.group(1) == method and found.group(2).split("?", 1)[0].startswith(path_prefix):
+                paths.append(found.group(2).split("?", 1)[0])
+    return paths
 
 
 def _free_port() -> int:
@@ -63,10 +79,11 @@ def moto_server() -> Iterator[str]:
     endpoint = f"http://127.0.0.1:{port}"
     saved: Dict[str, Optional[str]] = {k: os.environ.get(k) for k in DUMMY_CREDENTIALS}
     os.environ.update(DUMMY_CREDENTIALS)
+    log = open(MOTO_LOG, "w")  # one line per request: tests count the GETs a download makes (moto_requests)
     process = subprocess.Popen(
         [_moto_server_executable(), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
     )
     try:
         _wait_until_up(endpoint, process)
@@ -79,6 +96,7 @@ def moto_server() -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=10)
+        log.close()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -105,3 +123,18 @@ def s3_bucket(s3_config: S3Config) -> str:
     name = f"test-{uuid.uuid4().hex[:12]}"
     s3_client(s3_config).create_bucket(Bucket=name)
     return name
+
+
+def upload_folder(s3: S3Config, bucket: str, prefix: str, folder: "os.PathLike[str] | str") -> list[str]:
+    """Put every file under ``folder`` at ``s3://bucket/prefix/<relative path>``; returns the keys."""
+    from pathlib import Path
+
+    from raydec.io.filesystem import s3_client
+
+    client, keys = s3_client(s3), []
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file():
+            key = f"{prefix.strip('/')}/{path.relative_to(folder).as_posix()}"
+            client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
+            keys.append(key)
+    return keys

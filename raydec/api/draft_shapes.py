@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from raydec.api.tuner import ShapeTrial, shape_label
 from raydec.config import DRAFT_METHODS, JACOBI_METHODS, DecodeConfig, DraftTreeConfig, JacobiDraftConfig, full_tree_nodes
-from raydec.models.registry import weights_fingerprint
+from raydec.models.sources import folder_identity
 
 logger = logging.getLogger(__name__)
 
@@ -167,15 +167,16 @@ def shape_key(base: DecodeConfig, weights: str, device: str, dtype: str, batch: 
 
 
 def weights_id(target: Any, draft_folder: str | Path | None = None) -> str | None:
-    """The weights a tuned shape belongs to, ``model:<fingerprint>`` (and ``+draft:<fingerprint>``
-    of the draft model's folder, first: roles sorted); None when the target was not loaded from a folder
-    (nothing identifies its weights)."""
+    """The weights a tuned shape belongs to, ``model:<identity>`` (and ``+draft:<identity>`` of the
+    draft model's folder, first: roles sorted; ``sources.folder_identity``: a local folder's fingerprint,
+    a hub snapshot's commit, a bucket copy's ETag digest); None when the target was not loaded from a
+    folder (nothing identifies its weights)."""
     folder = getattr(getattr(target, "model", None), "name_or_path", None)
     if not folder or not Path(folder).is_dir():
         return None
-    parts = {"model": weights_fingerprint(folder)}
+    parts = {"model": folder_identity(folder)}
     if draft_folder is not None and Path(draft_folder).is_dir():
-        parts["draft"] = weights_fingerprint(draft_folder)
+        parts["draft"] = folder_identity(draft_folder)
     return "+".join(f"{role}:{fingerprint}" for role, fingerprint in sorted(parts.items()))
 
 

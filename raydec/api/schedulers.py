@@ -31,6 +31,7 @@ from raydec.api.inputs import as_decode_config, caption_decode_config, check_pos
 from raydec.api.live_plan import DEFAULT_PATIENCE, LivePlans
 from raydec.api.plan import DecodePlan
 from raydec.config import DRAFT_METHODS, IMAGE_METHODS, CAPTION_METHODS, DecodeConfig, SamplingConfig, parse_image_size
+from raydec.io.config import S3Config
 from raydec.models.image_gen import ImagePrompt
 from raydec.models.loading import draft_dtype, load_draft_model, load_target
 from raydec.speculative.engine import DecodeSession, Engine
@@ -190,8 +191,9 @@ class ImageScheduler(Scheduler):
     def __init__(
         self, model: str | Path | Any = "reference", decode: DecodeConfig | dict | None = None,
         dtype: torch.dtype = torch.float32, device: str | None = None, batch_size: int = 8, vqgan_path: str | Path | None = None,
+        s3: S3Config | None = None,
     ) -> None:
-        self.target = load_target(model, task="t2i", dtype=dtype, device=device, vqgan_path=vqgan_path)
+        self.target = load_target(model, task="t2i", dtype=dtype, device=device, vqgan_path=vqgan_path, s3=s3)
         config = image_decode_config(as_decode_config(decode), self.target)
         if config.method not in IMAGE_METHODS:
             raise ValueError(f"decode.method={config.method!r} is not a text-to-image method (use {', '.join(IMAGE_METHODS)})")
@@ -279,10 +281,10 @@ class CaptionScheduler(Scheduler):
 
     def __init__(
         self, model: str | Path | Any = "reference", decode: DecodeConfig | dict | None = None,
-        dtype: torch.dtype = torch.float32, device: str | None = None, batch_size: int = 8,
+        dtype: torch.dtype = torch.float32, device: str | None = None, batch_size: int = 8, s3: S3Config | None = None,
     ) -> None:
-        self.model = model
-        self.target = load_target(model, task="caption", dtype=dtype, device=device)
+        self.model, self.s3 = model, s3
+        self.target = load_target(model, task="caption", dtype=dtype, device=device, s3=s3)
         super().__init__(caption_decode_config(as_decode_config(decode), self.target), batch_size)
         self.max_positions = max_positions(self.target)
         self.stops: dict[Ticket, tuple[str, ...]] = {}
@@ -293,7 +295,8 @@ class CaptionScheduler(Scheduler):
         target = self.target
         draft_model = None
         if config.method in DRAFT_METHODS:
-            draft_model = load_draft_model(target, config.method, self.model, config.draft_model, dtype=draft_dtype(target, config.draft_dtype))
+            draft_model = load_draft_model(target, config.method, self.model, config.draft_model, dtype=draft_dtype(target, config.draft_dtype),
+                                           s3=self.s3)
         return Engine(target, make_proposer(config, target, draft_model), config.sampling, config.max_new_tokens, compaction=config.compaction, compile=config.compile, coupling=config.coupling, eos_token_ids=target.eos_token_ids,
                       max_positions=self.max_positions)
 

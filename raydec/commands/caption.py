@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--column", default="image", help="the --parquet column holding images (default: image)")
     parser.add_argument("--prompt", default=None, help="the question (default: the model's caption prompt)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="most tokens per answer (default 128)")
-    parser.add_argument("--draft-model", default=None, help="vispec / eagle draft folder (the reference VLM ships its own)")
+    parser.add_argument("--draft-model", default=None, help="vispec / eagle draft: a folder, a hub id (org/name[@revision]) or "
+                        "s3://bucket/prefix (the reference VLM ships its own)")
     parser.add_argument("--json", type=Path, default=None, help="also write the captions and their statistics here (JSON lines)")
     add_decode_flags(parser, CAPTION_METHODS, "vispec")
     args = parser.parse_args(argv)

@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="image size in pixels (Emu3: multiples of 8; Lumina-mGPT / Chameleon: multiples of 32; Janus: its "
                              "one size); default: the model's own")
     parser.add_argument("--vqgan", default=None, metavar="FOLDER",
-                        help="Lumina-mGPT / Chameleon: the VQ-GAN's folder (vqgan.yaml, vqgan.ckpt); default: MODEL/vqgan")
+                        help="Lumina-mGPT / Chameleon: the VQ-GAN's folder, hub id or s3:// prefix (vqgan.yaml, vqgan.ckpt); "
+                             "default: MODEL/vqgan")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ids, prompts = read_texts(args.prompts, args.prompts_file, args.parquet, args.column)

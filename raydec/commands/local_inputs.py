@@ -19,7 +19,9 @@ RENAMED_FLAGS = {"--draft": "--shape"}
 
 
 def add_decode_flags(parser: argparse.ArgumentParser, methods: tuple[str, ...], default_method: str) -> None:
-    parser.add_argument("--model", default="reference", help="'reference' or a local checkpoint folder (default: reference)")
+    parser.add_argument("--model", default="reference", help="'reference', a local checkpoint folder, a hub id "
+                        "(org/name[@revision], from the Hugging Face cache or downloaded once) or s3://bucket/prefix (downloaded once "
+                        "into $RAYDEC_CACHE_DIR/models; S3 access from the AWS_* environment) (default: reference)")
     parser.add_argument("--method", choices=methods, default=None, help=f"decoding method (default: {default_method})")
     parser.add_argument("--decode-config", type=Path, default=None,
                         help="a YAML file of DecodeConfig fields (docs/configuration.md); flags override it")

@@ -1,8 +1,8 @@
 """Pick the text-to-image adapter for a checkpoint folder by its ``config.model_type``.
 
 ``load_t2i_target("reference")`` loads the shipped reference model
-(``raydec/reference/weights/t2i``); any other string or path is a local ``from_pretrained``
-folder (Janus / Janus-Pro -> ``JanusT2ITarget``, Emu3 -> ``Emu3T2ITarget``, Lumina-mGPT and
+(``raydec/reference/weights/t2i``); any other name is a local ``from_pretrained`` folder, a hub id
+or an ``s3://`` prefix (``sources``), resolved to a folder on this node (Janus / Janus-Pro -> ``JanusT2ITarget``, Emu3 -> ``Emu3T2ITarget``, Lumina-mGPT and
 other Chameleon checkpoints -> ``ChameleonT2ITarget``).
 """
 
@@ -11,12 +11,17 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
 from raydec.models.base import CheckpointError
+from raydec.models.sources import FileSet, model_folder
 from raydec.models.vqgan import CONFIG_NAME, VQGanConfig
+
+if TYPE_CHECKING:
+    from raydec.io.config import S3Config
+
 
 logger = logging.getLogger(__name__)
 
@@ -72,69 +77,46 @@ T2I_SIZE_PROBLEMS: dict[str, Callable[[Path, Any, int, int], str | None]] = {
 }
 
 
-def t2i_size_problem(model: str | Path, width: int, height: int, vqgan_path: str | Path | None = None) -> str | None:
+def t2i_size_problem(
+    model: str | Path, width: int, height: int, vqgan_path: str | Path | None = None, *, s3: Optional["S3Config"] = None,
+) -> str | None:
     """Why the text-to-image checkpoint ``model`` cannot make ``width`` x ``height`` images, from
-    its config alone (no weights load), or None. The positions a size needs are checked where it
-    decodes."""
+    its config alone (no weights load or download), or None. The positions a size needs are checked
+    where it decodes."""
     from transformers import AutoConfig
 
-    path = resolve_t2i_path(model)
+    path = resolve_t2i_path(model, s3=s3, files="config")
     model_type = checkpoint_model_type(path)
     config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     if model_type == "chameleon":
-        return _chameleon_size_problem(path, config, width, height, Path(vqgan_path) if vqgan_path else None)
+        vqgan = model_folder(vqgan_path, s3=s3, files="config", field="vqgan_path") if vqgan_path else None
+        return _chameleon_size_problem(path, config, width, height, vqgan)
     return T2I_SIZE_PROBLEMS[model_type](path, config, width, height) if model_type in T2I_SIZE_PROBLEMS else None
 
 
-def check_vqgan_path(model: str | Path, vqgan_path: str | Path | None) -> None:
+def check_vqgan_path(model: str | Path, vqgan_path: str | Path | None, *, s3: Optional["S3Config"] = None) -> None:
     """A ``vqgan_path`` only for a checkpoint that decodes with a separate VQ-GAN (Chameleon /
-    Lumina-mGPT), naming a folder that holds one (a ValueError naming the field otherwise)."""
+    Lumina-mGPT), naming a folder (or hub id, or ``s3://`` prefix) that holds one (a ValueError naming
+    the field otherwise). Reads configs only."""
     if vqgan_path is None:
         return
 
-    path = resolve_t2i_path(model)
+    path = resolve_t2i_path(model, s3=s3, files="config")
     model_type = checkpoint_model_type(path)
     if model_type != "chameleon":
         raise ValueError(f"vqgan_path: {str(vqgan_path)!r} is set, but {path} is a {model_type!r} checkpoint, which decodes its "
                          f"images itself (only Chameleon / Lumina-mGPT checkpoints take a separate VQ-GAN)")
-    if not (Path(vqgan_path).expanduser() / CONFIG_NAME).is_file():
+    if not (model_folder(vqgan_path, s3=s3, files="config", field="vqgan_path") / CONFIG_NAME).is_file():
         raise ValueError(f"vqgan_path: {str(vqgan_path)!r} holds no {CONFIG_NAME} (the VQ-GAN's folder: {CONFIG_NAME} and vqgan.ckpt, "
                          f"as Lumina-mGPT keeps them in ckpts/chameleon/tokenizer/)")
 
 
-def resolve_t2i_path(model: str | Path) -> Path:
-    """``"reference"`` -> the shipped weights folder; anything else -> that path."""
+def resolve_t2i_path(model: str | Path, *, s3: Optional["S3Config"] = None, files: FileSet = "all") -> Path:
+    """``"reference"`` -> the shipped weights folder; a local folder -> that path; a hub id or ``s3://``
+    model -> its copy on this node (``sources.model_folder``: ``files`` "config" fetches no weights)."""
     if isinstance(model, str) and model == REFERENCE_NAME:
         return REFERENCE_T2I_DIR
-    return Path(model).expanduser()
-
-
-#: weight files a fingerprint reads (sharded or not)
-WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
-_FINGERPRINT_CHUNKS, _FINGERPRINT_CHUNK_BYTES = 16, 1 << 16
-
-
-def weights_fingerprint(path: str | Path) -> str:
-    """A short id of the weight files in ``path`` that changes when the weights do.
-
-    Hashes each file's name, size and 16 evenly spaced 64 KiB chunks (the whole file when it
-    is smaller than that), so a 15 GB checkpoint costs ~1 MB of reads per file. Retrained or
-    replaced weights change it; a one-byte edit between chunks may not.
-    """
-    import hashlib
-
-    digest = hashlib.sha256()
-    files = sorted({f for pattern in WEIGHT_PATTERNS for f in Path(path).glob(pattern) if f.is_file()})
-    for file in files:
-        size = file.stat().st_size
-        digest.update(f"{file.name}:{size}".encode())
-        span = _FINGERPRINT_CHUNKS * _FINGERPRINT_CHUNK_BYTES
-        offsets = [0] if size <= span else [i * (size - _FINGERPRINT_CHUNK_BYTES) // (_FINGERPRINT_CHUNKS - 1) for i in range(_FINGERPRINT_CHUNKS)]
-        with open(file, "rb") as stream:
-            for offset in offsets:
-                stream.seek(offset)
-                digest.update(stream.read(span if size <= span else _FINGERPRINT_CHUNK_BYTES))
-    return digest.hexdigest()[:16]
+    return model_folder(model, s3=s3, files=files)
 
 
 def checkpoint_model_type(path: Path) -> str:
@@ -151,16 +133,20 @@ def checkpoint_model_type(path: Path) -> str:
     return str(model_type)
 
 
-def load_t2i_target(model: str | Path, dtype: torch.dtype = torch.float32, vqgan_path: str | Path | None = None, **kwargs: Any) -> Any:
-    """Load the text-to-image adapter for ``model`` ("reference" or a local folder).
+def load_t2i_target(
+    model: str | Path, dtype: torch.dtype = torch.float32, vqgan_path: str | Path | None = None, *, s3: Optional["S3Config"] = None,
+    **kwargs: Any,
+) -> Any:
+    """Load the text-to-image adapter for ``model`` ("reference", a local folder, a hub id or ``s3://``;
+    a remote one is fetched into this node's cache first, with ``s3`` for buckets).
 
-    vqgan_path: a Chameleon / Lumina-mGPT checkpoint's VQ-GAN folder (None: ``vqgan/`` in the
-    checkpoint folder; ``check_vqgan_path``). kwargs go to the adapter (e.g. ``use_chat_template``
-    for Janus, ``image_area`` for Emu3).
+    vqgan_path: a Chameleon / Lumina-mGPT checkpoint's VQ-GAN folder, hub id or ``s3://`` prefix (None:
+    ``vqgan/`` in the checkpoint folder; ``check_vqgan_path``). kwargs go to the adapter (e.g.
+    ``use_chat_template`` for Janus, ``image_area`` for Emu3).
     Raises FileNotFoundError when the folder has no config.json and ValueError naming the path
     and model_type when no adapter handles it.
     """
-    path = resolve_t2i_path(model)
+    path = resolve_t2i_path(model, s3=s3)
     try:
         model_type = checkpoint_model_type(path)
     except FileNotFoundError as error:
@@ -173,9 +159,11 @@ def load_t2i_target(model: str | Path, dtype: torch.dtype = torch.float32, vqgan
             f"checkpoint {path}: model_type={model_type!r} is not a supported text-to-image model "
             f"(supported: {sorted(T2I_LOADERS)})"
         )
+    if vqgan_path is not None:
+        vqgan_path = model_folder(vqgan_path, s3=s3, field="vqgan_path")
     check_vqgan_path(path, vqgan_path)
     if vqgan_path is not None:
-        kwargs["vqgan_path"] = Path(vqgan_path).expanduser()
+        kwargs["vqgan_path"] = vqgan_path
     logger.info("loading %s text-to-image target from %s", model_type, path)
     return loader(path, dtype, **kwargs)
 
@@ -191,28 +179,38 @@ REFERENCE_DRAFT_DIRS = {
 }
 
 
-def resolve_vlm_path(model: str | Path) -> Path:
-    """``"reference"`` -> the shipped LLaVA folder; anything else -> that path."""
+def resolve_vlm_path(model: str | Path, *, s3: Optional["S3Config"] = None, files: FileSet = "all") -> Path:
+    """``"reference"`` -> the shipped LLaVA folder; anything else as ``resolve_t2i_path``."""
     if isinstance(model, str) and model == REFERENCE_NAME:
         return REFERENCE_VLM_DIR
-    return Path(model).expanduser()
+    return model_folder(model, s3=s3, files=files)
 
 
-def load_vlm_target(model: str | Path, dtype: torch.dtype = torch.float32, device: str | None = None) -> Any:
-    """Load a ``VisionLanguageTarget`` ("reference" or a local LLaVA / LLaVA-NeXT / Qwen2(.5)-VL folder)."""
+def is_reference_vlm(model: str | Path) -> bool:
+    """Whether ``model`` names the shipped reference VLM ("reference" or its folder), without fetching anything."""
+    if isinstance(model, str) and model == REFERENCE_NAME:
+        return True
+    return isinstance(model, (str, Path)) and not str(model).startswith("s3://") and Path(model).expanduser() == REFERENCE_VLM_DIR
+
+
+def load_vlm_target(model: str | Path, dtype: torch.dtype = torch.float32, device: str | None = None, *, s3: Optional["S3Config"] = None) -> Any:
+    """Load a ``VisionLanguageTarget`` ("reference" or a LLaVA / LLaVA-NeXT / Qwen2(.5)-VL folder, hub id or ``s3://`` model)."""
     from raydec.models.hf_vlm import VisionLanguageTarget  # lazy: VLM model code (transformers, ~2 s) loads only for captioning
 
-    path = resolve_vlm_path(model)
+    path = resolve_vlm_path(model, s3=s3)
     logger.info("loading vision-language target from %s", path)
     return VisionLanguageTarget.from_pretrained(path, dtype=dtype, device=device or "cpu")
 
 
-def resolve_draft_path(model: str | Path, method: str, draft_model: str | Path | None) -> Path:
-    """The draft folder for ``method`` (vispec | eagle): ``draft_model`` when given, else the one
-    shipped with the reference VLM (other targets must name their draft)."""
+def resolve_draft_path(
+    model: str | Path, method: str, draft_model: str | Path | None, *, s3: Optional["S3Config"] = None, files: FileSet = "all",
+) -> Path:
+    """The draft folder for ``method`` (vispec | eagle): ``draft_model`` when given (a folder, hub id or
+    ``s3://``, resolved as ``resolve_t2i_path``), else the one shipped with the reference VLM (other
+    targets must name their draft)."""
     if draft_model is not None:
-        return Path(draft_model).expanduser()
-    if resolve_vlm_path(model) == REFERENCE_VLM_DIR and method in REFERENCE_DRAFT_DIRS:
+        return model_folder(draft_model, s3=s3, files=files, field="decode.draft_model")
+    if is_reference_vlm(model) and method in REFERENCE_DRAFT_DIRS:
         return REFERENCE_DRAFT_DIRS[method]
     raise ValueError(
         f"decode.method={method!r} needs a trained draft: set decode.draft_model to its folder "

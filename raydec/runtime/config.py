@@ -12,7 +12,7 @@ from typing import ClassVar, Literal, Optional, Union
 from pydantic import Field, field_validator, model_validator
 
 from raydec.config import (
-    CAPTION_METHODS, IMAGE_METHODS, IMAGE_SIZE_PATTERN, MEMORY_FRACTION_FIELD, batch_size_type, DecodeConfig,
+    CAPTION_METHODS, IMAGE_METHODS, IMAGE_SIZE_PATTERN, MEMORY_FRACTION_FIELD, MODEL_NAME_DESCRIPTION, batch_size_type, DecodeConfig,
     DType, StrictModel, check_batch_size,
 )
 from raydec.io.config import InputConfig, IOConfigError, OutputConfig, RowFormat
@@ -37,7 +37,7 @@ SIZE_FIELD = Field(
 
 VQGAN_PATH_FIELD = Field(
     None, min_length=1,
-    description="t2i, Lumina-mGPT / Chameleon: the folder of the VQ-GAN that decodes the image codes (vqgan.yaml, vqgan.ckpt; "
+    description="t2i, Lumina-mGPT / Chameleon: the folder (or hub id, or s3:// prefix) of the VQ-GAN that decodes the image codes (vqgan.yaml, vqgan.ckpt; "
     "Lumina-mGPT keeps Meta's in ckpts/chameleon/tokenizer/); unset: vqgan/ inside the model's folder.",
 )
 
@@ -96,7 +96,7 @@ class ProcessorConfig(StrictModel):
     its decoding, the row columns and limits, and the actor pool that runs it."""
 
     task: Literal["t2i", "caption"] = Field("t2i", description="t2i: prompts to images; caption: images to text.")
-    model: str = Field(..., min_length=1, description="'reference', or a local folder saved with save_pretrained.")
+    model: str = Field(..., min_length=1, description=MODEL_NAME_DESCRIPTION + " s3:// is read with rows.s3.")
     dtype: DType = Field("float32", description="Weights and compute dtype.")
     decode: DecodeConfig = Field(default_factory=DecodeConfig, description="Decoding method and sampling; an unset draft "
                                  "shape is the method's default, as everywhere; 'auto' (jacobi: auto, draft_tree: auto) tunes it "
@@ -150,7 +150,7 @@ class JobConfig(StrictModel):
     config_error: ClassVar[type[ValueError]] = IOConfigError  # from_yaml's error names the file and bad keys
 
     task: Literal["t2i", "caption"] = Field("t2i", description="t2i: prompts to images; caption: images to text.")
-    model: str = Field(..., min_length=1, description="'reference', or a local folder saved with save_pretrained.")
+    model: str = Field(..., min_length=1, description=MODEL_NAME_DESCRIPTION + " s3:// is read with input.s3.")
     dtype: DType = Field("float32", description="Weights and compute dtype.")
     input: InputConfig = Field(..., description="Input rows (local / glob / s3://).")
     output: OutputConfig = Field(..., description="Output location for images, result shards and the manifest.")

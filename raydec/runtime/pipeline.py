@@ -32,11 +32,12 @@ from raydec.models.registry import (
     REFERENCE_NAME, T2I_LOADERS, check_vqgan_path, checkpoint_model_type, resolve_draft_path, resolve_t2i_path, resolve_vlm_path,
     t2i_size_problem,
 )
+from raydec.models.sources import ModelSourceError
 from raydec.runtime.cluster import connect_ray
 from raydec.runtime.config import JobConfig
 from raydec.runtime.row_decoders import ROW_DECODERS
 from raydec.runtime.reading import READ_TASK_CPUS, read_dataset
-from raydec.runtime.resume import check_output
+from raydec.runtime.resume import check_output, job_models
 from raydec.runtime.planning import plan_job
 from raydec.runtime.worker import GenerationWorker
 
@@ -84,11 +85,12 @@ class ModelNotFoundError(ValueError):
 
 
 def check_model(job: JobConfig) -> None:
-    """The checkpoint folder exists with a config.json of a supported family (nothing is loaded);
-    for captioning with vispec / eagle, its draft folder too.
+    """The checkpoint exists with a config.json of a supported family (nothing is loaded); for
+    captioning with vispec / eagle, its draft too.
 
-    The path is checked where the driver runs; on a multi-node cluster it must also exist on
-    the workers (a shared filesystem, or inside the job's working directory).
+    A hub id or ``s3://`` model is checked on its configs alone (fetched into this node's cache; no
+    weights): each worker fetches the whole model on its own node. A local folder is checked where
+    the driver runs; on a multi-node cluster it must also exist on the workers (a shared filesystem).
     """
     if job.task != "caption":
         _check_t2i_model(job)
@@ -96,9 +98,11 @@ def check_model(job: JobConfig) -> None:
     from raydec.models.hf_vlm import SUPPORTED_VLMS  # lazy: VLM model code loads only for captioning jobs
     from raydec.models.vispec_draft import CONFIG_NAME, check_draft_fits  # lazy: VLM model code loads only for captioning jobs
 
-    path = resolve_vlm_path(job.model)
     try:
+        path = resolve_vlm_path(job.model, s3=job.input.s3, files="config")
         model_type = checkpoint_model_type(path)
+    except ModelSourceError as exc:
+        raise ModelNotFoundError(str(exc)) from None
     except (FileNotFoundError, ValueError) as exc:
         raise ModelNotFoundError(f"model: {job.model!r}: {exc}") from None
     if model_type not in SUPPORTED_VLMS:
@@ -108,7 +112,7 @@ def check_model(job: JobConfig) -> None:
         raise ValueError(f"decode.sampling.cfg_scale: {job.decode.sampling.cfg_scale} must be 1 for captioning (no classifier-free guidance)")
     if method != "ar":
         try:
-            draft_path = resolve_draft_path(job.model, method, job.decode.draft_model)
+            draft_path = resolve_draft_path(job.model, method, job.decode.draft_model, s3=job.input.s3, files="config")
         except ValueError as exc:
             raise ModelNotFoundError(str(exc)) from None
         if not (draft_path / CONFIG_NAME).is_file():
@@ -126,9 +130,11 @@ def check_model(job: JobConfig) -> None:
 def _check_t2i_model(job: JobConfig) -> None:
     """A text-to-image checkpoint of a supported family, its VQ-GAN and the image size it is asked for."""
     size = parse_image_size(job.size)
-    path = resolve_t2i_path(job.model)
     try:
+        path = resolve_t2i_path(job.model, s3=job.input.s3, files="config")
         model_type = checkpoint_model_type(path)
+    except ModelSourceError as exc:
+        raise ModelNotFoundError(str(exc)) from None
     except (FileNotFoundError, ValueError) as exc:
         hint = " (train it: python -m raydec.reference.train t2i)" if job.model == REFERENCE_NAME else ""
         raise ModelNotFoundError(f"model: {job.model!r}: {exc}{hint}") from None
@@ -136,9 +142,9 @@ def _check_t2i_model(job: JobConfig) -> None:
         raise ModelNotFoundError(
             f"model: {job.model!r} is a {model_type!r} checkpoint; text-to-image supports {sorted(T2I_LOADERS)}"
         )
-    check_vqgan_path(path, job.vqgan_path)
+    check_vqgan_path(path, job.vqgan_path, s3=job.input.s3)
     if size is not None:
-        problem = t2i_size_problem(path, *size, job.vqgan_path)
+        problem = t2i_size_problem(path, *size, job.vqgan_path, s3=job.input.s3)
         if problem is not None:
             raise ValueError(f"{problem} (model {job.model!r})")
     if "max_new_tokens" in job.decode.model_fields_set:
@@ -410,6 +416,7 @@ def _manifest(output: OutputLocation, job: JobConfig, report: JobReport, weights
         "rows_per_worker": dict(sorted(report.per_worker.items())),
         "rows_per_node": dict(sorted(report.per_node.items())),
         "weights": weights,
+        "models": job_models(job),
         "status": status,
     }
     if report.plan is not None:  # what the rows are decoded with, and where each part came from

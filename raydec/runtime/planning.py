@@ -97,7 +97,8 @@ def shape_cache_key(config: ProcessorConfig, target: Any) -> Dict[str, Any] | No
     decode = config.decode
     if config.task == "t2i":
         return target_shape_key(image_decode_config(decode, target), target, config.batch_size)
-    draft_folder = resolve_draft_path(config.model, decode.method, decode.draft_model) if decode.method in DRAFT_METHODS else None
+    draft_folder = (resolve_draft_path(config.model, decode.method, decode.draft_model, s3=config.rows.s3, files="config")
+                    if decode.method in DRAFT_METHODS else None)
     return target_shape_key(caption_decode_config(decode, target), target, config.batch_size, draft_folder)
 
 
@@ -123,11 +124,12 @@ def choose_batch_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) ->
     ar = config.decode.model_copy(update={"method": "ar", "jacobi": JacobiDraftConfig(), "draft_tree": None})  # the shape is not chosen yet
     draft_model = None
     if config.task == "t2i":
-        scheduler: Any = ImageScheduler(config.model, ar, dtype=dtype, device=device, batch_size=len(rows), vqgan_path=config.vqgan_path)
+        scheduler: Any = ImageScheduler(config.model, ar, dtype=dtype, device=device, batch_size=len(rows), vqgan_path=config.vqgan_path,
+                                        s3=config.rows.s3)
         for row in rows:
             scheduler.submit(row["prompt"], int(row["seed"]), negative_prompt=row.get("negative_prompt"), size=config.size)
     else:
-        scheduler = CaptionScheduler(config.model, ar, dtype=dtype, device=device, batch_size=len(rows))
+        scheduler = CaptionScheduler(config.model, ar, dtype=dtype, device=device, batch_size=len(rows), s3=config.rows.s3)
         for row in attach_caption_images(rows, config.rows.s3, max_pixels=config.rows.max_image_pixels):
             if not row.get("error"):
                 text = row.get("prompt") or DEFAULT_CAPTION_PROMPT
@@ -135,7 +137,7 @@ def choose_batch_on_rows(config: ProcessorConfig, rows: List[Dict[str, Any]]) ->
                                  int(row["seed"]))
         if config.decode.method in DRAFT_METHODS:
             draft_model = load_draft_model(scheduler.target, config.decode.method, config.model, config.decode.draft_model,
-                                           dtype=draft_dtype(scheduler.target, config.decode.draft_dtype))
+                                           dtype=draft_dtype(scheduler.target, config.decode.draft_dtype), s3=config.rows.s3)
     if not scheduler.sessions:
         raise ValueError("batch_size='auto': no calibration row could be read to measure a row's memory on")
     (session,) = scheduler.sessions.values()

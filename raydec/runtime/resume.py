@@ -12,7 +12,8 @@ from typing import Any, Dict, Tuple
 
 from raydec.config import DRAFT_METHODS, JACOBI_METHODS, DraftTreeConfig, SamplingConfig
 from raydec.io.storage import EarlierOutput, OutputLocation
-from raydec.models.registry import resolve_draft_path, resolve_t2i_path, resolve_vlm_path, weights_fingerprint
+from raydec.models.registry import REFERENCE_NAME, REFERENCE_T2I_DIR, REFERENCE_VLM_DIR, resolve_draft_path
+from raydec.models.sources import describe_source, model_identity
 from raydec.runtime.config import JobConfig
 
 logger = logging.getLogger("raydec.runtime.pipeline")
@@ -98,30 +99,53 @@ def check_resume(job: JobConfig, output: EarlierOutput, weights: Dict[str, str])
         if role == "draft" and job.decode.coupling == "gumbel":  # the draft decides speed only: the rows are the seeds'
             continue
         if _differs(fingerprint, weights.get(role)):
+            name = job.model if role == "model" else job.decode.draft_model or f"the reference {job.decode.method} draft"
             raise ResumeMismatchError(
                 f"weights: output {job.output.path} holds results of {role} weights {fingerprint}, the {role} "
-                f"folder of this job now holds {weights.get(role)} (retrained or replaced since)",
+                f"{name} now holds {weights.get(role)} (retrained or replaced since)",
                 field="weights",
             )
 
 
 def job_weights(job: JobConfig) -> Dict[str, str]:
-    """Fingerprints of the weights `job` decodes with: the model's, and the draft's for vispec / eagle.
+    """Identities of the weights `job` decodes with: the model's, and the draft's for vispec / eagle.
 
-    Recorded in the manifest so a resume after the folder's weights changed is refused, even
-    when `model` still names the same path (or "reference").
+    Recorded in the manifest so a resume after the weights changed is refused, even when `model`
+    still names the same folder, hub id, bucket (or "reference"). Nothing is downloaded: a hub id's
+    identity is its commit, an ``s3://`` model's its objects' ETags (``sources.model_identity``).
     """
-    return weights_of(job.task, job.model, job.decode)
+    return weights_of(job.task, job.model, job.decode, s3=job.input.s3)
 
 
-def weights_of(task: str, model: str, decode: Any) -> Dict[str, str]:
-    """Fingerprints of the model's weights (and the draft's for vispec / eagle) a ``task`` decodes with."""
-    if task != "caption":
-        return {"model": weights_fingerprint(resolve_t2i_path(model))}
-    weights = {"model": weights_fingerprint(resolve_vlm_path(model))}
-    if decode.method in DRAFT_METHODS:
-        weights["draft"] = weights_fingerprint(resolve_draft_path(model, decode.method, decode.draft_model))
+def weights_of(task: str, model: str, decode: Any, s3: Any = None) -> Dict[str, str]:
+    """Identities of the model's weights (and the draft's for vispec / eagle) a ``task`` decodes with."""
+    weights = {"model": model_identity(_reference_folder(task, model), s3=s3)}
+    if task == "caption" and decode.method in DRAFT_METHODS:
+        if decode.draft_model is not None:
+            weights["draft"] = model_identity(decode.draft_model, s3=s3, field="decode.draft_model")
+        else:
+            weights["draft"] = model_identity(resolve_draft_path(model, decode.method, None))
     return weights
+
+
+def job_models(job: JobConfig) -> Dict[str, Dict[str, str]]:
+    """What the manifest records of each model a job names: its name, source, resolved revision
+    (``weights``' identity) and the folder it resolves to on each node (``sources.describe_source``)."""
+    models = {"model": describe_source(_reference_folder(job.task, job.model), s3=job.input.s3)}
+    models["model"]["name"] = job.model
+    if job.task == "caption" and job.decode.method in DRAFT_METHODS:
+        draft = job.decode.draft_model or resolve_draft_path(job.model, job.decode.method, None)
+        models["draft"] = describe_source(draft, s3=job.input.s3)
+    if job.vqgan_path is not None:
+        models["vqgan"] = describe_source(job.vqgan_path, s3=job.input.s3)
+    return models
+
+
+def _reference_folder(task: str, model: str) -> Any:
+    """The shipped folder for "reference", else ``model`` as named."""
+    if model == REFERENCE_NAME:
+        return REFERENCE_VLM_DIR if task == "caption" else REFERENCE_T2I_DIR
+    return model
 
 
 def _differs(earlier: Any, now: Any) -> bool:

@@ -79,7 +79,7 @@ class ImageRowDecoder:
 
         torch.set_num_threads(self.config.threads)
         target = load_target(model=self.config.model, task="t2i", dtype=_torch_dtype(self.config.dtype), device=worker_device(self.config),
-                             vqgan_path=self.config.vqgan_path)
+                             vqgan_path=self.config.vqgan_path, s3=self.config.rows.s3)
         self.target = sized(target, self.config.size)
         logger.info("t2i row decoder: loaded %s (%s, method %s)", self.config.model, self.config.dtype, self.method)
 
@@ -150,10 +150,11 @@ class CaptionRowDecoder:
         import torch
 
         torch.set_num_threads(self.config.threads)
-        self.target = load_target(model=self.config.model, task="caption", dtype=_torch_dtype(self.config.dtype), device=worker_device(self.config))
+        self.target = load_target(model=self.config.model, task="caption", dtype=_torch_dtype(self.config.dtype), device=worker_device(self.config),
+                                  s3=self.config.rows.s3)
         if self.method in DRAFT_METHODS:  # load the draft model once, now, so a bad path fails here
             dtype = draft_dtype(self.target, self.config.decode.draft_dtype)
-            load_draft_model(self.target, self.method, self.config.model, self.config.decode.draft_model, dtype=dtype)
+            load_draft_model(self.target, self.method, self.config.model, self.config.decode.draft_model, dtype=dtype, s3=self.config.rows.s3)
         logger.info("caption row decoder: loaded %s (%s, method %s)", self.config.model, self.config.dtype, self.method)
 
     def _caption(self, rows: List[Dict[str, Any]]) -> List[Any]:

@@ -13,8 +13,9 @@ from typing import Any, ClassVar, Literal, Optional
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from raydec.config import (
-    CAPTION_METHODS, IMAGE_METHODS, MEMORY_FRACTION_FIELD, batch_size_type, DecodeConfig, DType, check_batch_size,
+    CAPTION_METHODS, IMAGE_METHODS, MEMORY_FRACTION_FIELD, MODEL_NAME_DESCRIPTION, batch_size_type, DecodeConfig, DType, check_batch_size,
 )
+from raydec.io.config import S3Config
 from raydec.serve.media import MediaConfig
 from raydec.validation import StrictModel
 
@@ -28,13 +29,15 @@ class ServedModel(StrictModel):
 
     name: str = Field(..., pattern=MODEL_NAME_PATTERN, description="The API's model id (the request's `model`).")
     task: Literal["t2i", "caption"] = Field(..., description="t2i: /v1/images/generations; caption: /v1/chat/completions.")
-    model: str = Field("reference", min_length=1, description="'reference', or a local folder saved with save_pretrained.")
+    model: str = Field("reference", min_length=1, description=MODEL_NAME_DESCRIPTION)
     dtype: DType = Field("float32", description="Weights and compute dtype.")
     vqgan_path: Optional[str] = Field(
         None, min_length=1,
-        description="t2i, Lumina-mGPT / Chameleon: the folder of the VQ-GAN that decodes the image codes (vqgan.yaml, "
-        "vqgan.ckpt); unset: vqgan/ inside the model's folder.",
+        description="t2i, Lumina-mGPT / Chameleon: the folder (or hub id, or s3:// prefix) of the VQ-GAN that decodes the "
+        "image codes (vqgan.yaml, vqgan.ckpt); unset: vqgan/ inside the model's folder.",
     )
+    s3: S3Config = Field(default_factory=S3Config, description="S3 access for an s3:// model, draft_model or vqgan_path (each "
+                         "replica fetches it into its node's model cache once); unset fields take the replica's AWS_* environment.")
     decode: DecodeConfig = Field(
         default_factory=DecodeConfig,
         description="Method and sampling; unset sampling takes the checkpoint's; an unset draft shape is the method's "
@@ -93,7 +96,7 @@ class ServedModel(StrictModel):
         return ProcessorConfig(
             task=self.task, model=self.model, dtype=self.dtype, decode=self.decode, batch_size=self.batch_size,
             vqgan_path=self.vqgan_path, max_memory_fraction=self.max_memory_fraction, cpus_per_worker=self.cpus_per_worker,
-            gpus_per_worker=min(1.0, self.gpus_per_worker), torch_threads=self.torch_threads,
+            gpus_per_worker=min(1.0, self.gpus_per_worker), torch_threads=self.torch_threads, rows={"s3": self.s3},
         )
 
     @field_validator("gpus_per_worker")

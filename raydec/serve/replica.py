@@ -203,7 +203,7 @@ class ImageReplica(ModelReplica[ImageScheduler, ImageResult]):
 
     def _open(self, served: ServedModel, dtype: torch.dtype, device: str | None) -> ImageScheduler:
         return ImageScheduler(served.model, served.decode, dtype=dtype, device=device, batch_size=served.batch_size,
-                              vqgan_path=served.vqgan_path)
+                              vqgan_path=served.vqgan_path, s3=served.s3)
 
     def info(self) -> ModelInfo:
         height, width = self.scheduler.target.image_size
@@ -239,7 +239,7 @@ class ChatReplica(ModelReplica[CaptionScheduler, CaptionResult]):
     task = "caption"
 
     def _open(self, served: ServedModel, dtype: torch.dtype, device: str | None) -> CaptionScheduler:
-        return CaptionScheduler(served.model, served.decode, dtype=dtype, device=device, batch_size=served.batch_size)
+        return CaptionScheduler(served.model, served.decode, dtype=dtype, device=device, batch_size=served.batch_size, s3=served.s3)
 
     async def chat(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
         """One chat: text deltas (when streamed) and the answer."""

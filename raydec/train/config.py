@@ -46,7 +46,7 @@ class DataGenConfig(StrictModel):
     ``temperatures`` says otherwise); tensors go to shards. The images are the shapes world's,
     or your own dataset (``images``)."""
 
-    target: str = Field("reference", description="Target VLM: 'reference' or a local checkpoint folder.")
+    target: str = Field("reference", description="Target VLM: 'reference', a local checkpoint folder, a hub id (org/name[@revision]) or s3://bucket/prefix (read with the AWS environment).")
     output_dir: Path = Field(Path("out/draft_data"), description="Folder for the Parquet shards and manifest.json.")
     images: InputConfig | None = Field(
         None,

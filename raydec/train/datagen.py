@@ -46,7 +46,8 @@ from raydec.io.fragments import fragment_items, fragment_tables, plan_fragments
 from raydec.io.images import attach_caption_images
 from raydec.io.storage import redact_secrets
 from raydec.models.hf_vlm import VlmPrompt
-from raydec.models.registry import resolve_vlm_path, weights_fingerprint
+from raydec.models.registry import resolve_vlm_path
+from raydec.models.sources import folder_identity
 from raydec.runtime.cluster import connect_ray
 from raydec.train.config import DataGenConfig
 from raydec.validation import check_folder
@@ -289,7 +290,7 @@ def generate_dataset(config: DataGenConfig, image_source: ImageSource) -> dict[s
     out = Path(config.output_dir)
     check_folder(out, "data.output_dir")
     target_path = resolve_vlm_path(config.target)
-    identity = content_identity(config, weights_fingerprint(target_path))
+    identity = content_identity(config, folder_identity(target_path))
     if (out / MANIFEST_NAME).is_file() and not config.overwrite:
         manifest = read_manifest(out)
         if {**CONTENT_DEFAULTS, **(manifest.get("identity") or {})} == identity:

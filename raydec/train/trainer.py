@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 import torch
 
-from raydec.models.registry import load_vlm_target, resolve_vlm_path, weights_fingerprint
+from raydec.models.registry import load_vlm_target, resolve_vlm_path
+from raydec.models.sources import folder_identity
 from raydec.models.vispec_draft import DraftConfig, VispecDraft
 from raydec.runtime.cluster import connect_ray
 from raydec.train.card import CARD_NAME
@@ -196,10 +197,10 @@ def check_training_inputs(config: DraftTrainConfig) -> str:
             f"was made by a target of hidden_size {manifest['hidden_size']}"
         )
     made_by = (manifest.get("identity") or {}).get("target_weights")
-    if made_by is not None and made_by != weights_fingerprint(target_path):
+    if made_by is not None and made_by != folder_identity(target_path):
         raise ValueError(
             f"draft {config.name!r}: the data at {config.data_dir} was made by other target weights ({made_by}) "
-            f"than {target} holds now ({weights_fingerprint(target_path)}); regenerate the data"
+            f"than {target} holds now ({folder_identity(target_path)}); regenerate the data"
         )
     return target
 
