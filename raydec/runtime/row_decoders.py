@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Protocol, runtime_checkable
 from raydec.api import DEFAULT_CAPTION_PROMPT, caption_images, draft_dtype, generate_images, load_draft_model, load_target, sized
 from raydec.config import DRAFT_METHODS
 from raydec.io import attach_caption_images, error_result
+from raydec.models.sources import model_folder
 from raydec.runtime.config import ProcessorConfig
 
 logger = logging.getLogger(__name__)
@@ -152,9 +153,13 @@ class CaptionRowDecoder:
         torch.set_num_threads(self.config.threads)
         self.target = load_target(model=self.config.model, task="caption", dtype=_torch_dtype(self.config.dtype), device=worker_device(self.config),
                                   s3=self.config.rows.s3)
+        self.decode = self.config.decode
         if self.method in DRAFT_METHODS:  # load the draft model once, now, so a bad path fails here
-            dtype = draft_dtype(self.target, self.config.decode.draft_dtype)
-            load_draft_model(self.target, self.method, self.config.model, self.config.decode.draft_model, dtype=dtype, s3=self.config.rows.s3)
+            if self.decode.draft_model is not None:  # a hub id or s3:// draft decodes from its copy on this node
+                folder = model_folder(self.decode.draft_model, s3=self.config.rows.s3, field="decode.draft_model")
+                self.decode = self.decode.model_copy(update={"draft_model": str(folder)})
+            dtype = draft_dtype(self.target, self.decode.draft_dtype)
+            load_draft_model(self.target, self.method, self.config.model, self.decode.draft_model, dtype=dtype)
         logger.info("caption row decoder: loaded %s (%s, method %s)", self.config.model, self.config.dtype, self.method)
 
     def _caption(self, rows: List[Dict[str, Any]]) -> List[Any]:
@@ -162,7 +167,7 @@ class CaptionRowDecoder:
             [row["pil_image"] for row in rows],
             prompt=[row.get("prompt") or DEFAULT_CAPTION_PROMPT for row in rows],
             model=self.target,
-            decode=self.config.decode,
+            decode=self.decode,
             seeds=[int(row["seed"]) for row in rows],
             batch_size=self.config.batch_size,
         )

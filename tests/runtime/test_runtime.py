@@ -164,6 +164,36 @@ def test_s3_job_reads_prompts_and_writes_results_to_s3(baseline, tiny_janus, pro
     assert "out/manifest.json" in keys and any(k.startswith("out/results/part-") for k in keys)
 
 
+def test_a_job_with_an_s3_model_decodes_as_its_folder_and_its_node_downloads_it_once(baseline, tiny_janus, prompts_file, s3_config,
+                                                                                     s3_bucket, tmp_path):
+    """``model: s3://...`` with two workers on one node: the driver reads the configs, the workers the
+    weights, every object once; the rows are the folder's. A changed object is another model: the
+    resume is refused, naming it."""
+    from tests.s3_fixture import moto_requests, upload_folder
+
+    _, _, base_results, base_images = baseline
+    keys = upload_folder(s3_config, s3_bucket, "models/tiny-janus", tiny_janus)
+    name = f"s3://{s3_bucket}/models/tiny-janus"
+    job = make_job(name, str(prompts_file), str(tmp_path / "out"), input={"s3": s3_config.model_dump()})
+    assert job.pool.workers == 2
+    report = run_job(job)
+    assert report.complete and report.processed == 4
+    results = results_by_id(job.output)
+    for row_id in GOOD_IDS:
+        assert image_bytes(results[row_id]["output_uri"], s3_config) == base_images[row_id]
+        assert results[row_id]["tokens"] == base_results[row_id]["tokens"]
+    assert sorted(moto_requests("GET", f"/{s3_bucket}/models/")) == sorted(f"/{s3_bucket}/{key}" for key in keys)
+    manifest = read_manifest(job.output)
+    recorded = manifest["models"]["model"]
+    assert recorded["name"] == name and recorded["source"] == "s3" and recorded["revision"] == manifest["weights"]["model"]
+    assert (Path(recorded["path"]) / "model.safetensors").is_file()
+
+    (weights,) = [key for key in keys if key.endswith(".safetensors")]
+    s3_client(s3_config).put_object(Bucket=s3_bucket, Key=weights, Body=b"retrained" + Path(recorded["path"], "model.safetensors").read_bytes())
+    with pytest.raises(ResumeMismatchError, match=rf"^weights: .*model {name} now holds s3:"):
+        preflight(job)
+
+
 def test_shipped_job_configs_validate_and_gpu_requests_fall_back_to_cpu(caplog):
     from raydec.runtime.pipeline import _remote_args
 

@@ -22,7 +22,7 @@ import pytest
 from raydec.io import OutputConfig, read_manifest, read_results
 from raydec.io.filesystem import s3_client
 from raydec.reference.shapes import make_sample, to_pil
-from raydec.runtime import JobConfig, ModelNotFoundError, preflight, run_job
+from raydec.runtime import JobConfig, ModelNotFoundError, ResumeMismatchError, preflight, run_job
 
 
 def png(seed: int) -> bytes:
@@ -112,6 +112,41 @@ def test_vispec_through_the_pool_writes_ar_captions(ar_run, tiny_llava, images_f
     for row_id, row in ar_results.items():
         assert results[row_id]["caption"] == row["caption"] and results[row_id]["error"] == row["error"]
         assert results[row_id]["method"] == "vispec"
+
+
+def test_a_vispec_job_with_an_s3_draft_captions_as_ar_and_a_changed_draft_is_a_speed_fact_under_gumbel_only(
+        ar_run, tiny_llava, images_file, s3_config, s3_bucket, tmp_path):
+    """``draft_model: s3://...`` on two workers of one node: AR's captions, the draft's objects read once.
+    A new ETag in the draft: the gumbel job's resume goes on and records the new identity; a rejection
+    job's is refused."""
+    from tests.s3_fixture import moto_requests, upload_folder
+
+    _, _, ar_results = ar_run
+    keys = upload_folder(s3_config, s3_bucket, "drafts/vispec", tiny_llava["draft"])
+    draft = f"s3://{s3_bucket}/drafts/vispec"
+    s3 = {"s3": s3_config.model_dump()}
+    job = caption_job(tiny_llava["model"], str(images_file), str(tmp_path / "out"), method="vispec", draft=draft, input=s3,
+                      pool={"workers": 2})
+    assert job.decode.coupling == "gumbel"
+    assert run_job(job).complete
+    results = by_id(job.output)
+    assert {i: (r["caption"], r["error"]) for i, r in results.items()} == {i: (r["caption"], r["error"]) for i, r in ar_results.items()}
+    assert {r["method"] for r in results.values() if not r["error"]} == {"vispec"}
+    assert sorted(moto_requests("GET", f"/{s3_bucket}/drafts/")) == sorted(f"/{s3_bucket}/{key}" for key in keys)
+    first = read_manifest(job.output)["weights"]["draft"]
+    rejection = caption_job(tiny_llava["model"], str(images_file), str(tmp_path / "out-rejection"), method="vispec", draft=draft,
+                            input=s3, decode={"coupling": "rejection"}, max_rows=1)
+    assert run_job(rejection).processed == 1
+
+    (weights,) = [key for key in keys if key.endswith(".safetensors")]
+    from safetensors.torch import load_file, save
+
+    retrained = {name: tensor + 0.01 for name, tensor in load_file(Path(tiny_llava["draft"]) / Path(weights).name).items()}
+    s3_client(s3_config).put_object(Bucket=s3_bucket, Key=weights, Body=save(retrained, metadata={"format": "pt"}))
+    assert run_job(job).complete
+    assert read_manifest(job.output)["weights"]["draft"] not in (first, None)
+    with pytest.raises(ResumeMismatchError, match=rf"^weights: .*draft {draft} now holds s3:"):
+        preflight(rejection)
 
 
 def test_caption_job_reads_s3_images_and_writes_to_s3(ar_run, tiny_llava, s3_config, s3_bucket, tmp_path):

@@ -2,9 +2,10 @@
 the reference text-to-image model and the reference VLM in float32 (so a row's output does
 not depend on which rows share its batch), with an API key, an https allow-list that names
 loopback hosts (so the private-address refusal after DNS is what stops them) and small limits.
-The reference models decode with their methods' default shapes; a tiny Janus ("t2i-auto") leaves its
-batch size and draft shape to "auto" and finds both in a shape cache seeded before the app starts (with
-one plan: ``follow_batch: false``). "t2i-gumbel" decodes the reference model with sjd under the Gumbel
+The reference models decode with their methods' default shapes; a tiny Janus ("t2i-auto", named by hub
+id from a cache laid out as the hub lays it out, offline) leaves its batch size and draft shape to "auto"
+and finds both in a shape cache seeded before the app starts (with one plan: ``follow_batch: false``); a
+tiny Emu3 ("emu3") is served from a bucket on moto's server. "t2i-gumbel" decodes the reference model with sjd under the Gumbel
 coupling and follows its live batch: its shape is "auto", and the cache holds a window per batch bucket."""
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ from typing import Iterator
 
 import pytest
 
+from raydec.io.config import S3Config
+from raydec.io.filesystem import s3_client
+from tests.hub_cache import hub_layout
 from tests.ray_fixture import REPO_ROOT, _free_ports
+from tests.s3_fixture import upload_folder
 
 API_KEY = "rk-test-7Hq2vX9pLm4Zt8Wc"  # the tests search every log line for it
 
@@ -58,11 +63,15 @@ def seed_shape_cache(served, shapes: dict | None = None) -> None:
         ShapeCache().put(key, shape, trials)
 
 
+#: the hub id "t2i-auto" names, and the commit its cache holds
+JANUS_HUB_ID, JANUS_COMMIT = "org/tiny-janus", "c" * 40
+
+
 @pytest.fixture(scope="package")
-def serve_app(tmp_path_factory) -> Iterator[dict]:
+def serve_app(tmp_path_factory, moto_server) -> Iterator[dict]:
     """Yields {"url", "key", "config", "emu3", "janus"}: the app's base URL (routes under /v1), its key,
-    the tiny Emu3 checkpoint it also serves (as model "emu3", at the sizes requests ask for) and the
-    tiny Janus it serves as "t2i-auto"."""
+    the folder of the tiny Emu3 it also serves (as model "emu3" from s3://, at the sizes requests ask
+    for) and of the tiny Janus it serves as "t2i-auto" (by hub id)."""
     import ray
     from ray import serve
 
@@ -77,6 +86,14 @@ def serve_app(tmp_path_factory) -> Iterator[dict]:
     (port,) = _free_ports(1)
     emu3 = tiny_emu3(tmp_path_factory.mktemp("serve-emu3") / "ckpt", seed=0)
     janus = tiny_janus(tmp_path_factory.mktemp("serve-janus") / "ckpt")
+    s3 = {"endpoint_url": moto_server, "access_key_id": "testing", "secret_access_key": "testing", "region": "us-east-1"}
+    s3_client(S3Config(**s3)).create_bucket(Bucket="serve-models")
+    upload_folder(S3Config(**s3), "serve-models", "tiny-emu3", emu3)
+    hub = tmp_path_factory.mktemp("serve-hf") / "hub"
+    hub_layout(hub, JANUS_HUB_ID, {JANUS_COMMIT: janus}, JANUS_COMMIT)
+    hub_env = {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
+    saved_env = {name: os.environ.get(name) for name in hub_env}
+    os.environ.update(hub_env)  # this process seeds the shape cache for the hub id, as the replica will read it
     config = ServeConfig.model_validate({
         "port": port,
         "api_keys": [API_KEY],
@@ -86,9 +103,9 @@ def serve_app(tmp_path_factory) -> Iterator[dict]:
              "max_queued_requests": 64, "health_check_period_s": 2.0},
             {"name": "vlm", "task": "caption", "decode": {"method": "vispec"}, "batch_size": 8,
              "max_ongoing_requests": 2, "max_queued_requests": 2},  # small: the overload test fills it
-            {"name": "emu3", "task": "t2i", "model": str(emu3), "decode": {"method": "sjd_pac"}, "batch_size": 4,
-             "cpus_per_worker": 0.25},
-            {**AUTO_MODEL, "model": str(janus)},
+            {"name": "emu3", "task": "t2i", "model": "s3://serve-models/tiny-emu3", "s3": s3, "decode": {"method": "sjd_pac"},
+             "batch_size": 4, "cpus_per_worker": 0.25},
+            {**AUTO_MODEL, "model": JANUS_HUB_ID},
             GUMBEL_MODEL,
         ],
         "media": {"allowed_domains": ["localhost", "127.0.0.1"], "max_images_per_request": 2},
@@ -98,7 +115,7 @@ def serve_app(tmp_path_factory) -> Iterator[dict]:
     seed_shape_cache(config.model("t2i-auto"))
     seed_shape_cache(config.model("t2i-gumbel"), {batch: window_shape(window) for batch, window in GUMBEL_WINDOWS.items()})
     env_vars = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
-                "RAYDEC_CACHE_DIR": os.environ["RAYDEC_CACHE_DIR"]}
+                "RAYDEC_CACHE_DIR": os.environ["RAYDEC_CACHE_DIR"], **hub_env}
     init_local_ray(num_cpus=2, env_vars=env_vars, object_store_memory=300 * 2**20)
     try:
         url = start(config, ready_timeout_s=300)
@@ -108,6 +125,11 @@ def serve_app(tmp_path_factory) -> Iterator[dict]:
             serve.shutdown()
         finally:
             ray.shutdown()
+            for name, value in saved_env.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 @pytest.fixture(scope="package")
