@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Iterator
@@ -167,17 +168,26 @@ def ray_head() -> Iterator[dict]:
     Yields {"address": dashboard URL, "gcs": host:port, "env": environment
     for `ray job submit`}.
     """
+    import sys
+
+    bin_dir = os.path.dirname(sys.executable)
+    if not os.path.exists(os.path.join(bin_dir, "ray")):
+        pytest.fail(f"no ray CLI next to {sys.executable}: `make test` installs ray[data,serve,train]")
+    with own_ray_head(bin_dir) as head:
+        yield head
+
+
+@contextlib.contextmanager
+def own_ray_head(bin_dir: str) -> Iterator[dict]:
+    """``ray start --head`` run by the python in ``bin_dir`` (its cluster's python: its jobs run
+    ``python`` from there), as ``ray_head`` describes."""
     import shutil
     import subprocess
-    import sys
     import tempfile
     import time
     import urllib.request
 
-    bin_dir = os.path.dirname(sys.executable)
-    ray_cli = os.path.join(bin_dir, "ray")
-    if not os.path.exists(ray_cli):
-        pytest.fail(f"no ray CLI next to {sys.executable}: `make test` installs ray[data,serve,train]")
+    ray_cli = [os.path.join(bin_dir, "python"), "-c", "import sys; from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()"]
     temp_dir = tempfile.mkdtemp(prefix="rdj", dir="/tmp")  # short: Unix socket paths live under it
     gcs, dashboard, agent_http, agent_grpc, metrics, runtime_env, client = _free_ports(7)
     env = dict(os.environ)
@@ -187,7 +197,7 @@ def ray_head() -> Iterator[dict]:
     )
     env.pop("RAY_ADDRESS", None)
     command = [
-        ray_cli, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}", "--num-cpus=2",
+        *ray_cli, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}", "--num-cpus=2",
         "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
         f"--dashboard-agent-listen-port={agent_http}", f"--dashboard-agent-grpc-port={agent_grpc}",
         f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={runtime_env}",

@@ -26,6 +26,19 @@ logger = logging.getLogger(__name__)
 
 AGENT_WAIT_S = 60.0  # a head that just started registers its job agent a little later
 FORWARDED_PREFIX = "RAYDEC_"  # environment variables a submitted command takes along (not credentials)
+#: what a submitted command imports before it can say anything (raydec itself, then what its commands need)
+REQUIRED_MODULES = ("raydec", "ray", "pyarrow", "pydantic", "yaml", "torch", "transformers", "safetensors", "boto3", "PIL")
+CLUSTER_PYTHON_PROBLEM = "raydec: the cluster's python"
+PROBE_VARIABLE = "RAYDEC_CLUSTER_CHECK"  # the job's environment carries the probe, so its command line stays short
+# Runs before raydec on the cluster, in the job's working directory, with no import of raydec: a python
+# that lacks it or its dependencies ends the job with one line (and exit status 1), not a traceback.
+_PROBE = (
+    "import importlib.util as u, sys; "
+    f"missing = [m for m in {REQUIRED_MODULES!r} if u.find_spec(m) is None]; "
+    f"missing and sys.exit({CLUSTER_PYTHON_PROBLEM!r} + ' (' + sys.executable + ') cannot import ' + ', '.join(missing) + "
+    "': install raydec in the environment the cluster runs (pip install raydec, or the image its nodes start from), "
+    "or start Ray from the environment raydec is installed in')"
+)
 
 
 def is_dashboard_address(address: str | None) -> bool:
@@ -51,9 +64,9 @@ def submit_command(address: str, argv: Sequence[str], echo: Callable[[str], None
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     client = JobSubmissionClient(address)
-    entrypoint = "python -m raydec.cli " + shlex.join(argv)
+    entrypoint = f'python -c "${PROBE_VARIABLE}" && python -m raydec.cli ' + shlex.join(argv)
     env_vars = {name: value for name, value in os.environ.items() if name.startswith(FORWARDED_PREFIX)}
-    runtime_env = {"working_dir": ".", **({"env_vars": env_vars} if env_vars else {})}
+    runtime_env = {"working_dir": ".", "env_vars": {**env_vars, PROBE_VARIABLE: _PROBE}}
     job_id = _submit(client, entrypoint, runtime_env)
     echo(f"raydec: submitted `raydec {shlex.join(argv)}` to {address} as job {job_id}; its logs follow (Ctrl-C stops it)")
     shown = 0
@@ -71,6 +84,10 @@ def submit_command(address: str, argv: Sequence[str], echo: Callable[[str], None
         client.stop_job(job_id)
         echo(f"raydec: stopped job {job_id}")
         return 130
+    problem = [line for line in client.get_job_logs(job_id).splitlines() if line.startswith(CLUSTER_PYTHON_PROBLEM)]
+    if status != JobStatus.SUCCEEDED and problem:  # said once, as the last line: Ray's message would repeat the logs
+        echo(f"raydec: job {job_id} failed: {problem[-1].removeprefix('raydec: ')}")
+        return 1
     info = client.get_job_info(job_id)
     echo(f"raydec: job {job_id} {str(status).lower()}" + (f": {info.message}" if status != JobStatus.SUCCEEDED and info.message else ""))
     return 0 if status == JobStatus.SUCCEEDED else 1

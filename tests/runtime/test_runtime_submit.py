@@ -147,3 +147,27 @@ def test_raydec_serve_joins_by_the_gcs_address_and_runs_as_a_job_by_the_dashboar
         serve_until_stopped(config, port, {**ray_head["env"], "RAY_ADDRESS": address}, log_path, stop, exits=(0, 130))
         if stop == signal.SIGINT:
             assert "submitted `raydec serve --config serve.yaml`" in log_path.read_text() and "stopped job" in log_path.read_text()
+
+
+def test_a_cluster_whose_python_lacks_raydec_ends_the_submitted_job_in_one_line(tmp_path):
+    """A head started by a python that has Ray (and torch, pyarrow: this venv's packages) but not raydec:
+    `raydec run` by its dashboard's address ends with one line saying what to do, and no traceback."""
+    import sysconfig
+
+    from tests.ray_fixture import own_ray_head
+
+    bare = tmp_path / "cluster-python"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    (site,) = (bare / "lib").glob("python3*/site-packages")
+    (site / "project_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # its packages, not raydec's editable install
+    job = tmp_path / "work" / "job.yaml"
+    job.parent.mkdir()
+    job.write_text((REPO_ROOT / "jobs/configs/t2i_reference.yaml").read_text())
+    with own_ray_head(str(bare / "bin")) as head:
+        done = subprocess.run([sys.executable, "-m", "raydec.cli", "run", "job.yaml", "--max-rows", "1"], cwd=job.parent,
+                              env={**head["env"], "RAY_ADDRESS": head["address"]}, capture_output=True, text=True, timeout=300)
+    said = done.stdout.strip()
+    assert done.returncode == 1 and "Traceback" not in said + done.stderr, said[-3000:]
+    assert said.splitlines()[-1].endswith(f"failed: the cluster's python ({bare}/bin/python) cannot import raydec: install raydec in the "
+                                          "environment the cluster runs (pip install raydec, or the image its nodes start from), or start "
+                                          "Ray from the environment raydec is installed in"), said[-3000:]
