@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 _PUBLIC = {
     "generate_images": "raydec.api",
     "caption_images": "raydec.api",
+    "check_identity": "raydec.api",
+    "CheckReport": "raydec.api",
     "load_target": "raydec.api",
     "load_draft_model": "raydec.api",
     "ImageResult": "raydec.api",
@@ -35,8 +37,8 @@ _PUBLIC = {
 }
 
 __all__ = [
-    "DEFAULT_CAPTION_PROMPT", "CaptionResult", "DecodeConfig", "DecodeSession", "DraftTreeConfig", "Engine", "ImageResult",
-    "JacobiDraftConfig", "RowOutput", "RowRequest", "SamplingConfig", "caption_images", "generate_images", "load_draft_model",
+    "DEFAULT_CAPTION_PROMPT", "CaptionResult", "CheckReport", "DecodeConfig", "DecodeSession", "DraftTreeConfig", "Engine", "ImageResult",
+    "JacobiDraftConfig", "RowOutput", "RowRequest", "SamplingConfig", "caption_images", "check_identity", "generate_images", "load_draft_model",
     "load_target",
 ]
 assert sorted(__all__) == sorted(_PUBLIC)
@@ -60,8 +62,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from raydec.api import (DEFAULT_CAPTION_PROMPT, CaptionResult, ImageResult, caption_images, generate_images, load_draft_model,
-                            load_target)
+    from raydec.api import (DEFAULT_CAPTION_PROMPT, CaptionResult, CheckReport, ImageResult, caption_images, check_identity,
+                            generate_images, load_draft_model, load_target)
     from raydec.config import DecodeConfig, DraftTreeConfig, JacobiDraftConfig, SamplingConfig
     from raydec.speculative.engine import DecodeSession, Engine
     from raydec.speculative.requests import RowOutput, RowRequest

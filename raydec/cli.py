@@ -16,6 +16,7 @@ import sys
 COMMANDS = {
     "generate": ("raydec.commands.generate", "text to PNG files, in this process"),
     "caption": ("raydec.commands.caption", "images to captions, in this process"),
+    "check": ("raydec.commands.check", "that a method decodes plain AR's tokens on your model, rows, dtype and device"),
     "run": ("raydec.commands.run", "a batch job from its YAML config, on a Ray cluster (RAY_ADDRESS) or a local one"),
     "serve": ("raydec.commands.serve", "the OpenAI-compatible app on Ray Serve"),
     "train": ("raydec.commands.train", "train ViSpec / EAGLE draft models for a target"),

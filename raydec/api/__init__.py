@@ -9,7 +9,8 @@
 ``load_target`` loads a model once (cached per model, kind, dtype and device), so repeated
 calls do not reload weights; both functions accept ``model`` as "reference", a local
 checkpoint folder, or an already loaded target. ``load_draft_model`` loads the draft model
-(vispec / eagle) of a target the same way.
+(vispec / eagle) of a target the same way. ``check_identity`` decodes rows with plain AR and with
+a method and checks that the method's tokens are AR's (``raydec check``).
 """
 
 import warnings
@@ -17,13 +18,15 @@ from typing import Any
 
 from raydec.api.batching import continuous_batching
 from raydec.api.captions import DEFAULT_CAPTION_PROMPT, CaptionResult, caption_images
+from raydec.api.check import CheckReport, check_identity
 from raydec.api.images import ImageResult, generate_images
 from raydec.api.inputs import SEED_LIMIT, over_checkpoint, sized
 from raydec.models.loading import draft_dtype, load_draft_model, load_target
 from raydec.validation import RENAMES_REMOVED_IN
 
 __all__ = [
-    "DEFAULT_CAPTION_PROMPT", "SEED_LIMIT", "CaptionResult", "ImageResult", "caption_images", "continuous_batching",
+    "DEFAULT_CAPTION_PROMPT", "SEED_LIMIT", "CaptionResult", "CheckReport", "ImageResult", "caption_images", "check_identity",
+    "continuous_batching",
     "draft_dtype", "generate_images", "load_draft_model", "load_target", "over_checkpoint", "sized",
 ]
 

@@ -22,6 +22,8 @@ def _bad_inputs(tmp: str) -> list[list[str]]:
         ["generate", "--prompts-file", f"{tmp}/missing.txt", "--out", f"{tmp}/o"],
         ["generate", "--out", f"{tmp}/a_file", "x"],  # refused before the model loads
         ["caption", "--model", "/nonexistent", f"{tmp}/image.png"],
+        ["check", "--model", "/nonexistent", "x"],
+        ["check", "--method", "vispec", f"{tmp}/missing.png"],
         ["caption", f"{tmp}/missing.png"],
         ["run", "/nonexistent.yaml"],
         ["run", f"{tmp}/bad_job.yaml"],
