@@ -158,17 +158,22 @@ def _fetch(parsed: ModelName, files: list[RemoteFile], identity: str, destinatio
     logger.info("model %s: downloading %d file(s), %.1f MB, into %s", parsed.text, len(files), total / 1e6, destination)
     started = time.monotonic()
     bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {parsed.text}", disable=not sys.stderr.isatty())
-    try:
-        def one(remote: RemoteFile) -> None:
-            target = partial / remote.relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            local = configs / remote.relative
-            if configs != destination and local.is_file() and local.stat().st_size == remote.size:
-                shutil.copyfile(local, target)
-                bar.update(remote.size)
-                return
+    finished = iter(range(1, len(files) + 1))  # next() is atomic under the GIL: a count the threads share
+
+    def one(remote: RemoteFile) -> None:
+        target = partial / remote.relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        local = configs / remote.relative
+        if configs != destination and local.is_file() and local.stat().st_size == remote.size:
+            shutil.copyfile(local, target)
+            bar.update(remote.size)
+        else:
             _download(parsed, remote, target, s3, bar.update)
-            logger.info("model %s: fetched %s (%.1f MB)", parsed.text, remote.relative, remote.size / 1e6)
+        done = next(finished)
+        bar.set_postfix_str(f"{done}/{len(files)} files")
+        logger.info("model %s: %s (%.1f MB), %d/%d files", parsed.text, remote.relative, remote.size / 1e6, done, len(files))
+
+    try:
 
         with ThreadPoolExecutor(max_workers=min(PARALLEL_FILES, len(files))) as pool:
             list(pool.map(one, files))

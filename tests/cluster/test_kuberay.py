@@ -53,6 +53,26 @@ def gpus(pod: dict) -> int:
     return total
 
 
+def image_cache_folder() -> str:
+    """The folder the image's HF_HOME and RAYDEC_CACHE_DIR lie under (cluster/kuberay/Dockerfile)."""
+    (line,) = [line for line in (ROOT / "cluster/kuberay/Dockerfile").read_text().splitlines() if line.startswith("ENV HF_HOME=")]
+    settings = dict(part.split("=", 1) for part in line.removeprefix("ENV ").split())
+    roots = {str(Path(settings[name]).parent) for name in ("HF_HOME", "RAYDEC_CACHE_DIR")}
+    (root,) = roots
+    return root
+
+
+def assert_loadable(model: str, mounts: set[str]) -> None:
+    """A model a pod can load: a hub id or s3:// (fetched into the image's cache folder, which the pod
+    mounts), or a folder on a volume the pod mounts."""
+    from raydec.models.sources import parse_model_name
+
+    if parse_model_name(model).remote:
+        assert image_cache_folder() in mounts, f"{model} is fetched into {image_cache_folder()}, which the pod does not mount"
+    else:
+        assert any(model.startswith(m.rstrip("/") + "/") for m in mounts), f"{model} is on no mounted volume"
+
+
 def mount_paths(pod: dict) -> set[str]:
     return {m["mountPath"] for c in pod["containers"] for m in c.get("volumeMounts", [])}
 
@@ -164,7 +184,7 @@ def test_rayjob_runs_the_t2i_batch_from_s3_to_s3_with_its_config_mounted():
     assert config.pool.gpus_per_worker == 1
     assert config.pool.workers <= sum(g["maxReplicas"] * gpus(g["template"]["spec"]) for g in gpu_groups)
     for group in gpu_groups:
-        assert any(config.model.startswith(p.rstrip("/") + "/") for p in mount_paths(group["template"]["spec"]))
+        assert_loadable(config.model, mount_paths(group["template"]["spec"]))
 
     # The runtime env: a valid Ray runtime env whose working_dir is the image's copy of the repo
     # (checked here with the repo itself), the region in env_vars, no credentials.
@@ -210,7 +230,7 @@ def test_rayservice_serves_raydecs_app_with_two_7b_models_on_gpus():
     for served in config.models:
         paths = [served.model] + ([served.decode.draft_model] if served.decode.draft_model else [])
         for path in paths:
-            assert any(path.startswith(m.rstrip("/") + "/") for m in mounts), f"{served.name}: {path} is on no mounted volume"
+            assert_loadable(path, mounts)
         assert served.gpus_per_worker == 1 and served.dtype == "bfloat16"
     assert by_task["caption"].decode.draft_model, "a 7B VLM has no shipped draft: name its checkpoint"
 
