@@ -16,7 +16,10 @@
 #   throughput_t2i, throughput_caption  the frontier: items/s at batches 1, 8, 32, 64, AR and each
 #                       method's tuned shape (70 s, 50 s)
 # More stages, by name through STAGES: host_work step step_context engine_7b step_qwen_vispec
-# attention caption_t0 t2i_b8_drain engine profile.
+# attention caption_t0 t2i_b8_drain engine profile check_7b.
+#   check_7b            raydec check: sjd_pac against AR on a random Janus with Janus-Pro-7B's language
+#                       model (benchmarks/random_janus.py), bfloat16, 8 rows at batch 8: rows identical,
+#                       each difference a near-tie or not (exit 1), speed (120 s to build, 420 s to check)
 # Each bench asks for the full counts (200 images / prompts) and stops taking new ones at its
 # --max-seconds budget (every method finishes the same items); SCALE (default 1.0) multiplies the
 # budgets. JSON, plots and logs land in OUT_DIR.
@@ -36,6 +39,7 @@
 #                        (sjd_pac, 16,384 codes, CFG, batch 8, window 64) new / old / new / old
 #   HW_THREADS=4         torch threads of the host_work stage
 #   STEP_ARGS="..."      the step stage's grid (default: its own full grid on a GPU)
+#   CHECK_DIR=DIR        where check_7b writes its random checkpoint (default: $TMPDIR or /tmp; ~14 GB at 7B)
 #   DRAIN=1              with stage t2i_b8_drain: the batch-8 stage with --batching consecutive, the
 #                        draining-batch baseline continuous batching replaces
 set -u
@@ -153,6 +157,23 @@ if wanted profile; then
     echo "=== profile"
     PYTHONUNBUFFERED=1 timeout "$prof_limit" $py benchmarks/profile_decode.py --device "$device" --out "$out/profile" --top 25 \
       2>&1 | grep -av "Loading weights" > "$out/profile.log"; echo "=== profile: exit $?"; pack
+  fi
+fi
+# raydec check on a 7B-shaped Janus in bfloat16: every row of sjd_pac is AR's, or differs at a numeric near-tie
+if wanted check_7b; then
+  build_limit=$($py -c "print(max(10, round(120 * $limit_scale)))")
+  check_limit=$($py -c "print(max(10, round(420 * $limit_scale)))")
+  ckpt=${CHECK_DIR:-${TMPDIR:-/tmp}}/raydec_random_janus_$engine_size
+  if cpu; then build=(--codebook 1024); rows=(--rows 2 --batch-size 2); else build=(); rows=(--rows 8 --batch-size 8); fi
+  if [ -n "${PLAN:-}" ]; then echo "plan check_7b $build_limit benchmarks/random_janus.py --size $engine_size, then $check_limit raydec check"
+  else
+    echo "=== check_7b: benchmarks/random_janus.py --size $engine_size, then raydec check --method sjd_pac --dtype bfloat16"
+    PYTHONUNBUFFERED=1 timeout "$build_limit" $py "$(dirname "$0")/random_janus.py" --size "$engine_size" --device "$device" \
+      --dtype bfloat16 --out "$ckpt" "${build[@]}" 2>&1 | grep -av -e "it/s]" -e "Writing model" > "$out/check_7b.log"
+    PYTHONUNBUFFERED=1 timeout "$check_limit" $py -m raydec.cli check --model "$ckpt" --method sjd_pac --dtype bfloat16 \
+      --device "$device" "${rows[@]}" --json "$out/check_7b.json" 2>&1 | tr '\r' '\n' \
+      | grep -av -e "it/s]" -e "s/it]" -e "image/s]" -e "s/image]" -e "Loading weights" >> "$out/check_7b.log"
+    echo "=== check_7b: exit ${PIPESTATUS[0]}"; tail -n 16 "$out/check_7b.log"; pack
   fi
 fi
 echo "=== done"

@@ -108,3 +108,19 @@ def test_gpu_checks_default_stages_fit_one_device_call_and_their_commands_parse(
             args = build_parser().parse_args(words[2:])  # exits (SystemExit) on an argument the bench does not take
             assert args.device == device and str(args.json).endswith(f"{name}.json")
         assert not list(tmp_path.glob("*.json"))  # a plan runs nothing
+
+
+def test_random_janus_saves_a_checkpoint_raydec_check_passes_on_in_bfloat16(tmp_path, monkeypatch, capsys):
+    """gpu_check.sh's stage check_7b at the small shape: the random Janus loads by path, and every row of sjd_pac in
+    bfloat16 is AR's or differs at a numeric near-tie."""
+    import torch
+
+    from raydec.api.check import check_identity
+
+    script = _script("random_janus")
+    monkeypatch.setattr(sys, "argv", ["random_janus.py", "--size", "small", "--codebook", "256", "--out", str(tmp_path / "janus")])
+    script.main()
+    assert "image head x" in capsys.readouterr().out
+    report = check_identity(["a red circle", "two blue squares"], model=str(tmp_path / "janus"), decode={"method": "sjd_pac"},
+                            dtype=torch.bfloat16, warmup=False)
+    assert report.passed and report.ar.tokens_per_forward == 1.0, report.table()
