@@ -127,3 +127,26 @@ def s3_client(s3: Optional[S3Config] = None) -> Any:
 def describe_endpoint(s3: Optional[S3Config] = None) -> str:
     """A short human description of where S3 requests go, for error messages."""
     return (s3 or S3Config()).resolved().endpoint_url or "AWS S3"
+
+
+#: files a reader of a checkpoint folder looks at first: uploaded last, so one that sees them sees the rest
+_UPLOADED_LAST = (".json", ".yaml", ".yml", ".md")
+
+
+def publish_folder(folder: str | os.PathLike, uri: str, s3: Optional[S3Config] = None) -> str:
+    """Upload every file under ``folder`` to ``uri`` (``s3://bucket/prefix``), weights and other data
+    first, configs last; returns ``uri``. An OSError names the file and the endpoint on failure."""
+    from pathlib import Path
+
+    bucket, prefix = split_s3_uri(uri)
+    root = Path(folder)
+    files = sorted((p for p in root.rglob("*") if p.is_file()), key=lambda p: (p.name.endswith(_UPLOADED_LAST), p.as_posix()))
+    client = s3_client(s3)
+    for path in files:
+        key = "/".join(part for part in (prefix.strip("/"), path.relative_to(root).as_posix()) if part)
+        try:
+            client.upload_file(str(path), bucket, key)
+        except Exception as error:  # noqa: BLE001 - boto3's errors vary; the user needs the file and the endpoint
+            raise OSError(f"cannot upload {path} to s3://{bucket}/{key} (endpoint {describe_endpoint(s3)}): {error}") from None
+        logger.info("uploaded %s to s3://%s/%s", path.name, bucket, key)
+    return uri

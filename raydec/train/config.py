@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from raydec.config import DraftTreeConfig, StrictModel
 from raydec.io.config import InputConfig
+from raydec.models.source_names import parse_model_name
 
 #: first held-out seed of the shapes world (training data must stay below it)
 HELD_OUT_SEED_START = 1_000_000
@@ -35,8 +36,9 @@ def check_temperatures(values: Sequence[float]) -> list[float]:
 
 
 def _absolute_target(value: str | None) -> str | None:
-    """A local checkpoint folder as an absolute path: Ray workers do not share the driver's cwd."""
-    if value is None or value == "reference":
+    """A local checkpoint folder as an absolute path: Ray workers do not share the driver's cwd (a hub id
+    or s3:// target is kept as named)."""
+    if value is None or value == "reference" or parse_model_name(value).remote:
         return value
     return os.path.abspath(Path(value).expanduser())
 
@@ -114,8 +116,13 @@ class DraftTrainConfig(StrictModel):
 
     name: str = Field("vispec", min_length=1, description="Run name (logs, Ray Train run folder).")
     data_dir: Path | None = Field(None, description="Dataset folder (manifest.json); None: the training run's data.output_dir.")
-    target: str | None = Field(None, description="Target VLM for lm_head; None: the one named in the manifest.")
+    target: str | None = Field(None, description="Target VLM for lm_head (named as data.target); None: the one named in the manifest.")
     output_dir: Path = Field(Path("out/drafts/vispec"), description="Where the trained draft model is saved (from_pretrained layout).")
+    publish_to: str | None = Field(
+        None, pattern=r"^s3://[^/]+", description="s3://bucket/prefix: the trained draft folder (with its model card) is "
+        "uploaded there at the end, weights first and configs last, for jobs and served models to name as draft_model; S3 "
+        "access from the AWS environment. Unset: the local output_dir only.",
+    )
     work_dir: Path | None = Field(None, description="Ray Train storage (checkpoints); None: output_dir/../_ray_train.")
     vision: bool = Field(True, description="ViSpec vision modules (False: the text-only EAGLE-2 draft model).")
     num_q: int = Field(2, ge=1, le=64, description="Adaptor queries (num_q - 1 compressed tokens + a global feature).")

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from raydec.io.datasets import check_dataset
+from raydec.io.filesystem import publish_folder
 from raydec.models.base import CheckpointError
 from raydec.models.hf_vlm import SUPPORTED_VLMS
 from raydec.models.registry import checkpoint_model_type, resolve_vlm_path
@@ -71,6 +72,10 @@ def run_draft_training(training: DraftTrainingConfig, image_source: ImageSource,
         acceptance = measure_acceptance(manifest["target"], paths, training.evaluate, image_source)
         for draft_model, summary in zip(draft_models, summaries):
             write_model_card(draft_model, summary, manifest, acceptance, training.evaluate, command, parallel=training.parallel)
+    for draft_model, summary in zip(draft_models, summaries):
+        if draft_model.publish_to is not None:
+            summary["published"] = publish_folder(draft_model.output_dir, draft_model.publish_to)
+            logger.info("draft %s published to %s", draft_model.name, summary["published"])
     data = {k: manifest[k] for k in ("num_samples", "num_tokens", "num_generated_tokens", "wall_s") if k in manifest}
     result = {"data": data, "drafts": summaries, "acceptance": acceptance}
     logger.info("draft model training done: %s", json.dumps(result, default=str))

@@ -138,6 +138,8 @@ def test_sampled_answers_follow_their_seed_and_temperature(target) -> None:
 def test_a_local_target_folder_is_recorded_absolute(tmp_path: Path, monkeypatch) -> None:
     # Ray Train workers run in their own folder: a relative target would not be found there
     monkeypatch.chdir(tmp_path)
+    assert DataGenConfig(target="out/vlm").target == "out/vlm"  # no such folder: a hub id, kept as named
+    (tmp_path / "out" / "vlm").mkdir(parents=True)
     assert DataGenConfig(target="out/vlm").target == str(tmp_path / "out" / "vlm")
     assert DraftTrainConfig(target="vlm").target == str(tmp_path / "vlm")
     assert DataGenConfig().target == "reference" and DraftTrainConfig().target is None
@@ -240,15 +242,19 @@ def trained(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int
         return dict(zip((1, 2), summaries))
 
 
-def test_raydec_train_command_trains_a_draft(dataset: Path, tiny_folder: Path, tmp_path: Path, capsys) -> None:
-    """`raydec train --config` on the module's tiny VLM: its data (same settings) is reused, one draft trains."""
+def test_raydec_train_command_trains_a_draft(dataset: Path, tiny_folder: Path, tmp_path: Path, capsys, s3_config, s3_bucket,
+                                            monkeypatch) -> None:
+    """`raydec train --config` on the module's tiny VLM: its data (same settings) is reused, one draft trains
+    and is published to a bucket, from where it resolves as a draft model."""
     import yaml
 
     from raydec.cli import main
 
     data = DataGenConfig(target=str(tiny_folder), output_dir=dataset, num_samples=6, max_new_tokens=NEW_TOKENS, batch_size=3,
                          workers=2, cpus_per_worker=0.5, storage_dtype="float32")
-    draft_model = _train_config(dataset, tmp_path / "eagle", 1, name="eagle", vision=False, steps=2, data_dir=None)
+    draft_model = _train_config(dataset, tmp_path / "eagle", 1, name="eagle", vision=False, steps=2, data_dir=None,
+                                publish_to=f"s3://{s3_bucket}/drafts/eagle")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_config.endpoint_url)
     config = tmp_path / "draft.yaml"
     config.write_text(yaml.safe_dump({"data": data.model_dump(mode="json"), "draft_models": [draft_model.model_dump(mode="json")]}))
     generated = (dataset / "manifest.json").stat().st_mtime_ns
@@ -256,6 +262,10 @@ def test_raydec_train_command_trains_a_draft(dataset: Path, tiny_folder: Path, t
     assert (dataset / "manifest.json").stat().st_mtime_ns == generated  # the data was reused, not generated again
     assert {"draft_config.json", "model.safetensors"} <= {p.name for p in (tmp_path / "eagle").iterdir()}
     assert '"steps"' in capsys.readouterr().out  # the job's result, printed as JSON
+    from raydec.models.sources import model_folder
+
+    published = model_folder(f"s3://{s3_bucket}/drafts/eagle", s3=s3_config)
+    assert (published / "model.safetensors").read_bytes() == (tmp_path / "eagle" / "model.safetensors").read_bytes()
 
 
 def test_two_workers_match_one_worker(trained: dict[int, dict]) -> None:
