@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from raydec.api.tuner import ShapeTrial, shape_label
 from raydec.config import DRAFT_METHODS, JACOBI_METHODS, DecodeConfig, DraftTreeConfig, JacobiDraftConfig, full_tree_nodes
-from raydec.models.sources import folder_identity
+from raydec.models.sources import folder_identity, model_identity, parse_model_name
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +177,8 @@ def weights_id(target: Any, draft_folder: str | Path | None = None) -> str | Non
     parts = {"model": folder_identity(folder)}
     if draft_folder is not None and Path(draft_folder).is_dir():
         parts["draft"] = folder_identity(draft_folder)
+    elif draft_folder is not None and parse_model_name(draft_folder).remote:  # a hub id or s3:// draft, by name
+        parts["draft"] = model_identity(draft_folder, field="decode.draft_model")
     return "+".join(f"{role}:{fingerprint}" for role, fingerprint in sorted(parts.items()))
 
 

@@ -60,7 +60,7 @@ def cached_commit(parsed: ModelName) -> str | None:
 
 def _not_cached(parsed: ModelName, why: str) -> ModelSourceError:
     return ModelSourceError(
-        f"{parsed.field}: {parsed.text!r} is not in the Hugging Face cache at {hub_cache()} and {why}; download it once where the hub "
+        f"{parsed.field}: {parsed.text!r} (no folder of that name here) is not in the Hugging Face cache at {hub_cache()} and {why}; download it once where the hub "
         f"is reachable (hf download {parsed.location}{' --revision ' + parsed.revision if parsed.revision else ''}) or name a "
         "local folder"
     )
