@@ -21,12 +21,11 @@ import sys
 from pathlib import Path
 
 from raydec.models.source_names import (
-    CONFIG_SUFFIXES, OTHER_WEIGHT_FORMATS, FileSet, ModelName, ModelSourceError, weight_files_wanted,
+    CONFIG_SUFFIXES, FileSet, ModelName, ModelSourceError, node_lock, weight_files_wanted,
 )
 
 logger = logging.getLogger(__name__)
 
-LOCK_WAIT_LOG_S = 30.0
 _TRUE = {"1", "true", "yes", "on"}
 
 
@@ -122,36 +121,32 @@ def hub_folder(parsed: ModelName, files: FileSet = "all") -> Path:
 
 
 def _download(parsed: ModelName, commit: str, files: FileSet) -> Path:
-    from filelock import FileLock, Timeout
     from huggingface_hub import snapshot_download
 
-    lock_folder = hub_cache() / ".locks" / "raydec"
-    lock_folder.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(lock_folder / f"models--{parsed.location.replace('/', '--')}.lock"))
-    while True:
-        try:
-            lock.acquire(timeout=LOCK_WAIT_LOG_S)
-            break
-        except Timeout:
-            logger.info("model %s: waiting for another process of this node to finish downloading it", parsed.text)
+    lock_file = hub_cache() / ".locks" / "raydec" / f"models--{parsed.location.replace('/', '--')}.lock"
     try:
-        folder = snapshot_path(parsed.location, commit)
-        if folder.is_dir() and (files == "config" or not missing_weights(folder)):
-            return folder
-        names = [sibling.rfilename for sibling in _api().model_info(parsed.location, revision=commit).siblings or []]
-        wanted = weight_files_wanted(names) if files == "all" else [name for name in names if name.endswith(CONFIG_SUFFIXES)]
-        skipped = sorted(set(names) - set(wanted))
-        logger.info("model %s: downloading %d file(s) of commit %s into %s%s", parsed.text, len(wanted), commit, hub_cache(),
-                    f" (not {len(skipped)} other: {OTHER_WEIGHT_FORMATS[0]}...)" if skipped else "")
-        path = snapshot_download(parsed.location, revision=commit, cache_dir=str(hub_cache()), allow_patterns=wanted or None,
-                                 tqdm_class=None if sys.stderr.isatty() else _quiet_tqdm())
-        return Path(path)
+        with node_lock(lock_file, parsed):
+            return _download_locked(parsed, commit, files, snapshot_download)
     except ModelSourceError:
         raise
     except Exception as error:  # noqa: BLE001 - a hub or disk failure is the user's to see in one line
-        raise ModelSourceError(f"{parsed.field}: {parsed.text!r}: downloading commit {commit} from the hub failed ({type(error).__name__}: {error})") from None
-    finally:
-        lock.release()
+        raise ModelSourceError(f"{parsed.field}: {parsed.text!r}: downloading commit {commit} from the hub failed "
+                               f"({type(error).__name__}: {error})") from None
+
+
+def _download_locked(parsed: ModelName, commit: str, files: FileSet, snapshot_download) -> Path:
+    """The download itself, under the node's lock (a process that waited finds the snapshot whole)."""
+    folder = snapshot_path(parsed.location, commit)
+    if folder.is_dir() and (files == "config" or not missing_weights(folder)):
+        return folder
+    names = [sibling.rfilename for sibling in _api().model_info(parsed.location, revision=commit).siblings or []]
+    wanted = weight_files_wanted(names) if files == "all" else [name for name in names if name.endswith(CONFIG_SUFFIXES)]
+    skipped = len(names) - len(wanted)
+    logger.info("%s %s: downloading %d file(s) of commit %s into %s%s", parsed.field, parsed.text, len(wanted), commit, hub_cache(),
+                f" (not {skipped} other: another weight format, or weights for a config-only read)" if skipped else "")
+    path = snapshot_download(parsed.location, revision=commit, cache_dir=str(hub_cache()), allow_patterns=wanted or None,
+                             tqdm_class=None if sys.stderr.isatty() else _quiet_tqdm())
+    return Path(path)
 
 
 def _quiet_tqdm():

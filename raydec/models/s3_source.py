@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from raydec.models.source_names import SOURCE_RECORD, FileSet, ModelName, ModelSourceError, is_config_file, weight_files_wanted
+from raydec.models.source_names import (
+    SOURCE_RECORD, FileSet, ModelName, ModelSourceError, is_config_file, node_lock, weight_files_wanted,
+)
 
 if TYPE_CHECKING:
     from raydec.io.config import S3Config
@@ -36,7 +38,6 @@ logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 8 << 20
 PARALLEL_FILES = 8
-LOCK_WAIT_LOG_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,6 @@ def cached_folder(parsed: ModelName, identity: str, files: FileSet = "all") -> P
 
 def s3_folder(parsed: ModelName, s3: Optional["S3Config"] = None, files: FileSet = "all") -> Path:
     """A whole local copy of the model at ``parsed`` (``files``: all, or its configs), fetched once per node."""
-    from filelock import FileLock, Timeout
-
     remote_files = list_model_files(parsed, s3)
     identity = identity_of(remote_files)
     whole = cached_folder(parsed, identity)
@@ -119,15 +118,7 @@ def s3_folder(parsed: ModelName, s3: Optional["S3Config"] = None, files: FileSet
         return whole
     if wanted.is_dir():
         return wanted
-    wanted.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(wanted.parent / ".lock"))
-    while True:
-        try:
-            lock.acquire(timeout=LOCK_WAIT_LOG_S)
-            break
-        except Timeout:
-            logger.info("model %s: waiting for another process of this node to finish downloading it", parsed.text)
-    try:
+    with node_lock(wanted.parent / ".lock", parsed):
         if whole.is_dir():  # fetched while this process waited
             return whole
         if wanted.is_dir():
@@ -136,8 +127,6 @@ def s3_folder(parsed: ModelName, s3: Optional["S3Config"] = None, files: FileSet
         chosen = remote_files if files == "all" else [remote for remote in remote_files if is_config_file(remote.relative)]
         _fetch(parsed, chosen, identity, wanted, s3)
         return wanted
-    finally:
-        lock.release()
 
 
 def _remove_partials(folder: Path) -> None:

@@ -5,9 +5,11 @@ files a loader reads, a local folder's weights fingerprint). ``sources`` resolve
 from __future__ import annotations
 
 import re
+import contextlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Iterator, Literal, Optional
 
 SourceKind = Literal["local", "hub", "s3"]
 FileSet = Literal["all", "config"]
@@ -110,3 +112,27 @@ def weights_fingerprint(path: str | Path) -> str:
                 stream.seek(offset)
                 digest.update(stream.read(span if size <= span else _FINGERPRINT_CHUNK_BYTES))
     return digest.hexdigest()[:16]
+
+
+LOCK_WAIT_LOG_S = 30.0
+
+
+@contextlib.contextmanager
+def node_lock(lock_file: Path, parsed: ModelName) -> Iterator[None]:
+    """Hold the file lock that lets one process of this node fetch ``parsed`` (the others wait here,
+    logging every LOCK_WAIT_LOG_S); the lock is released when its holder exits, however it exits."""
+    from filelock import FileLock, Timeout
+
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_file))
+    while True:
+        try:
+            lock.acquire(timeout=LOCK_WAIT_LOG_S)
+            break
+        except Timeout:
+            logging.getLogger(__name__).info("%s %s: waiting for another process of this node to finish downloading it",
+                                             parsed.field, parsed.text)
+    try:
+        yield
+    finally:
+        lock.release()
