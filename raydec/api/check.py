@@ -201,6 +201,8 @@ def check_identity(
     if task == "t2i":
         target = sized(target, size)
     questions = [prompt] * count if isinstance(prompt, str) else list(prompt)
+    if len(questions) != count:
+        raise ValueError(f"prompt has {len(questions)} entries but rows has {count}")
 
     def run(candidate: DecodeConfig, picked: Sequence[int], batch: int, show: bool = False) -> list[Any]:
         if task == "t2i":
@@ -223,20 +225,29 @@ def check_identity(
     ar_results, ar_run = _timed(lambda: run(ar_config, everything, batch_size, progress))
     logger.info("raydec check: %s on %d rows", resolved.method, count)
     method_results, method_run = _timed(lambda: run(resolved, everything, batch_size, progress))
+    checks = _row_checks(ids, seeds, ar_results, method_results,
+                         lambda: _reference_target(model, target, task, size, reference_dtype),
+                         lambda ref, index, ar_tokens, method_tokens, position: _verdict(
+                             ref, task, resolved, _row_prompt(task, ref, rows[index], questions[index]), seeds[index], ar_tokens,
+                             method_tokens, position, target.dtype))
+    return CheckReport(task, resolved.method, str(target.dtype).replace("torch.", ""), str(target.device), resolved.coupling, checks,
+                       ar_run, method_run, resolved.sampling.model_dump())
+
+
+def _row_checks(ids: Sequence[str], seeds: Sequence[int], ar_results: Sequence[Any], method_results: Sequence[Any],
+                load_reference: Callable[[], Any], verdict: Callable[..., TieVerdict]) -> list[RowCheck]:
+    """Each row's check; the reference model is loaded for the first row that differs."""
     checks = []
-    reference: list[Any] = []  # the model in the reference precision, loaded for the first differing row
+    reference: list[Any] = []
     for index, (ar_row, method_row) in enumerate(zip(ar_results, method_results)):
         check = RowCheck(ids[index], seeds[index], ar_row.tokens == method_row.tokens, len(ar_row.tokens), len(method_row.tokens))
         position = _first_difference(ar_row.tokens, method_row.tokens)
         if position is not None and position < min(len(ar_row.tokens), len(method_row.tokens)):
             logger.info("raydec check: row %s differs at position %d: recomputing it", ids[index], position)
-            reference = reference or [_reference_target(model, target, task, size, reference_dtype)]
-            row_prompt = _row_prompt(task, reference[0], rows[index], questions[index])
-            check.verdict = _verdict(reference[0], task, resolved, row_prompt, seeds[index], ar_row.tokens, method_row.tokens, position,
-                                     target.dtype)
+            reference = reference or [load_reference()]
+            check.verdict = verdict(reference[0], index, ar_row.tokens, method_row.tokens, position)
         checks.append(check)
-    return CheckReport(task, resolved.method, str(target.dtype).replace("torch.", ""), str(target.device), resolved.coupling, checks,
-                       ar_run, method_run, resolved.sampling.model_dump())
+    return checks
 
 
 def _timed(decode_all: Callable[[], list[Any]]) -> tuple[list[Any], RunFigures]:

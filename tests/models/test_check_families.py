@@ -1,7 +1,9 @@
 """``check_identity`` on tiny checkpoints of every family's real classes, float64: every row of a
 speculative method is plain AR's (coupling gumbel, sampled at temperature 1, four rows at batch 3
 so the rows run in batches of 3 and 1). SJD-PAC on Janus, Emu3 (its forced layout tokens) and
-Lumina-mGPT (Chameleon); ViSpec on LLaVA and Qwen2.5-VL with a random draft saved beside them."""
+Lumina-mGPT (Chameleon); ViSpec on LLaVA and Qwen2.5-VL with a random draft saved beside them.
+And the forward a differing position is recomputed with (``near_ties.position_scores``: the
+prefill, then the prefix as one chain) picks AR's token at the first, a middle and the last position."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import pytest
 import torch
 
 from raydec.api.check import check_identity
+from raydec.api.near_ties import position_scores
 from raydec.reference.shapes import make_sample, to_pil
 from tests.t2i_toys import tiny_chameleon, tiny_emu3, tiny_janus
 from tests.vlm_toys import build_tiny_llava, build_tiny_qwen2_5_vl, draft_for
@@ -36,6 +39,16 @@ def test_sjd_pac_decodes_ar_rows_on_every_image_family(tmp_path, name):
     report = check_identity(PROMPTS, model=target, decode=decode, seeds=[5, 6, 7, 8], batch_size=3, size=size, warmup=False)
     assert report.identical_rows == len(PROMPTS) and report.passed, report.table()
     assert report.speculative.tokens_per_forward > report.ar.tokens_per_forward == 1.0
+    from raydec.api import generate_images
+    from raydec.api.inputs import image_decode_config, sized
+    from raydec.config import DecodeConfig
+    from raydec.models.image_gen import ImagePrompt
+
+    target = sized(target, size)
+    config = image_decode_config(DecodeConfig(method="ar", sampling=SAMPLED), target)
+    (row,) = generate_images(PROMPTS[:1], model=target, decode=config, seeds=[5])
+    _recomputed_positions_pick_ar_tokens(target, config.sampling, ImagePrompt(PROMPTS[0], None), 5, row.tokens,
+                                         constraint=target.vocab_constraint())
 
 
 @pytest.mark.parametrize("name", ["llava", "qwen2_5_vl"])
@@ -50,3 +63,18 @@ def test_vispec_decodes_ar_rows_on_every_vlm_family(tmp_path, name):
               "draft_tree": {"depth": 3, "top_k": 2, "total_tokens": 6}}
     report = check_identity(images, model=target, decode=decode, seeds=[5, 6, 7, 8], batch_size=3, warmup=False)
     assert report.identical_rows == len(images) and report.passed, report.table()
+    from raydec.api import caption_images
+    from raydec.api.inputs import caption_decode_config, max_positions
+    from raydec.config import DecodeConfig
+    from raydec.models.hf_vlm import VlmPrompt
+
+    config = caption_decode_config(DecodeConfig(method="ar", max_new_tokens=12, sampling=SAMPLED), target)
+    (row,) = caption_images(images[:1], model=target, decode=config, seeds=[5])
+    prompt = VlmPrompt(target.format_prompt("describe the image .", 1), images[:1])
+    _recomputed_positions_pick_ar_tokens(target, config.sampling, prompt, 5, row.tokens, max_positions=max_positions(target))
+
+
+def _recomputed_positions_pick_ar_tokens(target, sampling, prompt, seed, tokens, **engine) -> None:
+    for position in sorted({0, len(tokens) // 2, len(tokens) - 1}):
+        scores = position_scores(target, sampling, prompt, seed, tokens[:position], **engine)
+        assert scores.token() == tokens[position] and scores.distance(tokens[position]) == 0.0, position
