@@ -124,3 +124,14 @@ def test_random_janus_saves_a_checkpoint_raydec_check_passes_on_in_bfloat16(tmp_
     report = check_identity(["a red circle", "two blue squares"], model=str(tmp_path / "janus"), decode={"method": "sjd_pac"},
                             dtype=torch.bfloat16, warmup=False)
     assert report.passed and report.ar.tokens_per_forward == 1.0, report.table()
+
+
+def test_tie_rounding_measures_each_dtype_against_float64(tmp_path, monkeypatch, capsys):
+    script = _script("tie_rounding")
+    out = tmp_path / "ties.json"
+    monkeypatch.setattr(sys, "argv", ["tie_rounding.py", "--task", "caption", "--rows", "1", "--max-new-tokens", "6", "--dtypes", "bfloat16",
+                                      "--json", str(out)])
+    script.main()
+    figures = json.loads(out.read_text())["dtypes"]["bfloat16"]
+    assert figures["positions"] > 0 and 0 <= figures["median"] <= figures["max"]
+    assert "caption bfloat16: positions" in capsys.readouterr().out
