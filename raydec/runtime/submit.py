@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 logger = logging.getLogger(__name__)
 
 AGENT_WAIT_S = 60.0  # a head that just started registers its job agent a little later
+STOP_WAIT_S = 15.0  # Ctrl-C: how long the command waits for the cluster to confirm the job's stop
 FORWARDED_PREFIX = "RAYDEC_"  # environment variables a submitted command takes along (not credentials)
 #: what a submitted command imports before it can say anything (raydec itself, then what its commands need)
 REQUIRED_MODULES = ("raydec", "ray", "pyarrow", "pydantic", "yaml", "torch", "transformers", "safetensors", "boto3", "PIL")
@@ -81,9 +82,7 @@ def submit_command(address: str, argv: Sequence[str], echo: Callable[[str], None
                 break
             time.sleep(poll_s)
     except KeyboardInterrupt:
-        client.stop_job(job_id)
-        echo(f"raydec: stopped job {job_id}")
-        return 130
+        return _stop(client, job_id, echo)
     problem = [line for line in client.get_job_logs(job_id).splitlines() if line.startswith(CLUSTER_PYTHON_PROBLEM)]
     if status != JobStatus.SUCCEEDED and problem:  # said once, as the last line: Ray's message would repeat the logs
         echo(f"raydec: job {job_id} failed: {problem[-1].removeprefix('raydec: ')}")
@@ -91,6 +90,30 @@ def submit_command(address: str, argv: Sequence[str], echo: Callable[[str], None
     info = client.get_job_info(job_id)
     echo(f"raydec: job {job_id} {str(status).lower()}" + (f": {info.message}" if status != JobStatus.SUCCEEDED and info.message else ""))
     return 0 if status == JobStatus.SUCCEEDED else 1
+
+
+def _stop(client, job_id: str, echo: Callable[[str], None]) -> int:
+    """Ask the cluster to stop ``job_id`` (Ctrl-C), waiting at most STOP_WAIT_S for its answer: a busy
+    head must not keep the command from exiting. A second Ctrl-C exits at once. Returns 130."""
+    import threading
+
+    answered = threading.Event()
+
+    def ask() -> None:
+        try:
+            client.stop_job(job_id)
+        except Exception as error:  # noqa: BLE001 - the command is exiting; say what the cluster answered
+            logger.warning("stopping job %s: %s", job_id, error)
+        answered.set()
+
+    threading.Thread(target=ask, name="raydec-stop-job", daemon=True).start()
+    try:
+        answered.wait(STOP_WAIT_S)
+    except KeyboardInterrupt:
+        pass
+    echo(f"raydec: stopped job {job_id}" if answered.is_set() else
+         f"raydec: stopped job {job_id} (asked; the cluster had not answered within {STOP_WAIT_S:.0f} s: `ray job status {job_id}`)")
+    return 130
 
 
 def _submit(client, entrypoint: str, runtime_env: dict) -> str:

@@ -149,8 +149,9 @@ def _shapes(vocab: int) -> list[DecodeConfig]:
 
 
 def test_one_process_decodes_every_shape_it_meets_captured_as_the_eager_step_does(llama, llama16, eagle_draft, tmp_path, monkeypatch):
-    """In one process with capture on: every method, several windows and trees, batches of 1 to 4
-    (rows leave, queued rows join, the last one decodes alone), two vocabularies, and a
+    """In one process with capture on: every method, several windows and trees, batches of 1 and 3
+    (rows leave, queued rows join, the last one decodes alone; off CUDA a batch is a dynamic size, so
+    batches 2 and 4 compile nothing new), two vocabularies, and a
     ``shape: auto`` tuning run over its full candidate list (screened eagerly, its finalists
     captured). More variants than dynamo's recompile limit (8) of one function; no decode raises or
     falls back to the eager step, and each decodes token for token what the eager step decodes."""
@@ -164,7 +165,7 @@ def test_one_process_decodes_every_shape_it_meets_captured_as_the_eager_step_doe
     drafts = {8: eagle_draft, 16: None}
     decoded: set[tuple] = set()
     for vocab, target in ((8, llama), (16, llama16)):
-        for config, batch in itertools.product(_shapes(vocab), (1, 2, 3, 4)):
+        for config, batch in itertools.product(_shapes(vocab), (1, 3)):
             constraint = CONSTRAINT if vocab == 8 and config.method != "eagle" else None
             requests = _requests(config, batch + 2)
             tokens = {}
@@ -194,7 +195,7 @@ def test_one_process_decodes_every_shape_it_meets_captured_as_the_eager_step_doe
     assert tokens["on"] == tokens["off"]
     decoded |= {(8, "tuned", label, 2) for label in captured}
 
-    assert len(decoded) >= 24, len(decoded)
+    assert len(decoded) >= 14, len(decoded)  # 7 shapes at two batches, and the tuner's finalists
     steps = [v for v in captured_variants() if v.name in ("verify", "process", "jacobi_window", "jacobi_carry", "draft_tree")]
     verify = [v for v in steps if v.name == "verify"]
     assert len(verify) > 8 and all(v.compiled is not None for v in steps)  # past the limit, every variant compiled

@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raydec.io import OutputConfig, read_manifest, read_results
+from raydec.io import OutputConfig, ResultWriter, error_result, read_manifest, read_results, write_manifest
 from raydec.io.filesystem import s3_client
 from raydec.reference.shapes import make_sample, to_pil
-from raydec.runtime import JobConfig, ModelNotFoundError, ResumeMismatchError, preflight, run_job
+from raydec.runtime import JobConfig, ModelNotFoundError, ResumeMismatchError, job_weights, preflight, run_job
 
 
 def png(seed: int) -> bytes:
@@ -135,8 +135,11 @@ def test_a_vispec_job_with_an_s3_draft_captions_as_ar_and_a_changed_draft_is_a_s
     assert sorted(moto_requests("GET", f"/{s3_bucket}/drafts/")) == sorted(f"/{s3_bucket}/{key}" for key in keys)
     first = read_manifest(job.output)["weights"]["draft"]
     rejection = caption_job(tiny_llava["model"], str(images_file), str(tmp_path / "out-rejection"), method="vispec", draft=draft,
-                            input=s3, decode={"coupling": "rejection"}, max_rows=1)
-    assert run_job(rejection).processed == 1
+                            input=s3, decode={"coupling": "rejection"})
+    with ResultWriter(rejection.output, worker_id="earlier") as writer:  # what a run of it left: a row and its manifest
+        writer.add(error_result({"id": "earlier", "seed": 0}, "vispec", "earlier run"))
+    write_manifest(rejection.output, rejection, {"results": 1}, {}, {"weights": job_weights(rejection)})
+    preflight(rejection)  # the same draft: it may resume
 
     (weights,) = [key for key in keys if key.endswith(".safetensors")]
     from safetensors.torch import load_file, save
