@@ -32,7 +32,7 @@ def add_decode_flags(parser: argparse.ArgumentParser, methods: tuple[str, ...], 
                         help="how a sampled row's tokens follow from its seed (both sample the target's law): rejection "
                         "(rejection sampling: a seed's tokens depend on the method and draft shape) or gumbel (Gumbel-max "
                         "noise fixed per position: a seed gives the same tokens whatever the method, draft shape or batch); "
-                        "default: --decode-config's, else rejection")
+                        "default: --decode-config's, else gumbel")
     parser.add_argument("--shape", "--draft", dest="shape", choices=["default", "auto"], default="default",
                         help="the draft shape (sjd*: the Jacobi window / tree; vispec / eagle: the draft tree): default (the "
                         "default) is the method's default shape, or the one --decode-config names, as in a job or Serve; "
