@@ -164,14 +164,29 @@ def summarise(target: Target, rate: float, load: Load, before: dict, after: dict
         "ttft_p50_s": percentile(load.ttfts, 0.5), "ttft_p99_s": percentile(load.ttfts, 0.99),
         "gap_p50_s": percentile(load.gaps, 0.5), "gap_p99_s": percentile(load.gaps, 0.99),
         "mean_batch": (after["rows_stepped"] - before["rows_stepped"]) / steps if steps else None,
+        **step_figures(before, after, steps),
         "tokens_per_forward": (after.get("output_tokens", 0) - before.get("output_tokens", 0)) / forwards if forwards else None,
         "in_process_rate": in_process,
         "load_share": rate_done / in_process if in_process else None,
     }
 
 
+def step_figures(before: dict, after: dict, steps: int) -> dict[str, Any]:
+    """The engine's decode steps during a load (admissions included): their duration's p50 and p99, and
+    the share of the engine thread's time in steps against the host work between back-to-back steps."""
+    recent = (after.get("step_times_s") or [])[-steps:] if steps > 0 else []
+    in_steps = after.get("step_seconds", 0.0) - before.get("step_seconds", 0.0)
+    between = after.get("between_steps_seconds", 0.0) - before.get("between_steps_seconds", 0.0)
+    return {"step_p50_s": percentile(recent, 0.5), "step_p99_s": percentile(recent, 0.99), "step_count": len(recent),
+            "engine_step_share": in_steps / (in_steps + between) if in_steps + between > 0 else None}
+
+
 def _fmt(value: Optional[float], spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
+
+
+def _ms(seconds: Optional[float]) -> str:
+    return "-" if seconds is None else f"{1000 * seconds:.1f}"
 
 
 def _plan(row: dict) -> str:
@@ -186,9 +201,10 @@ def print_rows(result: dict) -> None:
     """The open-loop table: one line per (model, rate)."""
     unit = "images" if result["task"] == "images" else "answers"
     header = ["model (plan)", "rate/s", f"{unit}/s", "p50 s", "p90 s", "p99 s", "ttft p50 s", "gap p50 s", "mean batch",
-              "in process/s", "load share", "sent", "errors"]
+              "step p50 ms", "step p99 ms", "in process/s", "load share", "sent", "errors"]
     rows = [[f"{r['model']} ({_plan(r)})", _fmt(r["rate"], "g"), _fmt(r["completed_per_s"]), _fmt(r["p50_s"]), _fmt(r["p90_s"]),
              _fmt(r["p99_s"]), _fmt(r["ttft_p50_s"]), _fmt(r["gap_p50_s"], ".4f"), _fmt(r["mean_batch"], ".2f"),
+             _ms(r.get("step_p50_s")), _ms(r.get("step_p99_s")),
              _fmt(r["in_process_rate"]), _fmt(r["load_share"], ".2f"), str(r["sent"]), str(r["errors"])]
             for r in result["rows"]]
     print_table(f"raydec bench serve: {result['task']}, open loop (Poisson arrivals, seed {result['seed']}), up to "

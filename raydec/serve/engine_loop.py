@@ -13,6 +13,7 @@ check fails, so Serve replaces the replica.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import queue
 import threading
@@ -115,6 +116,9 @@ class _Call:
 
 _Message = Union[_Submit, _Cancel, _Call]
 
+#: decode steps whose durations the loop keeps (``stats()["step_times_s"]``: the most recent)
+STEP_TIMES = 1024
+
 
 class EngineLoop(Generic[ResultT]):
     """Drives ``scheduler`` (an ImageScheduler or CaptionScheduler) from one daemon thread."""
@@ -130,6 +134,12 @@ class EngineLoop(Generic[ResultT]):
         self._stopping = False
         self.died: Optional[BaseException] = None
         self.cancelled = 0  # rows whose request went away (a client disconnect, a timeout)
+        # where the engine thread's time goes: in decode steps (admissions included), and between them
+        # (requests in, events out); the last STEP_TIMES steps' durations, for percentiles under load
+        self.step_seconds = 0.0
+        self.between_steps_seconds = 0.0
+        self.step_times: "collections.deque[float]" = collections.deque(maxlen=STEP_TIMES)
+        self._last_step_end: Optional[float] = None
 
     def start(self) -> None:
         self._thread.start()
@@ -212,11 +222,18 @@ class EngineLoop(Generic[ResultT]):
                         loop.call_soon_threadsafe(_settle, future, None, error)
 
     def _step(self) -> None:
+        started = time.perf_counter()
+        if self._last_step_end is not None:  # back to back: the host work between two steps
+            self.between_steps_seconds += started - self._last_step_end
         try:
             finished = self.scheduler.step()
         except Exception as error:
             self._fail_step(error)
+            self._last_step_end = None
             return
+        ended = time.perf_counter()
+        self.step_seconds += ended - started
+        self.step_times.append(ended - started)
         for ticket in finished:
             self._finished(ticket)
         for watcher in self._watchers.values():
@@ -224,6 +241,7 @@ class EngineLoop(Generic[ResultT]):
                 watcher.progress()
             except Exception:  # progress is optional: the row still finishes
                 logger.exception("sending progress failed")
+        self._last_step_end = ended if self.scheduler.busy else None  # idle: waiting for work is not host time
 
     def _finished(self, ticket: Ticket) -> None:
         """Send a finished row's result (or its cancellation) and release it."""
@@ -269,6 +287,9 @@ class EngineLoop(Generic[ResultT]):
             "following": len(self._watchers),
             "cancelled": self.cancelled,
             "alive": self.alive,
+            "step_seconds": self.step_seconds,
+            "between_steps_seconds": self.between_steps_seconds,
+            "step_times_s": list(self.step_times),
         }
 
 

@@ -39,6 +39,8 @@ def test_open_loop_reports_a_row_per_rate_with_ordered_percentiles(ray_cluster, 
         assert row["completed_per_s"] > 0 and row["p50_s"] <= row["p90_s"] <= row["p99_s"]
         assert row["ttft_p50_s"] is None and row["gap_p50_s"] is None  # images do not stream
         assert 1 <= row["mean_batch"] <= 4
+        assert row["step_count"] >= 1 and 0 < row["step_p50_s"] <= row["step_p99_s"]  # the engine's steps during this load
+        assert 0 < row["engine_step_share"] <= 1
         assert row["in_process_rate"] == in_process["rows_per_s"]
         assert row["load_share"] == pytest.approx(row["completed_per_s"] / in_process["rows_per_s"])
     assert (plots / "serve_open_loop_images.png").is_file() and result["plot"] == str(plots / "serve_open_loop_images.png")
