@@ -29,7 +29,8 @@ def serve_until_stopped(config: Path, port: int, env: dict, log_path: Path, stop
                         ready_s: float = 300, exits: tuple[int, ...] = (0,)) -> str:
     """Start `raydec serve --config config` in its folder, wait for "raydec: serving at", check that
     /v1/models lists "t2i" and an image request answers, send ``stop`` and check the exit status is
-    one of ``exits``. Returns what it printed; the process is killed whatever happens."""
+    one of ``exits``, and that the model's replica and engine processes are gone. Returns what it printed;
+    the process is killed whatever happens."""
     with log_path.open("w") as log:
         process = subprocess.Popen([sys.executable, "-m", "raydec.cli", "serve", "--config", config.name], stdout=log,
                                    stderr=subprocess.STDOUT, env=env, cwd=config.parent)
@@ -45,9 +46,24 @@ def serve_until_stopped(config: Path, port: int, env: dict, log_path: Path, stop
                                              headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=120) as response:
                 assert json.load(response)["data"][0]["b64_json"]
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/raydec/stats", timeout=30) as response:
+                served = json.load(response)["t2i"]
             process.send_signal(stop)
             assert process.wait(timeout=90) in exits, log_path.read_text()[-3000:]
+            deadline = time.monotonic() + 30
+            while any(map(running, (served["pid"], served["engine_pid"]))):  # the replica and its engine process end with the app
+                assert time.monotonic() < deadline, f"left running: replica {served['pid']}, engine {served['engine_pid']}"
+                time.sleep(0.2)
         finally:
             if process.poll() is None:
                 process.kill()
     return log_path.read_text()
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

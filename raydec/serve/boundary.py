@@ -136,12 +136,30 @@ class RowStats:
 
 
 @dataclass(frozen=True)
+class RawImage:
+    """An image's pixels as the engine made them (PIL mode, size, bytes)."""
+
+    mode: str
+    size: tuple[int, int]  # (width, height)
+    data: bytes
+
+    @classmethod
+    def of(cls, image: "Image.Image") -> "RawImage":
+        return cls(image.mode, image.size, image.tobytes())
+
+    def image(self) -> "Image.Image":
+        from PIL import Image
+
+        return Image.frombytes(self.mode, self.size, self.data)
+
+
+@dataclass(frozen=True)
 class PartialImage:
     """Image ``index`` as decoded so far (its committed rows), the ``partial_image_index``-th sent."""
 
     index: int
     partial_image_index: int
-    png: bytes
+    png: Union[bytes, RawImage]  # PNG bytes; raw pixels from the engine process to its replica
 
 
 @dataclass(frozen=True)
@@ -149,7 +167,7 @@ class ImageDone:
     """Image ``index`` finished."""
 
     index: int
-    png: bytes
+    png: Union[bytes, RawImage]  # PNG bytes; raw pixels from the engine process to its replica
     stats: RowStats
 
 

@@ -1,18 +1,18 @@
-"""A replica's scheduler, driven by one background thread.
+"""A replica's scheduler, driven by one thread of the engine process (``engine_worker``).
 
-Requests reach the thread through an inbox (submit, cancel); between two steps it admits them,
-so a request that arrives while a batch decodes joins it (continuous batching). After every
-step each row's watcher may send progress (partial images, text); a finished row sends its
-result and is released. Events reach the request's asyncio task through its event loop.
+Requests reach the thread through an inbox (submit, cancel, call); between two steps it admits them,
+so requests that arrive while a batch decodes join it together at the next step (continuous
+batching). After every step each row's watcher may send progress (partial images, text); a finished
+row sends its result and is released. Events go to the watcher's sink; ``after_turn`` runs after
+each turn (the engine process sends the turn's events in one message there).
 
 If a step raises, the rows it held get an error and their engine is dropped (the next request
-starts a fresh one); if the thread itself dies, ``alive`` turns False and the replica's health
-check fails, so Serve replaces the replica.
+starts a fresh one); if the thread itself dies, ``alive`` turns False and ``on_death`` runs (the
+engine process exits, and its replica starts a new one).
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import queue
@@ -23,6 +23,7 @@ from typing import Any, Callable, Generic, Optional, Protocol, TypeVar, Union
 
 from raydec.api.schedulers import Ticket
 from raydec.serve.boundary import Event, Failed, RowResult
+from raydec.serve.engine_messages import RowTiming
 from raydec.speculative.requests import RowState
 
 logger = logging.getLogger("raydec.serve")
@@ -62,28 +63,27 @@ class DrivenScheduler(Protocol[ResultT_co]):
     def queued_rows(self) -> int: ...
 
 
+#: where a watcher's events go: (event, the row's timing when the event ends the row)
+Sink = Callable[[Event, Optional[RowTiming]], None]
+
+
 class Watcher(Generic[ResultT]):
-    """One row's link to its request: the events it sends, on the request's event loop.
+    """One row's link to its request: the events it sends, to ``sink``.
 
     Subclasses say what a row sends as it progresses and when it finishes; both run on the
     engine thread (a subclass that reads its scheduler holds it)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, events: "asyncio.Queue[Event]", index: int = 0,
-                 draft_per_step: int = 0) -> None:
-        self.loop = loop
-        self.events = events
+    def __init__(self, sink: Sink, index: int = 0, draft_per_step: int = 0) -> None:
+        self.sink = sink
         self.index = index  # the row's place in its request (images: 0..n-1)
         self.draft_per_step = draft_per_step  # draft tokens the row's engine verifies per step (metrics)
         self.ticket: Optional[Ticket] = None  # set on the engine thread once the scheduler took the row
-        self.submitted_at = time.perf_counter()
         self.admitted_at: Optional[float] = None  # perf_counter of the row's prefill
         self.first_token_at: Optional[float] = None
 
-    def emit(self, event: Event) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the request's loop is gone (its client left)
-            pass
+    def emit(self, event: Event, final: bool = False) -> None:
+        """Send ``event``; ``final``: it ends the row (its timing goes with it)."""
+        self.sink(event, RowTiming(self.admitted_at, self.first_token_at, self.draft_per_step) if final else None)
 
     def progress(self) -> None:
         """Called after each step while the row decodes."""
@@ -110,8 +110,7 @@ class _Cancel:
 @dataclass(frozen=True)
 class _Call:
     fn: Callable[[], Any]
-    loop: asyncio.AbstractEventLoop
-    future: "asyncio.Future[Any]"
+    reply: Callable[[Any, Optional[BaseException]], None]  # (value, error)
 
 
 _Message = Union[_Submit, _Cancel, _Call]
@@ -123,10 +122,11 @@ STEP_TIMES = 1024
 class EngineLoop(Generic[ResultT]):
     """Drives ``scheduler`` (an ImageScheduler or CaptionScheduler) from one daemon thread."""
 
-    def __init__(self, scheduler: DrivenScheduler[ResultT],
-                 on_finish: Callable[[Watcher[ResultT], ResultT], None] | None = None) -> None:
+    def __init__(self, scheduler: DrivenScheduler[ResultT], after_turn: Callable[[], None] | None = None,
+                 on_death: Callable[[BaseException], None] | None = None) -> None:
         self.scheduler = scheduler
-        self.on_finish = on_finish  # (watcher, result) on the engine thread: metrics
+        self.after_turn = after_turn  # on the engine thread after each turn (requests in, or a step): send its events
+        self.on_death = on_death  # on the engine thread once the loop died, after its rows were failed
         self._inbox: "queue.SimpleQueue[_Message]" = queue.SimpleQueue()
         self._wake = threading.Event()
         self._watchers: dict[Ticket, Watcher[ResultT]] = {}
@@ -163,13 +163,10 @@ class EngineLoop(Generic[ResultT]):
         self._inbox.put(_Cancel(watcher))
         self._wake.set()
 
-    def call(self, fn: Callable[[], Any]) -> "asyncio.Future[Any]":
-        """Run ``fn`` on the engine thread (it owns the scheduler); the result as an awaitable."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
-        self._inbox.put(_Call(fn, loop, future))
+    def call(self, fn: Callable[[], Any], reply: Callable[[Any, Optional[BaseException]], None]) -> None:
+        """Run ``fn`` on the engine thread (it owns the scheduler); ``reply(value, error)`` there with its outcome."""
+        self._inbox.put(_Call(fn, reply))
         self._wake.set()
-        return future
 
     # -- the engine thread -------------------------------------------------------------------------
 
@@ -179,7 +176,9 @@ class EngineLoop(Generic[ResultT]):
                 self._drain()
                 if self.scheduler.busy:
                     self._step()
-                else:
+                if self.after_turn is not None:
+                    self.after_turn()
+                if not self.scheduler.busy:
                     self._wake.wait(timeout=1.0)
                     self._wake.clear()
         except BaseException as error:  # the health check reports it; Serve replaces the replica
@@ -187,6 +186,8 @@ class EngineLoop(Generic[ResultT]):
             logger.exception("the engine loop died")
             for watcher in list(self._watchers.values()):
                 watcher.fail(500, f"the engine loop died: {type(error).__name__}", "engine_failed")
+            if self.on_death is not None:
+                self.on_death(error)
             raise
 
     def _drain(self) -> None:
@@ -214,12 +215,13 @@ class EngineLoop(Generic[ResultT]):
                         self.scheduler.cancel(ticket)
                         if self.scheduler.row(ticket).done:  # it was still queued: it ends now, not in a step
                             self._finished(ticket)
-                case _Call(fn, loop, future):
+                case _Call(fn, reply):
                     try:
                         value = fn()
-                        loop.call_soon_threadsafe(_settle, future, value, None)
                     except Exception as error:
-                        loop.call_soon_threadsafe(_settle, future, None, error)
+                        reply(None, error)
+                    else:
+                        reply(value, None)
 
     def _step(self) -> None:
         started = time.perf_counter()
@@ -254,10 +256,7 @@ class EngineLoop(Generic[ResultT]):
                 watcher.fail(499, "cancelled", "cancelled")
                 return
             watcher.admitted_at = self.scheduler.row(ticket).admitted_at
-            result = self.scheduler.result(ticket)
-            watcher.finish(result)
-            if self.on_finish is not None:
-                self.on_finish(watcher, result)
+            watcher.finish(self.scheduler.result(ticket))
         except Exception as error:  # a result that cannot be built (VQ decode...) fails its row only
             logger.exception("finishing a row failed")
             if watcher is not None:
@@ -292,11 +291,3 @@ class EngineLoop(Generic[ResultT]):
             "step_times_s": list(self.step_times),
         }
 
-
-def _settle(future: asyncio.Future, value: Any, error: Optional[BaseException]) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(value)

@@ -172,7 +172,7 @@ class Ingress:
                 if isinstance(event, Failed):
                     if event.status == 499:
                         raise APIError(499, "the request was cancelled", code="cancelled")
-                    raise APIError(event.status, event.message, code=event.code)
+                    raise APIError(event.status, event.message, code=event.code, headers=retry if event.status == 503 else None)
                 yield event
         except (APIError, asyncio.CancelledError):
             raise

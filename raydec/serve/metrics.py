@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from raydec.config import DRAFT_METHODS, JACOBI_METHODS, DecodeConfig
-from raydec.serve.boundary import RowResult
-
-if TYPE_CHECKING:
-    from raydec.serve.engine_loop import Watcher
+from raydec.serve.boundary import RowStats
+from raydec.serve.engine_messages import RowTiming
 
 LATENCY_BOUNDARIES = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300]
 TOKEN_BOUNDARIES = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]
@@ -33,7 +31,7 @@ def draft_tokens_per_step(config: DecodeConfig) -> int:
 
 
 class ReplicaMetrics:
-    """Counters and histograms of one model replica (thread-safe: the engine thread records)."""
+    """Counters and histograms of one model replica (thread-safe)."""
 
     def __init__(self, model: str) -> None:
         from ray.util import metrics
@@ -72,10 +70,11 @@ class ReplicaMetrics:
         self.batch_size = metrics.Gauge("raydec_batch_size", description="Mean rows per decode step since start.", tag_keys=("model",))
         self.batch_size.set_default_tags(tags)
 
-    def finished(self, watcher: Watcher[Any], result: RowResult) -> None:
-        """Record one finished row: its accepted lengths, latencies and tokens."""
+    def finished(self, submitted_at: float, timing: RowTiming, result: RowStats) -> None:
+        """Record one finished row (its request sent to the engine at ``submitted_at``, ``time.perf_counter``):
+        its accepted lengths, latencies and tokens."""
         now = time.perf_counter()
-        draft_per_step = watcher.draft_per_step
+        draft_per_step = timing.draft_per_step
         lengths = list(result.accepted_lengths)
         drafts = len(lengths) if draft_per_step else 0
         accepted = sum(max(0, n - 1) for n in lengths) if draft_per_step else 0
@@ -91,23 +90,23 @@ class ReplicaMetrics:
         for position, count in enumerate(per_pos):
             if count:
                 self.accepted_tokens_per_pos.inc(count, tags={"position": str(position)})
-        if result.num_tokens:
-            self.output_tokens.inc(result.num_tokens)
-        arrived = watcher.submitted_at
-        admitted = watcher.admitted_at or arrived
-        first = watcher.first_token_at or admitted
+        if result.tokens:
+            self.output_tokens.inc(result.tokens)
+        arrived = submitted_at
+        admitted = timing.admitted_at or arrived
+        first = timing.first_token_at or admitted
         self.e2e.observe(now - arrived)
         self.queue_time.observe(max(0.0, admitted - arrived))
         self.ttft.observe(max(0.0, first - arrived))
-        if result.num_tokens > 1:
-            self.tpot.observe(max(0.0, now - first) / (result.num_tokens - 1))
+        if result.tokens > 1:
+            self.tpot.observe(max(0.0, now - first) / (result.tokens - 1))
         with self._lock:
             totals = self.totals
             totals["rows"] += 1
             totals["num_drafts"] += drafts
             totals["num_draft_tokens"] += drafts * draft_per_step
             totals["num_accepted_tokens"] += accepted
-            totals["output_tokens"] += result.num_tokens
+            totals["output_tokens"] += result.tokens
             totals["target_forwards"] += result.target_forwards
             self.accepted_per_pos = [a + b for a, b in zip(self.accepted_per_pos, per_pos)]
 

@@ -1,10 +1,11 @@
 """The pieces under a replica, in this process: schedulers that take requests over time
-(equal to the public functions, rows released so memory stays flat) and the engine loop whose
-death fails the replica's health check."""
+(equal to the public functions, rows released so memory stays flat), the engine loop, and the
+engine process a replica restarts when it dies."""
 
 from __future__ import annotations
 
 import asyncio
+import queue
 
 import numpy as np
 import pytest
@@ -73,28 +74,40 @@ def test_caption_session_stop_string():
     assert done[ticket].caption == expected[: expected.find(stop)] and done[ticket].finish_reason == "stop"
 
 
-def test_health_check_fails_once_the_engine_loop_died(serve_app):
-    """The replica class in this process (ray is up: its metrics need it)."""
+def test_an_engine_that_dies_is_restarted_and_one_that_cannot_start_fails_the_health_check(serve_app, tmp_path):
+    """The replica class in this process (ray is up: its metrics need it), its model a copy of the reference
+    Janus: its engine process killed, a new one starts; with the model's folder gone, none can, and the
+    health check fails (Serve then replaces the replica). Stopping the replica leaves no engine process."""
+    import os
+    import shutil
+    import signal
+    import time
+
+    from raydec.reference.load import WEIGHTS_DIR
     from raydec.serve.config import LimitsConfig, ServedModel
     from raydec.serve.replica import ImageReplica
 
-    replica = ImageReplica(ServedModel(name="t", task="t2i", decode={"method": "ar"}), LimitsConfig())
-    replica.check_health()  # alive
-
-    async def kill() -> None:
-        def fatal() -> None:
-            raise SystemExit("a fault the loop cannot survive")
-
-        replica.loop.call(fatal)
-        for _ in range(100):
-            if not replica.loop.alive:
-                return
-            await asyncio.sleep(0.05)
-
-    asyncio.run(kill())
-    with pytest.raises(RuntimeError, match="engine loop .* died"):
+    folder = shutil.copytree(WEIGHTS_DIR / "t2i", tmp_path / "t2i")
+    replica = ImageReplica(ServedModel(name="t", task="t2i", model=str(folder), decode={"method": "ar"}), LimitsConfig())
+    first = replica.engine.pid
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while replica.engine.restarts == 0:  # the health check holds while the new engine starts
         replica.check_health()
-
+        assert time.monotonic() < deadline, "no new engine started"
+        time.sleep(0.1)
+    second = replica.engine.pid
+    assert second not in (None, first)
+    assert asyncio.run(replica.stats())["engine_pid"] == second
+    shutil.rmtree(folder)
+    os.kill(second, signal.SIGKILL)
+    while replica.engine.failed is None:
+        assert time.monotonic() < deadline, "the engine that cannot start never failed"
+        time.sleep(0.1)
+    with pytest.raises(RuntimeError, match="engine of model 't' died: .*did not start"):
+        replica.check_health()
+    replica.engine.stop()
+    assert replica.engine.pid is None and replica.engine._process.poll() is not None
 
 def test_a_request_past_its_deadline_gets_408_and_is_closed():
     from raydec.serve.boundary import ImageDone, PartialImage, RowStats
@@ -132,7 +145,7 @@ def test_a_streamed_answer_sends_its_text_at_most_once_per_interval():
     from raydec.reference.shapes import sample_images
     from raydec.serve.boundary import ChatDone, TextDelta
     from raydec.serve.engine_loop import EngineLoop
-    from raydec.serve.replica import ChatWatcher
+    from raydec.serve.engine_host import ChatWatcher
 
     scheduler = CaptionScheduler("reference", {"method": "ar"}, batch_size=2)
     loop_ = EngineLoop(scheduler)
@@ -140,17 +153,17 @@ def test_a_streamed_answer_sends_its_text_at_most_once_per_interval():
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "describe the image ."}]}]
     image = sample_images([3])[0]
 
-    async def chat(interval: float) -> list:
-        events: asyncio.Queue = asyncio.Queue()
-        watcher = ChatWatcher(scheduler, asyncio.get_running_loop(), events, True, (), 0, interval)
+    def chat(interval: float) -> list:
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        watcher = ChatWatcher(scheduler, lambda event, timing: events.put(event), True, (), 0, interval)
         loop_.submit(lambda: scheduler.submit(messages, [image], seed=5), watcher)
-        seen = [await events.get()]
+        seen = [events.get(timeout=60)]
         while not isinstance(seen[-1], ChatDone):
-            seen.append(await asyncio.wait_for(events.get(), 60))
+            seen.append(events.get(timeout=60))
         return seen
 
     try:
-        every_step, sparse = asyncio.run(chat(0.0)), asyncio.run(chat(60.0))
+        every_step, sparse = chat(0.0), chat(60.0)
     finally:
         loop_.stop()
     for events in (every_step, sparse):

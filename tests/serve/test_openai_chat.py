@@ -1,5 +1,5 @@
 """/v1/chat/completions through the official openai client: the caption ``caption_images``
-gives for the same seed, streamed and not, and stop strings."""
+gives for the same seed, streamed and not, alone and in a burst, and stop strings."""
 
 from __future__ import annotations
 
@@ -35,6 +35,26 @@ def test_chat_answer_equals_caption_images(client, image, expected):
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     assert usage.model_extra["accepted_lengths"] == expected.accepted_lengths
     assert usage.model_extra["target_forwards"] == expected.target_forwards
+
+
+def test_a_seeded_chat_in_a_burst_gives_its_answer_alone(client, image, expected):
+    """Four chats at once (the vlm model holds two and queues two): the seeded one's answer and accepted
+    lengths are those it gets alone (float32: a row does not depend on the rows beside it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from raydec.reference.shapes import sample_images
+
+    others = sample_images([7, 8, 9])
+
+    def ask(picture, seed: int):
+        return client.chat.completions.create(model="vlm", messages=chat_image_message(data_url(png_of(picture)), QUESTION),
+                                              seed=seed, temperature=1.0, extra_body={"method": "vispec"})
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(ask, picture, seed) for picture, seed in ((others[0], 5), (image, 21), (others[1], 6), (others[2], 7))]
+        burst = [future.result() for future in futures]
+    assert burst[1].choices[0].message.content == expected.caption
+    assert burst[1].usage.model_extra["accepted_lengths"] == expected.accepted_lengths
 
 
 def test_streamed_chat_gives_the_same_answer_and_usage_last(client, image, expected):

@@ -4,6 +4,8 @@ decodes with in its stats."""
 
 from __future__ import annotations
 
+import asyncio
+
 import logging
 
 import numpy as np
@@ -52,7 +54,7 @@ def test_a_replica_tunes_its_auto_shape_at_start_and_caches_it_for_the_next(serv
     with caplog.at_level(logging.INFO, logger="raydec.serve"):
         first = replica(served, LimitsConfig())
     try:
-        decoding = first.decoding()
+        decoding = asyncio.run(first.decoding())
         assert decoding["plan"]["shape_from"] == "tuned" and decoding["batch_size"] == 2
         assert [path.name for path in (tmp_path / "shapes").glob("*.json")]  # written for the next replica
         (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model tuned ")]
@@ -60,9 +62,9 @@ def test_a_replica_tunes_its_auto_shape_at_start_and_caches_it_for_the_next(serv
         assert f"batch_size 2, {shown} (auto: tuned in" in line
         second = replica(served, LimitsConfig())
         try:
-            again = second.decoding()
+            again = asyncio.run(second.decoding())
             assert again["plan"]["shape_from"] == "cache" and (again["method"], again["shape"]) == (decoding["method"], decoding["shape"])
         finally:
-            second.loop.stop()
+            second.engine.stop()
     finally:
-        first.loop.stop()
+        first.engine.stop()

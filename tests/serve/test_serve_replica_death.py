@@ -1,6 +1,6 @@
-"""A model replica's process killed under load: the requests it held end with an error (none
-hangs), Serve starts a new replica, and later requests succeed. Runs last among the serving
-tests (it restarts the text-to-image replica)."""
+"""A model's engine process, then its replica's process, killed under load: the requests they held
+end with a 503 (none hangs); the replica starts a new engine, or Serve a new replica, and later
+requests succeed. Runs last among the serving tests (it restarts the text-to-image replica)."""
 
 from __future__ import annotations
 
@@ -10,35 +10,77 @@ import threading
 import time
 
 from tests.serve.helpers import call, stats
+from tests.serve_process import running
+
+
+def _burst(url: str, key: str, count: int) -> tuple[list, list]:
+    """``count`` AR image requests in threads: (the threads, their (status, body, headers) as they end)."""
+    results: list = []
+
+    def one(i: int) -> None:
+        results.append(call(url, "/v1/images/generations", {"prompt": f"a red square {i}", "model": "t2i", "seed": i, "method": "ar"},
+                            key=key))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads, results
+
+
+def _decoding(serve_app: dict) -> None:
+    deadline = time.monotonic() + 60
+    while stats(serve_app, "t2i").get("active_rows", 0) == 0:  # the batch is decoding
+        assert time.monotonic() < deadline, "the requests never started decoding"
+        time.sleep(0.05)
+
+
+def _unavailable(results: list) -> None:
+    statuses = [status for status, _, _ in results]
+    assert 503 in statuses and set(statuses) <= {200, 503}, statuses
+    for status, body, headers in results:
+        if status == 503:
+            assert body["error"]["code"] == "replica_unavailable" and int(headers["retry-after"]) >= 1
+
+
+def test_killed_engine_fails_its_requests_and_the_replica_starts_a_new_one(serve_app):
+    url, key = serve_app["url"], serve_app["key"]
+    before = stats(serve_app, "t2i")
+    threads, results = _burst(url, key, 6)
+    _decoding(serve_app)
+    os.kill(before["engine_pid"], signal.SIGKILL)
+    for thread in threads:
+        thread.join(90)
+    assert not any(thread.is_alive() for thread in threads), "a request hung after its engine died"
+    _unavailable(results)
+    deadline = time.monotonic() + 120
+    while True:  # the replica starts a new engine; requests refused meanwhile get the same 503
+        status, body, headers = call(url, "/v1/images/generations", {"prompt": "a blue circle", "model": "t2i", "method": "ar"},
+                                     key=key)
+        if status == 200:
+            break
+        _unavailable([(status, body, headers)])
+        assert time.monotonic() < deadline, (status, body)
+        time.sleep(0.5)
+    after = stats(serve_app, "t2i")
+    assert after["pid"] == before["pid"] and after["engine_pid"] not in (None, before["engine_pid"])
+    assert after["engine_restarts"] == before["engine_restarts"] + 1
+    assert call(url, "/health")[0] == 200
 
 
 def test_killed_replica_fails_its_requests_and_is_replaced(serve_app):
     url, key = serve_app["url"], serve_app["key"]
-    old_pid = stats(serve_app, "t2i")["pid"]
-    results: list = []
-
-    def one(i: int) -> None:
-        started = time.monotonic()
-        status, body, headers = call(url, "/v1/images/generations",
-                                     {"prompt": f"a red square {i}", "model": "t2i", "seed": i, "method": "ar"}, key=key)
-        results.append((status, body, headers, time.monotonic() - started))
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 60
-    while stats(serve_app, "t2i")["active_rows"] == 0:  # the batch is decoding
-        assert time.monotonic() < deadline, "the requests never started decoding"
-        time.sleep(0.05)
-    os.kill(old_pid, signal.SIGKILL)
+    before = stats(serve_app, "t2i")
+    threads, results = _burst(url, key, 6)
+    _decoding(serve_app)
+    os.kill(before["pid"], signal.SIGKILL)
     for thread in threads:
         thread.join(90)
     assert not any(thread.is_alive() for thread in threads), "a request hung after its replica died"
-    statuses = [status for status, _, _, _ in results]
-    assert 503 in statuses and set(statuses) <= {200, 503}, statuses
-    for status, body, headers, _ in results:
-        if status == 503:
-            assert body["error"]["code"] == "replica_unavailable" and int(headers["retry-after"]) >= 1
+    _unavailable(results)
+    deadline = time.monotonic() + 30
+    while running(before["engine_pid"]):  # its engine saw the replica's end of the socket close, and exited
+        assert time.monotonic() < deadline, "the engine process outlived its replica"
+        time.sleep(0.1)
 
     deadline = time.monotonic() + 120
     while True:  # Serve replaces the replica; then requests succeed again
@@ -48,5 +90,6 @@ def test_killed_replica_fails_its_requests_and_is_replaced(serve_app):
         assert status == 503 and time.monotonic() < deadline, (status, body)
         time.sleep(1)
     assert body["data"][0]["b64_json"]
-    assert stats(serve_app, "t2i")["pid"] != old_pid
+    assert stats(serve_app, "t2i")["pid"] != before["pid"]
     assert call(url, "/health")[0] == 200
+
