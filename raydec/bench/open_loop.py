@@ -164,21 +164,29 @@ def summarise(target: Target, rate: float, load: Load, before: dict, after: dict
         "ttft_p50_s": percentile(load.ttfts, 0.5), "ttft_p99_s": percentile(load.ttfts, 0.99),
         "gap_p50_s": percentile(load.gaps, 0.5), "gap_p99_s": percentile(load.gaps, 0.99),
         "mean_batch": (after["rows_stepped"] - before["rows_stepped"]) / steps if steps else None,
-        **step_figures(before, after, steps),
+        **step_figures(before, after, steps, load.seconds),
         "tokens_per_forward": (after.get("output_tokens", 0) - before.get("output_tokens", 0)) / forwards if forwards else None,
         "in_process_rate": in_process,
         "load_share": rate_done / in_process if in_process else None,
     }
 
 
-def step_figures(before: dict, after: dict, steps: int) -> dict[str, Any]:
+def step_figures(before: dict, after: dict, steps: int, seconds: float | None = None) -> dict[str, Any]:
     """The engine's decode steps during a load (admissions included): their duration's p50 and p99, and
-    the share of the engine thread's time in steps against the host work between back-to-back steps."""
+    the share of the engine thread's time in steps against the host work between back-to-back steps;
+    given the load's ``seconds``, where its wall time went: ``engine_busy`` (in steps), ``engine_cpu`` and
+    ``replica_cpu`` (CPU seconds of the engine's and the replica's processes, per second of wall)."""
     recent = (after.get("step_times_s") or [])[-steps:] if steps > 0 else []
     in_steps = after.get("step_seconds", 0.0) - before.get("step_seconds", 0.0)
     between = after.get("between_steps_seconds", 0.0) - before.get("between_steps_seconds", 0.0)
-    return {"step_p50_s": percentile(recent, 0.5), "step_p99_s": percentile(recent, 0.99), "step_count": len(recent),
-            "engine_step_share": in_steps / (in_steps + between) if in_steps + between > 0 else None}
+    figures: dict[str, Any] = {"step_p50_s": percentile(recent, 0.5), "step_p99_s": percentile(recent, 0.99), "step_count": len(recent),
+                               "engine_step_share": in_steps / (in_steps + between) if in_steps + between > 0 else None}
+    if seconds:
+        def per_second(key: str) -> Optional[float]:
+            return (after[key] - before[key]) / seconds if key in after and key in before else None
+
+        figures.update(engine_busy=in_steps / seconds, engine_cpu=per_second("engine_cpu_s"), replica_cpu=per_second("replica_cpu_s"))
+    return figures
 
 
 def _fmt(value: Optional[float], spec: str = ".3f") -> str:

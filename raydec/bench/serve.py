@@ -29,7 +29,7 @@ from typing import Any, Iterator, Optional
 from raydec.api import caption_images, generate_images, load_target
 from raydec.api.draft_shapes import apply_shape
 from raydec.bench.common import folder_path_arg, json_path_arg, positive_float, positive_int, print_table
-from raydec.bench.open_loop import Target, open_loop, percentile, plot, positive_float_list, print_rows, summarise
+from raydec.bench.open_loop import Target, open_loop, percentile, plot, positive_float_list, print_rows, step_figures, summarise
 from raydec.reference.shapes import HELD_OUT_SEED_START, make_sample, sample_images
 
 logger = logging.getLogger(__name__)
@@ -263,6 +263,7 @@ def _bench_closed_loop(args: argparse.Namespace, url: str, config: Any, model: s
         "in_process_continuous": continuous,
         "serve_efficiency_continuous": rate / continuous["rows_per_s"] if continuous["rows_per_s"] else None,
         "latency_mean_s": statistics.fmean(load["latencies"]) if load["latencies"] else None,
+        **step_figures(before, after, steps, load["seconds"]),
     }
     _print(result)
     return result
@@ -340,6 +341,9 @@ def _print(result: dict) -> None:
     print(f"serve_efficiency = {_fmt(result['serve_efficiency'])} (app rate / in-process rate)   "
           f"against continuous batching = {_fmt(result['serve_efficiency_continuous'])}   "
           f"tokens per forward = {_fmt(result['tokens_per_forward'], '.2f')}")
+    print(f"engine: in decode steps {_fmt(result.get('engine_busy'), '.0%')} of the wall time (step p50 / p99 "
+          f"{_fmt(result.get('step_p50_s'), '.4f')} / {_fmt(result.get('step_p99_s'), '.4f')} s), CPU {_fmt(result.get('engine_cpu'), '.0%')}; "
+          f"replica process CPU {_fmt(result.get('replica_cpu'), '.0%')}")
 
 
 def add_serve_parser(subparsers) -> None:

@@ -240,7 +240,8 @@ class EngineHost:
             self.on_death(error)
 
     def stats(self) -> dict[str, Any]:
-        return {**self.loop.stats(), **self.decoding()}
+        """The loop's figures, the decode plan, and the engine process's CPU seconds so far (all its threads)."""
+        return {**self.loop.stats(), **self.decoding(), "engine_cpu_s": time.process_time()}
 
     def decoding(self) -> dict[str, Any]:
         """What requests that name no method decode with: the method, its draft shape and the batch size,

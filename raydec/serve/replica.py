@@ -61,13 +61,14 @@ class ModelReplica:
         return ModelInfo(task=info.task, method=info.method, pid=os.getpid(), size=info.size, sizes=info.sizes)
 
     async def stats(self) -> dict[str, Any]:
-        """The engine's figures (``EngineHost.stats``) with this replica's totals; only the latter while a new engine starts."""
+        """The engine's figures (``EngineHost.stats``) with this replica's totals and CPU seconds (its own process's);
+        only the latter while a new engine starts."""
         try:
             engine = await self.engine.call("stats")
         except EngineUnavailable:
             engine = {"alive": False}
         return {**engine, **self.metrics.snapshot(), "requests": self.requests, "pid": os.getpid(), "engine_pid": self.engine.pid,
-                "engine_restarts": self.engine.restarts}
+                "engine_restarts": self.engine.restarts, "replica_cpu_s": time.process_time()}
 
     async def decoding(self) -> dict[str, Any]:
         """What requests that name no method decode with (``EngineHost.decoding``)."""
