@@ -62,8 +62,8 @@ class ServedModel(StrictModel):
     stream_interval_s: float = Field(
         0.05, ge=0.0, le=10.0,
         description="caption: a streamed answer's new text goes out at most this often (seconds); its first text at once, "
-        "the rest with the answer. Every event crosses the replica's event loop and two Ray hops while the engine thread "
-        "waits for the same interpreter, so one per decode step costs throughput (docs/benchmarks.md, bench serve). "
+        "the rest with the answer. Every event crosses two Ray hops (replica to ingress to proxy), so one per decode step "
+        "costs throughput (docs/benchmarks.md, bench serve). "
         "0: after every decode step.",
     )
     _batch_size = field_validator("batch_size", mode="before")(classmethod(lambda cls, value: check_batch_size(value, 1024)))
