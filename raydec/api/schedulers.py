@@ -17,6 +17,8 @@ another method, CFG scale or size keep their own sessions, which decode with the
 
 from __future__ import annotations
 
+import collections
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,9 @@ from raydec.models.loading import draft_dtype, load_draft_model, load_target
 from raydec.speculative.engine import DecodeSession, Engine
 from raydec.speculative.proposers.factory import make_proposer
 from raydec.speculative.requests import COUPLINGS, Coupling, RowRequest, RowState
+
+#: decode-step intervals a scheduler keeps (``row_step_times``: the most recent)
+ROW_STEP_TIMES = 1024
 
 # what a request may set per row (CFG is the engine's: a separate key)
 ROW_SAMPLING = ("temperature", "top_k", "top_p", "repetition_penalty")
@@ -73,6 +78,11 @@ class Scheduler(ABC):
         self.rows_stepped = 0  # rows in the batch, summed over decode steps (mean batch = this / decode_steps)
         self.decode_steps = 0
         self.live: LivePlans | None = None  # the base config's session follows it (``follow_plans``)
+        self.prefill_budget: int | None = None  # prompt tokens one admission prefills at most (DecodeSession.prefill_budget)
+        # what a decoding row waits from one of its decode steps to the next (the step, and any admission or other
+        # session's step between them): the last ROW_STEP_TIMES, for percentiles under load
+        self.row_step_times: collections.deque[float] = collections.deque(maxlen=ROW_STEP_TIMES)
+        self._last_decode: dict[tuple, float] = {}  # session key -> perf_counter at its last decode step's end, while rows decode
 
     def config_for(self, method: str | None, cfg_scale: float | None, temperature: float | None = None) -> DecodeConfig:
         """The engine config for a request: the base with its method and CFG scale. A draft
@@ -96,6 +106,7 @@ class Scheduler(ABC):
         key = self.session_key(config, variant)
         if key not in self.sessions:
             self.sessions[key] = self.make_engine(config, variant).session(batch_size=self.batch_size)
+            self.sessions[key].prefill_budget = self.prefill_budget
             if self.live is not None and key == self.session_key(self.base):
                 self.sessions[key].follow(self.live)
         return key, self.sessions[key]
@@ -139,6 +150,14 @@ class Scheduler(ABC):
         if session.steps > steps_before:
             self.decode_steps += 1
             self.rows_stepped += decoding
+            now = time.perf_counter()
+            last = self._last_decode.pop(key, None)
+            if last is not None:
+                self.row_step_times.append(now - last)
+            if session.active:
+                self._last_decode[key] = now
+        elif not session.active:
+            self._last_decode.pop(key, None)  # no row decodes: the wait for the next one is not a row's step
         return [Ticket(key, handle) for handle in finished]
 
     def row(self, ticket: Ticket) -> RowState:

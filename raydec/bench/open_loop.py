@@ -79,6 +79,14 @@ class Target:
     method: Optional[str]
     prompts: list[str]
     image_urls: list[str]
+    long_share: float = 0.0  # the share of requests whose text is ``long_repeat`` times their own (long prompts)
+    long_repeat: int = 1
+
+    def text(self, number: int, base: str) -> str:
+        """Request ``number``'s text: ``base``, or ``base`` ``long_repeat`` times over for the requests the long share picks
+        (every request whose ``number`` times the golden ratio falls, modulo 1, below the share: spread evenly)."""
+        long = (number * 0.6180339887498949) % 1.0 < self.long_share
+        return " ".join([base] * self.long_repeat) if long else base
 
 
 async def _one(client: Any, target: Target, number: int, load: Load) -> None:
@@ -87,14 +95,14 @@ async def _one(client: Any, target: Target, number: int, load: Load) -> None:
     started = time.perf_counter()
     try:
         if target.task == "images":
-            prompt = target.prompts[number % len(target.prompts)]
+            prompt = target.text(number, target.prompts[number % len(target.prompts)])
             await client.images.generate(prompt=prompt, model=target.model, extra_body={"seed": number, **extra})
         else:
             image_url = target.image_urls[number % len(target.image_urls)]
             stream = await client.chat.completions.create(
                 model=target.model, seed=number, stream=True, extra_body=extra,
                 messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_url}},
-                                                       {"type": "text", "text": "describe the image ."}]}])
+                                                       {"type": "text", "text": target.text(number, "describe the image .")}]}])
             last = None
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
@@ -154,7 +162,8 @@ def summarise(target: Target, rate: float, load: Load, before: dict, after: dict
         steps_per_plan = {label: count - earlier.get(label, 0) for label, count in live["steps_per_plan"].items()
                           if count > earlier.get(label, 0)}
     return {
-        "task": target.task, "model": target.model, "plan": plan.get("label"), "follows_batch": live is not None,
+        "task": target.task, "model": target.model, "long_prompts": target.long_share, "long_repeat": target.long_repeat,
+        "plan": plan.get("label"), "follows_batch": live is not None,
         "steps_per_plan": steps_per_plan, "method": after.get("method"),
         "batch_size": after.get("batch_size"), "rate": rate, "seconds": load.seconds,
         "sent": load.sent, "completed": done, "errors": len(load.errors), "error_samples": load.errors[:5],
@@ -172,14 +181,20 @@ def summarise(target: Target, rate: float, load: Load, before: dict, after: dict
 
 
 def step_figures(before: dict, after: dict, steps: int, seconds: float | None = None) -> dict[str, Any]:
-    """The engine's decode steps during a load (admissions included): their duration's p50 and p99, and
-    the share of the engine thread's time in steps against the host work between back-to-back steps;
+    """The engine's decode steps during a load (admissions included): their duration's p50 and p99; a decoding
+    row's step time (from one of its decode steps to the next, admissions between them included): its p50, p99
+    and their ratio; the share of the engine thread's time in steps against the host work between back-to-back steps;
     given the load's ``seconds``, where its wall time went: ``engine_busy`` (in steps), ``engine_cpu`` and
     ``replica_cpu`` (CPU seconds of the engine's and the replica's processes, per second of wall)."""
     recent = (after.get("step_times_s") or [])[-steps:] if steps > 0 else []
+    intervals = after.get("row_step_times_s") or []
+    intervals = intervals[len(intervals) - min(len(intervals), steps):] if steps > 0 else []  # at most one per decode step of the load
+    row_p50, row_p99 = percentile(intervals, 0.5), percentile(intervals, 0.99)
     in_steps = after.get("step_seconds", 0.0) - before.get("step_seconds", 0.0)
     between = after.get("between_steps_seconds", 0.0) - before.get("between_steps_seconds", 0.0)
     figures: dict[str, Any] = {"step_p50_s": percentile(recent, 0.5), "step_p99_s": percentile(recent, 0.99), "step_count": len(recent),
+                               "row_step_p50_s": row_p50, "row_step_p99_s": row_p99,
+                               "row_step_p99_over_p50": row_p99 / row_p50 if row_p50 and row_p99 is not None else None,
                                "engine_step_share": in_steps / (in_steps + between) if in_steps + between > 0 else None}
     if seconds:
         def per_second(key: str) -> Optional[float]:
@@ -209,10 +224,10 @@ def print_rows(result: dict) -> None:
     """The open-loop table: one line per (model, rate)."""
     unit = "images" if result["task"] == "images" else "answers"
     header = ["model (plan)", "rate/s", f"{unit}/s", "p50 s", "p90 s", "p99 s", "ttft p50 s", "gap p50 s", "mean batch",
-              "step p50 ms", "step p99 ms", "in process/s", "load share", "sent", "errors"]
+              "row step p50 ms", "row step p99 ms", "in process/s", "load share", "sent", "errors"]
     rows = [[f"{r['model']} ({_plan(r)})", _fmt(r["rate"], "g"), _fmt(r["completed_per_s"]), _fmt(r["p50_s"]), _fmt(r["p90_s"]),
              _fmt(r["p99_s"]), _fmt(r["ttft_p50_s"]), _fmt(r["gap_p50_s"], ".4f"), _fmt(r["mean_batch"], ".2f"),
-             _ms(r.get("step_p50_s")), _ms(r.get("step_p99_s")),
+             _ms(r.get("row_step_p50_s")), _ms(r.get("row_step_p99_s")),
              _fmt(r["in_process_rate"]), _fmt(r["load_share"], ".2f"), str(r["sent"]), str(r["errors"])]
             for r in result["rows"]]
     print_table(f"raydec bench serve: {result['task']}, open loop (Poisson arrivals, seed {result['seed']}), up to "

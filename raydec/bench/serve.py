@@ -38,6 +38,17 @@ SERVED_TASKS = {"images": "t2i", "chat": "caption"}
 REFERENCE_PORT = 8765
 
 
+def share_arg(text: str) -> float:
+    """A share between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a share is between 0 and 1")
+    return value
+
+
 def _reference_config(port: int, concurrency: int, threads: int) -> Any:
     from raydec.serve import ServeConfig  # lazy: keeps raydec bench --help light
 
@@ -220,6 +231,8 @@ def bench_serve(args: argparse.Namespace) -> dict:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     config = _app_config(args)
     models = _model_names(args, config)
+    if args.rates is None and args.long_prompts:
+        raise SystemExit("--long-prompts: give --rates (long prompts join an open-loop load)")
     if args.rates is None and len(models) > 1:
         raise SystemExit(f"--models {args.models!r}: the closed loop loads one model; give --rates to compare several")
     if args.api_key is None and config is not None and config.keys():
@@ -301,7 +314,7 @@ def _bench_open_loop(args: argparse.Namespace, url: str, config: Any, models: li
     rows = []
     for index, rate in enumerate(args.rates):
         for model in models[index % len(models):] + models[:index % len(models)]:
-            target = Target(url, args.api_key, task, model, args.method, prompts, image_urls)
+            target = Target(url, args.api_key, task, model, args.method, prompts, image_urls, args.long_prompts, args.long_prompt_repeat)
             before = _stats(url, args.api_key, model)
             logger.info("bench serve: %s at %g requests/s (up to %d, %.0f s) on %s", model, rate, args.requests, args.seconds, url)
             load = asyncio.run(open_loop(target, rate, args.requests, args.seconds, f"{args.seed}/{rate}", args.drain_seconds))
@@ -341,9 +354,9 @@ def _print(result: dict) -> None:
     print(f"serve_efficiency = {_fmt(result['serve_efficiency'])} (app rate / in-process rate)   "
           f"against continuous batching = {_fmt(result['serve_efficiency_continuous'])}   "
           f"tokens per forward = {_fmt(result['tokens_per_forward'], '.2f')}")
-    print(f"engine: in decode steps {_fmt(result.get('engine_busy'), '.0%')} of the wall time (step p50 / p99 "
-          f"{_fmt(result.get('step_p50_s'), '.4f')} / {_fmt(result.get('step_p99_s'), '.4f')} s), CPU {_fmt(result.get('engine_cpu'), '.0%')}; "
-          f"replica process CPU {_fmt(result.get('replica_cpu'), '.0%')}")
+    print(f"engine: in steps {_fmt(result.get('engine_busy'), '.0%')} of the wall time, CPU {_fmt(result.get('engine_cpu'), '.0%')}; "
+          f"replica process CPU {_fmt(result.get('replica_cpu'), '.0%')}; a decoding row's step p50 / p99 "
+          f"{_fmt(result.get('row_step_p50_s'), '.4f')} / {_fmt(result.get('row_step_p99_s'), '.4f')} s")
 
 
 def add_serve_parser(subparsers) -> None:
@@ -360,6 +373,12 @@ def add_serve_parser(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0, help="open loop: seed of the arrival times (the same schedule for every model)")
     parser.add_argument("--drain-seconds", type=positive_float, default=120.0,
                         help="open loop: how long requests in flight at the end are awaited (then counted as errors)")
+    parser.add_argument("--long-prompts", type=share_arg, default=0.0,
+                        help="open loop: the share of requests (0-1) whose text is --long-prompt-repeat times the usual one "
+                             "(long prompts joining under load; the rows' step p50 / p99 show what they cost the rows decoding)")
+    parser.add_argument("--long-prompt-repeat", type=positive_int, default=40,
+                        help="open loop: how many times a long prompt repeats the usual text (chat: 40 gives about 3x the "
+                             "reference VLM's prompt tokens, its image's included)")
     parser.add_argument("--method", default=None, help="decoding method per request (default: the model's)")
     parser.add_argument("--url", default=None, help="a running app's base URL (default: start one on 127.0.0.1)")
     parser.add_argument("--config", default=None,

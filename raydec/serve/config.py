@@ -66,6 +66,13 @@ class ServedModel(StrictModel):
         "costs throughput (docs/benchmarks.md, bench serve). "
         "0: after every decode step.",
     )
+    prefill_budget_tokens: Optional[int] = Field(
+        None, ge=1, le=1_000_000,
+        description="Prompt tokens (images' included; twice over with classifier-free guidance) one admission prefills at "
+        "most: requests that arrive together join in one prefill up to this many tokens, the rest at the next admission, "
+        "after a decode step of the rows already decoding (a prompt longer than the budget joins alone). None: every "
+        "queued request that has a place joins at once.",
+    )
     _batch_size = field_validator("batch_size", mode="before")(classmethod(lambda cls, value: check_batch_size(value, 1024)))
     num_replicas: int = Field(1, ge=1, le=4096, description="Replicas when autoscaling_config is unset.")
     autoscaling_config: Optional[dict[str, Any]] = Field(

@@ -132,6 +132,7 @@ class EngineHost:
         else:
             self.scheduler = CaptionScheduler(served.model, served.decode, dtype=dtype, device=device, batch_size=served.batch_size,
                                               s3=served.s3)
+        self.scheduler.prefill_budget = served.prefill_budget_tokens
         self.scheduler.follow_plans(self.bucket_plans)  # the session of requests that name no method follows its live batch
         self.loop: EngineLoop[Any] = EngineLoop(self.scheduler, after_turn=self._flush, on_death=self._died)
         self.requests: dict[int, list[Watcher[Any]]] = {}  # request id -> its rows' watchers (until the replica lets go)

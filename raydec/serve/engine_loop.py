@@ -38,6 +38,7 @@ class DrivenScheduler(Protocol[ResultT_co]):
 
     decode_steps: int
     rows_stepped: int
+    row_step_times: "collections.deque[float]"  # a decoding row's wait from one decode step to its next (the last ones)
 
     @property
     def busy(self) -> bool: ...
@@ -289,5 +290,6 @@ class EngineLoop(Generic[ResultT]):
             "step_seconds": self.step_seconds,
             "between_steps_seconds": self.between_steps_seconds,
             "step_times_s": list(self.step_times),
+            "row_step_times_s": list(scheduler.row_step_times),
         }
 

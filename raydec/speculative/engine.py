@@ -180,6 +180,9 @@ class DecodeSession(SessionRows, FollowsPolicy):
         self.prob_dtype = torch.float32
         self.steps = 0  # decode steps run
         self.refill = RefillPolicy()  # when queued rows join (raydec.speculative.refill)
+        self.prefill_budget: int | None = None  # model-row prompt tokens one admission prefills at most (a longer prompt joins alone)
+        self._prompts: dict[int, PromptInputs] = {}  # queued rows' prefixes, made early when the budget needs their lengths
+        self._admitted_last = False  # the last step admitted rows: the next one decodes the batch (when it has rows)
         self._probs = KeptBuffer()  # this step's P: lives until the proposer's ``observe``
 
     # -- the steps -------------------------------------------------------------------------------
@@ -200,17 +203,22 @@ class DecodeSession(SessionRows, FollowsPolicy):
         batch_size = self.batch_size or max(1, len(self.active) + len(self.queue))
         room = batch_size - len(self.active)
         start = time.perf_counter()
+        # rows decoding never wait out two admissions in a row: one admission, then a decode step
         if self.refill.should_admit(len(self.active), len(self.queue), batch_size) and (
-            not self.active or self.engine.proposer.admits_rows
+            not self.active or (self.engine.proposer.admits_rows and not self._admitted_last)
         ):
-            joining, self.queue = self.queue[:room], self.queue[room:]
+            joining = self._joining(room)
+            taken = set(joining)
+            self.queue = [handle for handle in self.queue if handle not in taken]
             running = bool(self.active)
             self._admit(joining)
             self.refill.admitted(time.perf_counter() - start, len(joining), while_decoding=running)
+            self._admitted_last = True
         else:
             with decode_scope() if decode_scope is not None else contextlib.nullcontext():
                 self._decode_step()
             self.refill.stepped(time.perf_counter() - start, len(self.active), len(self.queue), batch_size)
+            self._admitted_last = False
         return finished + self._retire()
 
     @property
@@ -220,6 +228,25 @@ class DecodeSession(SessionRows, FollowsPolicy):
 
     # -- admission -------------------------------------------------------------------------------
 
+    def _joining(self, room: int) -> list[int]:
+        """The queued rows the next admission takes: the first ``room``, fewer when their model rows' prompt
+        tokens would pass ``prefill_budget`` (the first always joins, however long)."""
+        candidates = self.queue[:room]
+        if self.prefill_budget is None:
+            return candidates
+        for handle in [h for h in self._prompts if h not in self.rows or self.rows[h].done]:  # cancelled while queued
+            del self._prompts[handle]
+        joining, tokens = [], 0
+        for handle in candidates:
+            if handle not in self._prompts:
+                self._prompts[handle] = self.engine.target.prompt_inputs(self.rows[handle].request.prompt)
+            length = self._prompts[handle].length * self.engine.streams
+            if joining and tokens + length > self.prefill_budget:
+                break
+            joining.append(handle)
+            tokens += length
+        return joining
+
     def _admit(self, handles: list[int]) -> None:
         """Prefill ``handles``; P_0 gives each its first token. Their cache becomes the batch's,
         or joins it behind the active rows (model rows in request order; with CFG each request's
@@ -227,7 +254,7 @@ class DecodeSession(SessionRows, FollowsPolicy):
         engine, target = self.engine, self.engine.target
         now = time.perf_counter()
         rows = [self.rows[h] for h in handles]
-        prompts = [target.prompt_inputs(row.request.prompt) for row in rows]
+        prompts = [self._prompts.pop(h, None) or target.prompt_inputs(row.request.prompt) for h, row in zip(handles, rows)]
         for handle, row, prompt in zip(handles, rows, prompts):
             row.admitted_at = now
             row.context_ids = prompt.token_ids

@@ -41,6 +41,8 @@ def test_open_loop_reports_a_row_per_rate_with_ordered_percentiles(ray_cluster, 
         assert 1 <= row["mean_batch"] <= 4
         assert row["step_count"] >= 1 and 0 < row["step_p50_s"] <= row["step_p99_s"]  # the engine's steps during this load
         assert 0 < row["engine_step_share"] <= 1
+        assert row["row_step_p50_s"] >= row["step_p50_s"] * 0.5 and row["row_step_p99_over_p50"] >= 1  # a row waits a step or more
+        assert 0 < row["engine_busy"] <= 1 and 0 < row["engine_cpu"] and 0 < row["replica_cpu"]
         assert row["in_process_rate"] == in_process["rows_per_s"]
         assert row["load_share"] == pytest.approx(row["completed_per_s"] / in_process["rows_per_s"])
     assert (plots / "serve_open_loop_images.png").is_file() and result["plot"] == str(plots / "serve_open_loop_images.png")

@@ -147,3 +147,24 @@ def test_a_small_batch_is_refilled_every_step_while_rows_wait(llama):
         session.step()
     assert session.occupancy == 1.0
     assert all(session.output(h).stats.finish_reason == "length" for h in handles)
+
+
+def test_a_prefill_budget_splits_an_admission_and_the_batch_decodes_between_admissions(llama):
+    """Six queued rows, a budget of 9 prompt tokens: each admission takes the queued rows whose prompts fit it,
+    never two admissions in a row while rows decode; the same tokens as without a budget."""
+    requests = _requests(6)  # prompt lengths 5, 2, 8, 1, 2, 3
+    expected = [out.tokens for out in _engine(llama, "sjd_pac").generate(requests)]
+    session = _engine(llama, "sjd_pac").session(batch_size=6)
+    session.prefill_budget = 9
+    handles = [session.submit(r) for r in requests]
+    joined, admitted_last = [], False
+    while session.busy:
+        before, steps = set(session.active), session.steps
+        session.step()
+        if session.steps == steps:  # an admission
+            assert not (admitted_last and before), "two admissions in a row while rows decode"
+            joined.append(sorted(handles.index(h) for h in set(session.active) - before))
+        admitted_last = session.steps == steps
+    assert joined == [[0, 1], [2, 3], [4, 5]]  # 5 + 2 tokens (+8 would pass 9); 8 + 1; 2 + 3
+    assert [session.output(h).tokens for h in handles] == expected
+    assert not session._prompts  # the prefixes made to measure the budget went with their admission
