@@ -180,9 +180,11 @@ class DecodeSession(SessionRows, FollowsPolicy):
         self.prob_dtype = torch.float32
         self.steps = 0  # decode steps run
         self.refill = RefillPolicy()  # when queued rows join (raydec.speculative.refill)
-        self.prefill_budget: int | None = None  # model-row prompt tokens one admission prefills at most (a longer prompt joins alone)
+        # model-row prompt tokens one admission prefills at most (a longer prompt joins alone), and a decode step after each
+        # admission while rows decode; None: every queued row that has a place joins, admissions may follow each other
+        self.prefill_budget: int | None = None
         self._prompts: dict[int, PromptInputs] = {}  # queued rows' prefixes, made early when the budget needs their lengths
-        self._admitted_last = False  # the last step admitted rows: the next one decodes the batch (when it has rows)
+        self._admitted_last = False  # the last step admitted rows: under a budget, the next one decodes the batch (when it has rows)
         self._probs = KeptBuffer()  # this step's P: lives until the proposer's ``observe``
 
     # -- the steps -------------------------------------------------------------------------------
@@ -203,9 +205,9 @@ class DecodeSession(SessionRows, FollowsPolicy):
         batch_size = self.batch_size or max(1, len(self.active) + len(self.queue))
         room = batch_size - len(self.active)
         start = time.perf_counter()
-        # rows decoding never wait out two admissions in a row: one admission, then a decode step
+        # under a budget, rows decoding never wait out two admissions in a row: one admission, then a decode step
         if self.refill.should_admit(len(self.active), len(self.queue), batch_size) and (
-            not self.active or (self.engine.proposer.admits_rows and not self._admitted_last)
+            not self.active or (self.engine.proposer.admits_rows and not (self._admitted_last and self.prefill_budget is not None))
         ):
             joining = self._joining(room)
             taken = set(joining)
