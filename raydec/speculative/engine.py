@@ -38,6 +38,7 @@ from typing import Callable, ContextManager, Literal, Sequence
 import torch
 
 from raydec.config import SamplingConfig
+from raydec.speculative.admission import Admission, prefill_chunk
 from raydec.speculative.buffers import KeptBuffer
 from raydec.speculative.capture import CompileMode, StepGraph, resolve_compile
 from raydec.speculative.cache import DEFAULT_LAYOUT, CacheLayout, RaggedCache
@@ -185,6 +186,9 @@ class DecodeSession(SessionRows, FollowsPolicy):
         self.prefill_budget: int | None = None
         self._prompts: dict[int, PromptInputs] = {}  # queued rows' prefixes, made early when the budget needs their lengths
         self._admitted_last = False  # the last step admitted rows: under a budget, the next one decodes the batch (when it has rows)
+        self._admission: Admission | None = None  # rows being prefilled (in chunks under a budget): no other admission starts
+        self._admission_running = False  # rows were decoding when it started (the refill policy's record)
+        self._admission_seconds = 0.0  # its steps' seconds so far
         self._probs = KeptBuffer()  # this step's P: lives until the proposer's ``observe``
 
     # -- the steps -------------------------------------------------------------------------------
@@ -200,21 +204,24 @@ class DecodeSession(SessionRows, FollowsPolicy):
         """
         finished = self._held_unreported() + self._retire()
         self._unreported = []
-        if not (self.active or self.queue):
+        if not (self.active or self.queue or self._admission):
             return finished
         batch_size = self.batch_size or max(1, len(self.active) + len(self.queue))
         room = batch_size - len(self.active)
         start = time.perf_counter()
-        # under a budget, rows decoding never wait out two admissions in a row: one admission, then a decode step
-        if self.refill.should_admit(len(self.active), len(self.queue), batch_size) and (
-            not self.active or (self.engine.proposer.admits_rows and not (self._admitted_last and self.prefill_budget is not None))
-        ):
+        # under a budget, rows decoding never wait out two admission steps in a row: one, then a decode step
+        may_admit = not self.active or (self.engine.proposer.admits_rows and not (self._admitted_last and self.prefill_budget is not None))
+        if self._admission is not None and may_admit:  # a prefill in chunks goes on
+            self._admission_seconds += self._prefill_step(self._admission, start)
+            self._admitted_last = True
+        elif self._admission is None and self.refill.should_admit(len(self.active), len(self.queue), batch_size) and may_admit:
             joining = self._joining(room)
             taken = set(joining)
             self.queue = [handle for handle in self.queue if handle not in taken]
-            running = bool(self.active)
-            self._admit(joining)
-            self.refill.admitted(time.perf_counter() - start, len(joining), while_decoding=running)
+            self._admission_running = bool(self.active)
+            self._admission_seconds = 0.0
+            self._admission = self._begin_admission(joining)
+            self._admission_seconds += self._prefill_step(self._admission, start)
             self._admitted_last = True
         else:
             with decode_scope() if decode_scope is not None else contextlib.nullcontext():
@@ -224,6 +231,23 @@ class DecodeSession(SessionRows, FollowsPolicy):
         return finished + self._retire()
 
     @property
+    def busy(self) -> bool:
+        """``step`` has work: rows decoding, queued or being prefilled, or a cancelled row yet to be reported."""
+        return super().busy or self._admission is not None
+
+    def _prefill_step(self, admission: Admission, start: float) -> float:
+        """The admission's next chunk (all of it without a budget); once its prefill is complete the rows join the
+        batch and the refill policy records the admission. Returns the seconds this step took."""
+        engine = self.engine
+        if prefill_chunk(admission, engine.target, self.prefill_budget, engine.proposer.wants_hidden):
+            self._admission = None
+            self._join(admission)
+            seconds = time.perf_counter() - start
+            self.refill.admitted(self._admission_seconds + seconds, len(admission.handles), while_decoding=self._admission_running)
+            return seconds
+        return time.perf_counter() - start
+
+    @property
     def occupancy(self) -> float | None:
         """Mean share of ``batch_size`` decoding over the steps run while rows were queued (None: no row waited)."""
         return self.refill.occupancy
@@ -231,28 +255,28 @@ class DecodeSession(SessionRows, FollowsPolicy):
     # -- admission -------------------------------------------------------------------------------
 
     def _joining(self, room: int) -> list[int]:
-        """The queued rows the next admission takes: the first ``room``, fewer when their model rows' prompt
-        tokens would pass ``prefill_budget`` (the first always joins, however long)."""
+        """The queued rows the next admission takes: the first ``room``, fewer when their prefill window (model rows
+        times its width, the longest prompt) would pass ``prefill_budget``; the first always joins, however long (its
+        prefill then runs in chunks)."""
         candidates = self.queue[:room]
         if self.prefill_budget is None:
             return candidates
         for handle in [h for h in self._prompts if h not in self.rows or self.rows[h].done]:  # cancelled while queued
             del self._prompts[handle]
-        joining, tokens = [], 0
+        joining, width = [], 0
         for handle in candidates:
             if handle not in self._prompts:
                 self._prompts[handle] = self.engine.target.prompt_inputs(self.rows[handle].request.prompt)
-            length = self._prompts[handle].length * self.engine.streams
-            if joining and tokens + length > self.prefill_budget:
-                break
+            wider = max(width, self._prompts[handle].length)
+            if joining and wider * (len(joining) + 1) * self.engine.streams > self.prefill_budget:
+                break  # the left-padded window (model rows x its width) would pass the budget
             joining.append(handle)
-            tokens += length
+            width = wider
         return joining
 
-    def _admit(self, handles: list[int]) -> None:
-        """Prefill ``handles``; P_0 gives each its first token. Their cache becomes the batch's,
-        or joins it behind the active rows (model rows in request order; with CFG each request's
-        conditional row, then its unconditional one)."""
+    def _begin_admission(self, handles: list[int]) -> Admission:
+        """The rows' prompts left-padded into one prefill window, and the cache it fills (model rows in request
+        order; with CFG each request's conditional row, then its unconditional one)."""
         engine, target = self.engine, self.engine.target
         now = time.perf_counter()
         rows = [self.rows[h] for h in handles]
@@ -265,9 +289,6 @@ class DecodeSession(SessionRows, FollowsPolicy):
             unconditional = [target.prompt_inputs(row.request.prompt, unconditional=True) for row in rows]
             prompts = [prompt for pair in zip(prompts, unconditional) for prompt in pair]
         prompts = stack_prompts(prompts)
-        batch = len(handles)
-
-        # prefill: every model row's prefix, left-padded
         joining = RaggedCache(len(prompts), compaction=engine.compaction, device=target.device, layout=engine.cache_layout)
         embeds, positions, valid, next_position, image_index = left_pad(prompts, target)
         # room for the prompts and the rows' whole decode (their caps, the holes compaction leaves, a
@@ -277,11 +298,16 @@ class DecodeSession(SessionRows, FollowsPolicy):
         if not self.active and self.batch_size:  # the batch's cache: room for its rows, so rows join and leave in place
             joining.reserve_rows(self.batch_size * engine.streams)
         mask = joining.attention_mask(prefill_mask(valid), target.dtype)
-        residuals = pad_layer_residuals(prompts, valid, target)
-        extra = {"layer_residuals": residuals} if residuals is not None else {}  # only targets that make them take them
-        output = target.forward(embeds, None, positions, mask, joining.kv, want_hidden=engine.proposer.wants_hidden, logits_to_keep=1,
-                                **extra)
-        joining.start(valid, next_position)
+        return Admission(list(handles), rows, joining, embeds, positions, valid, next_position, image_index, mask,
+                         pad_layer_residuals(prompts, valid, target), room)
+
+    def _join(self, admission: Admission) -> None:
+        """After the prefill: P_0 gives each row its first token; the rows' cache becomes the batch's, or joins it
+        behind the active rows."""
+        engine, target = self.engine, self.engine.target
+        handles, rows, joining = admission.handles, admission.rows, admission.joining
+        output = admission.output()
+        batch = len(handles)
         first_probs = process_logits(
             output.logits[:, -1:], self._sampling_of(list(handles), output.logits.device), batch, engine.constraint,
             torch.zeros(batch, 1, dtype=torch.long, device=output.logits.device), self._context(handles, output.logits.shape[-1]),
@@ -295,7 +321,7 @@ class DecodeSession(SessionRows, FollowsPolicy):
             row.stats.target_forwards = 1
 
         state = DecodeState(list(handles), [row.generated for row in rows], random, target.vocab_size, engine.constraint, first_probs.dtype)
-        prefill = Prefill(output, embeds, valid, image_index, room)
+        prefill = Prefill(output, admission.embeds, admission.valid, admission.image_index, admission.room)
         if not self.active:  # an empty batch starts afresh
             engine.proposer.start(state, first_probs, prefill)
             self.cache, self.random, self.prob_dtype = joining, random, first_probs.dtype

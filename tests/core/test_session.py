@@ -3,6 +3,8 @@ tokens depend on its seed alone (not on the batch, the order or when it joined).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -150,12 +152,13 @@ def test_a_small_batch_is_refilled_every_step_while_rows_wait(llama):
 
 
 def test_a_prefill_budget_splits_an_admission_and_the_batch_decodes_between_admissions(llama):
-    """Six queued rows, a budget of 9 prompt tokens: each admission takes the queued rows whose prompts fit it,
-    never two admissions in a row while rows decode; the same tokens as without a budget."""
+    """Six queued rows, a budget of 10 prompt tokens: each admission takes the queued rows whose left-padded window
+    (rows x the longest prompt) fits it, never two admission steps in a row while rows decode; the same tokens as
+    without a budget."""
     requests = _requests(6)  # prompt lengths 5, 2, 8, 1, 2, 3
     expected = [out.tokens for out in _engine(llama, "sjd_pac").generate(requests)]
     session = _engine(llama, "sjd_pac").session(batch_size=6)
-    session.prefill_budget = 9
+    session.prefill_budget = 10
     handles = [session.submit(r) for r in requests]
     joined, admitted_last = [], False
     while session.busy:
@@ -165,6 +168,31 @@ def test_a_prefill_budget_splits_an_admission_and_the_batch_decodes_between_admi
             assert not (admitted_last and before), "two admissions in a row while rows decode"
             joined.append(sorted(handles.index(h) for h in set(session.active) - before))
         admitted_last = session.steps == steps
-    assert joined == [[0, 1], [2, 3], [4, 5]]  # 5 + 2 tokens (+8 would pass 9); 8 + 1; 2 + 3
+    assert joined == [[0, 1], [2], [3, 4, 5]]  # 2 x 5 (a third row: 3 x 8); 8 (8 and 1: 2 x 8); 3 x 3
     assert [session.output(h).tokens for h in handles] == expected
     assert not session._prompts  # the prefixes made to measure the budget went with their admission
+
+
+@pytest.mark.parametrize("method", ["ar", "sjd_pac"])
+def test_a_prompt_longer_than_the_budget_is_prefilled_in_chunks_between_decode_steps(llama, method):
+    """A budget of 3 tokens: the 8-token prompt's prefill runs in three chunks, each after a decode step of the rows
+    already decoding; every row's tokens are those it decodes without a budget."""
+    requests = _requests(4)  # prompt lengths 5, 2, 8, 1
+    requests[1] = dataclasses.replace(requests[1], max_new_tokens=12)  # decodes while the others are prefilled
+    expected = [out.tokens for out in _engine(llama, method).generate(requests)]
+    session = _engine(llama, method).session(batch_size=4)
+    session.prefill_budget = 3
+    first = session.submit(requests[1])
+    while session.steps < 1:  # the 2-token prompt joins and decodes
+        session.step()
+    handles = [session.submit(r) for r in (requests[0], requests[2], requests[3])]
+    kinds = []
+    while session.busy:
+        steps = session.steps
+        session.step()
+        kinds.append("decode" if session.steps > steps else "prefill")
+    if method == "ar":  # one token a step: the first row decodes through the others' prefills
+        # 5 tokens in chunks of 3 and 2; then 8 in chunks of 3, 3 and 2; each chunk after a decode step
+        assert kinds[:10] == ["prefill", "decode"] * 5
+    by_request = dict(zip([1, 0, 2, 3], [first] + handles))
+    assert [session.output(by_request[i]).tokens for i in range(4)] == expected
