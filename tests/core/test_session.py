@@ -196,3 +196,26 @@ def test_a_prompt_longer_than_the_budget_is_prefilled_in_chunks_between_decode_s
         assert kinds[:10] == ["prefill", "decode"] * 5
     by_request = dict(zip([1, 0, 2, 3], [first] + handles))
     assert [session.output(by_request[i]).tokens for i in range(4)] == expected
+
+
+def test_a_prefill_in_chunks_computes_the_one_forwards_logits_hidden_states_and_cache(llama):
+    """The prefill window of three left-padded prompts run whole and in chunks of 2 positions x 3 rows: the last
+    position's logits, every position's hidden states and every layer's keys and values agree (float64)."""
+    from raydec.speculative.admission import prefill_chunk
+
+    results = []
+    for budget in (None, 6):
+        session = _engine(llama, "ar").session(batch_size=4)
+        handles = [session.submit(r) for r in _requests(3)]  # prompt lengths 5, 2, 8: a window of 8
+        admission = session._begin_admission(handles)
+        chunks = 1
+        while not prefill_chunk(admission, llama, budget, want_hidden=True):
+            chunks += 1
+        results.append((chunks, admission.output(), admission.joining.kv))
+    (whole_chunks, whole, whole_kv), (chunks, chunked, chunked_kv) = results
+    assert (whole_chunks, chunks) == (1, 4)
+    torch.testing.assert_close(chunked.logits, whole.logits, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(chunked.hidden, whole.hidden, rtol=1e-12, atol=1e-12)
+    for mine, theirs in zip(chunked_kv.layers, whole_kv.layers):
+        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(mine.values, theirs.values, rtol=1e-12, atol=1e-12)
