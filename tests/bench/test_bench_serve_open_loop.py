@@ -26,7 +26,8 @@ def test_open_loop_reports_a_row_per_rate_with_ordered_percentiles(ray_cluster, 
     }))
     path, plots = tmp_path / "open.json", tmp_path / "plots"
     bench_main(["serve", "--task", "images", "--config", str(config), "--rates", "2,6", "--requests", "4", "--seconds", "10",
-                "--baseline-seconds", "0.5", "--drain-seconds", "30", "--plots", str(plots), "--json", str(path)])
+                "--baseline-seconds", "0.5", "--drain-seconds", "30", "--long-prompts", "0.5", "--long-prompt-repeat", "3",
+                "--plots", str(plots), "--json", str(path)])
     result = json.loads(path.read_text())
     rows = result["rows"]
     assert [(r["model"], r["rate"]) for r in rows] == [("tiny", 2.0), ("tiny", 6.0)]
@@ -36,6 +37,7 @@ def test_open_loop_reports_a_row_per_rate_with_ordered_percentiles(ray_cluster, 
         assert row["task"] == "images" and row["plan"] == in_process["plan"] and row["plan"].startswith("sjd_pac")
         assert row["follows_batch"] is False and row["steps_per_plan"] is None  # one plan: its shape is not "auto"
         assert row["errors"] == 0 and row["completed"] == row["sent"] == 4
+        assert (row["long_prompts"], row["long_repeat"]) == (0.5, 3)  # half the prompts three times over
         assert row["completed_per_s"] > 0 and row["p50_s"] <= row["p90_s"] <= row["p99_s"]
         assert row["ttft_p50_s"] is None and row["gap_p50_s"] is None  # images do not stream
         assert 1 <= row["mean_batch"] <= 4
@@ -47,6 +49,16 @@ def test_open_loop_reports_a_row_per_rate_with_ordered_percentiles(ray_cluster, 
         assert row["load_share"] == pytest.approx(row["completed_per_s"] / in_process["rows_per_s"])
     assert (plots / "serve_open_loop_images.png").is_file() and result["plot"] == str(plots / "serve_open_loop_images.png")
     assert "open loop" in capsys.readouterr().out
+
+
+def test_long_prompts_are_spread_over_the_requests():
+    from raydec.bench.open_loop import Target
+
+    target = Target("http://127.0.0.1:1", None, "chat", "m", None, [], [], long_share=0.25, long_repeat=3)
+    texts = [target.text(number, "describe the image .") for number in range(100)]
+    long = [text == " ".join(["describe the image ."] * 3) for text in texts]
+    assert 23 <= sum(long) <= 27 and not any(all(long[i:i + 2]) for i in range(99))  # about a quarter, never two in a row
+    assert all(text == "describe the image ." for text, is_long in zip(texts, long) if not is_long)
 
 
 def test_a_row_counts_the_steps_each_plan_ran_during_its_load():
