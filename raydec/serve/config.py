@@ -68,11 +68,12 @@ class ServedModel(StrictModel):
     )
     prefill_budget_tokens: Optional[int] = Field(
         None, ge=1, le=1_000_000,
-        description="Prompt tokens (images' included; twice over with classifier-free guidance) one admission prefills at "
-        "most: requests that arrive together join in one prefill up to this many tokens, the rest at the next admission, "
-        "after a decode step of the rows already decoding (a prompt longer than the budget joins alone): decoding rows "
-        "wait out at most one bounded admission per step, at the cost of later first tokens (docs/benchmarks.md, bench "
-        "serve). None: every queued request that has a place joins at once.",
+        description="Prompt tokens one step prefills at most (the left-padded window: rows times the longest prompt, images' "
+        "tokens included, twice over with classifier-free guidance): requests that arrive together join in one prefill up "
+        "to this many tokens, the rest at the next admission, after a decode step of the rows already decoding; a prompt "
+        "longer than the budget joins alone and is prefilled in chunks, one per step. Decoding rows then wait out at most "
+        "one bounded chunk per step, at the cost of later first tokens (docs/benchmarks.md, bench serve). None: every "
+        "queued request that has a place joins in one prefill.",
     )
     _batch_size = field_validator("batch_size", mode="before")(classmethod(lambda cls, value: check_batch_size(value, 1024)))
     num_replicas: int = Field(1, ge=1, le=4096, description="Replicas when autoscaling_config is unset.")

@@ -182,11 +182,11 @@ class EngineLoop(Generic[ResultT]):
                 if not self.scheduler.busy:
                     self._wake.wait(timeout=1.0)
                     self._wake.clear()
-        except BaseException as error:  # the health check reports it; Serve replaces the replica
+        except BaseException as error:  # on_death ends the engine process; its replica starts a new one
             self.died = error
             logger.exception("the engine loop died")
             for watcher in list(self._watchers.values()):
-                watcher.fail(500, f"the engine loop died: {type(error).__name__}", "engine_failed")
+                watcher.fail(503, f"the engine stopped during the request ({type(error).__name__}); retry", "replica_unavailable")
             if self.on_death is not None:
                 self.on_death(error)
             raise

@@ -181,8 +181,9 @@ class DecodeSession(SessionRows, FollowsPolicy):
         self.prob_dtype = torch.float32
         self.steps = 0  # decode steps run
         self.refill = RefillPolicy()  # when queued rows join (raydec.speculative.refill)
-        # model-row prompt tokens one admission prefills at most (a longer prompt joins alone), and a decode step after each
-        # admission while rows decode; None: every queued row that has a place joins, admissions may follow each other
+        # prompt tokens one step prefills at most (the left-padded window: model rows x the longest prompt; a longer prompt
+        # joins alone and is prefilled in chunks), with a decode step after each admission step while rows decode;
+        # None: every queued row that has a place joins in one prefill, and admissions may follow each other
         self.prefill_budget: int | None = None
         self._prompts: dict[int, PromptInputs] = {}  # queued rows' prefixes, made early when the budget needs their lengths
         self._admitted_last = False  # the last step admitted rows: under a budget, the next one decodes the batch (when it has rows)
