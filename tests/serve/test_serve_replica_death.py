@@ -13,25 +13,27 @@ from tests.serve.helpers import call, stats
 from tests.serve_process import running
 
 
-def _burst(url: str, key: str, count: int) -> tuple[list, list]:
-    """``count`` AR image requests in threads: (the threads, their (status, body, headers) as they end)."""
+def _kill_under_load(serve_app: dict, pid: int, what: str) -> None:
+    """Six AR image requests; once their batch decodes, SIGKILL ``pid``: none hangs, and each answers 200 or 503."""
+    url, key = serve_app["url"], serve_app["key"]
     results: list = []
 
     def one(i: int) -> None:
         results.append(call(url, "/v1/images/generations", {"prompt": f"a red square {i}", "model": "t2i", "seed": i, "method": "ar"},
                             key=key))
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
     for thread in threads:
         thread.start()
-    return threads, results
-
-
-def _decoding(serve_app: dict) -> None:
     deadline = time.monotonic() + 60
     while stats(serve_app, "t2i").get("active_rows", 0) == 0:  # the batch is decoding
         assert time.monotonic() < deadline, "the requests never started decoding"
         time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    for thread in threads:
+        thread.join(90)
+    assert not any(thread.is_alive() for thread in threads), f"a request hung after its {what} died"
+    _unavailable(results)
 
 
 def _unavailable(results: list) -> None:
@@ -45,13 +47,7 @@ def _unavailable(results: list) -> None:
 def test_killed_engine_fails_its_requests_and_the_replica_starts_a_new_one(serve_app):
     url, key = serve_app["url"], serve_app["key"]
     before = stats(serve_app, "t2i")
-    threads, results = _burst(url, key, 6)
-    _decoding(serve_app)
-    os.kill(before["engine_pid"], signal.SIGKILL)
-    for thread in threads:
-        thread.join(90)
-    assert not any(thread.is_alive() for thread in threads), "a request hung after its engine died"
-    _unavailable(results)
+    _kill_under_load(serve_app, before["engine_pid"], "engine")
     deadline = time.monotonic() + 120
     while True:  # the replica starts a new engine; requests refused meanwhile get the same 503
         status, body, headers = call(url, "/v1/images/generations", {"prompt": "a blue circle", "model": "t2i", "method": "ar"},
@@ -70,13 +66,7 @@ def test_killed_engine_fails_its_requests_and_the_replica_starts_a_new_one(serve
 def test_killed_replica_fails_its_requests_and_is_replaced(serve_app):
     url, key = serve_app["url"], serve_app["key"]
     before = stats(serve_app, "t2i")
-    threads, results = _burst(url, key, 6)
-    _decoding(serve_app)
-    os.kill(before["pid"], signal.SIGKILL)
-    for thread in threads:
-        thread.join(90)
-    assert not any(thread.is_alive() for thread in threads), "a request hung after its replica died"
-    _unavailable(results)
+    _kill_under_load(serve_app, before["pid"], "replica")
     deadline = time.monotonic() + 30
     while running(before["engine_pid"]):  # its engine saw the replica's end of the socket close, and exited
         assert time.monotonic() < deadline, "the engine process outlived its replica"
