@@ -9,7 +9,8 @@ under raydec/ (the testbed and the Serve layer are excluded for now) and reports
 - ``something._name(...)`` where ``something`` is not ``self``, ``cls`` or ``super()``.
 
 Dunder names (``__init__``, ``__exit__``) are public protocol, not private. ALLOWED lists the
-calls into a third-party library's private API that have no public equivalent, each with why.
+calls into a third-party library's private API (or the standard library's underscore-named public
+functions) that have no public equivalent, each with why.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ ALLOWED = {
     ("raydec/models/generation_config.py", "GenerationConfig._get_default_generation_params"):
         "transformers: the values `generate` gives unset generation-config fields; GenerationConfig's own "
         "docstring names this method as their source, and no public call returns them",
+    ("raydec/serve/engine_worker.py", "os._exit"):
+        "the standard library's documented way to end a process at once from any thread, without waiting for "
+        "interpreter shutdown: the engine process exits so when its replica is gone or its decode loop died",
 }
 """(file, called expression) -> why it may call a third-party private method."""
 

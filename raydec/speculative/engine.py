@@ -31,31 +31,28 @@ target forward, the cache's masks and bookkeeping stay eager.
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from typing import Callable, ContextManager, Literal, Sequence
 
 import torch
 
 from raydec.config import SamplingConfig
-from raydec.speculative.admission import Admission, prefill_chunk
+from raydec.speculative.admission import Admission, AdmitsRows
 from raydec.speculative.buffers import KeptBuffer
 from raydec.speculative.capture import CompileMode, StepGraph, resolve_compile
 from raydec.speculative.cache import DEFAULT_LAYOUT, CacheLayout, RaggedCache
 from raydec.speculative.live_proposer import FollowsPolicy
 from raydec.speculative.refill import RefillPolicy
-from raydec.speculative.prefill import first_tokens, left_pad, pad_layer_residuals, prefill_mask
-from raydec.speculative.proposers.base import DecodeState, Prefill, Proposer
+from raydec.speculative.proposers.base import DecodeState, Proposer
 from raydec.speculative.random import RowRandom
 from raydec.speculative.requests import COUPLINGS, Coupling, RowOutput, RowRequest, RowState
 from raydec.speculative.sampling import VocabConstraint, process_logits
 from raydec.speculative.session import SessionRows, fill_from_the_end
-from raydec.speculative.target import DecodingTarget, ForwardOutput, PromptInputs, stack_prompts
+from raydec.speculative.target import DecodingTarget, ForwardOutput, PromptInputs
 from raydec.speculative.tree import DraftTree
 from raydec.speculative.verify import VerifyResult, verify_tree
 from raydec.speculative.verify_step import Verifier, tree_facts, tree_tensors, verify_step
 
-logger = logging.getLogger(__name__)
 
 
 class Engine:
@@ -157,7 +154,7 @@ class Engine:
         return [session.output(handle) for handle in handles]
 
 
-class DecodeSession(SessionRows, FollowsPolicy):
+class DecodeSession(AdmitsRows, SessionRows, FollowsPolicy):
     """An engine run that takes requests while it decodes.
 
         handle = session.submit(request)   # queued; joins the batch between steps
@@ -236,115 +233,10 @@ class DecodeSession(SessionRows, FollowsPolicy):
         """``step`` has work: rows decoding, queued or being prefilled, or a cancelled row yet to be reported."""
         return super().busy or self._admission is not None
 
-    def _prefill_step(self, admission: Admission, start: float) -> float:
-        """The admission's next chunk (all of it without a budget); once its prefill is complete the rows join the
-        batch and the refill policy records the admission. Returns the seconds this step took."""
-        engine = self.engine
-        if prefill_chunk(admission, engine.target, self.prefill_budget, engine.proposer.wants_hidden):
-            self._admission = None
-            self._join(admission)
-            seconds = time.perf_counter() - start
-            self.refill.admitted(self._admission_seconds + seconds, len(admission.handles), while_decoding=self._admission_running)
-            return seconds
-        return time.perf_counter() - start
-
     @property
     def occupancy(self) -> float | None:
         """Mean share of ``batch_size`` decoding over the steps run while rows were queued (None: no row waited)."""
         return self.refill.occupancy
-
-    # -- admission -------------------------------------------------------------------------------
-
-    def _joining(self, room: int) -> list[int]:
-        """The queued rows the next admission takes: the first ``room``, fewer when their prefill window (model rows
-        times its width, the longest prompt) would pass ``prefill_budget``; the first always joins, however long (its
-        prefill then runs in chunks)."""
-        candidates = self.queue[:room]
-        if self.prefill_budget is None:
-            return candidates
-        for handle in [h for h in self._prompts if h not in self.rows or self.rows[h].done]:  # cancelled while queued
-            del self._prompts[handle]
-        joining, width = [], 0
-        for handle in candidates:
-            if handle not in self._prompts:
-                self._prompts[handle] = self.engine.target.prompt_inputs(self.rows[handle].request.prompt)
-            wider = max(width, self._prompts[handle].length)
-            if joining and wider * (len(joining) + 1) * self.engine.streams > self.prefill_budget:
-                break  # the left-padded window (model rows x its width) would pass the budget
-            joining.append(handle)
-            width = wider
-        return joining
-
-    def _begin_admission(self, handles: list[int]) -> Admission:
-        """The rows' prompts left-padded into one prefill window, and the cache it fills (model rows in request
-        order; with CFG each request's conditional row, then its unconditional one)."""
-        engine, target = self.engine, self.engine.target
-        now = time.perf_counter()
-        rows = [self.rows[h] for h in handles]
-        prompts = [self._prompts.pop(h, None) or target.prompt_inputs(row.request.prompt) for h, row in zip(handles, rows)]
-        for handle, row, prompt in zip(handles, rows, prompts):
-            row.admitted_at = now
-            row.context_ids = prompt.token_ids
-            self._fit_positions(handle, row, prompt)
-        if engine.streams == 2:  # each request's pair of model rows side by side
-            unconditional = [target.prompt_inputs(row.request.prompt, unconditional=True) for row in rows]
-            prompts = [prompt for pair in zip(prompts, unconditional) for prompt in pair]
-        prompts = stack_prompts(prompts)
-        joining = RaggedCache(len(prompts), compaction=engine.compaction, device=target.device, layout=engine.cache_layout)
-        embeds, positions, valid, next_position, image_index = left_pad(prompts, target)
-        # room for the prompts and the rows' whole decode (their caps, the holes compaction leaves, a
-        # window) before a buffer grows: allocated by the prefill's own writes
-        room = embeds.shape[1] + max(row.limit for row in rows) * 5 // 4 + 128
-        joining.reserve(room)
-        if not self.active and self.batch_size:  # the batch's cache: room for its rows, so rows join and leave in place
-            joining.reserve_rows(self.batch_size * engine.streams)
-        mask = joining.attention_mask(prefill_mask(valid), target.dtype)
-        return Admission(list(handles), rows, joining, embeds, positions, valid, next_position, image_index, mask,
-                         pad_layer_residuals(prompts, valid, target), room)
-
-    def _join(self, admission: Admission) -> None:
-        """After the prefill: P_0 gives each row its first token; the rows' cache becomes the batch's, or joins it
-        behind the active rows."""
-        engine, target = self.engine, self.engine.target
-        handles, rows, joining = admission.handles, admission.rows, admission.joining
-        output = admission.output()
-        batch = len(handles)
-        first_probs = process_logits(
-            output.logits[:, -1:], self._sampling_of(list(handles), output.logits.device), batch, engine.constraint,
-            torch.zeros(batch, 1, dtype=torch.long, device=output.logits.device), self._context(handles, output.logits.shape[-1]),
-        )[:, 0]  # [B, V]
-        coupled = [self._coupling(row) == "gumbel" for row in rows]
-        random = RowRandom.for_seeds([row.request.seed for row in rows], first_probs.device, coupled)
-        first = first_tokens(first_probs, random, coupled).tolist()  # the prefill's read-back
-        random = random.advanced()
-        for row, token in zip(rows, first):
-            row.generated.append(int(token))
-            row.stats.target_forwards = 1
-
-        state = DecodeState(list(handles), [row.generated for row in rows], random, target.vocab_size, engine.constraint, first_probs.dtype)
-        prefill = Prefill(output, admission.embeds, admission.valid, admission.image_index, admission.room)
-        if not self.active:  # an empty batch starts afresh
-            engine.proposer.start(state, first_probs, prefill)
-            self.cache, self.random, self.prob_dtype = joining, random, first_probs.dtype
-        else:
-            engine.proposer.admit(state, first_probs, prefill)
-            self.cache.append_rows(joining)
-            self.random = self.random.cat(random)
-        self.active = self.active + list(handles)
-
-    def _fit_positions(self, handle: int, row: RowState, prompt: PromptInputs) -> None:
-        """Cap a row's new tokens where the model's positions end (a prompt that fills them is an error)."""
-        max_positions = self.engine.max_positions
-        if max_positions is None:
-            return
-        start = prompt.next_position if prompt.next_position is not None else prompt.length  # M-RoPE: fewer than tokens
-        room = max_positions - start
-        if room < 1:
-            raise ValueError(f"requests[{handle}]: its prompt takes positions up to {start}, the model has {max_positions}")
-        if row.limit > room:
-            logger.warning("requests[%d]: the prompt leaves %d of the model's %d positions; the row stops at %d new tokens "
-                           "unless EOS comes first", handle, room, max_positions, room)
-            row.limit = room
 
     # -- one decode step -------------------------------------------------------------------------
 
