@@ -141,12 +141,12 @@ class EngineHost:
                         f"{device or 'cpu'}: {describe_plan(self.plan)}")
 
     def ready(self) -> Ready:
-        scheduler = self.scheduler
-        info = ModelInfo(task=self.served.task, method=scheduler.base.method, pid=os.getpid())
-        if self.served.task == "t2i":
+        scheduler, task = self.scheduler, self.served.task
+        size = sizes = None
+        if task == "t2i":  # what "auto" makes, and the sizes it can make
             height, width = scheduler.target.image_size
-            info = ModelInfo(task=self.served.task, method=scheduler.base.method, pid=os.getpid(), size=f"{width}x{height}",
-                             sizes=scheduler.target.sizes)
+            size, sizes = f"{width}x{height}", scheduler.target.sizes
+        info = ModelInfo(task=task, method=scheduler.base.method, pid=os.getpid(), size=size, sizes=sizes)
         return Ready(info=info, plan=self.plan.record(), pid=os.getpid(), summary=self.summary)
 
     def start(self) -> None:

@@ -21,7 +21,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from raydec.serve.boundary import ChatRequest, Event, Failed, ImageDone, ImageRequest, PartialImage, RawImage
 from raydec.serve.config import LimitsConfig, ServedModel
@@ -47,10 +47,12 @@ class _Route:
 
 class EngineProcess:
     """Starts ``served``'s engine process and waits until its model is loaded (``ready``); raises
-    RuntimeError naming the model when it cannot start."""
+    RuntimeError naming the model when it cannot start. ``on_batch`` runs on the reader thread."""
 
-    def __init__(self, served: ServedModel, limits: LimitsConfig) -> None:
+    def __init__(self, served: ServedModel, limits: LimitsConfig,
+                 on_batch: Callable[[float, Optional[dict[str, int]]], None] | None = None) -> None:
         self.served, self.limits = served, limits
+        self.on_batch = on_batch  # (mean batch size, decode steps per plan) after a turn in which a row finished: metrics
         self.restarts = 0
         self.failed: Optional[str] = None  # why a new engine could not start: the health check fails
         self._lock = threading.Lock()
@@ -58,7 +60,6 @@ class EngineProcess:
         self._replies: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._ids = itertools.count(1)
         self._stopping = False
-        self.on_batch: Any = None  # (mean batch size, plan steps) after a turn in which a row finished: metrics
         self._process, self._connection, self.ready = self._start()
         self._reader = threading.Thread(target=self._read, name="raydec-engine-reader", daemon=True)
         self._reader.start()

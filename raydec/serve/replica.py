@@ -9,6 +9,7 @@ a vision-language model (``chat``: a ``ChatRequest``); ``replica_class`` picks o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import secrets
@@ -37,8 +38,7 @@ class ModelReplica:
         started = time.perf_counter()
         self.served, self.limits = served, limits
         self.metrics = ReplicaMetrics(served.name)
-        self.engine = EngineProcess(served, limits)  # loads the model and makes its plan, in its own process
-        self.engine.on_batch = self._batch_figures
+        self.engine = EngineProcess(served, limits, on_batch=self._batch_figures)  # loads the model and makes its plan, in its own process
         self.requests = 0
         logger.info("%s (replica %d, engine process %s, %.1f s in all)", self.engine.ready.summary, os.getpid(), self.engine.pid,
                     time.perf_counter() - started)
@@ -57,8 +57,7 @@ class ModelReplica:
 
     def info(self) -> ModelInfo:
         """What the API needs to know of the model."""
-        info = self.engine.ready.info
-        return ModelInfo(task=info.task, method=info.method, pid=os.getpid(), size=info.size, sizes=info.sizes)
+        return dataclasses.replace(self.engine.ready.info, pid=os.getpid())
 
     async def stats(self) -> dict[str, Any]:
         """The engine's figures (``EngineHost.stats``) with this replica's totals and CPU seconds (its own process's);
