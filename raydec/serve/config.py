@@ -86,6 +86,12 @@ class ServedModel(StrictModel):
     )
     cpus_per_worker: float = Field(0.5, gt=0.0, le=256.0, description="CPUs reserved per replica.")
     torch_threads: int = Field(1, ge=1, le=256, description="torch.set_num_threads in each replica (CPU decoding).")
+    engine_core: bool = Field(
+        True, description="Each replica's engine process takes torch_threads cores of its node for itself: pinned to them "
+        "(the highest-numbered free ones; the node keeps its first core for the rest; engines share cores when there are "
+        "more engines than cores to spare) and raised to niceness 0 where the OS allows (Ray starts workers at 15). "
+        "false: the engine floats as any Ray worker.",
+    )
     max_ongoing_requests: int = Field(
         32, ge=1, le=100_000, description="Requests one replica holds at once (decoding or queued in its scheduler).",
     )

@@ -25,6 +25,7 @@ from raydec.config import JACOBI_METHODS, DType
 from raydec.runtime.planning import describe_plan, plan_replica, plan_replica_buckets
 from raydec.serve.boundary import ChatDone, ChatRequest, Event, ImageDone, ImageRequest, ModelInfo, PartialImage, RawImage, RowStats, TextDelta
 from raydec.serve.config import LimitsConfig, ServedModel
+from raydec.serve.engine_core import CorePlacement
 from raydec.serve.engine_loop import EngineLoop, Sink, Watcher
 from raydec.serve.engine_messages import Emitted, FromEngine, Ready, Reply, RowTiming, Submit
 from raydec.serve.metrics import draft_tokens_per_step
@@ -115,7 +116,7 @@ class EngineHost:
     thread, once per turn); ``on_death`` runs on the engine thread if its loop dies, after its rows' failures were sent."""
 
     def __init__(self, served: ServedModel, limits: LimitsConfig, send: Callable[[FromEngine], None],
-                 on_death: Callable[[BaseException], None] | None = None) -> None:
+                 on_death: Callable[[BaseException], None] | None = None, placement: Optional[CorePlacement] = None) -> None:
         torch.set_num_threads(served.torch_threads)
         device = "cuda" if served.gpus_per_worker > 0 else None
         started = time.perf_counter()
@@ -137,8 +138,9 @@ class EngineHost:
         self.loop: EngineLoop[Any] = EngineLoop(self.scheduler, after_turn=self._flush, on_death=self._died)
         self.requests: dict[int, list[Watcher[Any]]] = {}  # request id -> its rows' watchers (until the replica lets go)
         self._outbox: list[tuple[int, Event, Optional[RowTiming]]] = []  # this turn's events (the engine thread's alone)
+        self.placement = placement if placement is not None else CorePlacement((), note="placed by its caller")
         self.summary = (f"model {served.name} ({served.task}, {served.model}) ready in {time.perf_counter() - started:.1f} s on "
-                        f"{device or 'cpu'}: {describe_plan(self.plan)}")
+                        f"{device or 'cpu'}: {describe_plan(self.plan)}; {self.placement.describe()}")
 
     def ready(self) -> Ready:
         scheduler, task = self.scheduler, self.served.task
@@ -241,8 +243,9 @@ class EngineHost:
             self.on_death(error)
 
     def stats(self) -> dict[str, Any]:
-        """The loop's figures, the decode plan, and the engine process's CPU seconds so far (all its threads)."""
-        return {**self.loop.stats(), **self.decoding(), "engine_cpu_s": time.process_time()}
+        """The loop's figures, the decode plan, the engine process's CPU seconds so far (all its threads) and
+        its cores and niceness (``CorePlacement.record``)."""
+        return {**self.loop.stats(), **self.decoding(), "engine_cpu_s": time.process_time(), **self.placement.record()}
 
     def decoding(self) -> dict[str, Any]:
         """What requests that name no method decode with: the method, its draft shape and the batch size,

@@ -38,20 +38,22 @@ def test_chat_answer_equals_caption_images(client, image, expected):
 
 
 def test_a_seeded_chat_in_a_burst_gives_its_answer_alone(client, image, expected):
-    """Four chats at once (the vlm model holds two and queues two): the seeded one's answer and accepted
-    lengths are those it gets alone (float32: a row does not depend on the rows beside it)."""
+    """Three chats at once (the vlm model holds two and queues two: one place to spare, since Serve's count
+    of a replica's queue lags a finished request; a refusal is retried): the seeded one's answer and
+    accepted lengths are those it gets alone (float32: a row does not depend on the rows beside it)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from raydec.reference.shapes import sample_images
 
-    others = sample_images([7, 8, 9])
+    others = sample_images([7, 8])
+    patient = client.with_options(max_retries=3)
 
     def ask(picture, seed: int):
-        return client.chat.completions.create(model="vlm", messages=chat_image_message(data_url(png_of(picture)), QUESTION),
+        return patient.chat.completions.create(model="vlm", messages=chat_image_message(data_url(png_of(picture)), QUESTION),
                                               seed=seed, temperature=1.0, extra_body={"method": "vispec"})
 
-    with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(ask, picture, seed) for picture, seed in ((others[0], 5), (image, 21), (others[1], 6), (others[2], 7))]
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(ask, picture, seed) for picture, seed in ((others[0], 5), (image, 21), (others[1], 6))]
         burst = [future.result() for future in futures]
     assert burst[1].choices[0].message.content == expected.caption
     assert burst[1].usage.model_extra["accepted_lengths"] == expected.accepted_lengths

@@ -61,6 +61,11 @@ def test_killed_engine_fails_its_requests_and_the_replica_starts_a_new_one(serve
     assert after["pid"] == before["pid"] and after["engine_pid"] not in (None, before["engine_pid"])
     assert after["engine_restarts"] == before["engine_restarts"] + 1
     assert call(url, "/health")[0] == 200
+    # the new engine has a core of its own again (on a node with one to spare), pinned as its stats say
+    assert after["engine_cores"] or len(os.sched_getaffinity(0)) < 2
+    if after["engine_cores"]:
+        assert sorted(os.sched_getaffinity(after["engine_pid"])) == after["engine_cores"]
+        assert os.getpriority(os.PRIO_PROCESS, after["engine_pid"]) == after["engine_nice"]
 
 
 def test_killed_replica_fails_its_requests_and_is_replaced(serve_app):
