@@ -247,19 +247,24 @@ def _bench_closed_loop(args: argparse.Namespace, url: str, config: Any, model: s
     task = args.task
     baseline_seconds = args.baseline_seconds or args.seconds / 3
     method = args.method or _model_method(url, args.api_key, model)
-    logger.info("bench serve: in-process %s rate at batch %d (%s), %.0f s", task, args.concurrency, method, baseline_seconds)
-    baselines = {}
-    for batching in (None, "continuous"):  # the public function's own batching, then a finished row's place refilled at once
+
+    def baselines() -> dict[Optional[str], dict[str, Any]]:
+        """The public function's own batching, then a finished row's place refilled at once."""
+        logger.info("bench serve: in-process %s rate at batch %d (%s), %.0f s", task, args.concurrency, method, baseline_seconds)
         if args.config is not None and args.method is None:  # the served checkpoint and decode config, at batch C
-            baselines[batching] = _served_baseline(args, config, model, _stats(url, args.api_key, model), baseline_seconds,
-                                                   args.concurrency, batching)
-        else:
-            baselines[batching] = in_process_rate(task, method, args.concurrency, baseline_seconds, args.threads, batching=batching)
-    baseline, continuous = baselines[None], baselines["continuous"]
+            stats = _stats(url, args.api_key, model)
+            return {batching: _served_baseline(args, config, model, stats, baseline_seconds, args.concurrency, batching)
+                    for batching in (None, "continuous")}
+        return {batching: in_process_rate(task, method, args.concurrency, baseline_seconds, args.threads, batching=batching)
+                for batching in (None, "continuous")}
+
+    first = baselines()
     before = _stats(url, args.api_key, model)
     logger.info("bench serve: %d clients for %.0f s on %s", args.concurrency, args.seconds, url)
     load = asyncio.run(_load(url, args.api_key, task, model, method, args.concurrency, args.seconds))
     after = _stats(url, args.api_key, model)
+    last = baselines()  # again after the load: this machine's speed drifts over minutes, the ratio takes both
+    baseline, continuous = (_pooled(first[batching], last[batching]) for batching in (None, "continuous"))
     steps = after["decode_steps"] - before["decode_steps"]
     done = len(load["latencies"])
     rate = done / load["seconds"]
@@ -280,6 +285,13 @@ def _bench_closed_loop(args: argparse.Namespace, url: str, config: Any, model: s
     }
     _print(result)
     return result
+
+
+def _pooled(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Two in-process timings of the same thing, before and after the load, as one (rows over seconds)."""
+    rows, seconds = before["rows"] + after["rows"], before["seconds"] + after["seconds"]
+    return {**before, "rows": rows, "seconds": seconds, "rows_per_s": rows / seconds,
+            "rows_per_s_before": before["rows_per_s"], "rows_per_s_after": after["rows_per_s"]}
 
 
 def _served_baseline(args: argparse.Namespace, config: Any, model: str, stats: dict, seconds: float,
@@ -345,10 +357,12 @@ def _print(result: dict) -> None:
             ["Serve app (HTTP, openai client)", _fmt(result["requests_per_s"]), _fmt(result["latency_p50_s"]),
              _fmt(result["latency_p99_s"]), _fmt(result["ttft_p50_s"]), _fmt(result["ttft_p99_s"]),
              _fmt(result["mean_batch_size"], ".2f"), str(result["errors"])],
-            [f"in process, batch {result['concurrency']}", _fmt(result["in_process"]["rows_per_s"]), "-", "-", "-", "-",
-             str(result["concurrency"]), "0"],
-            [f"in process, batch {result['concurrency']}, continuous batching", _fmt(result["in_process_continuous"]["rows_per_s"]),
-             "-", "-", "-", "-", str(result["concurrency"]), "0"],
+            *([f"in process, batch {result['concurrency']}{label}", _fmt(timing["rows_per_s"]), "-", "-", "-", "-",
+               str(result["concurrency"]), "0"]
+              for label, timing in ((" (before / after the load: "
+                                     f"{_fmt(result['in_process'].get('rows_per_s_before'))} / "
+                                     f"{_fmt(result['in_process'].get('rows_per_s_after'))})", result["in_process"]),
+                                    (", continuous batching", result["in_process_continuous"]))),
         ],
     )
     print(f"serve_efficiency = {_fmt(result['serve_efficiency'])} (app rate / in-process rate)   "

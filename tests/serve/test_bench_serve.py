@@ -15,6 +15,9 @@ def test_bench_serve_reports_the_app_beside_the_in_process_rate(serve_app, tmp_p
     assert result["errors"] == 0 and result["succeeded"] >= 2
     assert result["requests_per_s"] > 0 and result["in_process"]["rows_per_s"] > 0
     assert result["serve_efficiency"] == result["requests_per_s"] / result["in_process"]["rows_per_s"]
+    timed = result["in_process"]  # timed before and after the load, pooled: rows over seconds
+    assert min(timed["rows_per_s_before"], timed["rows_per_s_after"]) <= timed["rows_per_s"] <= max(timed["rows_per_s_before"],
+                                                                                                     timed["rows_per_s_after"])
     continuous = result["in_process_continuous"]["rows_per_s"]  # the same function with a finished row's place refilled at once
     assert continuous > 0 and result["serve_efficiency_continuous"] == result["requests_per_s"] / continuous
     assert result["latency_p50_s"] <= result["latency_p99_s"]
