@@ -89,7 +89,8 @@ class ServedModel(StrictModel):
     engine_core: bool = Field(
         True, description="Each replica's engine process takes torch_threads cores of its node for itself: pinned to them "
         "(the highest-numbered free ones; the node keeps its first core for the rest; engines share cores when there are "
-        "more engines than cores to spare) and raised to niceness 0 where the OS allows (Ray starts workers at 15). "
+        "more engines than cores to spare; not in a container whose CPU quota is below the cores it sees) and raised to "
+        "niceness 0 where the OS allows (Ray starts workers at 15). "
         "false: the engine floats as any Ray worker.",
     )
     max_ongoing_requests: int = Field(

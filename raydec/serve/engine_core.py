@@ -68,13 +68,35 @@ def core_groups(allowed: Iterable[int], threads: int) -> list[tuple[int, ...]]:
     return [tuple(cores[top - threads:top]) for top in range(len(cores), threads, -threads)]
 
 
-def take_cores(threads: int, *, allowed: Optional[Iterable[int]] = None, folder: Optional[Path] = None,
-               max_slots: int = 64) -> CorePlacement:
+def cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> Optional[float]:
+    """The CPU quota of this process's container, in cores (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``);
+    None without one."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    for folder in (root / "cpu", root / "cpu,cpuacct"):
+        try:
+            quota_us = int((folder / "cpu.cfs_quota_us").read_text())
+            return None if quota_us < 0 else quota_us / int((folder / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def take_cores(threads: int, *, allowed: Optional[Iterable[int]] = None, quota: Optional[float] = -1.0,
+               folder: Optional[Path] = None, max_slots: int = 64) -> CorePlacement:
     """Reserves a group of ``threads`` cores for this process (see the module's docstring); an empty
-    placement, with why, when the node has none to spare or the OS has no CPU affinity."""
+    placement, with why, when the node has none to spare, the OS has no CPU affinity, or a container's
+    CPU quota is smaller than the cores it sees (``quota``, default: ``cpu_quota()``): those cores are
+    the node's, shared with other containers, whose engines cannot see this one's reservation."""
     if not hasattr(os, "sched_getaffinity"):
         return CorePlacement((), note="this OS has no CPU affinity")
     allowed = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
+    quota = cpu_quota() if quota == -1.0 else quota
+    if quota is not None and quota < len(allowed):
+        return CorePlacement((), note=f"a CPU quota of {quota:g} cores over {len(allowed)} shared ones (no cpuset of its own)")
     groups = core_groups(allowed, threads)
     if not groups:
         return CorePlacement((), note=f"{len(allowed)} core(s) for {threads} engine thread(s) and the rest of the node")

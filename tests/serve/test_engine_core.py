@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from raydec.serve.engine_core import core_groups, take_cores
+from raydec.serve.engine_core import core_groups, cpu_quota, take_cores
 
 
 def test_groups_come_from_the_top_and_leave_the_first_core():
@@ -23,20 +23,38 @@ def test_groups_come_from_the_top_and_leave_the_first_core():
 
 
 def test_engines_take_free_groups_first_then_share_the_fewest_held(tmp_path):
-    held = [take_cores(1, allowed=[0, 1, 2], folder=tmp_path) for _ in range(5)]
+    held = [take_cores(1, allowed=[0, 1, 2], quota=None, folder=tmp_path) for _ in range(5)]
     assert [(p.cores, p.slot) for p in held] == [((2,), 0), ((1,), 0), ((2,), 1), ((1,), 1), ((2,), 2)]
     held[1].release()
-    again = take_cores(1, allowed=[0, 1, 2], folder=tmp_path)
+    again = take_cores(1, allowed=[0, 1, 2], quota=None, folder=tmp_path)
     assert (again.cores, again.slot) == ((1,), 0)  # a released group is free again
-    alone = take_cores(1, allowed=[0], folder=tmp_path)
+    alone = take_cores(1, allowed=[0], quota=None, folder=tmp_path)
     assert alone.cores == () and "1 core(s)" in alone.note and "floats" in alone.describe()
+
+
+def test_a_container_whose_quota_is_below_the_cores_it_sees_does_not_pin(tmp_path):
+    v2, v1 = tmp_path / "v2", tmp_path / "v1" / "cpu"
+    v2.mkdir()
+    v1.mkdir(parents=True)
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cpu_quota(v2) is None
+    (v2 / "cpu.max").write_text("200000 100000\n")
+    assert cpu_quota(v2) == 2.0
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert cpu_quota(tmp_path / "v1") is None
+    (v1 / "cpu.cfs_quota_us").write_text("150000\n")
+    assert cpu_quota(tmp_path / "v1") == 1.5 and cpu_quota(tmp_path / "none") is None
+    shared = take_cores(1, allowed=range(16), quota=2.0, folder=tmp_path / "locks")
+    assert shared.cores == () and "quota of 2 cores over 16" in shared.note
+    assert take_cores(1, allowed=range(4), quota=4.0, folder=tmp_path / "locks").cores == (3,)  # a quota of all it sees
 
 
 TAKE_AND_PIN = """
 import json, os, sys, threading
 from pathlib import Path
 from raydec.serve.engine_core import pin, take_cores
-placement = pin(take_cores(1, folder=Path(sys.argv[1])))
+placement = pin(take_cores(1, quota=None, folder=Path(sys.argv[1])))
 seen = {}
 def later():
     seen["affinity"], seen["nice"] = sorted(os.sched_getaffinity(0)), os.getpriority(os.PRIO_PROCESS, 0)
