@@ -6,10 +6,11 @@ engine migrates between cores (its caches go cold) and waits behind them: Ray st
 at niceness 15, the engine among them, while its daemons and a local client run at 0.
 
 ``take_cores`` reserves the engine ``threads`` cores of the node (a group of ``threads`` cores,
-from the highest-numbered down; the rest of the node keeps at least its first core), ``pin`` pins every thread of the process to them and raises its priority
-to the node's default (niceness 0) where the OS allows it. The reservation is an ``flock`` on a file
-per core group and slot in a node-local folder: it ends with the process, however it ends. When the
-node has more engines than spare groups, engines share a group (a second slot), fewest first.
+from the highest-numbered down; the rest of the node keeps at least its first core); ``pin`` pins
+every thread of the process to them and raises its priority to the node's default (niceness 0)
+where the OS allows it. The reservation is an ``flock`` on a file per core group and slot in a
+node-local folder: it ends with the process, however it ends. When the node has more engines than
+spare groups, engines share a group (a second slot), the least shared first.
 
 What it buys is measured by ``raydec bench serve`` (docs/benchmarks.md); ``ServedModel.engine_core``
 turns it off.

@@ -116,7 +116,7 @@ class EngineHost:
     thread, once per turn); ``on_death`` runs on the engine thread if its loop dies, after its rows' failures were sent."""
 
     def __init__(self, served: ServedModel, limits: LimitsConfig, send: Callable[[FromEngine], None],
-                 on_death: Callable[[BaseException], None] | None = None, placement: Optional[CorePlacement] = None) -> None:
+                 on_death: Callable[[BaseException], None] | None = None) -> None:
         torch.set_num_threads(served.torch_threads)
         device = "cuda" if served.gpus_per_worker > 0 else None
         started = time.perf_counter()
@@ -138,9 +138,10 @@ class EngineHost:
         self.loop: EngineLoop[Any] = EngineLoop(self.scheduler, after_turn=self._flush, on_death=self._died)
         self.requests: dict[int, list[Watcher[Any]]] = {}  # request id -> its rows' watchers (until the replica lets go)
         self._outbox: list[tuple[int, Event, Optional[RowTiming]]] = []  # this turn's events (the engine thread's alone)
-        self.placement = placement if placement is not None else CorePlacement((), note="placed by its caller")
+        # where the engine process runs its loop: set by its worker once the model is loaded (engine_core.pin)
+        self.placement = CorePlacement((), note="not placed: built outside an engine process")
         self.summary = (f"model {served.name} ({served.task}, {served.model}) ready in {time.perf_counter() - started:.1f} s on "
-                        f"{device or 'cpu'}: {describe_plan(self.plan)}; {self.placement.describe()}")
+                        f"{device or 'cpu'}: {describe_plan(self.plan)}")
 
     def ready(self) -> Ready:
         scheduler, task = self.scheduler, self.served.task
@@ -149,7 +150,7 @@ class EngineHost:
             height, width = scheduler.target.image_size
             size, sizes = f"{width}x{height}", scheduler.target.sizes
         info = ModelInfo(task=task, method=scheduler.base.method, pid=os.getpid(), size=size, sizes=sizes)
-        return Ready(info=info, plan=self.plan.record(), pid=os.getpid(), summary=self.summary)
+        return Ready(info=info, plan=self.plan.record(), pid=os.getpid(), summary=f"{self.summary}; {self.placement.describe()}")
 
     def start(self) -> None:
         self.loop.start()

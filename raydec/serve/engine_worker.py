@@ -1,9 +1,9 @@
 """The engine process of a model replica: ``python -m raydec.serve.engine_worker --fd N --model NAME``.
 
 Its replica starts it with one end of a socket pair (``--fd``); the first message is the served
-model and limits. It takes a core of its own where the node has one to spare (``engine_core``),
-loads the model, answers ``Ready`` (or ``StartFailed``), then drives the
-scheduler from one thread (``EngineLoop``) while the main thread reads the replica's messages.
+model and limits. It loads the model, takes a core of its own where the node has one to spare
+(``engine_core``), answers ``Ready`` (or ``StartFailed``), then drives the scheduler from one
+thread (``EngineLoop``) while the main thread reads the replica's messages.
 
 It exits when the replica says ``Stop``, when the replica's end of the socket closes (the replica
 process died: no engine outlives its replica), and when the engine loop dies (the replica then
@@ -50,11 +50,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         served, limits = connection.recv()
-        # before torch starts a thread: threads inherit the pinning and priority of the thread that starts them
-        placement = pin(take_cores(served.torch_threads)) if served.engine_core else CorePlacement((), note="engine_core is false")
         from raydec.serve.engine_host import EngineHost  # torch and the model code load here, after the handshake began
 
-        host = EngineHost(served, limits, send, on_death=lambda error: died(args.model, error), placement=placement)
+        host = EngineHost(served, limits, send, on_death=lambda error: died(args.model, error))
+        # once loaded and planned (a node's engines load side by side on all its cores), before the loop's thread starts:
+        # every thread so far is pinned, and threads started later inherit the pinning and priority of their starter
+        host.placement = pin(take_cores(served.torch_threads)) if served.engine_core else CorePlacement((), note="engine_core is false")
     except BaseException as error:  # the replica reports it and its constructor raises
         logger.error("the engine of model %s did not start:\n%s", args.model, traceback.format_exc())
         send(StartFailed(f"{type(error).__name__}: {error}"))
