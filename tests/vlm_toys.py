@@ -257,6 +257,20 @@ def draft_for(target, vision: bool, seed: int = 0, dtype=None) -> VispecDraft:
     return draft.to(dtype or target.dtype).eval()
 
 
+def vispec_testbed(folder: Path, family: str, first_image: int, images: int, max_new_tokens: int) -> tuple[Any, list[Any], dict]:
+    """A tiny float64 VLM of ``family`` ("llava" or "qwen2_5_vl") with a ViSpec draft saved beside it, ``images`` sample
+    images from seed ``first_image`` on, and a sampled ViSpec decode config with a small draft tree."""
+    from raydec.api import load_target  # lazy, as the tests that use it
+
+    builder = {"llava": build_tiny_llava, "qwen2_5_vl": build_tiny_qwen2_5_vl}[family]
+    target = load_target(str(builder(folder / family)), task="caption", dtype=torch.float64)
+    draft_for(target, vision=True).save_pretrained(folder / "draft")
+    pictures = [to_pil(make_sample(first_image + i).image) for i in range(images)]
+    decode = {"method": "vispec", "draft_model": str(folder / "draft"), "max_new_tokens": max_new_tokens,
+              "sampling": {"temperature": 1.0}, "draft_tree": {"depth": 3, "top_k": 2, "total_tokens": 6}}
+    return target, pictures, decode
+
+
 def vlm_prompts(target, count: int) -> list[VlmPrompt]:
     questions = ["describe the image .", "what colour is the circle ?", "how many objects are there ?", "describe it ."]
     prompts = []

@@ -12,9 +12,8 @@ import torch
 
 from raydec.api.check import check_identity
 from raydec.api.near_ties import position_scores
-from raydec.reference.shapes import make_sample, to_pil
 from tests.t2i_toys import tiny_chameleon, tiny_emu3, tiny_janus
-from tests.vlm_toys import build_tiny_llava, build_tiny_qwen2_5_vl, draft_for
+from tests.vlm_toys import vispec_testbed
 
 PROMPTS = ["a red circle", "two blue squares", "a green triangle", "a red square"]
 SAMPLED = {"temperature": 1.0}
@@ -53,14 +52,7 @@ def test_sjd_pac_decodes_ar_rows_on_every_image_family(tmp_path, name):
 
 @pytest.mark.parametrize("name", ["llava", "qwen2_5_vl"])
 def test_vispec_decodes_ar_rows_on_every_vlm_family(tmp_path, name):
-    from raydec.api import load_target
-
-    builder = {"llava": build_tiny_llava, "qwen2_5_vl": build_tiny_qwen2_5_vl}[name]
-    target = load_target(str(builder(tmp_path / name)), task="caption", dtype=torch.float64)
-    draft_for(target, vision=True).save_pretrained(tmp_path / "draft")
-    images = [to_pil(make_sample(100 + i).image) for i in range(4)]
-    decode = {"method": "vispec", "draft_model": str(tmp_path / "draft"), "max_new_tokens": 12, "sampling": SAMPLED,
-              "draft_tree": {"depth": 3, "top_k": 2, "total_tokens": 6}}
+    target, images, decode = vispec_testbed(tmp_path, name, first_image=100, images=4, max_new_tokens=12)
     report = check_identity(images, model=target, decode=decode, seeds=[5, 6, 7, 8], batch_size=3, warmup=False)
     assert report.identical_rows == len(images) and report.passed, report.table()
     from raydec.api import caption_images

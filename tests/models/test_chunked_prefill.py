@@ -5,25 +5,16 @@ the prefill's hidden states and image spans, on LLaVA and on Qwen2.5-VL with its
 from __future__ import annotations
 
 import pytest
-import torch
 
-from raydec.reference.shapes import make_sample, to_pil
-from tests.vlm_toys import build_tiny_llava, build_tiny_qwen2_5_vl, draft_for
-
-SAMPLED = {"temperature": 1.0}
+from tests.vlm_toys import vispec_testbed
 
 
 @pytest.mark.parametrize("name", ["llava", "qwen2_5_vl"])
 def test_a_prefill_in_chunks_decodes_the_rows_tokens(tmp_path, name):
-    from raydec.api import caption_images, load_target
+    from raydec.api import caption_images
     from raydec.api.schedulers import CaptionScheduler
 
-    builder = {"llava": build_tiny_llava, "qwen2_5_vl": build_tiny_qwen2_5_vl}[name]
-    target = load_target(str(builder(tmp_path / name)), task="caption", dtype=torch.float64)
-    draft_for(target, vision=True).save_pretrained(tmp_path / "draft")
-    images = [to_pil(make_sample(200 + i).image) for i in range(3)]
-    decode = {"method": "vispec", "draft_model": str(tmp_path / "draft"), "max_new_tokens": 10, "sampling": SAMPLED,
-              "draft_tree": {"depth": 3, "top_k": 2, "total_tokens": 6}}
+    target, images, decode = vispec_testbed(tmp_path, name, first_image=200, images=3, max_new_tokens=10)
     expected = [row.tokens for row in caption_images(images, model=target, decode=decode, seeds=[5, 6, 7], batch_size=3)]
     scheduler = CaptionScheduler(target, decode, batch_size=3)
     scheduler.prefill_budget = 7  # prompts of tens of tokens: several chunks each
